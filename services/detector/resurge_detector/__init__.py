@@ -1,0 +1,1 @@
+"""resurge detector: turns raw node-agent events into fault and lifecycle events."""

@@ -1,0 +1,83 @@
+"""``resurge-node-agent``: command line of the node agent."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+
+from resurge.service import ServiceContext, run_service
+from resurge.settings import Settings
+from resurge_node_agent.launcher import LaunchAgent, LaunchConfig
+
+__all__ = ["main"]
+
+# Kubernetes passes the node name through the downward API under this name.
+NODE_NAME = "NODE_NAME"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="resurge-node-agent",
+        description=(
+            "The resurge node agent. In 'launch' mode it runs one replica of a training "
+            "job: it waits for an Assign command, starts the workers with torchrun's "
+            "environment, publishes their output, starts and exits as events, and obeys "
+            "Stop and new Assign commands. Connection settings come from RESURGE_* "
+            "environment variables (RESURGE_NATS_URL, RESURGE_NAMESPACE, ...)."
+        ),
+    )
+    modes = parser.add_subparsers(dest="mode", required=True)
+    launch = modes.add_parser(
+        "launch",
+        help="run one replica's workers",
+        description="Run one replica's workers: resurge-node-agent launch --job J "
+        "--replica R --nproc-per-node N -- python train.py ...",
+    )
+    launch.add_argument("--job", required=True, help="training job name")
+    launch.add_argument("--replica", type=int, required=True, help="replica index (0-based)")
+    launch.add_argument(
+        "--nproc-per-node", type=int, default=1, help="worker processes to start (default 1)"
+    )
+    launch.add_argument(
+        "--node",
+        default=os.environ.get(NODE_NAME) or socket.gethostname(),
+        help="node name reported in events (default: $NODE_NAME or the host name)",
+    )
+    launch.add_argument("--working-dir", default=None, help="folder the workers start in")
+    launch.add_argument(
+        "--stop-grace-seconds",
+        type=float,
+        default=10.0,
+        help="seconds between SIGTERM and SIGKILL when stopping workers (default 10)",
+    )
+    launch.add_argument("command", nargs=argparse.REMAINDER, help="-- then the worker's argv")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        _parser().error("launch needs the worker command after --")
+    if args.replica < 0 or args.nproc_per_node < 1:
+        _parser().error("--replica must be >= 0 and --nproc-per-node >= 1")
+    config = LaunchConfig(
+        job=args.job,
+        replica=args.replica,
+        node=args.node,
+        nproc_per_node=args.nproc_per_node,
+        command=command,
+        working_dir=args.working_dir,
+        stop_grace_seconds=args.stop_grace_seconds,
+    )
+
+    async def setup(ctx: ServiceContext) -> None:
+        await LaunchAgent(ctx, config).start()
+
+    return run_service("node-agent", Settings(), setup)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

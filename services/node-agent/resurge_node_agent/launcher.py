@@ -1,0 +1,180 @@
+"""``launch`` mode: one agent per replica, driven by commands on ``cmd.<job>.<replica>``.
+
+- Assign(g): a generation older than the one running is ignored, the one running is
+  kept; a newer one stops the running workers (reported as expected exits) and starts
+  ``nproc`` workers with torchrun's environment for generation g.
+- Stop(g): stops workers of generation g or older; ``final`` ends the agent once its
+  workers are down.
+- SIGTERM: stops the workers, then the agent.
+
+Everything it sees is published on ``raw.<job>.<kind>.<node>``: process started and
+exited, every output line, and the agent's own state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from resurge.bus import Bus
+from resurge.events import (
+    AgentState,
+    AgentStateChanged,
+    Assign,
+    Envelope,
+    LogLine,
+    ProcessExited,
+    ProcessStarted,
+    Stop,
+)
+from resurge.service import ServiceContext
+from resurge.subjects import escape_token
+from resurge.worker_env import worker_environment
+from resurge_node_agent.workers import Stream, WorkerExit, WorkerGroup
+
+__all__ = ["LaunchAgent", "LaunchConfig"]
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    job: str
+    replica: int
+    node: str
+    nproc_per_node: int
+    command: Sequence[str]
+    working_dir: str | None
+    stop_grace_seconds: float
+
+
+class LaunchAgent:
+    def __init__(self, ctx: ServiceContext, config: LaunchConfig) -> None:
+        self.ctx = ctx
+        self.bus: Bus = ctx.bus
+        self.config = config
+        self.generation: int | None = None
+        self.group: WorkerGroup | None = None
+
+    async def start(self) -> None:
+        self.ctx.exit_stack.push_async_callback(self._shutdown)
+        await self._state(AgentState.WAITING, "waiting for an assignment")
+        durable = f"agent-{escape_token(self.config.job)}-{self.config.replica}"
+        await self.bus.consume(
+            self.bus.subjects.cmd(self.config.job, self.config.replica),
+            durable,
+            self.on_command,
+            expects=(Assign, Stop),
+        )
+
+    async def on_command(self, command: Assign | Stop) -> None:
+        if isinstance(command, Assign):
+            await self._assign(command)
+        else:
+            await self._stop_command(command)
+
+    async def _assign(self, assign: Assign) -> None:
+        if self.generation is not None and assign.generation <= self.generation:
+            self.ctx.log.info(
+                "ignoring assign for generation %d (at %d)", assign.generation, self.generation
+            )
+            return
+        if assign.world_size != sum(slot.nproc for slot in assign.rank_table):
+            self.ctx.log.error("assign %s has an inconsistent rank table; ignored", assign.id)
+            return
+        await self._stop_workers(f"generation {assign.generation} assigned")
+        self.generation = assign.generation
+        environments = [
+            worker_environment(assign, local_rank) for local_rank in range(self.config.nproc_per_node)
+        ]
+        generation = assign.generation
+        self.group = WorkerGroup(
+            self.config.command,
+            environments,
+            cwd=self.config.working_dir,
+            on_start=lambda lr, pid: self._started(generation, lr, pid, assign),
+            on_line=lambda lr, stream, line: self._line(generation, lr, stream, line, assign),
+            on_exit=lambda exit_: self._exited(generation, exit_, assign),
+            echo_prefix=lambda lr: f"[{self._rank(assign, lr)}]:",
+        )
+        await self.group.start()
+        await self._state(AgentState.RUNNING, f"generation {generation} running")
+        group = self.group
+        self.ctx.spawn(self._await_idle(group, generation))
+
+    async def _await_idle(self, group: WorkerGroup, generation: int) -> None:
+        await group.wait()
+        if self.group is group:
+            await self._state(AgentState.IDLE, f"generation {generation} workers exited")
+
+    async def _stop_command(self, stop: Stop) -> None:
+        if self.generation is None or self.generation <= stop.generation:
+            await self._stop_workers(stop.reason or f"stop generation {stop.generation}")
+        if stop.final:
+            await self._state(AgentState.EXITING, stop.reason or "job over")
+            self.ctx.stopping.set()
+
+    async def _stop_workers(self, why: str) -> None:
+        if self.group is None or not self.group.running:
+            return
+        await self._state(AgentState.STOPPING, why)
+        await self.group.stop(self.config.stop_grace_seconds)
+
+    async def _shutdown(self) -> None:
+        await self._stop_workers("agent shutting down")
+
+    def _rank(self, assign: Assign, local_rank: int) -> int:
+        slot = next(s for s in assign.rank_table if s.replica == self.config.replica)
+        return slot.first_rank + local_rank
+
+    def _envelope(self, generation: int, assign: Assign, local_rank: int) -> dict[str, object]:
+        return {
+            "source": self.bus.source,
+            "job": self.config.job,
+            "replica": self.config.replica,
+            "node": self.config.node,
+            "generation": generation,
+            "rank": self._rank(assign, local_rank),
+            "local_rank": local_rank,
+        }
+
+    async def _started(self, generation: int, local_rank: int, pid: int, assign: Assign) -> None:
+        event = ProcessStarted(
+            pid=pid,
+            local_world_size=self.config.nproc_per_node,
+            **self._envelope(generation, assign, local_rank),  # type: ignore[arg-type]
+        )
+        await self._publish(event)
+
+    async def _line(
+        self, generation: int, local_rank: int, stream: Stream, line: str, assign: Assign
+    ) -> None:
+        event = LogLine(
+            stream=stream, line=line, **self._envelope(generation, assign, local_rank)  # type: ignore[arg-type]
+        )
+        subject = self.bus.subjects.raw(self.config.job, event.kind, self.config.node)
+        await self.bus.publish_nowait(subject, event)
+
+    async def _exited(self, generation: int, exit_: WorkerExit, assign: Assign) -> None:
+        event = ProcessExited(
+            pid=exit_.pid,
+            local_world_size=self.config.nproc_per_node,
+            exit_code=exit_.exit_code,
+            signal=exit_.signal,
+            expected=exit_.expected,
+            **self._envelope(generation, assign, exit_.local_rank),  # type: ignore[arg-type]
+        )
+        await self._publish(event)
+
+    async def _state(self, state: AgentState, detail: str) -> None:
+        event = AgentStateChanged(
+            source=self.bus.source,
+            job=self.config.job,
+            replica=self.config.replica,
+            node=self.config.node,
+            generation=self.generation,
+            state=state,
+            detail=detail,
+        )
+        await self._publish(event)
+
+    async def _publish(self, event: Envelope) -> None:
+        await self.bus.publish(self.bus.subjects.raw(self.config.job, event.kind, self.config.node), event)

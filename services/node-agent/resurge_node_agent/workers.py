@@ -1,0 +1,134 @@
+"""One generation's worker processes: start, stream output, watch exits, stop.
+
+A :class:`WorkerGroup` starts ``nproc`` processes in their own process sessions (so a
+stop reaches any children they forked), echoes every output line to the agent's own
+stdout/stderr with a ``[rank]:`` prefix as torchrun does, and reports through the
+callbacks it is given: one call per line, one per start, one per exit (after the
+process's output is fully read, so a crash's last words arrive before its exit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["WorkerExit", "WorkerGroup"]
+
+MAX_LINE_CHARS = 4096
+_READ_LIMIT = 1 << 20
+
+Stream = Literal["stdout", "stderr"]
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    local_rank: int
+    pid: int
+    exit_code: int | None
+    signal: str | None
+    expected: bool
+
+
+class WorkerGroup:
+    def __init__(
+        self,
+        command: Sequence[str],
+        environments: Sequence[Mapping[str, str]],
+        *,
+        cwd: str | None,
+        on_start: Callable[[int, int], Awaitable[None]],
+        on_line: Callable[[int, Stream, str], Awaitable[None]],
+        on_exit: Callable[[WorkerExit], Awaitable[None]],
+        echo_prefix: Callable[[int], str],
+    ) -> None:
+        self.command = list(command)
+        self.environments = [dict(env) for env in environments]
+        self.cwd = cwd
+        self._on_start = on_start
+        self._on_line = on_line
+        self._on_exit = on_exit
+        self._echo_prefix = echo_prefix
+        self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._watchers: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    @property
+    def size(self) -> int:
+        return len(self.environments)
+
+    @property
+    def running(self) -> bool:
+        return any(proc.returncode is None for proc in self._procs.values())
+
+    async def start(self) -> None:
+        for local_rank, extra in enumerate(self.environments):
+            proc = await asyncio.create_subprocess_exec(
+                *self.command,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                stdin=asyncio.subprocess.DEVNULL,
+                env={**os.environ, **extra},
+                cwd=self.cwd,
+                start_new_session=True,
+                limit=_READ_LIMIT,
+            )
+            self._procs[local_rank] = proc
+        for local_rank, proc in self._procs.items():
+            await self._on_start(local_rank, proc.pid)
+            self._watchers.append(asyncio.create_task(self._watch(local_rank, proc)))
+
+    async def wait(self) -> None:
+        """Until every worker has exited and been reported."""
+        if self._watchers:
+            await asyncio.gather(*self._watchers, return_exceptions=True)
+
+    async def stop(self, grace_seconds: float) -> None:
+        """SIGTERM every worker's session, SIGKILL what is left after the grace period."""
+        self._stopping = True
+        self._signal_all(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.wait(), timeout=grace_seconds)
+        except TimeoutError:
+            self._signal_all(signal.SIGKILL)
+            await self.wait()
+
+    def _signal_all(self, signum: signal.Signals) -> None:
+        for proc in self._procs.values():
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signum)
+
+    async def _watch(self, local_rank: int, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None and proc.stderr is not None
+        await asyncio.gather(
+            self._pump(local_rank, "stdout", proc.stdout),
+            self._pump(local_rank, "stderr", proc.stderr),
+        )
+        code = await proc.wait()
+        expected = self._stopping
+        if code < 0:
+            exit_ = WorkerExit(local_rank, proc.pid, None, signal.Signals(-code).name, expected)
+        else:
+            exit_ = WorkerExit(local_rank, proc.pid, code, None, expected)
+        await self._on_exit(exit_)
+
+    async def _pump(self, local_rank: int, name: Stream, reader: asyncio.StreamReader) -> None:
+        echo = sys.stdout if name == "stdout" else sys.stderr
+        prefix = self._echo_prefix(local_rank)
+        while True:
+            try:
+                raw = await reader.readline()
+            except ValueError:  # a line longer than the read limit: take what is there
+                raw = await reader.read(_READ_LIMIT)
+            if not raw:
+                return
+            line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            echo.write(f"{prefix}{line}\n")
+            echo.flush()
+            await self._on_line(local_rank, name, line[:MAX_LINE_CHARS])

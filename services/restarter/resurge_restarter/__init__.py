@@ -1,0 +1,1 @@
+"""resurge restarter: recovers jobs from faults by starting a new generation."""

@@ -1,0 +1,5 @@
+import sys
+
+from resurge_restarter.cli import main
+
+sys.exit(main())

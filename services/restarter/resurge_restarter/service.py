@@ -1,0 +1,154 @@
+"""The restarter service: faults in, new generations out.
+
+On a fault: decide and write the job record (compare-and-set), then send Stop(g) and
+Assign(g+1) to every replica, or Stop(final) when the job has failed. The first worker
+start of the new generation closes the recovery and records its duration.
+"""
+
+from __future__ import annotations
+
+from resurge.events import (
+    FaultDetected,
+    PhaseChanged,
+    ProcessStarted,
+    RecoveryFinished,
+    RecoveryStarted,
+    Stop,
+)
+from resurge.planner import assignments
+from resurge.records import JobRecord, JobStore
+from resurge.service import ServiceContext
+from resurge_restarter.policy import Decision, Verdict, apply_fault, apply_sign_of_life
+
+__all__ = ["setup"]
+
+
+async def setup(ctx: ServiceContext) -> None:
+    bus = ctx.bus
+    store = JobStore(await bus.jobs_bucket())
+
+    async def on_fault(fault: FaultDetected) -> None:
+        if fault.job is None:
+            return
+        decision: Decision | None = None
+
+        def change(record: JobRecord) -> bool:
+            nonlocal decision
+            decision = apply_fault(record, fault)
+            return decision.verdict is not Verdict.IGNORE
+
+        result = await store.mutate(fault.job, change)
+        if result is None:
+            ctx.log.warning("fault for unknown job %s ignored", fault.job, extra={"job": fault.job})
+            return
+        before, after = result
+        if decision is None or decision.verdict is Verdict.IGNORE:
+            ctx.log.info("fault %s ignored: %s", fault.fault_id, decision and decision.why)
+            return
+        if decision.verdict is Verdict.FAIL:
+            await fail(before, after, decision)
+        else:
+            await restart(before, after, fault, decision)
+
+    async def restart(
+        before: JobRecord, after: JobRecord, fault: FaultDetected, decision: Decision
+    ) -> None:
+        ctx.log.warning(
+            "restarting %s: generation %d -> %d (%s)",
+            after.name,
+            before.generation,
+            after.generation,
+            fault.reason,
+            extra={"job": after.name, "generation": after.generation},
+        )
+        for placement in before.placements:
+            stop = Stop(
+                source=bus.source,
+                job=after.name,
+                replica=placement.replica,
+                generation=before.generation,
+                timeout_seconds=after.spec.spec.recovery.stop_grace_seconds,
+                reason=f"restart after {fault.fault_id}",
+            )
+            await bus.publish(bus.subjects.cmd(after.name, placement.replica), stop)
+        for assign in assignments(after, bus.source):
+            assert assign.replica is not None
+            await bus.publish(bus.subjects.cmd(after.name, assign.replica), assign)
+        await bus.publish(
+            bus.subjects.action(after.name),
+            RecoveryStarted(
+                source=bus.source,
+                job=after.name,
+                generation=after.generation,
+                fault_id=fault.fault_id,
+                level=decision.level,
+                reason=fault.reason,
+                from_generation=before.generation,
+                to_generation=after.generation,
+            ),
+        )
+        await phase_changed(before, after)
+
+    async def fail(before: JobRecord, after: JobRecord, decision: Decision) -> None:
+        ctx.log.error("job %s failed: %s", after.name, decision.why, extra={"job": after.name})
+        for placement in after.placements:
+            stop = Stop(
+                source=bus.source,
+                job=after.name,
+                replica=placement.replica,
+                generation=after.generation,
+                final=True,
+                timeout_seconds=after.spec.spec.recovery.stop_grace_seconds,
+                reason=decision.why,
+            )
+            await bus.publish(bus.subjects.cmd(after.name, placement.replica), stop)
+        await phase_changed(before, after)
+
+    async def phase_changed(before: JobRecord, after: JobRecord) -> None:
+        if before.phase == after.phase:
+            return
+        event = PhaseChanged(
+            source=bus.source,
+            job=after.name,
+            generation=after.generation,
+            phase=after.phase,
+            previous=before.phase,
+            message=after.message,
+        )
+        await bus.publish(bus.subjects.action(after.name), event)
+
+    async def on_started(event: ProcessStarted) -> None:
+        if event.job is None or event.generation is None:
+            return
+        generation = event.generation
+        result = await store.mutate(
+            event.job, lambda record: apply_sign_of_life(record, generation, event.time)
+        )
+        if result is None or result[0] is result[1]:
+            return
+        before, after = result
+        assert before.pending_recovery is not None and after.last_recovery_seconds is not None
+        ctx.log.info(
+            "job %s recovered in %.3f s", after.name, after.last_recovery_seconds,
+            extra={"job": after.name, "generation": after.generation},
+        )
+        finished = RecoveryFinished(
+            source=bus.source,
+            job=after.name,
+            generation=after.generation,
+            fault_id=before.pending_recovery.fault_id,
+            level=before.pending_recovery.level,
+            duration_seconds=after.last_recovery_seconds,
+        )
+        await bus.publish(bus.subjects.action(after.name), finished)
+        await phase_changed(before, after)
+
+    await bus.consume(
+        bus.subjects.all("fault"), "restarter", on_fault, expects=(FaultDetected,)
+    )
+    await bus.consume(
+        bus.subjects.raw(None, "process_started", None),
+        "restarter-sign-of-life",
+        on_started,
+        expects=(ProcessStarted,),
+    )

@@ -1,0 +1,5 @@
+import sys
+
+from resurge_scaler.cli import main
+
+sys.exit(main())

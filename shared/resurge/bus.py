@@ -1,0 +1,292 @@
+"""The bus: one NATS connection per service, typed publish and consume, streams at start.
+
+- :meth:`Bus.connect` retries the first connection, then reconnects forever; every
+  connection change is logged.
+- :meth:`Bus.ensure_streams` creates (or updates) the JetStream streams of DESIGN
+  section 2 and the job-record bucket, idempotently.
+- :meth:`Bus.publish` stores an event in its stream and waits for the ack, with the
+  event id as ``Nats-Msg-Id`` so a repeat is stored once; :meth:`Bus.publish_nowait`
+  does the same without waiting (for high-rate telemetry such as log lines).
+- :meth:`Bus.consume` binds a durable consumer: each message is decoded, checked
+  against the kinds the handler expects, and handed over; success acks, a
+  :class:`TransientError` (or any other exception) naks with a delay, and a message
+  that cannot be decoded is dead-lettered and terminated. No message kills the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import (
+    ConsumerConfig,
+    DeliverPolicy,
+    KeyValueConfig,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.kv import KeyValue
+from prometheus_client import CollectorRegistry, Counter
+
+from resurge.dead_letters import DeadLetterOffice
+from resurge.events import (
+    DeadLetterReason,
+    DecodeError,
+    Envelope,
+    Event,
+    Source,
+    decode_event,
+    encode_event,
+)
+from resurge.settings import Settings
+from resurge.subjects import Subjects
+
+__all__ = ["Bus", "Handler", "PermanentError", "TransientError"]
+
+log = logging.getLogger("resurge.bus")
+
+Handler = Callable[[Any], Awaitable[None]]
+
+# Stream families of DESIGN section 2, and whether they keep the short raw retention.
+_FAMILIES = {"raw": True, "fault": False, "capacity": False, "cmd": False, "action": False,
+             "job": False, "dlq": False}
+JOBS_BUCKET = "jobs"
+_NAK_DELAY_SECONDS = 1.0
+
+
+class TransientError(Exception):
+    """A handler could not finish now; the message is redelivered after a delay."""
+
+
+class PermanentError(Exception):
+    """A handler can never use this message; it is dead-lettered and not redelivered."""
+
+
+@dataclass
+class _Consumer:
+    subject: str
+    durable: str
+    expects: tuple[type[Envelope], ...]
+    handler: Handler
+
+
+class Bus:
+    def __init__(
+        self, nc: Client, settings: Settings, service: str, registry: CollectorRegistry
+    ) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.settings = settings
+        self.subjects: Subjects = settings.subjects
+        self.service = service
+        self.source = Source.here(service)
+        self.dead_letters = DeadLetterOffice(service, self.subjects, registry, self.publish)
+        self._handled = Counter(
+            "resurge_messages_total",
+            "Messages consumed, by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
+        self._subscriptions: list[Any] = []
+
+    @classmethod
+    async def connect(
+        cls,
+        settings: Settings,
+        service: str,
+        registry: CollectorRegistry | None = None,
+        connect_timeout: float = 30.0,
+    ) -> Bus:
+        """Connect, retrying the first connection for up to ``connect_timeout`` seconds."""
+
+        async def on_error(error: Exception) -> None:
+            log.warning("nats error: %s", error)
+
+        async def on_disconnected() -> None:
+            log.warning("disconnected from nats")
+
+        async def on_reconnected() -> None:
+            log.info("reconnected to nats at %s", nc.connected_url)
+
+        async def on_closed() -> None:
+            log.info("nats connection closed")
+
+        deadline = asyncio.get_running_loop().time() + connect_timeout
+        while True:
+            try:
+                nc = await nats.connect(
+                    servers=settings.nats_url.split(","),
+                    name=f"{settings.namespace}-{service}",
+                    error_cb=on_error,
+                    disconnected_cb=on_disconnected,
+                    reconnected_cb=on_reconnected,
+                    closed_cb=on_closed,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    connect_timeout=2,
+                    allow_reconnect=True,
+                )
+                break
+            except (OSError, nats.errors.NoServersError, TimeoutError) as error:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise ConnectionError(
+                        f"cannot reach nats at {settings.nats_url}: {error}"
+                    ) from error
+                await asyncio.sleep(0.2)
+        return cls(nc, settings, service, registry or CollectorRegistry())
+
+    @property
+    def connected(self) -> bool:
+        return bool(self.nc.is_connected)
+
+    async def ensure_streams(self) -> None:
+        """Create or update every stream and the job-record bucket; safe to repeat."""
+        for family, is_raw in _FAMILIES.items():
+            max_age = (
+                self.settings.raw_max_age_seconds if is_raw else self.settings.stream_max_age_seconds
+            )
+            config = StreamConfig(
+                name=self.subjects.stream(family),
+                subjects=[self.subjects.all(family)],
+                storage=StorageType.FILE,
+                max_age=max_age,
+                duplicate_window=min(120.0, max_age),
+            )
+            try:
+                await self.js.add_stream(config)
+            except nats.js.errors.BadRequestError:
+                await self.js.update_stream(config)
+        await self.js.create_key_value(
+            KeyValueConfig(bucket=self.subjects.kv_bucket(JOBS_BUCKET), history=5)
+        )
+
+    async def jobs_bucket(self) -> KeyValue:
+        return await self.js.key_value(self.subjects.kv_bucket(JOBS_BUCKET))
+
+    async def publish(self, subject: str, event: Envelope) -> None:
+        """Store ``event`` in its stream and wait for the server's ack."""
+        await self.js.publish(subject, encode_event(event), headers={"Nats-Msg-Id": event.id})
+
+    async def publish_nowait(self, subject: str, event: Envelope) -> None:
+        """Send ``event`` without waiting for the stream's ack (it is still stored)."""
+        await self.nc.publish(subject, encode_event(event), headers={"Nats-Msg-Id": event.id})
+
+    async def consume(
+        self,
+        subject: str,
+        durable: str,
+        handler: Handler,
+        *,
+        expects: tuple[type[Envelope], ...] = (),
+        new_only: bool = False,
+        ack_wait_seconds: float = 30.0,
+        max_deliver: int = 10,
+    ) -> None:
+        """Bind durable consumer ``durable`` on ``subject`` and feed ``handler``.
+
+        ``expects`` lists the kinds the handler takes (empty: any). ``new_only`` starts a
+        new consumer at the stream's end instead of its beginning. Instances of one
+        service that use the same ``durable`` share the messages (a queue group).
+        """
+        family = subject.split(".")[2]
+        consumer = _Consumer(subject, durable, expects, handler)
+        config = ConsumerConfig(
+            ack_wait=ack_wait_seconds,
+            max_deliver=max_deliver,
+            deliver_policy=DeliverPolicy.NEW if new_only else DeliverPolicy.ALL,
+            filter_subject=subject,
+        )
+
+        async def on_message(msg: Msg) -> None:
+            await self._deliver(consumer, msg)
+
+        sub = await self.js.subscribe(
+            subject,
+            queue=durable,
+            durable=durable,
+            stream=self.subjects.stream(family),
+            cb=on_message,
+            manual_ack=True,
+            config=config,
+        )
+        self._subscriptions.append(sub)
+
+    async def subscribe(
+        self, subject: str, handler: Callable[[Event, str], Awaitable[None]]
+    ) -> Any:
+        """Core-NATS subscription (no stream, no ack), for watchers such as the CLI.
+
+        ``handler`` gets each decoded event and the subject it arrived on.
+        """
+
+        async def on_message(msg: Msg) -> None:
+            try:
+                event = decode_event(msg.data)
+            except DecodeError as error:
+                await self.dead_letters.send(msg.subject, msg.data, error.reason, error.detail)
+                return
+            await handler(event, msg.subject)
+
+        sub = await self.nc.subscribe(subject, cb=on_message)
+        self._subscriptions.append(sub)
+        return sub
+
+    async def _deliver(self, consumer: _Consumer, msg: Msg) -> None:
+        try:
+            event = decode_event(msg.data)
+        except DecodeError as error:
+            await self._reject(msg, error.reason, error.detail)
+            return
+        if consumer.expects and not isinstance(event, consumer.expects):
+            wanted = ", ".join(sorted(m.model_fields["kind"].default for m in consumer.expects))
+            await self._reject(
+                msg,
+                DeadLetterReason.UNEXPECTED_KIND,
+                f"kind {event.kind!r} on {msg.subject}; this consumer takes {wanted}",
+            )
+            return
+        try:
+            await consumer.handler(event)
+        except PermanentError as error:
+            await self._reject(msg, DeadLetterReason.INVALID, str(error))
+            return
+        except Exception as error:
+            transient = isinstance(error, TransientError)
+            log.log(
+                logging.WARNING if transient else logging.ERROR,
+                "handling %s failed, will retry: %s",
+                event.kind,
+                error,
+                exc_info=not transient,
+                extra={"event_id": event.id, "kind": event.kind, "job": event.job},
+            )
+            self._handled.labels("retried").inc()
+            await msg.nak(delay=_NAK_DELAY_SECONDS)
+            return
+        self._handled.labels("handled").inc()
+        await msg.ack()
+
+    async def _reject(self, msg: Msg, reason: DeadLetterReason, detail: str) -> None:
+        self._handled.labels("dead_lettered").inc()
+        try:
+            await self.dead_letters.send(msg.subject, msg.data, reason, detail)
+        finally:
+            await msg.term()
+
+    async def close(self) -> None:
+        """Drain subscriptions and pending publishes, then close."""
+        if self.nc.is_closed:
+            return
+        try:
+            await self.nc.drain()
+        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
+            pass

@@ -1,0 +1,137 @@
+"""Every message kind, the union over ``kind``, and decoding with reasons.
+
+:func:`decode_event` turns bytes into the right model or raises :class:`DecodeError`
+carrying a :class:`DeadLetterReason`, so every subscriber classifies bad input the same
+way.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from pydantic import Field, TypeAdapter, ValidationError
+
+from resurge.events.actions import JobPhase, PhaseChanged, RecoveryFinished, RecoveryStarted
+from resurge.events.commands import Assign, ReplicaSlot, Stop
+from resurge.events.dead_letters import DeadLetter, DeadLetterReason
+from resurge.events.envelope import SCHEMA_VERSION, Envelope, RecoveryLevel, Source
+from resurge.events.faults import FaultDetected, FaultScope, Severity
+from resurge.events.jobs import JobDeleted, JobSubmitted, ReplicaFinished
+from resurge.events.raw import (
+    AgentState,
+    AgentStateChanged,
+    LogLine,
+    ProcessExited,
+    ProcessStarted,
+)
+
+__all__ = [
+    "EVENT_KINDS",
+    "SCHEMA_VERSION",
+    "AgentState",
+    "AgentStateChanged",
+    "Assign",
+    "DeadLetter",
+    "DeadLetterReason",
+    "DecodeError",
+    "Envelope",
+    "Event",
+    "FaultDetected",
+    "FaultScope",
+    "JobDeleted",
+    "JobPhase",
+    "JobSubmitted",
+    "LogLine",
+    "PhaseChanged",
+    "ProcessExited",
+    "ProcessStarted",
+    "RecoveryFinished",
+    "RecoveryLevel",
+    "RecoveryStarted",
+    "ReplicaFinished",
+    "ReplicaSlot",
+    "Severity",
+    "Source",
+    "Stop",
+    "decode_event",
+    "encode_event",
+]
+
+_MODELS: tuple[type[Envelope], ...] = (
+    ProcessStarted,
+    ProcessExited,
+    LogLine,
+    AgentStateChanged,
+    FaultDetected,
+    Assign,
+    Stop,
+    RecoveryStarted,
+    RecoveryFinished,
+    PhaseChanged,
+    JobSubmitted,
+    JobDeleted,
+    ReplicaFinished,
+    DeadLetter,
+)
+
+Event = Annotated[
+    ProcessStarted
+    | ProcessExited
+    | LogLine
+    | AgentStateChanged
+    | FaultDetected
+    | Assign
+    | Stop
+    | RecoveryStarted
+    | RecoveryFinished
+    | PhaseChanged
+    | JobSubmitted
+    | JobDeleted
+    | ReplicaFinished
+    | DeadLetter,
+    Field(discriminator="kind"),
+]
+
+EVENT_KINDS: dict[str, type[Envelope]] = {
+    model.model_fields["kind"].default: model for model in _MODELS
+}
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+class DecodeError(ValueError):
+    """A message that is not a valid event; ``reason`` says which way it is wrong."""
+
+    def __init__(self, reason: DeadLetterReason, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def encode_event(event: Envelope) -> bytes:
+    return event.model_dump_json(by_alias=True).encode()
+
+
+def decode_event(data: bytes) -> Event:
+    """Decode one message body, or raise :class:`DecodeError`."""
+    try:
+        document: Any = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DecodeError(DeadLetterReason.NOT_JSON, str(error)) from None
+    if not isinstance(document, dict):
+        raise DecodeError(DeadLetterReason.INVALID, "a message must be a JSON object")
+    kind = document.get("kind")
+    if kind not in EVENT_KINDS:
+        raise DecodeError(
+            DeadLetterReason.UNKNOWN_KIND,
+            f"kind {kind!r} is not one of {', '.join(sorted(EVENT_KINDS))}",
+        )
+    try:
+        return EVENT_ADAPTER.validate_python(document)
+    except ValidationError as error:
+        details = "; ".join(
+            f"{'.'.join(str(p) for p in item['loc'][1:]) or '(event)'}: {item['msg']}"
+            for item in error.errors()
+        )
+        raise DecodeError(DeadLetterReason.INVALID, details) from None

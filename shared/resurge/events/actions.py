@@ -1,0 +1,50 @@
+"""Audit events on ``action.<job>``: what the control plane decided and did."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from resurge.events.envelope import Envelope, RecoveryLevel
+
+__all__ = ["JobPhase", "PhaseChanged", "RecoveryFinished", "RecoveryStarted"]
+
+
+class JobPhase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RECOVERING = "Recovering"
+    RESIZING = "Resizing"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED)
+
+
+class RecoveryStarted(Envelope):
+    kind: Literal["recovery_started"] = "recovery_started"
+    fault_id: str = Field(description="The fault being recovered from.")
+    level: RecoveryLevel = Field(description="Recovery level chosen.")
+    reason: str = Field(description="The fault's reason.")
+    from_generation: int = Field(ge=0, description="Generation that failed.")
+    to_generation: int = Field(ge=0, description="Generation being started.")
+
+
+class RecoveryFinished(Envelope):
+    kind: Literal["recovery_finished"] = "recovery_finished"
+    fault_id: str = Field(description="The fault recovered from.")
+    level: RecoveryLevel = Field(description="Recovery level used.")
+    duration_seconds: float = Field(
+        ge=0, description="From the fault's detection to the new generation's first sign of life."
+    )
+
+
+class PhaseChanged(Envelope):
+    kind: Literal["phase_changed"] = "phase_changed"
+    phase: JobPhase = Field(description="The job's new phase.")
+    previous: JobPhase | None = Field(default=None, description="The phase before.")
+    message: str = Field(default="", description="Why, in words.")

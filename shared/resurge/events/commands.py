@@ -1,0 +1,50 @@
+"""Commands to one node agent, on ``cmd.<job>.<replica>``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from resurge.events.envelope import Envelope
+
+__all__ = ["Assign", "ReplicaSlot", "Stop"]
+
+
+class ReplicaSlot(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    replica: int = Field(ge=0, description="Replica index (torchrun's GROUP_RANK).")
+    node: str = Field(description="Node the replica runs on.")
+    first_rank: int = Field(ge=0, description="Global rank of its local rank 0.")
+    nproc: int = Field(ge=1, description="Worker processes in the replica.")
+
+
+class Assign(Envelope):
+    """Start (or restart) this replica's workers as generation ``generation``."""
+
+    kind: Literal["assign"] = "assign"
+    generation: int = Field(ge=0, description="The generation the workers must join.")
+    world_size: int = Field(ge=1, description="Total worker processes in the job.")
+    rank_table: list[ReplicaSlot] = Field(description="Every replica of this generation.")
+    master_addr: str = Field(description="Rendezvous host (MASTER_ADDR).", examples=["127.0.0.1"])
+    master_port: int = Field(ge=1, le=65535, description="Rendezvous port, fresh each generation.")
+    restart_count: int = Field(
+        default=0, ge=0, description="Restarts so far (TORCHELASTIC_RESTART_COUNT)."
+    )
+    resume_checkpoint: str | None = Field(
+        default=None, description="Latest checkpoint every rank completed, if any."
+    )
+
+
+class Stop(Envelope):
+    """Stop this replica's workers of generation ``generation`` (or older)."""
+
+    kind: Literal["stop"] = "stop"
+    generation: int = Field(ge=0, description="Workers of this generation or older stop.")
+    graceful: bool = Field(default=True, description="SIGTERM first, SIGKILL after the timeout.")
+    timeout_seconds: float = Field(default=10.0, gt=0, description="Grace before SIGKILL.")
+    final: bool = Field(
+        default=False, description="The job is over: the agent exits once its workers stopped."
+    )
+    reason: str = Field(default="", description="Why, in words.")

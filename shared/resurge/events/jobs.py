@@ -1,0 +1,27 @@
+"""Job lifecycle events on ``job.<job>``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from resurge.events.envelope import Envelope
+from resurge.jobspec import TrainingJob
+
+__all__ = ["JobDeleted", "JobSubmitted", "ReplicaFinished"]
+
+
+class JobSubmitted(Envelope):
+    kind: Literal["job_submitted"] = "job_submitted"
+    spec: TrainingJob = Field(description="The validated TrainingJob.")
+
+
+class JobDeleted(Envelope):
+    kind: Literal["job_deleted"] = "job_deleted"
+
+
+class ReplicaFinished(Envelope):
+    """Every worker of the replica exited 0 in ``generation`` (published by the detector)."""
+
+    kind: Literal["replica_finished"] = "replica_finished"

@@ -1,0 +1,61 @@
+"""Raw telemetry published by node agents on ``raw.<job>.<kind>.<node>``."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from resurge.events.envelope import Envelope
+
+__all__ = ["AgentState", "AgentStateChanged", "LogLine", "ProcessExited", "ProcessStarted"]
+
+
+class ProcessStarted(Envelope):
+    kind: Literal["process_started"] = "process_started"
+    pid: int = Field(description="Operating-system process id of the worker.", examples=[4242])
+    local_rank: int = Field(ge=0, description="Rank of the worker within its replica.")
+    local_world_size: int = Field(ge=1, description="Workers in the replica.")
+
+
+class ProcessExited(Envelope):
+    kind: Literal["process_exited"] = "process_exited"
+    pid: int = Field(description="Operating-system process id of the worker.")
+    local_rank: int = Field(ge=0, description="Rank of the worker within its replica.")
+    local_world_size: int = Field(ge=1, description="Workers in the replica.")
+    exit_code: int | None = Field(
+        description="Exit status, or null when a signal ended the process.", examples=[1]
+    )
+    signal: str | None = Field(
+        default=None, description="Name of the signal that ended it, if any.", examples=["SIGKILL"]
+    )
+    expected: bool = Field(
+        default=False,
+        description="True when the agent itself stopped the worker (a Stop command or shutdown).",
+    )
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == 0
+
+
+class LogLine(Envelope):
+    kind: Literal["log_line"] = "log_line"
+    local_rank: int = Field(ge=0, description="Rank of the worker within its replica.")
+    stream: Literal["stdout", "stderr"] = Field(description="Which output stream.")
+    line: str = Field(description="One line of output, without its newline; long lines are cut.")
+
+
+class AgentState(StrEnum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    IDLE = "idle"
+    EXITING = "exiting"
+
+
+class AgentStateChanged(Envelope):
+    kind: Literal["agent_state"] = "agent_state"
+    state: AgentState = Field(description="What the agent is doing now.")
+    detail: str = Field(default="", description="Why, in words.")

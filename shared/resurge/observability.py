@@ -1,0 +1,60 @@
+"""Per-service metrics registry and the ``/metrics`` + ``/healthz`` HTTP endpoint.
+
+The server runs in a daemon thread (prometheus-client's exposition is synchronous);
+``/healthz`` answers 200 while the ``healthy`` callback returns true, 503 otherwise.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+__all__ = ["MetricsServer"]
+
+
+class MetricsServer:
+    def __init__(
+        self, registry: CollectorRegistry, healthy: Callable[[], bool], host: str, port: int
+    ) -> None:
+        registry_ = registry
+        healthy_ = healthy
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    self._reply(200, generate_latest(registry_), CONTENT_TYPE_LATEST)
+                elif path == "/healthz":
+                    ok = healthy_()
+                    self._reply(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n")
+                else:
+                    self._reply(404, b"not found: try /metrics or /healthz\n")
+
+            def _reply(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                return
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> MetricsServer:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,51 @@
+"""Rank planning: turn a job record into one Assign command per replica.
+
+Ranks are laid out replica by replica (replica r's local rank l is global rank
+``r * nproc + l``), as torchrun does with static rendezvous. Each generation gets a
+fresh rendezvous port, so a new process group never meets a stale store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from resurge.events import Assign, ReplicaSlot, Source
+from resurge.records import JobRecord
+
+__all__ = ["assignments", "master_port_for"]
+
+# Below Linux's default ephemeral range (32768-60999) so a port picked here is not
+# already taken by some outgoing connection.
+_PORT_BASE = 20000
+_PORT_SPAN = 12000
+
+
+def master_port_for(job: str, generation: int) -> int:
+    """A rendezvous port for (job, generation): stable, and different between generations."""
+    digest = hashlib.blake2b(job.encode(), digest_size=4).digest()
+    return _PORT_BASE + (int.from_bytes(digest) + generation * 7919) % _PORT_SPAN
+
+
+def assignments(record: JobRecord, source: Source) -> list[Assign]:
+    nproc = record.spec.spec.nproc_per_node
+    placements = sorted(record.placements, key=lambda p: p.replica)
+    table = [
+        ReplicaSlot(replica=p.replica, node=p.node, first_rank=i * nproc, nproc=nproc)
+        for i, p in enumerate(placements)
+    ]
+    master = placements[0].address
+    return [
+        Assign(
+            source=source,
+            job=record.name,
+            replica=slot.replica,
+            node=slot.node,
+            generation=record.generation,
+            world_size=nproc * len(table),
+            rank_table=table,
+            master_addr=master,
+            master_port=record.master_port,
+            restart_count=record.total_restarts,
+        )
+        for slot in table
+    ]

@@ -1,0 +1,165 @@
+"""Job records: each job's lasting state, one JetStream KV entry per job.
+
+Every write is a compare-and-set on the entry's revision, so two writers never both
+win: :meth:`JobStore.mutate` re-reads and re-applies its change on a conflict. A
+record holds what the control plane decided (generation, placement, phase, restart
+counts); events say what happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import nats.js.errors
+from nats.js.kv import KeyValue
+from pydantic import BaseModel, ConfigDict, Field
+
+from resurge.events import JobPhase, RecoveryLevel
+from resurge.jobspec import TrainingJob
+from resurge.subjects import escape_token
+
+__all__ = ["JobRecord", "JobStore", "LastFault", "PendingRecovery", "Placement", "status_view"]
+
+_CAS_ATTEMPTS = 20
+_HANDLED_FAULTS_KEPT = 64
+
+
+class Placement(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    replica: int = Field(ge=0, description="Replica index.")
+    node: str = Field(description="Node the replica's worker group runs on.")
+    address: str = Field(default="127.0.0.1", description="Address other replicas reach it at.")
+
+
+class LastFault(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fault_id: str
+    reason: str
+    scope: str
+    time: datetime
+
+
+class PendingRecovery(BaseModel):
+    """A recovery decided but not yet seen to work (no sign of life from the new generation)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fault_id: str
+    level: RecoveryLevel
+    detected_at: datetime = Field(description="When the fault was detected.")
+    to_generation: int
+
+
+class JobRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    spec: TrainingJob
+    phase: JobPhase = JobPhase.PENDING
+    generation: int = 0
+    placements: list[Placement] = Field(default_factory=list)
+    master_port: int = 0
+    finished_replicas: list[int] = Field(
+        default_factory=list, description="Replicas whose workers all exited 0 this generation."
+    )
+    restarts: dict[RecoveryLevel, int] = Field(default_factory=dict)
+    handled_faults: list[str] = Field(
+        default_factory=list, description="Most recent fault ids acted on, newest last."
+    )
+    last_fault: LastFault | None = None
+    pending_recovery: PendingRecovery | None = None
+    last_recovery_seconds: float | None = None
+    message: str = ""
+    updated: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def total_restarts(self) -> int:
+        return sum(self.restarts.values())
+
+    def remember_fault(self, fault_id: str) -> None:
+        self.handled_faults = [*self.handled_faults, fault_id][-_HANDLED_FAULTS_KEPT:]
+
+
+class ConflictError(Exception):
+    """The record changed between read and write more often than we retry."""
+
+
+class JobStore:
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    @staticmethod
+    def key(name: str) -> str:
+        return escape_token(name)
+
+    async def get(self, name: str) -> tuple[JobRecord, int] | None:
+        try:
+            entry = await self.kv.get(self.key(name))
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        if entry.value is None or entry.revision is None:
+            return None
+        return JobRecord.model_validate_json(entry.value), entry.revision
+
+    async def create(self, record: JobRecord) -> bool:
+        """Store a new record; false if one by that name exists already."""
+        try:
+            await self.kv.create(self.key(record.name), record.model_dump_json().encode())
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return False
+        return True
+
+    async def replace(self, record: JobRecord, revision: int) -> bool:
+        """Overwrite the record read at ``revision``; false if it changed since."""
+        try:
+            await self.kv.update(self.key(record.name), record.model_dump_json().encode(), last=revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return False
+        return True
+
+    async def mutate(
+        self, name: str, change: Callable[[JobRecord], bool]
+    ) -> tuple[JobRecord, JobRecord] | None:
+        """Apply ``change`` (which edits a copy and returns whether it changed anything).
+
+        Returns ``(before, after)``, ``after`` being ``before`` when nothing changed, or
+        ``None`` when no such job exists. Retries on a concurrent write.
+        """
+        for _ in range(_CAS_ATTEMPTS):
+            found = await self.get(name)
+            if found is None:
+                return None
+            before, revision = found
+            after = before.model_copy(deep=True)
+            if not change(after):
+                return before, before
+            after.updated = datetime.now(UTC)
+            try:
+                await self.kv.update(self.key(name), after.model_dump_json().encode(), last=revision)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue
+            return before, after
+        raise ConflictError(f"job record {name!r} kept changing under {_CAS_ATTEMPTS} attempts")
+
+
+def status_view(record: JobRecord) -> dict[str, object]:
+    """The ``resurge status --json`` object of DESIGN section 7."""
+    fault = record.last_fault
+    return {
+        "name": record.name,
+        "phase": record.phase.value,
+        "generation": record.generation,
+        "replicas": {
+            "current": len(record.placements),
+            "target": record.spec.spec.replicas.min,
+        },
+        "restarts": {level.value: count for level, count in record.restarts.items()},
+        "lastFault": None
+        if fault is None
+        else {"reason": fault.reason, "scope": fault.scope, "time": fault.time.isoformat()},
+        "lastRecoverySeconds": record.last_recovery_seconds,
+        "message": record.message,
+    }

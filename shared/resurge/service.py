@@ -1,0 +1,98 @@
+"""The runner every service's ``main`` uses.
+
+Order: configure logging, load settings once, then inside an ``AsyncExitStack`` connect
+the bus, create streams, start ``/metrics`` + ``/healthz``, and call the service's
+``setup``. SIGTERM and SIGINT set ``ctx.stopping``; a service may set it itself when
+its work is over. On the way out the exit stack drains the bus and stops the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from prometheus_client import CollectorRegistry
+
+from resurge.bus import Bus
+from resurge.logs import configure_logging
+from resurge.observability import MetricsServer
+from resurge.settings import Settings
+
+__all__ = ["ServiceContext", "run_service"]
+
+S = TypeVar("S", bound=Settings)
+
+
+@dataclass
+class ServiceContext:
+    name: str
+    settings: Settings
+    bus: Bus
+    registry: CollectorRegistry
+    exit_stack: AsyncExitStack
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    exit_code: int = 0
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def log(self) -> logging.Logger:
+        return logging.getLogger(f"resurge.{self.name}")
+
+    def spawn(self, coro: Awaitable[None]) -> None:
+        """Run ``coro`` in the background; it is cancelled when the service stops."""
+
+        async def wrapped() -> None:
+            await coro
+
+        task = asyncio.get_running_loop().create_task(wrapped())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+
+async def _serve(
+    name: str, settings: Settings, setup: Callable[[ServiceContext], Awaitable[None]]
+) -> int:
+    registry = CollectorRegistry()
+    async with AsyncExitStack() as stack:
+        bus = await Bus.connect(settings, name, registry)
+        stack.push_async_callback(bus.close)
+        await bus.ensure_streams()
+        ctx = ServiceContext(name, settings, bus, registry, stack)
+        if settings.metrics_port is not None:
+            server = MetricsServer(
+                registry, lambda: bus.connected, settings.metrics_host, settings.metrics_port
+            ).start()
+            stack.callback(server.close)
+            ctx.log.info("serving /metrics and /healthz on port %d", server.port)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, ctx.stopping.set)
+        await setup(ctx)
+        ctx.log.info("%s ready", name)
+        await ctx.stopping.wait()
+        ctx.log.info("%s stopping", name)
+        for task in list(ctx.tasks):
+            task.cancel()
+        for task in list(ctx.tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        return ctx.exit_code
+    return 1  # unreachable: the stack re-raises
+
+
+def run_service(
+    name: str, settings: S, setup: Callable[[ServiceContext], Awaitable[None]]
+) -> int:
+    """Run a service until SIGTERM/SIGINT or until it sets ``ctx.stopping``."""
+    configure_logging(name, settings.log_level, settings.log_format)
+    try:
+        return asyncio.run(_serve(name, settings, setup))
+    except ConnectionError as error:
+        logging.getLogger(f"resurge.{name}").error("%s", error)
+        return 2

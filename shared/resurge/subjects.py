@@ -1,0 +1,125 @@
+"""Subject builders: the only place subject strings are spelled.
+
+Every subject starts with a namespace token (``resurge`` by default; tests use one per
+test) and the contract version ``v1``. Names taken from users or Kubernetes (jobs,
+nodes) may hold dots, spaces or wildcards, which NATS treats as token separators or
+filters; :func:`escape_token` maps any name to one safe token and
+:func:`unescape_token` maps it back.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "NODE_LEVEL_JOB",
+    "Subjects",
+    "escape_token",
+    "unescape_token",
+]
+
+VERSION = "v1"
+# `<job>` token of raw events that belong to a node rather than a job (DESIGN section 2).
+NODE_LEVEL_JOB = "_"
+
+_SAFE = re.compile(r"[A-Za-z0-9_-]")
+_NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def escape_token(name: str) -> str:
+    """Map ``name`` to a single NATS token that is a safe subject and stream-name part.
+
+    Letters, digits, ``-`` and ``_`` pass unchanged, except that ``_`` is doubled so the
+    mapping can be reversed; every other character becomes ``_xx`` (two lower-case hex
+    digits per UTF-8 byte). ``"a.b"`` becomes ``"a_2eb"``.
+    """
+    if not name:
+        raise ValueError("a subject token cannot be empty")
+    out: list[str] = []
+    for char in name:
+        if char == "_":
+            out.append("__")
+        elif _SAFE.fullmatch(char):
+            out.append(char)
+        else:
+            out.extend(f"_{byte:02x}" for byte in char.encode())
+    return "".join(out)
+
+
+def unescape_token(token: str) -> str:
+    """Invert :func:`escape_token`."""
+    raw = bytearray()
+    i = 0
+    while i < len(token):
+        char = token[i]
+        if char != "_":
+            raw.extend(char.encode())
+            i += 1
+        elif token[i + 1 : i + 2] == "_":
+            raw.extend(b"_")
+            i += 2
+        else:
+            raw.append(int(token[i + 1 : i + 3], 16))
+            i += 3
+    return raw.decode()
+
+
+def _token_or_wildcard(name: str | None) -> str:
+    return "*" if name is None else escape_token(name)
+
+
+@dataclass(frozen=True)
+class Subjects:
+    """Subject and stream names under one namespace.
+
+    A ``None`` argument becomes the ``*`` wildcard, so the same builder makes both the
+    subject a message is published on and the filter a subscriber uses.
+    """
+
+    namespace: str = "resurge"
+
+    def __post_init__(self) -> None:
+        if not _NAMESPACE.fullmatch(self.namespace):
+            raise ValueError(
+                f"namespace {self.namespace!r} must be 1-64 letters, digits, '-' or '_'"
+            )
+
+    @property
+    def root(self) -> str:
+        return f"{self.namespace}.{VERSION}"
+
+    def raw(self, job: str | None, kind: str | None, node: str | None) -> str:
+        """Node-agent telemetry; ``job`` is :data:`NODE_LEVEL_JOB` for node events."""
+        job_token = NODE_LEVEL_JOB if job == NODE_LEVEL_JOB else _token_or_wildcard(job)
+        return f"{self.root}.raw.{job_token}.{_token_or_wildcard(kind)}.{_token_or_wildcard(node)}"
+
+    def fault(self, job: str | None, scope: str | None) -> str:
+        return f"{self.root}.fault.{_token_or_wildcard(job)}.{_token_or_wildcard(scope)}"
+
+    def capacity(self, node: str | None) -> str:
+        return f"{self.root}.capacity.{_token_or_wildcard(node)}"
+
+    def cmd(self, job: str | None, replica: int | None) -> str:
+        replica_token = "*" if replica is None else str(replica)
+        return f"{self.root}.cmd.{_token_or_wildcard(job)}.{replica_token}"
+
+    def action(self, job: str | None) -> str:
+        return f"{self.root}.action.{_token_or_wildcard(job)}"
+
+    def job(self, job: str | None) -> str:
+        return f"{self.root}.job.{_token_or_wildcard(job)}"
+
+    def dlq(self, service: str | None) -> str:
+        return f"{self.root}.dlq.{_token_or_wildcard(service)}"
+
+    def all(self, family: str) -> str:
+        """Every subject of one family (``raw``, ``fault``, ...): ``<root>.<family>.>``."""
+        return f"{self.root}.{family}.>"
+
+    def stream(self, family: str) -> str:
+        """The JetStream stream that stores one family of subjects."""
+        return f"{self.namespace}_{family}".upper().replace("-", "_")
+
+    def kv_bucket(self, name: str) -> str:
+        return f"{self.namespace}_{name}".replace("-", "_")

@@ -1,0 +1,55 @@
+"""The environment a worker process gets: torchrun's variables plus resurge's own.
+
+An unmodified torchrun script reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` ... and
+runs; a script that uses ``resurge.worker`` also finds its generation, its agent's
+socket and the checkpoint to resume from.
+"""
+
+from __future__ import annotations
+
+from resurge.events import Assign
+
+__all__ = [
+    "AGENT_SOCKET",
+    "GENERATION",
+    "JOB",
+    "RESUME_CHECKPOINT",
+    "worker_environment",
+]
+
+# Names a worker reads to find its place in the current generation.
+GENERATION = "RESURGE_GENERATION"
+AGENT_SOCKET = "RESURGE_AGENT_SOCKET"
+RESUME_CHECKPOINT = "RESURGE_RESUME_CHECKPOINT"
+JOB = "RESURGE_JOB"
+
+
+def worker_environment(
+    assign: Assign, local_rank: int, agent_socket: str | None = None
+) -> dict[str, str]:
+    """Variables for local rank ``local_rank`` of ``assign.replica``; merge over os.environ."""
+    slot = next(s for s in assign.rank_table if s.replica == assign.replica)
+    env = {
+        "RANK": str(slot.first_rank + local_rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(assign.world_size),
+        "LOCAL_WORLD_SIZE": str(slot.nproc),
+        "GROUP_RANK": str(slot.replica),
+        "GROUP_WORLD_SIZE": str(len(assign.rank_table)),
+        "ROLE_RANK": str(slot.first_rank + local_rank),
+        "ROLE_WORLD_SIZE": str(assign.world_size),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": assign.master_addr,
+        "MASTER_PORT": str(assign.master_port),
+        "TORCHELASTIC_RESTART_COUNT": str(assign.restart_count),
+        "TORCHELASTIC_RUN_ID": f"{assign.job}-g{assign.generation}",
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "PYTHONUNBUFFERED": "1",
+        GENERATION: str(assign.generation),
+        JOB: assign.job or "",
+    }
+    if agent_socket:
+        env[AGENT_SOCKET] = agent_socket
+    if assign.resume_checkpoint:
+        env[RESUME_CHECKPOINT] = assign.resume_checkpoint
+    return env
