@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from resurge.events import (
     decode_event,
     encode_event,
 )
+from resurge.logs import RateLimitedLog
 from resurge.settings import Settings
 from resurge.subjects import Subjects
 
@@ -57,8 +59,15 @@ log = logging.getLogger("resurge.bus")
 Handler = Callable[[Any], Awaitable[None]]
 
 # Stream families of DESIGN section 2, and whether they keep the short raw retention.
-_FAMILIES = {"raw": True, "fault": False, "capacity": False, "cmd": False, "action": False,
-             "job": False, "dlq": False}
+_FAMILIES = {
+    "raw": True,
+    "fault": False,
+    "capacity": False,
+    "cmd": False,
+    "action": False,
+    "job": False,
+    "dlq": False,
+}
 JOBS_BUCKET = "jobs"
 _NAK_DELAY_SECONDS = 1.0
 
@@ -108,40 +117,41 @@ class Bus:
     ) -> Bus:
         """Connect, retrying the first connection for up to ``connect_timeout`` seconds."""
 
+        errors = RateLimitedLog(log, interval=30.0)
+
         async def on_error(error: Exception) -> None:
-            log.warning("nats error: %s", error)
+            errors.warning(type(error).__name__, f"nats error: {error}")
 
         async def on_disconnected() -> None:
-            log.warning("disconnected from nats")
+            if not nc.is_closed and not nc.is_draining:
+                log.warning("disconnected from nats")
 
         async def on_reconnected() -> None:
             log.info("reconnected to nats at %s", nc.connected_url)
 
-        async def on_closed() -> None:
-            log.info("nats connection closed")
-
-        deadline = asyncio.get_running_loop().time() + connect_timeout
-        while True:
-            try:
-                nc = await nats.connect(
+        nc = Client()
+        try:
+            # nats.py retries the first connection as it retries reconnects (forever here),
+            # so the deadline is kept from outside.
+            await asyncio.wait_for(
+                nc.connect(
                     servers=settings.nats_url.split(","),
                     name=f"{settings.namespace}-{service}",
                     error_cb=on_error,
                     disconnected_cb=on_disconnected,
                     reconnected_cb=on_reconnected,
-                    closed_cb=on_closed,
                     max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
+                    reconnect_time_wait=0.2,
                     connect_timeout=2,
                     allow_reconnect=True,
-                )
-                break
-            except (OSError, nats.errors.NoServersError, TimeoutError) as error:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise ConnectionError(
-                        f"cannot reach nats at {settings.nats_url}: {error}"
-                    ) from error
-                await asyncio.sleep(0.2)
+                ),
+                timeout=connect_timeout,
+            )
+        except (OSError, nats.errors.NoServersError, TimeoutError) as error:
+            await nc.close()
+            raise ConnectionError(
+                f"cannot reach nats at {settings.nats_url} within {connect_timeout} s"
+            ) from error
         return cls(nc, settings, service, registry or CollectorRegistry())
 
     @property
@@ -152,7 +162,9 @@ class Bus:
         """Create or update every stream and the job-record bucket; safe to repeat."""
         for family, is_raw in _FAMILIES.items():
             max_age = (
-                self.settings.raw_max_age_seconds if is_raw else self.settings.stream_max_age_seconds
+                self.settings.raw_max_age_seconds
+                if is_raw
+                else self.settings.stream_max_age_seconds
             )
             config = StreamConfig(
                 name=self.subjects.stream(family),
@@ -286,7 +298,6 @@ class Bus:
         """Drain subscriptions and pending publishes, then close."""
         if self.nc.is_closed:
             return
-        try:
+        already = (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError)
+        with contextlib.suppress(*already):
             await self.nc.drain()
-        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
-            pass

@@ -26,8 +26,12 @@ def _parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", help="run the whole story locally: a job crashes once and is restarted"
     )
-    demo.add_argument("--state-dir", type=Path, default=None,
-                      help="keep the server data and logs here (default: a temporary folder)")
+    demo.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="keep the server data and logs here (default: a temporary folder)",
+    )
     submit = commands.add_parser("submit", help="submit a TrainingJob YAML file")
     submit.add_argument("file", type=Path)
     delete = commands.add_parser("delete", help="delete a job and stop its workers")
@@ -36,17 +40,32 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("job", nargs="?")
     status.add_argument("--json", action="store_true", help="print JSON")
     events = commands.add_parser("events", help="print events as they happen (Ctrl-C stops)")
-    events.add_argument("filter", nargs="?", default=">",
-                        help="subject filter under <namespace>.v1, e.g. 'fault.>' (default: all)")
+    events.add_argument(
+        "filter",
+        nargs="?",
+        default=">",
+        help="subject filter under <namespace>.v1, e.g. 'fault.>' (default: all)",
+    )
     events.add_argument("--json", action="store_true", help="print each event as JSON")
     schema = commands.add_parser("schema", help="write the JSON Schema of every event kind")
-    schema.add_argument("--out", type=Path, default=Path("docs/schemas"),
-                        help="folder to write into (default docs/schemas)")
+    schema.add_argument(
+        "--out",
+        type=Path,
+        default=Path("docs/schemas"),
+        help="folder to write into (default docs/schemas)",
+    )
     return parser
 
 
 async def _with_bus(action: str, args: argparse.Namespace) -> int:
-    from resurge.client import connected, delete_job, event_line, job_status, submit_job, watch_events
+    from resurge.client import (
+        connected,
+        delete_job,
+        event_line,
+        job_status,
+        submit_job,
+        watch_events,
+    )
     from resurge.jobspec import JobSpecError, load_job
     from resurge.settings import Settings
 
@@ -73,9 +92,12 @@ async def _with_bus(action: str, args: argparse.Namespace) -> int:
                 print(json.dumps(views[0] if args.job else views, indent=2))
             else:
                 for view in views:
-                    print(f"{view['name']:<24} {view['phase']:<11} gen={view['generation']} "
-                          f"restarts={view['restarts']} {view['message']}")
+                    print(
+                        f"{view['name']:<24} {view['phase']:<11} gen={view['generation']} "
+                        f"restarts={view['restarts']} {view['message']}"
+                    )
         elif action == "events":
+
             async def show(event: Event, subject: str) -> None:
                 print(event_line(event, args.json), flush=True)
 

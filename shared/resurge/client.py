@@ -29,7 +29,9 @@ async def connected(settings: Settings, connect_timeout: float = 10.0) -> AsyncI
 
 
 async def submit_job(bus: Bus, job: TrainingJob) -> None:
-    await bus.publish(bus.subjects.job(job.name), JobSubmitted(source=bus.source, job=job.name, spec=job))
+    await bus.publish(
+        bus.subjects.job(job.name), JobSubmitted(source=bus.source, job=job.name, spec=job)
+    )
 
 
 async def delete_job(bus: Bus, name: str) -> None:
@@ -78,8 +80,19 @@ def event_line(event: Event, as_json: bool) -> str:
         if value is not None
     )
     body = event.model_dump(
-        exclude={"id", "kind", "schema_version", "time", "source", "job", "replica", "node",
-                 "rank", "generation", "spec"},
+        exclude={
+            "id",
+            "kind",
+            "schema_version",
+            "time",
+            "source",
+            "job",
+            "replica",
+            "node",
+            "rank",
+            "generation",
+            "spec",
+        },
         mode="json",
     )
     return f"{event.time:%H:%M:%S.%f} {event.kind:<17} {context} {json.dumps(body)}"

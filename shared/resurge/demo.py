@@ -31,8 +31,15 @@ def demo_job(name: str = "demo", replicas: int = 2, nproc: int = 2, steps: int =
             "metadata": {"name": name},
             "spec": {
                 "command": [
-                    sys.executable, "-m", "resurge.local.demo_worker",
-                    "--steps", str(steps), "--crash-rank", "1", "--crash-step", "10",
+                    sys.executable,
+                    "-m",
+                    "resurge.local.demo_worker",
+                    "--steps",
+                    str(steps),
+                    "--crash-rank",
+                    "1",
+                    "--crash-step",
+                    "10",
                 ],
                 "nprocPerNode": nproc,
                 "replicas": {"min": replicas, "max": replicas},
@@ -44,19 +51,20 @@ def demo_job(name: str = "demo", replicas: int = 2, nproc: int = 2, steps: int =
 
 def summarize(result: StoryResult) -> str:
     lines = ["", "=== resurge demo summary ==="]
-    lines.append(f"job {result.job}: {result.phase.value if result.phase else 'did not finish'}"
-                 f" in {result.seconds:.1f} s")
+    lines.append(
+        f"job {result.job}: {result.phase.value if result.phase else 'did not finish'}"
+        f" in {result.seconds:.1f} s"
+    )
     for fault in result.faults:
         lines.append(f"detected: {fault.reason} ({fault.message})")
     for recovery in result.recoveries:
         lines.append(
-            f"restarted: level {recovery.level.value}, recovered in {recovery.duration_seconds:.3f} s"
+            f"restarted: level {recovery.level.value}, "
+            f"recovered in {recovery.duration_seconds:.3f} s"
         )
     latencies = result.restart_latencies()
     if latencies:
-        lines.append(
-            f"worker exit -> restart command: median {median(latencies) * 1000:.1f} ms"
-        )
+        lines.append(f"worker exit -> restart command: median {median(latencies) * 1000:.1f} ms")
     return "\n".join(lines)
 
 

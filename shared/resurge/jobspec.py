@@ -90,7 +90,9 @@ class Metadata(_Strict):
 
 class TrainingJob(_Strict):
     api_version: Literal["resurge.dev/v1alpha1"] = Field(
-        default=API_VERSION, alias="apiVersion", description="Always resurge.dev/v1alpha1."
+        default="resurge.dev/v1alpha1",
+        alias="apiVersion",
+        description="Always resurge.dev/v1alpha1.",
     )
     kind: Literal["TrainingJob"] = Field(default="TrainingJob", description="Always TrainingJob.")
     metadata: Metadata = Field(description="Name and labels.")

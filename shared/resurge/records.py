@@ -115,7 +115,9 @@ class JobStore:
     async def replace(self, record: JobRecord, revision: int) -> bool:
         """Overwrite the record read at ``revision``; false if it changed since."""
         try:
-            await self.kv.update(self.key(record.name), record.model_dump_json().encode(), last=revision)
+            await self.kv.update(
+                self.key(record.name), record.model_dump_json().encode(), last=revision
+            )
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
         return True
@@ -138,7 +140,9 @@ class JobStore:
                 return before, before
             after.updated = datetime.now(UTC)
             try:
-                await self.kv.update(self.key(name), after.model_dump_json().encode(), last=revision)
+                await self.kv.update(
+                    self.key(name), after.model_dump_json().encode(), last=revision
+                )
             except nats.js.errors.KeyWrongLastSequenceError:
                 continue
             return before, after

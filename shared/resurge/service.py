@@ -86,9 +86,7 @@ async def _serve(
     return 1  # unreachable: the stack re-raises
 
 
-def run_service(
-    name: str, settings: S, setup: Callable[[ServiceContext], Awaitable[None]]
-) -> int:
+def run_service(name: str, settings: S, setup: Callable[[ServiceContext], Awaitable[None]]) -> int:
     """Run a service until SIGTERM/SIGINT or until it sets ``ctx.stopping``."""
     configure_logging(name, settings.log_level, settings.log_format)
     try:

@@ -69,6 +69,18 @@ def _token_or_wildcard(name: str | None) -> str:
     return "*" if name is None else escape_token(name)
 
 
+_FIXED = re.compile(r"^[a-z0-9_]{1,64}$")
+
+
+def _fixed_or_wildcard(token: str | None) -> str:
+    """A token from resurge's own fixed vocabulary (event kinds, scopes): used as it is."""
+    if token is None:
+        return "*"
+    if not _FIXED.fullmatch(token):
+        raise ValueError(f"{token!r} is not a fixed subject token (lower-case letters, digits, _)")
+    return token
+
+
 @dataclass(frozen=True)
 class Subjects:
     """Subject and stream names under one namespace.
@@ -92,10 +104,11 @@ class Subjects:
     def raw(self, job: str | None, kind: str | None, node: str | None) -> str:
         """Node-agent telemetry; ``job`` is :data:`NODE_LEVEL_JOB` for node events."""
         job_token = NODE_LEVEL_JOB if job == NODE_LEVEL_JOB else _token_or_wildcard(job)
-        return f"{self.root}.raw.{job_token}.{_token_or_wildcard(kind)}.{_token_or_wildcard(node)}"
+        kind_token = _fixed_or_wildcard(kind)
+        return f"{self.root}.raw.{job_token}.{kind_token}.{_token_or_wildcard(node)}"
 
     def fault(self, job: str | None, scope: str | None) -> str:
-        return f"{self.root}.fault.{_token_or_wildcard(job)}.{_token_or_wildcard(scope)}"
+        return f"{self.root}.fault.{_token_or_wildcard(job)}.{_fixed_or_wildcard(scope)}"
 
     def capacity(self, node: str | None) -> str:
         return f"{self.root}.capacity.{_token_or_wildcard(node)}"

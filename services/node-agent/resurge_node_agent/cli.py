@@ -47,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     launch.add_argument("--working-dir", default=None, help="folder the workers start in")
     launch.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="extra worker environment variable (repeatable)",
+    )
+    launch.add_argument(
         "--stop-grace-seconds",
         type=float,
         default=10.0,
@@ -63,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         _parser().error("launch needs the worker command after --")
     if args.replica < 0 or args.nproc_per_node < 1:
         _parser().error("--replica must be >= 0 and --nproc-per-node >= 1")
+    bad = [item for item in args.env if "=" not in item or item.startswith("=")]
+    if bad:
+        _parser().error(f"--env takes NAME=VALUE, got {bad[0]!r}")
     config = LaunchConfig(
         job=args.job,
         replica=args.replica,
@@ -70,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         nproc_per_node=args.nproc_per_node,
         command=command,
         working_dir=args.working_dir,
+        env=dict(item.split("=", 1) for item in args.env),
         stop_grace_seconds=args.stop_grace_seconds,
     )
 

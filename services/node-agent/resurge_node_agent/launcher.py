@@ -43,6 +43,7 @@ class LaunchConfig:
     nproc_per_node: int
     command: Sequence[str]
     working_dir: str | None
+    env: dict[str, str]
     stop_grace_seconds: float
 
 
@@ -83,7 +84,8 @@ class LaunchAgent:
         await self._stop_workers(f"generation {assign.generation} assigned")
         self.generation = assign.generation
         environments = [
-            worker_environment(assign, local_rank) for local_rank in range(self.config.nproc_per_node)
+            {**self.config.env, **worker_environment(assign, local_rank)}
+            for local_rank in range(self.config.nproc_per_node)
         ]
         generation = assign.generation
         self.group = WorkerGroup(
@@ -140,16 +142,14 @@ class LaunchAgent:
         event = ProcessStarted(
             pid=pid,
             local_world_size=self.config.nproc_per_node,
-            **self._envelope(generation, assign, local_rank),  # type: ignore[arg-type]
+            **self._envelope(generation, assign, local_rank),
         )
         await self._publish(event)
 
     async def _line(
         self, generation: int, local_rank: int, stream: Stream, line: str, assign: Assign
     ) -> None:
-        event = LogLine(
-            stream=stream, line=line, **self._envelope(generation, assign, local_rank)  # type: ignore[arg-type]
-        )
+        event = LogLine(stream=stream, line=line, **self._envelope(generation, assign, local_rank))
         subject = self.bus.subjects.raw(self.config.job, event.kind, self.config.node)
         await self.bus.publish_nowait(subject, event)
 
@@ -160,7 +160,7 @@ class LaunchAgent:
             exit_code=exit_.exit_code,
             signal=exit_.signal,
             expected=exit_.expected,
-            **self._envelope(generation, assign, exit_.local_rank),  # type: ignore[arg-type]
+            **self._envelope(generation, assign, exit_.local_rank),
         )
         await self._publish(event)
 
@@ -177,4 +177,6 @@ class LaunchAgent:
         await self._publish(event)
 
     async def _publish(self, event: Envelope) -> None:
-        await self.bus.publish(self.bus.subjects.raw(self.config.job, event.kind, self.config.node), event)
+        await self.bus.publish(
+            self.bus.subjects.raw(self.config.job, event.kind, self.config.node), event
+        )

@@ -62,7 +62,10 @@ def apply_fault(record: JobRecord, fault: FaultDetected) -> Decision:
     record.finished_replicas = []
     record.phase = JobPhase.RECOVERING
     record.pending_recovery = PendingRecovery(
-        fault_id=fault.fault_id, level=level, detected_at=fault.time, to_generation=record.generation
+        fault_id=fault.fault_id,
+        level=level,
+        detected_at=fault.time,
+        to_generation=record.generation,
     )
     record.message = f"recovering from {fault.reason} at level {level.value}"
     return Decision(Verdict.RESTART, record.message, level)

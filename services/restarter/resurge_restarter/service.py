@@ -129,7 +129,9 @@ async def setup(ctx: ServiceContext) -> None:
         before, after = result
         assert before.pending_recovery is not None and after.last_recovery_seconds is not None
         ctx.log.info(
-            "job %s recovered in %.3f s", after.name, after.last_recovery_seconds,
+            "job %s recovered in %.3f s",
+            after.name,
+            after.last_recovery_seconds,
             extra={"job": after.name, "generation": after.generation},
         )
         finished = RecoveryFinished(
@@ -143,9 +145,7 @@ async def setup(ctx: ServiceContext) -> None:
         await bus.publish(bus.subjects.action(after.name), finished)
         await phase_changed(before, after)
 
-    await bus.consume(
-        bus.subjects.all("fault"), "restarter", on_fault, expects=(FaultDetected,)
-    )
+    await bus.consume(bus.subjects.all("fault"), "restarter", on_fault, expects=(FaultDetected,))
     await bus.consume(
         bus.subjects.raw(None, "process_started", None),
         "restarter-sign-of-life",

@@ -18,9 +18,7 @@ __all__ = ["admit", "mark_replica_finished"]
 def admit(job: TrainingJob, nodes: list[str], previous: JobRecord | None) -> JobRecord:
     generation = 0 if previous is None else previous.generation + 1
     replicas = job.spec.replicas.min
-    placements = [
-        Placement(replica=r, node=nodes[r % len(nodes)]) for r in range(replicas)
-    ]
+    placements = [Placement(replica=r, node=nodes[r % len(nodes)]) for r in range(replicas)]
     return JobRecord(
         name=job.name,
         spec=job,

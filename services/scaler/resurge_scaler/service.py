@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from resurge.bus import TransientError
 from resurge.events import (
     JobDeleted,
     JobPhase,
@@ -12,7 +13,6 @@ from resurge.events import (
     ReplicaFinished,
     Stop,
 )
-from resurge.bus import TransientError
 from resurge.planner import assignments
 from resurge.records import JobRecord, JobStore
 from resurge.service import ServiceContext

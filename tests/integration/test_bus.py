@@ -1,0 +1,136 @@
+"""The bus against a real nats-server: streams, de-duplication, consumers, dead letters."""
+
+import asyncio
+
+import pytest
+
+from resurge.bus import Bus, PermanentError, TransientError
+from resurge.events import (
+    DeadLetter,
+    DeadLetterReason,
+    Envelope,
+    Event,
+    FaultDetected,
+    FaultScope,
+    JobDeleted,
+)
+from resurge.settings import Settings
+
+
+def fault(bus: Bus, fault_id: str = "f1") -> FaultDetected:
+    return FaultDetected(
+        source=bus.source,
+        job="j.1",
+        fault_id=fault_id,
+        scope=FaultScope.PROCESS,
+        reason="process_crash",
+    )
+
+
+async def collect(bus: Bus, subject: str) -> asyncio.Queue[Event]:
+    queue: asyncio.Queue[Event] = asyncio.Queue()
+
+    async def on(event: Event, _subject: str) -> None:
+        await queue.put(event)
+
+    await bus.subscribe(subject, on)
+    await bus.nc.flush()
+    return queue
+
+
+async def test_streams_are_created_idempotently(bus: Bus) -> None:
+    await bus.ensure_streams()
+    await bus.ensure_streams()
+    info = await bus.js.stream_info(bus.subjects.stream("fault"))
+    assert info.config.subjects == [bus.subjects.all("fault")]
+
+
+async def test_same_event_id_is_stored_once(bus: Bus) -> None:
+    event = fault(bus)
+    subject = bus.subjects.fault("j.1", "process")
+    await bus.publish(subject, event)
+    await bus.publish(subject, event)
+    info = await bus.js.stream_info(bus.subjects.stream("fault"))
+    assert info.state.messages == 1
+
+
+async def test_consume_hands_over_typed_events_and_acks(bus: Bus) -> None:
+    got: asyncio.Queue[FaultDetected] = asyncio.Queue()
+
+    async def handler(event: FaultDetected) -> None:
+        await got.put(event)
+
+    await bus.consume(bus.subjects.all("fault"), "t", handler, expects=(FaultDetected,))
+    sent = fault(bus)
+    await bus.publish(bus.subjects.fault("j.1", "process"), sent)
+    received = await asyncio.wait_for(got.get(), 10)
+    assert received == sent
+    info = await bus.js.consumer_info(bus.subjects.stream("fault"), "t")
+    for _ in range(100):  # the ack travels asynchronously; poll the server's view
+        if info.num_ack_pending == 0:
+            break
+        await asyncio.sleep(0.05)
+        info = await bus.js.consumer_info(bus.subjects.stream("fault"), "t")
+    assert info.num_ack_pending == 0 and info.delivered.stream_seq == 1
+
+
+async def test_transient_failure_is_redelivered(bus: Bus) -> None:
+    attempts: asyncio.Queue[int] = asyncio.Queue()
+    count = 0
+
+    async def flaky(event: FaultDetected) -> None:
+        nonlocal count
+        count += 1
+        await attempts.put(count)
+        if count == 1:
+            raise TransientError("not now")
+
+    await bus.consume(bus.subjects.all("fault"), "flaky", flaky, expects=(FaultDetected,))
+    await bus.publish(bus.subjects.fault("j", "process"), fault(bus))
+    assert await asyncio.wait_for(attempts.get(), 10) == 1
+    assert await asyncio.wait_for(attempts.get(), 10) == 2
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"\x00\xffgarbage", DeadLetterReason.NOT_JSON),
+        (b'{"kind": "fault_detected", "fault_id": 3}', DeadLetterReason.INVALID),
+        (b'{"kind": "martian"}', DeadLetterReason.UNKNOWN_KIND),
+        (None, DeadLetterReason.UNEXPECTED_KIND),
+        (b"permanent", DeadLetterReason.INVALID),
+    ],
+)
+async def test_bad_messages_are_counted_dead_lettered_and_survived(
+    bus: Bus, payload: bytes | None, reason: DeadLetterReason
+) -> None:
+    letter_queue = await collect(bus, bus.subjects.dlq("test"))
+    handled: asyncio.Queue[Envelope] = asyncio.Queue()
+
+    async def handler(event: FaultDetected) -> None:
+        if event.fault_id == "poison":
+            raise PermanentError("this fault can never be handled")
+        await handled.put(event)
+
+    await bus.consume(bus.subjects.all("fault"), "dl", handler, expects=(FaultDetected,))
+    subject = bus.subjects.fault("j", "process")
+    if payload is None:
+        await bus.publish(subject, JobDeleted(source=bus.source, job="j"))
+    elif payload == b"permanent":
+        await bus.publish(subject, fault(bus, "poison"))
+    else:
+        await bus.nc.publish(subject, payload)
+    letter = await asyncio.wait_for(letter_queue.get(), 10)
+    assert isinstance(letter, DeadLetter)
+    assert letter.reason is reason and letter.subject == subject
+    assert bus.dead_letters.count(reason) == 1
+    # the consumer keeps going: a good message after the bad one is handled
+    good = fault(bus, "good")
+    await bus.publish(subject, good)
+    assert (await asyncio.wait_for(handled.get(), 10)) == good
+
+
+async def test_connect_to_nothing_names_the_url() -> None:
+    settings = Settings(nats_url="nats://127.0.0.1:1")
+    with pytest.raises(ConnectionError, match=r"127\.0\.0\.1:1"):
+        await Bus.connect(settings, "test", connect_timeout=0.5)

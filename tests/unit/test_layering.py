@@ -1,0 +1,65 @@
+"""Services never import each other, and the shared library imports no service.
+
+Reads every module's imports from its syntax tree (import-linter holds the same
+contracts in `make lint`; this test keeps them in the test suite too).
+"""
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SERVICES = {
+    "resurge_detector": REPO / "services" / "detector" / "resurge_detector",
+    "resurge_node_agent": REPO / "services" / "node-agent" / "resurge_node_agent",
+    "resurge_restarter": REPO / "services" / "restarter" / "resurge_restarter",
+    "resurge_scaler": REPO / "services" / "scaler" / "resurge_scaler",
+}
+
+
+def imported_top_levels(folder: Path) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for path in folder.rglob("*.py"):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        names: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+        found[str(path.relative_to(REPO))] = names
+    return found
+
+
+def test_every_service_package_exists() -> None:
+    for package, folder in SERVICES.items():
+        assert (folder / "__init__.py").is_file(), package
+
+
+def test_no_service_imports_another() -> None:
+    offences = [
+        f"{path} imports {name}"
+        for package, folder in SERVICES.items()
+        for path, names in imported_top_levels(folder).items()
+        for name in names & (set(SERVICES) - {package})
+    ]
+    assert offences == []
+
+
+def test_shared_library_imports_no_service() -> None:
+    offences = [
+        f"{path} imports {name}"
+        for path, names in imported_top_levels(REPO / "shared" / "resurge").items()
+        for name in names & set(SERVICES)
+    ]
+    assert offences == []
+
+
+def test_control_plane_does_not_import_torch() -> None:
+    folders = [REPO / "shared" / "resurge", *SERVICES.values()]
+    offences = [
+        path
+        for folder in folders
+        for path, names in imported_top_levels(folder).items()
+        if "torch" in names
+    ]
+    assert offences == []

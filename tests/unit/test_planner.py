@@ -1,0 +1,35 @@
+from resurge.events import Source
+from resurge.jobspec import parse_job
+from resurge.planner import assignments, master_port_for
+from resurge.records import JobRecord, Placement
+from resurge.worker_env import worker_environment
+
+SOURCE = Source(service="test", instance="here:1")
+
+
+def record(replicas: int, nproc: int, generation: int = 0) -> JobRecord:
+    job = parse_job({"metadata": {"name": "j"}, "spec": {"command": ["x"], "nprocPerNode": nproc}})
+    return JobRecord(
+        name="j",
+        spec=job,
+        generation=generation,
+        placements=[Placement(replica=r, node=f"n{r}") for r in range(replicas)],
+        master_port=master_port_for("j", generation),
+    )
+
+
+def test_ranks_are_laid_out_replica_by_replica() -> None:
+    assigns = assignments(record(replicas=3, nproc=2), SOURCE)
+    assert [a.replica for a in assigns] == [0, 1, 2]
+    ranks = sorted(int(worker_environment(a, lr)["RANK"]) for a in assigns for lr in range(2))
+    assert ranks == list(range(6))
+    env = worker_environment(assigns[1], 1)
+    assert env["RANK"] == "3" and env["LOCAL_RANK"] == "1" and env["GROUP_RANK"] == "1"
+    assert env["WORLD_SIZE"] == "6" and env["LOCAL_WORLD_SIZE"] == "2"
+    assert env["RESURGE_GENERATION"] == "0" and env["MASTER_ADDR"] == "127.0.0.1"
+
+
+def test_each_generation_gets_a_fresh_port_in_range() -> None:
+    ports = [master_port_for("j", g) for g in range(50)]
+    assert len(set(ports)) == 50
+    assert all(20000 <= p < 32000 for p in ports)
