@@ -92,9 +92,12 @@ class WorkerGroup:
         """SIGTERM every worker's session, SIGKILL what is left after the grace period."""
         self._stopping = True
         self._signal_all(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(self.wait(), timeout=grace_seconds)
-        except TimeoutError:
+        if not self._watchers:
+            return
+        # asyncio.wait, not wait_for: a timeout must not cancel the watchers, which
+        # still have to report each exit.
+        _, pending = await asyncio.wait(self._watchers, timeout=grace_seconds)
+        if pending:
             self._signal_all(signal.SIGKILL)
             await self.wait()
 

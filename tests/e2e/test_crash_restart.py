@@ -1,0 +1,90 @@
+"""The first detect-and-restart loop, end to end, every part a real process.
+
+nats-server, detector, restarter, scaler and one node agent per replica run as
+processes; workers are real processes that crash on purpose.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from resurge.events import (
+    Assign,
+    FaultDetected,
+    JobPhase,
+    PhaseChanged,
+    RecoveryFinished,
+    RecoveryStarted,
+    ReplicaFinished,
+    Stop,
+)
+from resurge.jobspec import load_job, parse_job
+from resurge.local.story import run_job
+from resurge.subjects import Subjects
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_crash_once_example_finishes_after_exactly_one_restart(
+    nats_url: str, namespace: str, tmp_path: Path
+) -> None:
+    job = load_job(REPO / "examples" / "crash_once" / "job.yaml")
+    result = await run_job(job, state_dir=tmp_path, nats_url=nats_url, namespace=namespace,
+                           nodes=["node-a", "node-b"], cwd=REPO, wait_seconds=60)
+    subjects = Subjects(namespace)
+
+    assert result.phase is JobPhase.SUCCEEDED
+    faults = [o for o in result.observed if isinstance(o.event, FaultDetected)]
+    assert len(faults) == 1
+    assert faults[0].subject == subjects.fault("crash-once", "process")
+    assert faults[0].event.rank == 0 and faults[0].event.generation == 0
+
+    actions = [o for o in result.observed if o.subject == subjects.action("crash-once")]
+    started = [o.event for o in actions if isinstance(o.event, RecoveryStarted)]
+    finished = [o.event for o in actions if isinstance(o.event, RecoveryFinished)]
+    assert len(started) == 1 and len(finished) == 1
+    assert started[0].from_generation == 0 and started[0].to_generation == 1
+    assert finished[0].duration_seconds > 0
+    phases = [o.event.phase for o in actions if isinstance(o.event, PhaseChanged)]
+    assert phases == [JobPhase.RUNNING, JobPhase.RECOVERING, JobPhase.RUNNING, JobPhase.SUCCEEDED]
+
+    commands = [o for o in result.observed if o.subject.startswith(f"{subjects.root}.cmd.")]
+    assigns = sorted((o.event.generation, o.event.replica) for o in commands
+                     if isinstance(o.event, Assign))
+    assert assigns == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(o.subject == subjects.cmd("crash-once", o.event.replica) for o in commands)
+    restart_stops = [o.event for o in commands if isinstance(o.event, Stop) and not o.event.final]
+    assert sorted(s.replica for s in restart_stops if s.replica is not None) == [0, 1]
+
+    done = [o for o in result.observed if isinstance(o.event, ReplicaFinished)]
+    # replica 1's workers may also finish generation 0 before rank 0's crash stops it
+    assert sorted(o.event.replica for o in done if o.event.generation == 1) == [0, 1]
+    assert {o.subject for o in done} == {subjects.job("crash-once")}
+    assert all(code == 0 for code in result.agent_exit_codes.values())
+    assert len(result.restart_latencies()) == 1
+
+
+async def test_restart_limit_spent_fails_the_job_and_says_why(
+    nats_url: str, namespace: str, tmp_path: Path
+) -> None:
+    job = parse_job({
+        "metadata": {"name": "always-fails"},
+        "spec": {
+            "command": [sys.executable, "-c", "import sys; sys.exit(3)"],
+            "recovery": {"jobMaxRetryCount": 1, "stopGraceSeconds": 2},
+        },
+    })
+    result = await run_job(job, state_dir=tmp_path, nats_url=nats_url, namespace=namespace,
+                           nodes=["node-a"], wait_seconds=60)
+    assert result.phase is JobPhase.FAILED
+    assert len([e for e in result.faults]) == 2
+    assert len([o for o in result.observed if isinstance(o.event, RecoveryStarted)]) == 1
+    [failed] = [o.event for o in result.observed
+                if isinstance(o.event, PhaseChanged) and o.event.phase is JobPhase.FAILED]
+    assert "jobMaxRetryCount=1" in failed.message and "process_crash" in failed.message
+    assert all(code == 0 for code in result.agent_exit_codes.values())
