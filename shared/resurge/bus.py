@@ -113,9 +113,11 @@ class Bus:
         settings: Settings,
         service: str,
         registry: CollectorRegistry | None = None,
-        connect_timeout: float = 30.0,
+        connect_timeout: float | None = None,
     ) -> Bus:
-        """Connect, retrying the first connection for up to ``connect_timeout`` seconds."""
+        """Connect, retrying the first connection for up to ``connect_timeout`` seconds
+        (default: the ``connect_timeout_seconds`` setting)."""
+        connect_timeout = connect_timeout or settings.connect_timeout_seconds
 
         errors = RateLimitedLog(log, interval=30.0)
 

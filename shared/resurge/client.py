@@ -19,8 +19,8 @@ __all__ = ["connected", "delete_job", "job_status", "submit_job", "watch_events"
 
 
 @asynccontextmanager
-async def connected(settings: Settings, connect_timeout: float = 10.0) -> AsyncIterator[Bus]:
-    bus = await Bus.connect(settings, "cli", connect_timeout=connect_timeout)
+async def connected(settings: Settings) -> AsyncIterator[Bus]:
+    bus = await Bus.connect(settings, "cli")
     try:
         await bus.ensure_streams()
         yield bus

@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     namespace: str = Field(
         default="resurge", description="First subject token; separates clusters on one server."
     )
+    connect_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="How long to retry the first connection to NATS."
+    )
     metrics_host: str = Field(default="127.0.0.1", description="Address of /metrics and /healthz.")
     metrics_port: int | None = Field(
         default=None,

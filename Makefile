@@ -1,0 +1,42 @@
+# resurge: `make demo` and `make test` work on a fresh machine with Python 3.11.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test lint typecheck pytest bench schemas clean
+
+$(INSTALLED): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test,lint]"
+	touch $(INSTALLED)
+
+install: $(INSTALLED)
+
+demo: $(INSTALLED)
+	$(BIN)/resurge demo
+
+test: lint typecheck pytest
+
+lint: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
+
+typecheck: $(INSTALLED)
+	$(BIN)/mypy
+
+# pytest exits 5 when it collects no test; make treats that as a failure too.
+pytest: $(INSTALLED)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+bench: $(INSTALLED)
+	$(BIN)/python bench/restart_latency.py
+
+schemas: $(INSTALLED)
+	$(BIN)/resurge schema --out docs/schemas
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,86 @@
+"""The console scripts as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from resurge.jobspec import load_job
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SCRIPTS = ["resurge", "resurge-node-agent", "resurge-detector", "resurge-restarter",
+           "resurge-scaler"]
+
+
+def run(*argv: str, env: dict[str, str] | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / argv[0]), *argv[1:]], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=REPO)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_console_script_explains_itself(script: str) -> None:
+    result = run(script, "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage:") and "resurge" in result.stdout.lower()
+    assert len(result.stdout.split()) > 20
+
+
+def test_schema_command_writes_every_kind(tmp_path: Path) -> None:
+    result = run("resurge", "schema", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"fault_detected.schema.json", "event.schema.json",
+            "TrainingJob.schema.json"} <= names
+    assert json.loads((tmp_path / "assign.schema.json").read_text())["title"] == "Assign"
+
+
+def test_published_schemas_are_current(tmp_path: Path) -> None:
+    run("resurge", "schema", "--out", str(tmp_path))
+    published = REPO / "docs" / "schemas"
+    for fresh in tmp_path.iterdir():
+        assert (published / fresh.name).read_text() == fresh.read_text(), (
+            f"docs/schemas/{fresh.name} is stale: run `resurge schema`"
+        )
+
+
+def test_submit_rejects_a_bad_spec_naming_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("metadata: {name: x}\nspec: {command: [python], nprocPerNod: 2}\n")
+    result = run("resurge", "submit", str(bad))
+    assert result.returncode == 2
+    assert "spec.nprocPerNod" in result.stderr
+
+
+def test_submit_and_status_against_a_live_server(nats_url: str, namespace: str) -> None:
+    env = {"RESURGE_NATS_URL": nats_url, "RESURGE_NAMESPACE": namespace}
+    example = REPO / "examples" / "crash_once" / "job.yaml"
+    submitted = run("resurge", "submit", str(example), env=env)
+    assert submitted.returncode == 0, submitted.stderr
+    assert "crash-once submitted" in submitted.stdout
+    # no scaler runs in this namespace, so no record exists: status says so
+    status = run("resurge", "status", load_job(example).name, "--json", env=env)
+    assert status.returncode == 1 and "no job named 'crash-once'" in status.stderr
+    assert run("resurge", "status", "--json", env=env).stdout.strip() == "[]"
+
+
+def test_commands_without_a_server_fail_clearly() -> None:
+    result = run("resurge", "status", env={"RESURGE_NATS_URL": "nats://127.0.0.1:1",
+                                          "RESURGE_CONNECT_TIMEOUT_SECONDS": "1"})
+    assert result.returncode == 2
+    assert "cannot reach nats at nats://127.0.0.1:1 within 1.0 s" in result.stderr
+
+
+@pytest.mark.e2e
+def test_demo_passes() -> None:
+    result = run("resurge", "demo", timeout=180)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "demo passed" in result.stdout
+    assert "detected: process_crash" in result.stdout
+    assert "restarted: level process" in result.stdout
