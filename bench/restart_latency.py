@@ -29,16 +29,27 @@ from resurge.settings import Settings
 
 
 def crash_job(name: str):  # type: ignore[no-untyped-def]
-    return parse_job({
-        "metadata": {"name": name},
-        "spec": {
-            "command": [sys.executable, "-m", "resurge.local.demo_worker", "--steps", "10",
-                        "--crash-rank", "1", "--crash-step", "3"],
-            "nprocPerNode": 2,
-            "replicas": {"min": 2},
-            "recovery": {"jobMaxRetryCount": 2, "stopGraceSeconds": 5},
-        },
-    })
+    return parse_job(
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "command": [
+                    sys.executable,
+                    "-m",
+                    "resurge.local.demo_worker",
+                    "--steps",
+                    "10",
+                    "--crash-rank",
+                    "1",
+                    "--crash-step",
+                    "3",
+                ],
+                "nprocPerNode": 2,
+                "replicas": {"min": 2},
+                "recovery": {"jobMaxRetryCount": 2, "stopGraceSeconds": 5},
+            },
+        }
+    )
 
 
 async def one_hop_seconds(url: str, samples: int = 50) -> float:
@@ -54,38 +65,57 @@ async def one_hop_seconds(url: str, samples: int = 50) -> float:
     hops = []
     for i in range(samples):
         sent = time.perf_counter()
-        await bus.publish(bus.subjects.fault("j", "process"), FaultDetected(
-            source=bus.source, job="j", fault_id=str(i), scope=FaultScope.PROCESS, reason="x"))
+        await bus.publish(
+            bus.subjects.fault("j", "process"),
+            FaultDetected(
+                source=bus.source, job="j", fault_id=str(i), scope=FaultScope.PROCESS, reason="x"
+            ),
+        )
         hops.append(await asyncio.wait_for(arrived.get(), 10) - sent)
     await bus.close()
     return statistics.median(hops)
 
 
 async def main(runs: int) -> int:
-    stages: dict[str, list[float]] = {"exit -> fault": [], "exit -> restart command": [],
-                                      "exit -> new worker started": []}
+    stages: dict[str, list[float]] = {
+        "exit -> fault": [],
+        "exit -> restart command": [],
+        "exit -> new worker started": [],
+    }
     with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp) / "nats") as server:
         hop = await one_hop_seconds(server.url)
         for run in range(runs):
-            result = await run_job(crash_job(f"bench-{run}"), state_dir=Path(tmp) / str(run),
-                                   nats_url=server.url, namespace=f"bench{run}",
-                                   nodes=["node-0", "node-1"], wait_seconds=60)
+            result = await run_job(
+                crash_job(f"bench-{run}"),
+                state_dir=Path(tmp) / str(run),
+                nats_url=server.url,
+                namespace=f"bench{run}",
+                nodes=["node-0", "node-1"],
+                wait_seconds=60,
+            )
             [fault] = result.faults
             exited = datetime.fromisoformat(str(fault.evidence["exited_at"]))
-            assign = min(o.event.time for o in result.observed
-                         if isinstance(o.event, Assign) and o.event.generation == 1)
-            [recovered] = [o.event for o in result.observed
-                           if isinstance(o.event, RecoveryFinished)]
+            assign = min(
+                o.event.time
+                for o in result.observed
+                if isinstance(o.event, Assign) and o.event.generation == 1
+            )
+            [recovered] = [
+                o.event for o in result.observed if isinstance(o.event, RecoveryFinished)
+            ]
             stages["exit -> fault"].append((fault.time - exited).total_seconds())
             stages["exit -> restart command"].append((assign - exited).total_seconds())
             stages["exit -> new worker started"].append(
-                (fault.time - exited).total_seconds() + recovered.duration_seconds)
+                (fault.time - exited).total_seconds() + recovered.duration_seconds
+            )
     print(f"runs: {runs}; one JetStream hop (median of 50): {hop * 1000:.2f} ms")
     print(f"{'stage':<28} {'median ms':>10} {'min ms':>8} {'max ms':>8} {'x one hop':>10}")
     for stage, values in stages.items():
         med = statistics.median(values)
-        print(f"{stage:<28} {med * 1000:>10.1f} {min(values) * 1000:>8.1f} "
-              f"{max(values) * 1000:>8.1f} {med / hop:>10.1f}")
+        print(
+            f"{stage:<28} {med * 1000:>10.1f} {min(values) * 1000:>8.1f} "
+            f"{max(values) * 1000:>8.1f} {med / hop:>10.1f}"
+        )
     return 0
 
 

@@ -143,7 +143,7 @@ class Bus:
                     disconnected_cb=on_disconnected,
                     reconnected_cb=on_reconnected,
                     max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.2,
+                    reconnect_time_wait=0.2,  # type: ignore[arg-type]  # typed int, takes float
                     connect_timeout=2,
                     allow_reconnect=True,
                 ),

@@ -53,9 +53,16 @@ async def test_services_dead_letter_garbage_and_still_recover_a_real_fault(
         await bus.nc.flush()
 
     job = load_job(REPO / "examples" / "crash_once" / "job.yaml")
-    result = await run_job(job, state_dir=tmp_path, nats_url=nats_url, namespace=namespace,
-                           nodes=["node-a", "node-b"], cwd=REPO, wait_seconds=60,
-                           before_submit=publish_garbage)
+    result = await run_job(
+        job,
+        state_dir=tmp_path,
+        nats_url=nats_url,
+        namespace=namespace,
+        nodes=["node-a", "node-b"],
+        cwd=REPO,
+        wait_seconds=60,
+        before_submit=publish_garbage,
+    )
 
     assert result.phase is JobPhase.SUCCEEDED
     assert len(result.recoveries) == 1

@@ -27,7 +27,10 @@ def test_make_pytest_fails_when_a_test_fails_or_none_runs(
     (tmp_path / "test_sample.py").write_text(test_source)
     result = subprocess.run(
         ["make", "--no-print-directory", "pytest", f"PYTEST_ARGS=-p no:cacheprovider {tmp_path}"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode != 0
     assert f"Error {expected_code}" in result.stderr

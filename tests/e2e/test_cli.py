@@ -14,14 +14,26 @@ from resurge.jobspec import load_job
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-SCRIPTS = ["resurge", "resurge-node-agent", "resurge-detector", "resurge-restarter",
-           "resurge-scaler"]
+SCRIPTS = [
+    "resurge",
+    "resurge-node-agent",
+    "resurge-detector",
+    "resurge-restarter",
+    "resurge-scaler",
+]
 
 
-def run(*argv: str, env: dict[str, str] | None = None,
-        timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(BIN / argv[0]), *argv[1:]], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=REPO)
+def run(
+    *argv: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / argv[0]), *argv[1:]],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=REPO,
+    )
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -36,8 +48,7 @@ def test_schema_command_writes_every_kind(tmp_path: Path) -> None:
     result = run("resurge", "schema", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     names = {p.name for p in tmp_path.iterdir()}
-    assert {"fault_detected.schema.json", "event.schema.json",
-            "TrainingJob.schema.json"} <= names
+    assert {"fault_detected.schema.json", "event.schema.json", "TrainingJob.schema.json"} <= names
     assert json.loads((tmp_path / "assign.schema.json").read_text())["title"] == "Assign"
 
 
@@ -71,8 +82,11 @@ def test_submit_and_status_against_a_live_server(nats_url: str, namespace: str) 
 
 
 def test_commands_without_a_server_fail_clearly() -> None:
-    result = run("resurge", "status", env={"RESURGE_NATS_URL": "nats://127.0.0.1:1",
-                                          "RESURGE_CONNECT_TIMEOUT_SECONDS": "1"})
+    result = run(
+        "resurge",
+        "status",
+        env={"RESURGE_NATS_URL": "nats://127.0.0.1:1", "RESURGE_CONNECT_TIMEOUT_SECONDS": "1"},
+    )
     assert result.returncode == 2
     assert "cannot reach nats at nats://127.0.0.1:1 within 1.0 s" in result.stderr
 

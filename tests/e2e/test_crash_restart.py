@@ -34,8 +34,15 @@ async def test_crash_once_example_finishes_after_exactly_one_restart(
     nats_url: str, namespace: str, tmp_path: Path
 ) -> None:
     job = load_job(REPO / "examples" / "crash_once" / "job.yaml")
-    result = await run_job(job, state_dir=tmp_path, nats_url=nats_url, namespace=namespace,
-                           nodes=["node-a", "node-b"], cwd=REPO, wait_seconds=60)
+    result = await run_job(
+        job,
+        state_dir=tmp_path,
+        nats_url=nats_url,
+        namespace=namespace,
+        nodes=["node-a", "node-b"],
+        cwd=REPO,
+        wait_seconds=60,
+    )
     subjects = Subjects(namespace)
 
     assert result.phase is JobPhase.SUCCEEDED
@@ -54,8 +61,9 @@ async def test_crash_once_example_finishes_after_exactly_one_restart(
     assert phases == [JobPhase.RUNNING, JobPhase.RECOVERING, JobPhase.RUNNING, JobPhase.SUCCEEDED]
 
     commands = [o for o in result.observed if o.subject.startswith(f"{subjects.root}.cmd.")]
-    assigns = sorted((o.event.generation, o.event.replica) for o in commands
-                     if isinstance(o.event, Assign))
+    assigns = sorted(
+        (o.event.generation, o.event.replica) for o in commands if isinstance(o.event, Assign)
+    )
     assert assigns == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert all(o.subject == subjects.cmd("crash-once", o.event.replica) for o in commands)
     restart_stops = [o.event for o in commands if isinstance(o.event, Stop) and not o.event.final]
@@ -72,19 +80,30 @@ async def test_crash_once_example_finishes_after_exactly_one_restart(
 async def test_restart_limit_spent_fails_the_job_and_says_why(
     nats_url: str, namespace: str, tmp_path: Path
 ) -> None:
-    job = parse_job({
-        "metadata": {"name": "always-fails"},
-        "spec": {
-            "command": [sys.executable, "-c", "import sys; sys.exit(3)"],
-            "recovery": {"jobMaxRetryCount": 1, "stopGraceSeconds": 2},
-        },
-    })
-    result = await run_job(job, state_dir=tmp_path, nats_url=nats_url, namespace=namespace,
-                           nodes=["node-a"], wait_seconds=60)
+    job = parse_job(
+        {
+            "metadata": {"name": "always-fails"},
+            "spec": {
+                "command": [sys.executable, "-c", "import sys; sys.exit(3)"],
+                "recovery": {"jobMaxRetryCount": 1, "stopGraceSeconds": 2},
+            },
+        }
+    )
+    result = await run_job(
+        job,
+        state_dir=tmp_path,
+        nats_url=nats_url,
+        namespace=namespace,
+        nodes=["node-a"],
+        wait_seconds=60,
+    )
     assert result.phase is JobPhase.FAILED
     assert len([e for e in result.faults]) == 2
     assert len([o for o in result.observed if isinstance(o.event, RecoveryStarted)]) == 1
-    [failed] = [o.event for o in result.observed
-                if isinstance(o.event, PhaseChanged) and o.event.phase is JobPhase.FAILED]
+    [failed] = [
+        o.event
+        for o in result.observed
+        if isinstance(o.event, PhaseChanged) and o.event.phase is JobPhase.FAILED
+    ]
     assert "jobMaxRetryCount=1" in failed.message and "process_crash" in failed.message
     assert all(code == 0 for code in result.agent_exit_codes.values())

@@ -46,9 +46,9 @@ class Events:
             self.items.append(event)
             self._changed.notify_all()
 
-    async def wait_for(self, test: Callable[[list[Event]], bool], timeout: float = 20) -> None:
+    async def wait_for(self, test: Callable[[list[Event]], bool], seconds: float = 20) -> None:
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: test(self.items)), timeout)
+            await asyncio.wait_for(self._changed.wait_for(lambda: test(self.items)), seconds)
 
     def of(self, kind: type) -> list:  # type: ignore[type-arg]
         return [e for e in self.items if isinstance(e, kind)]
@@ -63,24 +63,56 @@ async def raw_events(bus: Bus) -> AsyncIterator[Events]:
     await sub.unsubscribe()
 
 
-def start_agent(settings: Settings, code: str, tmp_path: Path, nproc: int = 2,
-                grace: float = 1.0) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "RESURGE_NATS_URL": settings.nats_url,
-           "RESURGE_NAMESPACE": settings.namespace, "RESURGE_LOG_FORMAT": "text"}
+def start_agent(
+    settings: Settings, code: str, tmp_path: Path, nproc: int = 2, grace: float = 1.0
+) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "RESURGE_NATS_URL": settings.nats_url,
+        "RESURGE_NAMESPACE": settings.namespace,
+        "RESURGE_LOG_FORMAT": "text",
+    }
     log = (tmp_path / "agent.log").open("wb")
     return subprocess.Popen(
-        [sys.executable, "-m", "resurge_node_agent", "launch", "--job", "j.x", "--replica", "0",
-         "--nproc-per-node", str(nproc), "--node", "n1", "--stop-grace-seconds", str(grace),
-         "--env", "EXTRA=yes", "--", sys.executable, "-c", code],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "resurge_node_agent",
+            "launch",
+            "--job",
+            "j.x",
+            "--replica",
+            "0",
+            "--nproc-per-node",
+            str(nproc),
+            "--node",
+            "n1",
+            "--stop-grace-seconds",
+            str(grace),
+            "--env",
+            "EXTRA=yes",
+            "--",
+            sys.executable,
+            "-c",
+            code,
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
 
 
 def assign(bus: Bus, generation: int, nproc: int = 2) -> Assign:
-    return Assign(source=bus.source, job="j.x", replica=0, generation=generation,
-                  world_size=nproc, rank_table=[ReplicaSlot(replica=0, node="n1", first_rank=0,
-                                                            nproc=nproc)],
-                  master_addr="127.0.0.1", master_port=23456 + generation)
+    return Assign(
+        source=bus.source,
+        job="j.x",
+        replica=0,
+        generation=generation,
+        world_size=nproc,
+        rank_table=[ReplicaSlot(replica=0, node="n1", first_rank=0, nproc=nproc)],
+        master_addr="127.0.0.1",
+        master_port=23456 + generation,
+    )
 
 
 async def test_assign_runs_workers_with_torchrun_env_and_reports(
@@ -89,8 +121,11 @@ async def test_assign_runs_workers_with_torchrun_env_and_reports(
     agent = start_agent(settings, PRINT_ENV, tmp_path)
     try:
         await bus.publish(bus.subjects.cmd("j.x", 0), assign(bus, 0))
-        await raw_events.wait_for(lambda items: any(
-            isinstance(e, AgentStateChanged) and e.state is AgentState.IDLE for e in items))
+        await raw_events.wait_for(
+            lambda items: any(
+                isinstance(e, AgentStateChanged) and e.state is AgentState.IDLE for e in items
+            )
+        )
         started = raw_events.of(ProcessStarted)
         exited = raw_events.of(ProcessExited)
         assert sorted(e.local_rank for e in started) == [0, 1]
@@ -101,8 +136,10 @@ async def test_assign_runs_workers_with_torchrun_env_and_reports(
         assert {env["MASTER_PORT"] for env in envs} == {"23456"}
         assert {env["RESURGE_GENERATION"] for env in envs} == {"0"}
         assert {env["EXTRA"] for env in envs} == {"yes"}
-        await bus.publish(bus.subjects.cmd("j.x", 0),
-                          Stop(source=bus.source, job="j.x", replica=0, generation=0, final=True))
+        await bus.publish(
+            bus.subjects.cmd("j.x", 0),
+            Stop(source=bus.source, job="j.x", replica=0, generation=0, final=True),
+        )
         assert await asyncio.to_thread(agent.wait, 20) == 0
     finally:
         agent.kill()
@@ -114,17 +151,21 @@ async def test_stop_escalates_to_sigkill_and_new_assign_replaces_generation(
     agent = start_agent(settings, IGNORE_TERM_AND_WAIT, tmp_path, nproc=1, grace=0.5)
     try:
         await bus.publish(bus.subjects.cmd("j.x", 0), assign(bus, 0, nproc=1))
-        await raw_events.wait_for(lambda items: any(
-            isinstance(e, LogLine) and e.line == "ready" for e in items))
+        await raw_events.wait_for(
+            lambda items: any(isinstance(e, LogLine) and e.line == "ready" for e in items)
+        )
         await bus.publish(bus.subjects.cmd("j.x", 0), assign(bus, 1, nproc=1))
-        await raw_events.wait_for(lambda items: any(
-            isinstance(e, ProcessStarted) and e.generation == 1 for e in items))
+        await raw_events.wait_for(
+            lambda items: any(isinstance(e, ProcessStarted) and e.generation == 1 for e in items)
+        )
         [old_exit] = [e for e in raw_events.of(ProcessExited) if e.generation == 0]
         assert old_exit.expected and old_exit.signal == "SIGKILL"
         # an older or repeated assignment changes nothing
         await bus.publish(bus.subjects.cmd("j.x", 0), assign(bus, 0, nproc=1))
-        await bus.publish(bus.subjects.cmd("j.x", 0),
-                          Stop(source=bus.source, job="j.x", replica=0, generation=1, final=True))
+        await bus.publish(
+            bus.subjects.cmd("j.x", 0),
+            Stop(source=bus.source, job="j.x", replica=0, generation=1, final=True),
+        )
         assert await asyncio.to_thread(agent.wait, 20) == 0
         assert [e.generation for e in raw_events.of(ProcessStarted)] == [0, 1]
     finally:
@@ -134,7 +175,9 @@ async def test_stop_escalates_to_sigkill_and_new_assign_replaces_generation(
 def test_launch_without_command_is_an_error() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "resurge_node_agent", "launch", "--job", "j", "--replica", "0"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 2
     assert "needs the worker command" in result.stderr
