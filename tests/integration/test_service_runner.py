@@ -1,0 +1,70 @@
+"""A service process: JSON logs, /metrics and /healthz, SIGTERM drains and exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+from resurge.settings import Settings
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def read_json_logs_until(proc: subprocess.Popen[str], message_part: str) -> list[dict[str, object]]:
+    assert proc.stderr is not None
+    entries = []
+    for line in proc.stderr:
+        entries.append(json.loads(line))
+        if message_part in str(entries[-1]["message"]):
+            return entries
+    raise AssertionError(f"service exited before logging {message_part!r}: {entries}")
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_service_serves_metrics_and_health_logs_json_and_stops_on_sigterm(
+    settings: Settings,
+) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "RESURGE_NATS_URL": settings.nats_url,
+        "RESURGE_NAMESPACE": settings.namespace,
+        "RESURGE_METRICS_PORT": str(port),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "resurge_detector"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        logs = read_json_logs_until(proc, "detector ready")
+        assert all(entry["service"] == "detector" for entry in logs)
+        assert any(f"port {port}" in str(entry["message"]) for entry in logs)
+
+        status, body = get(f"http://127.0.0.1:{port}/healthz")
+        assert (status, body) == (200, "ok\n")
+        status, body = get(f"http://127.0.0.1:{port}/metrics")
+        assert status == 200
+        assert 'resurge_dead_letters_total{reason="not_json"} 0.0' in body
+        assert get(f"http://127.0.0.1:{port}/nope")[0] == 404
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        proc.kill()
+        proc.wait()
