@@ -20,7 +20,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import nats
 import nats.errors
@@ -70,6 +70,11 @@ _FAMILIES = {
 }
 JOBS_BUCKET = "jobs"
 _NAK_DELAY_SECONDS = 1.0
+_DELIVER = {
+    "all": DeliverPolicy.ALL,
+    "new": DeliverPolicy.NEW,
+    "last_per_subject": DeliverPolicy.LAST_PER_SUBJECT,
+}
 
 
 class TransientError(Exception):
@@ -201,14 +206,15 @@ class Bus:
         handler: Handler,
         *,
         expects: tuple[type[Envelope], ...] = (),
-        new_only: bool = False,
+        start: Literal["all", "new", "last_per_subject"] = "all",
         ack_wait_seconds: float = 30.0,
         max_deliver: int = 10,
     ) -> None:
         """Bind durable consumer ``durable`` on ``subject`` and feed ``handler``.
 
-        ``expects`` lists the kinds the handler takes (empty: any). ``new_only`` starts a
-        new consumer at the stream's end instead of its beginning. Instances of one
+        ``expects`` lists the kinds the handler takes (empty: any). ``start`` is where a
+        new consumer begins: every stored message, only new ones, or the newest message
+        of each subject (an already existing consumer goes on where it stopped). Instances of one
         service that use the same ``durable`` share the messages (a queue group).
         """
         family = subject.split(".")[2]
@@ -216,7 +222,7 @@ class Bus:
         config = ConsumerConfig(
             ack_wait=ack_wait_seconds,
             max_deliver=max_deliver,
-            deliver_policy=DeliverPolicy.NEW if new_only else DeliverPolicy.ALL,
+            deliver_policy=_DELIVER[start],
             filter_subject=subject,
         )
 

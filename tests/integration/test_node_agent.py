@@ -181,3 +181,38 @@ def test_launch_without_command_is_an_error() -> None:
     )
     assert result.returncode == 2
     assert "needs the worker command" in result.stderr
+
+
+async def test_new_agent_skips_an_earlier_runs_commands(
+    bus: Bus, settings: Settings, raw_events: Events, tmp_path: Path
+) -> None:
+    subject = bus.subjects.cmd("j.x", 0)
+    await bus.publish(subject, assign(bus, 0, nproc=1))
+    await bus.publish(
+        subject,
+        Stop(
+            source=bus.source,
+            job="j.x",
+            replica=0,
+            generation=0,
+            final=True,
+            reason="earlier run over",
+        ),
+    )
+    agent = start_agent(settings, PRINT_ENV, tmp_path, nproc=1)
+    try:
+        await raw_events.wait_for(
+            lambda items: any(
+                isinstance(e, AgentStateChanged) and e.state is AgentState.WAITING for e in items
+            )
+        )
+        await bus.publish(subject, assign(bus, 1, nproc=1))
+        await raw_events.wait_for(lambda items: any(isinstance(e, ProcessExited) for e in items))
+        assert [e.generation for e in raw_events.of(ProcessStarted)] == [1]
+        assert agent.poll() is None
+        await bus.publish(
+            subject, Stop(source=bus.source, job="j.x", replica=0, generation=1, final=True)
+        )
+        assert await asyncio.to_thread(agent.wait, 20) == 0
+    finally:
+        agent.kill()

@@ -5,6 +5,9 @@
   ``nproc`` workers with torchrun's environment for generation g.
 - Stop(g): stops workers of generation g or older; ``final`` ends the agent once its
   workers are down.
+- A new agent starts from the newest command on its subject (older ones are
+  superseded), and ignores a final Stop issued before it started while it has had no
+  Assign: that Stop ended an earlier run of a job by the same name.
 - SIGTERM: stops the workers, then the agent.
 
 Everything it sees is published on ``raw.<job>.<kind>.<node>``: process started and
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from resurge.bus import Bus
 from resurge.events import (
@@ -54,6 +58,7 @@ class LaunchAgent:
         self.config = config
         self.generation: int | None = None
         self.group: WorkerGroup | None = None
+        self.started_at = datetime.now(UTC)
 
     async def start(self) -> None:
         self.ctx.exit_stack.push_async_callback(self._shutdown)
@@ -64,6 +69,7 @@ class LaunchAgent:
             durable,
             self.on_command,
             expects=(Assign, Stop),
+            start="last_per_subject",
         )
 
     async def on_command(self, command: Assign | Stop) -> None:
@@ -108,6 +114,9 @@ class LaunchAgent:
             await self._state(AgentState.IDLE, f"generation {generation} workers exited")
 
     async def _stop_command(self, stop: Stop) -> None:
+        if self.generation is None and stop.final and stop.time < self.started_at:
+            self.ctx.log.info("ignoring a final stop of an earlier run (%s)", stop.reason)
+            return
         if self.generation is None or self.generation <= stop.generation:
             await self._stop_workers(stop.reason or f"stop generation {stop.generation}")
         if stop.final:
