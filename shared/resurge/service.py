@@ -12,10 +12,10 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
@@ -37,20 +37,15 @@ class ServiceContext:
     registry: CollectorRegistry
     exit_stack: AsyncExitStack
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    exit_code: int = 0
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     @property
     def log(self) -> logging.Logger:
         return logging.getLogger(f"resurge.{self.name}")
 
-    def spawn(self, coro: Awaitable[None]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` in the background; it is cancelled when the service stops."""
-
-        async def wrapped() -> None:
-            await coro
-
-        task = asyncio.get_running_loop().create_task(wrapped())
+        task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -82,8 +77,7 @@ async def _serve(
         for task in list(ctx.tasks):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        return ctx.exit_code
-    return 1  # unreachable: the stack re-raises
+    return 0
 
 
 def run_service(name: str, settings: S, setup: Callable[[ServiceContext], Awaitable[None]]) -> int:

@@ -7,15 +7,8 @@ start of the new generation closes the recovery and records its duration.
 
 from __future__ import annotations
 
-from resurge.events import (
-    FaultDetected,
-    PhaseChanged,
-    ProcessStarted,
-    RecoveryFinished,
-    RecoveryStarted,
-    Stop,
-)
-from resurge.planner import assignments
+from resurge.events import FaultDetected, ProcessStarted, RecoveryFinished, RecoveryStarted
+from resurge.job_commands import announce_phase, send_assignments, send_stops
 from resurge.records import JobRecord, JobStore
 from resurge.service import ServiceContext
 from resurge_restarter.policy import Decision, Verdict, apply_fault, apply_sign_of_life
@@ -61,19 +54,8 @@ async def setup(ctx: ServiceContext) -> None:
             fault.reason,
             extra={"job": after.name, "generation": after.generation},
         )
-        for placement in before.placements:
-            stop = Stop(
-                source=bus.source,
-                job=after.name,
-                replica=placement.replica,
-                generation=before.generation,
-                timeout_seconds=after.spec.spec.recovery.stop_grace_seconds,
-                reason=f"restart after {fault.fault_id}",
-            )
-            await bus.publish(bus.subjects.cmd(after.name, placement.replica), stop)
-        for assign in assignments(after, bus.source):
-            assert assign.replica is not None
-            await bus.publish(bus.subjects.cmd(after.name, assign.replica), assign)
+        await send_stops(bus, before, before.generation, f"restart after {fault.fault_id}")
+        await send_assignments(bus, after)
         await bus.publish(
             bus.subjects.action(after.name),
             RecoveryStarted(
@@ -87,35 +69,12 @@ async def setup(ctx: ServiceContext) -> None:
                 to_generation=after.generation,
             ),
         )
-        await phase_changed(before, after)
+        await announce_phase(bus, before.phase, after)
 
     async def fail(before: JobRecord, after: JobRecord, decision: Decision) -> None:
         ctx.log.error("job %s failed: %s", after.name, decision.why, extra={"job": after.name})
-        for placement in after.placements:
-            stop = Stop(
-                source=bus.source,
-                job=after.name,
-                replica=placement.replica,
-                generation=after.generation,
-                final=True,
-                timeout_seconds=after.spec.spec.recovery.stop_grace_seconds,
-                reason=decision.why,
-            )
-            await bus.publish(bus.subjects.cmd(after.name, placement.replica), stop)
-        await phase_changed(before, after)
-
-    async def phase_changed(before: JobRecord, after: JobRecord) -> None:
-        if before.phase == after.phase:
-            return
-        event = PhaseChanged(
-            source=bus.source,
-            job=after.name,
-            generation=after.generation,
-            phase=after.phase,
-            previous=before.phase,
-            message=after.message,
-        )
-        await bus.publish(bus.subjects.action(after.name), event)
+        await send_stops(bus, after, after.generation, decision.why, final=True)
+        await announce_phase(bus, before.phase, after)
 
     async def on_started(event: ProcessStarted) -> None:
         if event.job is None or event.generation is None:
@@ -143,7 +102,7 @@ async def setup(ctx: ServiceContext) -> None:
             duration_seconds=after.last_recovery_seconds,
         )
         await bus.publish(bus.subjects.action(after.name), finished)
-        await phase_changed(before, after)
+        await announce_phase(bus, before.phase, after)
 
     await bus.consume(bus.subjects.all("fault"), "restarter", on_fault, expects=(FaultDetected,))
     await bus.consume(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from pydantic import Field
 
 from resurge.bus import TransientError
@@ -9,12 +11,10 @@ from resurge.events import (
     JobDeleted,
     JobPhase,
     JobSubmitted,
-    PhaseChanged,
     ReplicaFinished,
-    Stop,
 )
-from resurge.planner import assignments
-from resurge.records import JobRecord, JobStore
+from resurge.job_commands import announce_phase, send_assignments, send_stops
+from resurge.records import JobStore
 from resurge.service import ServiceContext
 from resurge.settings import Settings
 from resurge_scaler.admission import admit, mark_replica_finished
@@ -32,36 +32,10 @@ class ScalerSettings(Settings):
         return [n.strip() for n in self.nodes.split(",") if n.strip()] or ["local"]
 
 
-def make_setup(settings: ScalerSettings):  # type: ignore[no-untyped-def]
+def make_setup(settings: ScalerSettings) -> Callable[[ServiceContext], Awaitable[None]]:
     async def setup(ctx: ServiceContext) -> None:
         bus = ctx.bus
         store = JobStore(await bus.jobs_bucket())
-
-        async def announce(before: JobPhase | None, after: JobRecord) -> None:
-            if before == after.phase:
-                return
-            event = PhaseChanged(
-                source=bus.source,
-                job=after.name,
-                generation=after.generation,
-                phase=after.phase,
-                previous=before,
-                message=after.message,
-            )
-            await bus.publish(bus.subjects.action(after.name), event)
-
-        async def stop_all(record: JobRecord, why: str) -> None:
-            for placement in record.placements:
-                stop = Stop(
-                    source=bus.source,
-                    job=record.name,
-                    replica=placement.replica,
-                    generation=record.generation,
-                    final=True,
-                    timeout_seconds=record.spec.spec.recovery.stop_grace_seconds,
-                    reason=why,
-                )
-                await bus.publish(bus.subjects.cmd(record.name, placement.replica), stop)
 
         async def on_submitted(event: JobSubmitted) -> None:
             job = event.spec
@@ -78,10 +52,8 @@ def make_setup(settings: ScalerSettings):  # type: ignore[no-untyped-def]
                 if not written:
                     raise TransientError(f"job record {job.name} changed while admitting it")
                 ctx.log.info("admitted %s", job.name, extra={"job": job.name})
-                await announce(JobPhase.PENDING, record)
-            for assign in assignments(record, bus.source):
-                assert assign.replica is not None
-                await bus.publish(bus.subjects.cmd(record.name, assign.replica), assign)
+                await announce_phase(bus, JobPhase.PENDING, record)
+            await send_assignments(bus, record)
 
         async def on_finished(event: ReplicaFinished) -> None:
             if event.job is None or event.replica is None or event.generation is None:
@@ -95,8 +67,8 @@ def make_setup(settings: ScalerSettings):  # type: ignore[no-untyped-def]
             before, after = result
             if after.phase is JobPhase.SUCCEEDED:
                 ctx.log.info("job %s succeeded", after.name, extra={"job": after.name})
-                await announce(before.phase, after)
-                await stop_all(after, "job succeeded")
+                await announce_phase(bus, before.phase, after)
+                await send_stops(bus, after, after.generation, "job succeeded", final=True)
 
         async def on_deleted(event: JobDeleted) -> None:
             if event.job is None:
@@ -104,7 +76,7 @@ def make_setup(settings: ScalerSettings):  # type: ignore[no-untyped-def]
             found = await store.get(event.job)
             if found is None:
                 return
-            await stop_all(found[0], "job deleted")
+            await send_stops(bus, found[0], found[0].generation, "job deleted", final=True)
             await store.kv.delete(store.key(event.job))
 
         async def on_job_event(event: JobSubmitted | ReplicaFinished | JobDeleted) -> None:

@@ -1,0 +1,53 @@
+"""What restarter and scaler send about a job: commands to its agents, phase changes.
+
+Each function reads the job record and publishes; none decides anything. Decisions
+are made and written (compare-and-set) before these are called.
+"""
+
+from __future__ import annotations
+
+from resurge.bus import Bus
+from resurge.events import JobPhase, PhaseChanged, Stop
+from resurge.planner import assignments
+from resurge.records import JobRecord
+
+__all__ = ["announce_phase", "send_assignments", "send_stops"]
+
+
+async def send_stops(
+    bus: Bus, record: JobRecord, generation: int, reason: str, *, final: bool = False
+) -> None:
+    """Stop(generation) to every replica of ``record``; ``final`` also ends the agents."""
+    for placement in record.placements:
+        stop = Stop(
+            source=bus.source,
+            job=record.name,
+            replica=placement.replica,
+            generation=generation,
+            final=final,
+            timeout_seconds=record.spec.spec.recovery.stop_grace_seconds,
+            reason=reason,
+        )
+        await bus.publish(bus.subjects.cmd(record.name, placement.replica), stop)
+
+
+async def send_assignments(bus: Bus, record: JobRecord) -> None:
+    """Assign(record.generation) to every replica of ``record``."""
+    for assign in assignments(record, bus.source):
+        assert assign.replica is not None
+        await bus.publish(bus.subjects.cmd(record.name, assign.replica), assign)
+
+
+async def announce_phase(bus: Bus, before: JobPhase | None, after: JobRecord) -> None:
+    """Publish PhaseChanged on the job's action subject if the phase changed."""
+    if before == after.phase:
+        return
+    event = PhaseChanged(
+        source=bus.source,
+        job=after.name,
+        generation=after.generation,
+        phase=after.phase,
+        previous=before,
+        message=after.message,
+    )
+    await bus.publish(bus.subjects.action(after.name), event)
