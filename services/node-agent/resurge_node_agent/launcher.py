@@ -62,7 +62,6 @@ class LaunchAgent:
 
     async def start(self) -> None:
         self.ctx.exit_stack.push_async_callback(self._shutdown)
-        await self._state(AgentState.WAITING, "waiting for an assignment")
         durable = f"agent-{escape_token(self.config.job)}-{self.config.replica}"
         await self.bus.consume(
             self.bus.subjects.cmd(self.config.job, self.config.replica),
@@ -71,6 +70,8 @@ class LaunchAgent:
             expects=(Assign, Stop),
             start="last_per_subject",
         )
+        if self.generation is None:
+            await self._state(AgentState.WAITING, "waiting for an assignment")
 
     async def on_command(self, command: Assign | Stop) -> None:
         if isinstance(command, Assign):
