@@ -33,7 +33,7 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if choice == "container":
         from testcontainers.nats import NatsContainer  # type: ignore[import-not-found]
 
-        with NatsContainer().with_command("-js") as container:
+        with NatsContainer(jetstream=True) as container:
             yield container.nats_uri()
         return
     if choice != "binary":
