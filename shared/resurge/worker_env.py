@@ -14,6 +14,7 @@ __all__ = [
     "GENERATION",
     "JOB",
     "RESUME_CHECKPOINT",
+    "RESUME_STEP",
     "worker_environment",
 ]
 
@@ -21,6 +22,7 @@ __all__ = [
 GENERATION = "RESURGE_GENERATION"
 AGENT_SOCKET = "RESURGE_AGENT_SOCKET"
 RESUME_CHECKPOINT = "RESURGE_RESUME_CHECKPOINT"
+RESUME_STEP = "RESURGE_RESUME_STEP"
 JOB = "RESURGE_JOB"
 
 
@@ -52,4 +54,6 @@ def worker_environment(
         env[AGENT_SOCKET] = agent_socket
     if assign.resume_checkpoint:
         env[RESUME_CHECKPOINT] = assign.resume_checkpoint
+    if assign.resume_step is not None:
+        env[RESUME_STEP] = str(assign.resume_step)
     return env

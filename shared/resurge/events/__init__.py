@@ -18,6 +18,7 @@ from resurge.events.dead_letters import DeadLetter, DeadLetterReason
 from resurge.events.envelope import SCHEMA_VERSION, Envelope, RecoveryLevel, Source
 from resurge.events.faults import FaultDetected, FaultScope, Severity
 from resurge.events.jobs import JobDeleted, JobSubmitted, ReplicaFinished
+from resurge.events.progress import CheckpointSaved, Progress
 from resurge.events.raw import (
     AgentState,
     AgentStateChanged,
@@ -32,6 +33,7 @@ __all__ = [
     "AgentState",
     "AgentStateChanged",
     "Assign",
+    "CheckpointSaved",
     "DeadLetter",
     "DeadLetterReason",
     "DecodeError",
@@ -46,6 +48,7 @@ __all__ = [
     "PhaseChanged",
     "ProcessExited",
     "ProcessStarted",
+    "Progress",
     "RecoveryFinished",
     "RecoveryLevel",
     "RecoveryStarted",
@@ -63,6 +66,8 @@ _MODELS: tuple[type[Envelope], ...] = (
     ProcessExited,
     LogLine,
     AgentStateChanged,
+    Progress,
+    CheckpointSaved,
     FaultDetected,
     Assign,
     Stop,
@@ -80,6 +85,8 @@ Event = Annotated[
     | ProcessExited
     | LogLine
     | AgentStateChanged
+    | Progress
+    | CheckpointSaved
     | FaultDetected
     | Assign
     | Stop

@@ -35,6 +35,9 @@ class Assign(Envelope):
     resume_checkpoint: str | None = Field(
         default=None, description="Latest checkpoint every rank completed, if any."
     )
+    resume_step: int | None = Field(
+        default=None, ge=0, description="Training step that checkpoint holds."
+    )
 
 
 class Stop(Envelope):
