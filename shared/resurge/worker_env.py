@@ -7,7 +7,10 @@ socket and the checkpoint to resume from.
 
 from __future__ import annotations
 
-from resurge.events import Assign
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # this module stays standard-library only: workers import it
+    from resurge.events import Assign
 
 __all__ = [
     "AGENT_SOCKET",
