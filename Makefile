@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test,lint]"
+	$(BIN)/python -m pip install --quiet -e ".[test,lint,train]"
 	touch $(INSTALLED)
 
 install: $(INSTALLED)
