@@ -1,14 +1,20 @@
-"""``resurge``: the user's command line (DESIGN section 7)."""
+"""``resurge``: the user's command line (DESIGN section 7).
+
+Commands that talk to a cluster use ``RESURGE_NATS_URL`` and ``RESURGE_NAMESPACE`` when
+set, else the local cluster recorded in the state folder by ``resurge up``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from resurge.events import Event
+if TYPE_CHECKING:
+    from resurge.settings import Settings
 
 __all__ = ["main"]
 
@@ -19,19 +25,27 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "resurge keeps distributed PyTorch jobs alive: it detects faults and restarts "
             "what failed. Commands that talk to a cluster read RESURGE_NATS_URL and "
-            "RESURGE_NAMESPACE."
+            "RESURGE_NAMESPACE, or else find the local cluster that `resurge up` started "
+            "in the state folder."
         ),
     )
-    commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser(
-        "demo", help="run the whole story locally: a job crashes once and is restarted"
-    )
-    demo.add_argument(
+    parser.add_argument(
         "--state-dir",
         type=Path,
         default=None,
-        help="keep the server data and logs here (default: a temporary folder)",
+        help="local cluster folder (default: $RESURGE_STATE_DIR or ./.resurge)",
     )
+    commands = parser.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", help="start a local cluster: NATS, the services, N nodes")
+    up.add_argument("--nodes", type=int, default=2, help="virtual nodes (default 2)")
+    up.add_argument(
+        "--gpus-per-node", type=int, default=2, help="simulated GPUs per node (default 2)"
+    )
+    up.add_argument("--port", type=int, default=0, help="NATS port (default: a free one)")
+    up.add_argument(
+        "--foreground", action="store_true", help="stay attached; Ctrl-C stops the cluster"
+    )
+    commands.add_parser("down", help="stop the local cluster and everything it runs")
     submit = commands.add_parser("submit", help="submit a TrainingJob YAML file")
     submit.add_argument("file", type=Path)
     delete = commands.add_parser("delete", help="delete a job and stop its workers")
@@ -47,6 +61,17 @@ def _parser() -> argparse.ArgumentParser:
         help="subject filter under <namespace>.v1, e.g. 'fault.>' (default: all)",
     )
     events.add_argument("--json", action="store_true", help="print each event as JSON")
+    inject = commands.add_parser("inject", help="break a worker on purpose")
+    inject.add_argument(
+        "fault", choices=["crash", "hang", "log"], help="SIGKILL, SIGSTOP, or a fake log line"
+    )
+    inject.add_argument("--job", required=True, help="job name")
+    inject.add_argument("--rank", type=int, required=True, help="global rank of the worker")
+    inject.add_argument("--line", default="", help="for 'log': the line the worker 'prints'")
+    commands.add_parser(
+        "demo",
+        help="the whole story: up, a DDP job, a worker killed and recovered, a summary, down",
+    )
     schema = commands.add_parser("schema", help="write the JSON Schema of every event kind")
     schema.add_argument(
         "--out",
@@ -57,68 +82,43 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _with_bus(action: str, args: argparse.Namespace) -> int:
-    from resurge.client import (
-        connected,
-        delete_job,
-        event_line,
-        job_status,
-        submit_job,
-        watch_events,
-    )
-    from resurge.jobspec import JobSpecError, load_job
+def _settings(state_dir: Path | None) -> tuple[Settings, bool]:
+    """Settings for the cluster to talk to, and whether it is a local one."""
+    from resurge.local.state import ClusterState, resolve_state_dir
     from resurge.settings import Settings
 
-    settings = Settings()
-    if action == "submit":
-        try:
-            job = load_job(args.file)
-        except (JobSpecError, OSError) as error:
-            print(f"resurge submit: {error}", file=sys.stderr)
-            return 2
-    async with connected(settings) as bus:
-        if action == "submit":
-            await submit_job(bus, job)
-            print(f"trainingjob {job.name} submitted")
-        elif action == "delete":
-            await delete_job(bus, args.job)
-            print(f"trainingjob {args.job} deleted")
-        elif action == "status":
-            views = await job_status(bus, args.job)
-            if args.job and not views:
-                print(f"resurge status: no job named {args.job!r}", file=sys.stderr)
-                return 1
-            if args.json:
-                print(json.dumps(views[0] if args.job else views, indent=2))
-            else:
-                for view in views:
-                    print(
-                        f"{view['name']:<24} {view['phase']:<11} gen={view['generation']} "
-                        f"restarts={view['restarts']} {view['message']}"
-                    )
-        elif action == "events":
-
-            async def show(event: Event, subject: str) -> None:
-                print(event_line(event, args.json), flush=True)
-
-            await watch_events(bus, f"{bus.subjects.root}.{args.filter}", show, asyncio.Event())
-    return 0
+    if "RESURGE_NATS_URL" not in os.environ:
+        state = ClusterState.load(resolve_state_dir(state_dir))
+        if state is not None:
+            return Settings(nats_url=state.nats_url, namespace=state.namespace), True
+    return Settings(), False
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command in ("up", "down"):
+        from resurge.local.state import resolve_state_dir
+        from resurge.local.updown import down, up
+
+        state_dir = resolve_state_dir(args.state_dir)
+        if args.command == "down":
+            return down(state_dir)
+        return up(state_dir, args.nodes, args.gpus_per_node, args.port, args.foreground)
     if args.command == "demo":
         from resurge.demo import run_demo
 
-        return run_demo(args.state_dir)
+        return run_demo()
     if args.command == "schema":
         from resurge.schemas import write_schemas
 
         for path in write_schemas(args.out):
             print(path)
         return 0
+    from resurge.commands import run_command
+
     try:
-        return asyncio.run(_with_bus(args.command, args))
+        settings, local = _settings(args.state_dir)
+        return asyncio.run(run_command(args, settings, local=local))
     except ConnectionError as error:
         print(f"resurge {args.command}: {error}", file=sys.stderr)
         return 2

@@ -7,12 +7,10 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-import nats.js.errors
-
 from resurge.bus import Bus
-from resurge.events import Event, JobDeleted, JobSubmitted, encode_event
+from resurge.events import Event, InjectFault, JobDeleted, JobSubmitted, encode_event
 from resurge.jobspec import TrainingJob
-from resurge.records import JobRecord, JobStore, status_view
+from resurge.records import JobStore, status_view
 from resurge.settings import Settings
 
 __all__ = ["connected", "delete_job", "job_status", "submit_job", "watch_events"]
@@ -43,16 +41,32 @@ async def job_status(bus: Bus, name: str | None) -> list[dict[str, object]]:
     if name is not None:
         found = await store.get(name)
         return [] if found is None else [status_view(found[0])]
-    try:
-        keys = await store.kv.keys()
-    except nats.js.errors.NoKeysError:
-        return []
-    views = []
-    for key in sorted(keys):
-        entry = await store.kv.get(key)
-        if entry.value:
-            views.append(status_view(JobRecord.model_validate_json(entry.value)))
-    return views
+    return [status_view(record) for record in sorted(await store.all(), key=lambda r: r.name)]
+
+
+async def inject_fault(bus: Bus, job: str, rank: int, fault: str, line: str = "") -> str:
+    """Send InjectFault to the agent running global rank ``rank``; says where it went."""
+    found = await JobStore(await bus.jobs_bucket()).get(job)
+    if found is None:
+        raise LookupError(f"no job named {job!r}")
+    record = found[0]
+    nproc = record.spec.spec.nproc_per_node
+    world = nproc * len(record.placements)
+    if not 0 <= rank < world:
+        raise LookupError(f"rank {rank} is not in {job} (world size {world})")
+    replica, local_rank = divmod(rank, nproc)
+    event = InjectFault(
+        source=bus.source,
+        job=job,
+        replica=replica,
+        rank=rank,
+        generation=record.generation,
+        fault=fault,
+        local_rank=local_rank,
+        line=line,
+    )
+    await bus.publish(bus.subjects.cmd(job, replica), event)
+    return f"replica {replica}, local rank {local_rank}, generation {record.generation}"
 
 
 async def watch_events(

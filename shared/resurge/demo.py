@@ -15,7 +15,7 @@ from pathlib import Path
 from statistics import median
 
 from resurge.client import event_line
-from resurge.events import JobPhase, LogLine
+from resurge.events import AgentState, JobPhase, LogLine
 from resurge.jobspec import TrainingJob, parse_job
 from resurge.local.nats_server import NatsServer
 from resurge.local.story import Observed, StoryResult, run_job
@@ -72,7 +72,7 @@ def succeeded_with_one_restart(result: StoryResult) -> bool:
     return (
         result.phase is JobPhase.SUCCEEDED
         and len(result.recoveries) == 1
-        and all(code == 0 for code in result.agent_exit_codes.values())
+        and all(state is AgentState.EXITING for state in result.final_agent_states().values())
     )
 
 
@@ -88,7 +88,8 @@ async def _demo(state_dir: Path) -> int:
             state_dir=state_dir,
             nats_url=server.url,
             namespace="demo",
-            nodes=["node-0", "node-1"],
+            nodes=2,
+            gpus_per_node=2,
             on_event=show,
         )
     print(summarize(result))

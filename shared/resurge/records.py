@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from resurge.events import JobPhase, RecoveryLevel
 from resurge.jobspec import TrainingJob
-from resurge.subjects import escape_token
+from resurge.subjects import escape_token, unescape_token
 
 __all__ = ["JobRecord", "JobStore", "LastFault", "PendingRecovery", "Placement", "status_view"]
 
@@ -73,6 +73,7 @@ class JobRecord(BaseModel):
     pending_recovery: PendingRecovery | None = None
     last_recovery_seconds: float | None = None
     message: str = ""
+    submitted: datetime = Field(default_factory=lambda: datetime.now(UTC))
     updated: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
     @property
@@ -94,6 +95,18 @@ class JobStore:
     @staticmethod
     def key(name: str) -> str:
         return escape_token(name)
+
+    async def all(self) -> list[JobRecord]:
+        try:
+            keys = await self.kv.keys()
+        except nats.js.errors.NoKeysError:
+            return []
+        records = []
+        for key in keys:
+            found = await self.get(unescape_token(key))
+            if found is not None:
+                records.append(found[0])
+        return records
 
     async def get(self, name: str) -> tuple[JobRecord, int] | None:
         try:

@@ -2,68 +2,38 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
+import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from nats.aio.msg import Msg
 
 from resurge.bus import Bus
 from resurge.events import (
-    AgentState,
     AgentStateChanged,
     DeadLetter,
     DeadLetterReason,
     JobPhase,
     LogLine,
-    decode_event,
     encode_event,
 )
-from resurge.jobspec import load_job
-from resurge.local.story import run_job
+from resurge.jobspec import parse_job
+from resurge.local.story import Watch, run_job
 
-REPO = Path(__file__).resolve().parents[2]
-JOB = "crash-once"
+JOB = "garbage-proof"
 
 pytestmark = pytest.mark.e2e
 
 
-async def agents_waiting(bus: Bus, count: int) -> None:
-    """Until ``count`` agents said they wait for commands (their consumers are bound).
-
-    Reads the raw stream from its start, so states published earlier count too.
-    """
-    waiting: set[int | None] = set()
-    enough = asyncio.Event()
-
-    async def on_message(msg: Msg) -> None:
-        event = decode_event(msg.data)
-        if isinstance(event, AgentStateChanged) and event.state is AgentState.WAITING:
-            waiting.add(event.replica)
-            if len(waiting) >= count:
-                enough.set()
-
-    sub = await bus.js.subscribe(
-        bus.subjects.raw(JOB, "agent_state", None), cb=on_message, ordered_consumer=True
-    )
-    try:
-        await asyncio.wait_for(enough.wait(), 30)
-    finally:
-        await sub.unsubscribe()
-
-
-def consumed_subjects(bus: Bus) -> dict[str, str]:
-    """Each subject a service consumes (made concrete for this job) -> that service."""
+def service_subjects(bus: Bus) -> dict[str, str]:
+    """Each subject a control-plane service consumes (made concrete) -> that service."""
     s = bus.subjects
     return {
-        s.raw(JOB, "process_exited", "node-a"): "detector",
-        s.raw(JOB, "process_started", "node-a"): "restarter",
+        s.raw(JOB, "process_exited", "node-0"): "detector",
+        s.raw(JOB, "process_started", "node-0"): "restarter",
         s.fault(JOB, "process"): "restarter",
         s.job(JOB): "scaler",
-        s.cmd(JOB, 0): "node-agent",
-        s.cmd(JOB, 1): "node-agent",
     }
 
 
@@ -78,32 +48,67 @@ def bad_payloads(bus: Bus, subject: str) -> list[bytes]:
     ]
 
 
+async def publish_all(bus: Bus, subjects: list[str]) -> None:
+    for subject in subjects:
+        for payload in bad_payloads(bus, subject):
+            await bus.nc.publish(subject, payload)
+    await bus.nc.flush()
+
+
 async def test_services_dead_letter_garbage_and_still_recover_a_real_fault(
     nats_url: str, namespace: str, tmp_path: Path
 ) -> None:
-    async def publish_garbage(bus: Bus) -> None:
-        await agents_waiting(bus, count=2)
-        for subject in consumed_subjects(bus):
-            for payload in bad_payloads(bus, subject):
-                await bus.nc.publish(subject, payload)
-        await bus.nc.flush()
+    job = parse_job(
+        {
+            "metadata": {"name": JOB},
+            "spec": {
+                "command": [
+                    sys.executable,
+                    "-m",
+                    "resurge.local.demo_worker",
+                    "--steps",
+                    "30",
+                    "--crash-rank",
+                    "1",
+                    "--crash-step",
+                    "5",
+                ],
+                "nprocPerNode": 2,
+                "replicas": {"min": 2},
+                "recovery": {"jobMaxRetryCount": 2, "stopGraceSeconds": 2},
+            },
+        }
+    )
 
-    job = load_job(REPO / "examples" / "crash_once" / "job.yaml")
+    async def before_submit(bus: Bus) -> None:
+        await publish_all(bus, list(service_subjects(bus)))
+
+    async def during(bus: Bus, watch: Watch) -> None:
+        # agents exist once the job is placed: garbage their commands as soon as both speak
+        await watch.wait_for(
+            lambda seen: (
+                {o.event.replica for o in seen if isinstance(o.event, AgentStateChanged)} >= {0, 1}
+            )
+        )
+        await publish_all(bus, [bus.subjects.cmd(JOB, 0), bus.subjects.cmd(JOB, 1)])
+
     result = await run_job(
         job,
         state_dir=tmp_path,
         nats_url=nats_url,
         namespace=namespace,
-        nodes=["node-a", "node-b"],
-        cwd=REPO,
+        nodes=2,
+        gpus_per_node=2,
         wait_seconds=60,
-        before_submit=publish_garbage,
+        before_submit=before_submit,
+        during=during,
     )
 
     assert result.phase is JobPhase.SUCCEEDED
     assert len(result.recoveries) == 1
-    assert all(result.services_alive.values()), result.services_alive
-    assert set(result.services_alive) == {"detector", "restarter", "scaler"}
+    assert result.services_alive == {
+        name: True for name in ("detector", "restarter", "scaler", "node-0", "node-1")
+    }
 
     letters = [o.event for o in result.observed if isinstance(o.event, DeadLetter)]
     per_service = Counter(letter.source.service for letter in letters)

@@ -6,10 +6,12 @@ import argparse
 import os
 import socket
 import sys
+from pathlib import Path
 
 from resurge.service import ServiceContext, run_service
 from resurge.settings import Settings
 from resurge_node_agent.launcher import LaunchAgent, LaunchConfig
+from resurge_node_agent.monitor import MonitorConfig, NodeMonitor
 
 __all__ = ["main"]
 
@@ -24,7 +26,9 @@ def _parser() -> argparse.ArgumentParser:
             "The resurge node agent. In 'launch' mode it runs one replica of a training "
             "job: it waits for an Assign command, starts the workers with torchrun's "
             "environment, publishes their output, starts and exits as events, and obeys "
-            "Stop and new Assign commands. Connection settings come from RESURGE_* "
+            "Stop and new Assign commands. In 'monitor' mode (one per node) it reports "
+            "the node and starts a launch agent for each worker group placed on it. "
+            "Connection settings come from RESURGE_* "
             "environment variables (RESURGE_NATS_URL, RESURGE_NAMESPACE, ...)."
         ),
     )
@@ -60,11 +64,33 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds between SIGTERM and SIGKILL when stopping workers (default 10)",
     )
     launch.add_argument("command", nargs=argparse.REMAINDER, help="-- then the worker's argv")
+    monitor = modes.add_parser(
+        "monitor",
+        help="report one node and run the worker groups placed on it",
+        description="Report one node (slots, health) and run the worker groups the scaler "
+        "places on it: one 'launch' agent per (job, replica).",
+    )
+    monitor.add_argument(
+        "--node",
+        default=os.environ.get(NODE_NAME) or socket.gethostname(),
+        help="node name (default: $NODE_NAME or the host name)",
+    )
+    monitor.add_argument(
+        "--gpus", type=int, default=1, help="GPUs (simulated slots in local mode) on the node"
+    )
+    monitor.add_argument(
+        "--address", default="127.0.0.1", help="address other nodes reach this one at"
+    )
+    monitor.add_argument(
+        "--log-dir", type=Path, default=None, help="write each launch agent's output here"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.mode == "monitor":
+        return _monitor(args)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         _parser().error("launch needs the worker command after --")
@@ -88,6 +114,19 @@ def main(argv: list[str] | None = None) -> int:
         await LaunchAgent(ctx, config).start()
 
     return run_service("node-agent", Settings(), setup)
+
+
+def _monitor(args: argparse.Namespace) -> int:
+    if args.gpus < 0:
+        _parser().error("--gpus must be >= 0")
+    config = MonitorConfig(
+        node=args.node, slots=args.gpus, address=args.address, log_dir=args.log_dir
+    )
+
+    async def setup(ctx: ServiceContext) -> None:
+        await NodeMonitor(ctx, config).start()
+
+    return run_service("node-monitor", Settings(), setup)
 
 
 if __name__ == "__main__":

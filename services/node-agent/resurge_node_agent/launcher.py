@@ -16,6 +16,8 @@ exited, every output line, and the agent's own state.
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,6 +28,7 @@ from resurge.events import (
     AgentStateChanged,
     Assign,
     Envelope,
+    InjectFault,
     LogLine,
     ProcessExited,
     ProcessStarted,
@@ -67,17 +70,34 @@ class LaunchAgent:
             self.bus.subjects.cmd(self.config.job, self.config.replica),
             durable,
             self.on_command,
-            expects=(Assign, Stop),
+            expects=(Assign, Stop, InjectFault),
             start="last_per_subject",
         )
         if self.generation is None:
             await self._state(AgentState.WAITING, "waiting for an assignment")
 
-    async def on_command(self, command: Assign | Stop) -> None:
+    async def on_command(self, command: Assign | Stop | InjectFault) -> None:
         if isinstance(command, Assign):
             await self._assign(command)
-        else:
+        elif isinstance(command, Stop):
             await self._stop_command(command)
+        else:
+            await self._inject(command)
+
+    async def _inject(self, inject: InjectFault) -> None:
+        """Break a worker on purpose; ignored unless it targets the running generation."""
+        group = self.group
+        if group is None or inject.generation != self.generation or inject.time < self.started_at:
+            self.ctx.log.info("ignoring %s injection for generation %s", inject.fault,
+                              inject.generation)  # fmt: skip
+            return
+        pid = group.pid_of(inject.local_rank)
+        self.ctx.log.warning("injecting %s into local rank %d (pid %s)", inject.fault,
+                             inject.local_rank, pid)  # fmt: skip
+        if inject.fault == "log":
+            await group.emit_line(inject.local_rank, "stderr", inject.line)
+        elif pid is not None:
+            os.kill(pid, signal.SIGKILL if inject.fault == "crash" else signal.SIGSTOP)
 
     async def _assign(self, assign: Assign) -> None:
         if self.generation is not None and assign.generation <= self.generation:

@@ -62,6 +62,15 @@ class WorkerGroup:
     def size(self) -> int:
         return len(self.environments)
 
+    def pid_of(self, local_rank: int) -> int | None:
+        """Process id of a worker that is still running, else None."""
+        proc = self._procs.get(local_rank)
+        return proc.pid if proc is not None and proc.returncode is None else None
+
+    async def emit_line(self, local_rank: int, stream: Stream, line: str) -> None:
+        """Report ``line`` as if worker ``local_rank`` had printed it (fault injection)."""
+        await self._on_line(local_rank, stream, line[:MAX_LINE_CHARS])
+
     @property
     def running(self) -> bool:
         return any(proc.returncode is None for proc in self._procs.values())

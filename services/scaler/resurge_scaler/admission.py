@@ -1,33 +1,73 @@
-"""Admission and completion for fixed-size jobs: pure functions over job records.
+"""Admission, placement and completion for fixed-size jobs: pure functions, no I/O.
 
-This first scaler places ``replicas.min`` replicas round-robin on the configured nodes
-and starts them as generation 0. A job whose name was used by a finished job starts
-one generation past it, so stale events of the old run stay stale.
+A submitted job becomes a Pending record. Pending jobs are admitted in priority order
+(then submission order) when ``replicas.min`` worker groups of ``nprocPerNode`` slots
+fit on schedulable nodes; each replica goes to the node with the most free slots that
+fits it, so replicas spread. A job whose name was used by a finished job starts one
+generation past it, so stale events of the old run stay stale.
 """
 
 from __future__ import annotations
 
+from resurge.cluster import NodeInfo
 from resurge.events import JobPhase
 from resurge.jobspec import TrainingJob
 from resurge.planner import master_port_for
 from resurge.records import JobRecord, Placement
 
-__all__ = ["admit", "mark_replica_finished"]
+__all__ = ["admission_order", "mark_replica_finished", "new_record", "place", "start"]
 
 
-def admit(job: TrainingJob, nodes: list[str], previous: JobRecord | None) -> JobRecord:
+def new_record(job: TrainingJob, previous: JobRecord | None) -> JobRecord:
     generation = 0 if previous is None else previous.generation + 1
-    replicas = job.spec.replicas.min
-    placements = [Placement(replica=r, node=nodes[r % len(nodes)]) for r in range(replicas)]
     return JobRecord(
         name=job.name,
         spec=job,
-        phase=JobPhase.RUNNING,
+        phase=JobPhase.PENDING,
         generation=generation,
-        placements=placements,
-        master_port=master_port_for(job.name, generation),
-        message=f"admitted with {replicas} replica(s)",
+        message="waiting for capacity",
     )
+
+
+def admission_order(records: list[JobRecord]) -> list[JobRecord]:
+    pending = [r for r in records if r.phase is JobPhase.PENDING]
+    return sorted(pending, key=lambda r: (-getattr(r.spec.spec, "priority", 0), r.submitted, r.name))
+
+
+def place(job: TrainingJob, nodes: list[NodeInfo], used: dict[str, int]) -> list[Placement] | None:
+    """Placements for ``replicas.min`` replicas, or None if they do not fit now.
+
+    ``used`` maps node name to slots already taken; it is updated for the placements
+    made, so several jobs can be placed against one snapshot.
+    """
+    nproc = job.spec.nproc_per_node
+    free = {n.name: n.slots - used.get(n.name, 0) for n in nodes if n.schedulable}
+    address = {n.name: n.address for n in nodes}
+    placements = []
+    for replica in range(job.spec.replicas.min):
+        fits = [name for name, slots in free.items() if slots >= nproc]
+        if not fits:
+            return None
+        node = max(fits, key=lambda name: (free[name], name))
+        free[node] -= nproc
+        placements.append(Placement(replica=replica, node=node, address=address[node]))
+    for p in placements:
+        used[p.node] = used.get(p.node, 0) + nproc
+    return placements
+
+
+def start(record: JobRecord, placements: list[Placement]) -> bool:
+    """Move a Pending record to Running on ``placements``."""
+    if record.phase is not JobPhase.PENDING:
+        return False
+    record.placements = placements
+    record.phase = JobPhase.RUNNING
+    record.master_port = master_port_for(record.name, record.generation)
+    record.finished_replicas = []
+    record.message = f"running {len(placements)} replica(s) on " + ", ".join(
+        sorted({p.node for p in placements})
+    )
+    return True
 
 
 def mark_replica_finished(record: JobRecord, replica: int, generation: int) -> bool:

@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from resurge.service import run_service
-from resurge_scaler.service import ScalerSettings, make_setup
+from resurge.settings import Settings
+from resurge_scaler.service import setup
 
 __all__ = ["main"]
 
@@ -15,14 +16,14 @@ def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(
         prog="resurge-scaler",
         description=(
-            "The resurge scaler service: admits submitted jobs at their minimum size, "
-            "places replicas on the nodes in RESURGE_NODES (comma-separated), starts "
-            "generation 0, and marks a job Succeeded when every replica finished. "
-            "Settings come from RESURGE_* environment variables."
+            "The resurge scaler service: admits submitted jobs in priority order when "
+            "their minimum size fits on the cluster's nodes, creates their worker groups "
+            "through the cluster backend, starts generation 0, marks a job Succeeded when "
+            "every replica finished, and frees its nodes. Settings come from RESURGE_* "
+            "environment variables (RESURGE_NATS_URL, RESURGE_NAMESPACE, ...)."
         ),
     ).parse_args(argv)
-    settings = ScalerSettings()
-    return run_service("scaler", settings, make_setup(settings))
+    return run_service("scaler", Settings(), setup)
 
 
 if __name__ == "__main__":

@@ -1,97 +1,165 @@
-"""The scaler service: job submitted -> record and Assign(0); all replicas done -> Succeeded."""
+"""The scaler service: admits jobs onto nodes, starts them, ends them.
+
+- job submitted -> Pending record; then every Pending job that fits is placed, its
+  worker groups are created through the cluster backend, and generation g is assigned.
+- capacity changed, job finished or deleted -> try the Pending jobs again.
+- every replica finished -> Succeeded; a finished job's worker groups are deleted.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-
-from pydantic import Field
+import asyncio
+from functools import partial
 
 from resurge.bus import TransientError
+from resurge.cluster import WorkerGroupSpec
+from resurge.cluster.local import LocalBackend
 from resurge.events import (
+    CapacityChanged,
     JobDeleted,
     JobPhase,
     JobSubmitted,
+    PhaseChanged,
+    RecoveryFinished,
+    RecoveryStarted,
     ReplicaFinished,
 )
 from resurge.job_commands import announce_phase, send_assignments, send_stops
-from resurge.records import JobStore
+from resurge.records import JobRecord, JobStore
 from resurge.service import ServiceContext
-from resurge.settings import Settings
-from resurge_scaler.admission import admit, mark_replica_finished
+from resurge_scaler.admission import (
+    admission_order,
+    mark_replica_finished,
+    new_record,
+    place,
+    start,
+)
 
-__all__ = ["ScalerSettings", "make_setup"]
-
-
-class ScalerSettings(Settings):
-    nodes: str = Field(
-        default="local", description="Comma-separated node names replicas are placed on."
-    )
-
-    @property
-    def node_list(self) -> list[str]:
-        return [n.strip() for n in self.nodes.split(",") if n.strip()] or ["local"]
+__all__ = ["setup"]
 
 
-def make_setup(settings: ScalerSettings) -> Callable[[ServiceContext], Awaitable[None]]:
-    async def setup(ctx: ServiceContext) -> None:
-        bus = ctx.bus
-        store = JobStore(await bus.jobs_bucket())
-
-        async def on_submitted(event: JobSubmitted) -> None:
-            job = event.spec
-            found = await store.get(job.name)
-            if found is not None and not found[0].phase.finished:
-                record = found[0]  # a redelivery: repeat the assignments, agents ignore repeats
-            else:
-                record = admit(job, settings.node_list, found[0] if found else None)
-                written = (
-                    await store.create(record)
-                    if found is None
-                    else await store.replace(record, found[1])
-                )
-                if not written:
-                    raise TransientError(f"job record {job.name} changed while admitting it")
-                ctx.log.info("admitted %s", job.name, extra={"job": job.name})
-                await announce_phase(bus, JobPhase.PENDING, record)
-            await send_assignments(bus, record)
-
-        async def on_finished(event: ReplicaFinished) -> None:
-            if event.job is None or event.replica is None or event.generation is None:
-                return
-            replica, generation = event.replica, event.generation
-            result = await store.mutate(
-                event.job, lambda r: mark_replica_finished(r, replica, generation)
-            )
-            if result is None or result[0] is result[1]:
-                return
-            before, after = result
-            if after.phase is JobPhase.SUCCEEDED:
-                ctx.log.info("job %s succeeded", after.name, extra={"job": after.name})
-                await announce_phase(bus, before.phase, after)
-                await send_stops(bus, after, after.generation, "job succeeded", final=True)
-
-        async def on_deleted(event: JobDeleted) -> None:
-            if event.job is None:
-                return
-            found = await store.get(event.job)
-            if found is None:
-                return
-            await send_stops(bus, found[0], found[0].generation, "job deleted", final=True)
-            await store.kv.delete(store.key(event.job))
-
-        async def on_job_event(event: JobSubmitted | ReplicaFinished | JobDeleted) -> None:
-            if isinstance(event, JobSubmitted):
-                await on_submitted(event)
-            elif isinstance(event, ReplicaFinished):
-                await on_finished(event)
-            else:
-                await on_deleted(event)
-
-        await bus.consume(
-            bus.subjects.all("job"),
-            "scaler",
-            on_job_event,
-            expects=(JobSubmitted, ReplicaFinished, JobDeleted),
+def worker_groups(record: JobRecord) -> list[WorkerGroupSpec]:
+    spec = record.spec.spec
+    return [
+        WorkerGroupSpec(
+            job=record.name,
+            replica=p.replica,
+            node=p.node,
+            nproc=spec.nproc_per_node,
+            command=spec.command,
+            env={var.name: var.value for var in spec.env},
+            working_dir=spec.working_dir,
+            stop_grace_seconds=spec.recovery.stop_grace_seconds,
         )
+        for p in record.placements
+    ]
 
-    return setup
+
+async def setup(ctx: ServiceContext) -> None:
+    bus = ctx.bus
+    store = JobStore(await bus.jobs_bucket())
+    backend = await LocalBackend.open(bus)
+    admitting = asyncio.Lock()
+
+    async def admit_pending() -> None:
+        async with admitting:
+            pending = admission_order(await store.all())
+            if not pending:
+                return
+            nodes = await backend.live_nodes()
+            used: dict[str, int] = {}
+            for group in await backend.list_worker_groups():
+                used[group.node] = used.get(group.node, 0) + group.nproc
+            for record in pending:
+                placements = place(record.spec, nodes, used)
+                if placements is None:
+                    continue
+                result = await store.mutate(record.name, partial(start, placements=placements))
+                if result is None or result[0] is result[1]:
+                    continue
+                before, after = result
+                for group in worker_groups(after):
+                    await backend.create_worker_group(group)
+                await send_assignments(bus, after)
+                ctx.log.info("started %s: %s", after.name, after.message, extra={"job": after.name})
+                await announce_phase(bus, before.phase, after)
+
+    async def release(record: JobRecord) -> None:
+        for p in record.placements:
+            await backend.delete_worker_group(record.name, p.replica, p.node)
+
+    async def on_submitted(event: JobSubmitted) -> None:
+        job = event.spec
+        found = await store.get(job.name)
+        if found is not None and not found[0].phase.finished:
+            ctx.log.info("%s is already %s; submission ignored", job.name, found[0].phase.value)
+            return
+        record = new_record(job, found[0] if found else None)
+        written = (
+            await store.create(record) if found is None else await store.replace(record, found[1])
+        )
+        if not written:
+            raise TransientError(f"job record {job.name} changed while admitting it")
+        await announce_phase(bus, None, record)
+        await admit_pending()
+
+    async def on_finished(event: ReplicaFinished) -> None:
+        if event.job is None or event.replica is None or event.generation is None:
+            return
+        replica, generation = event.replica, event.generation
+        result = await store.mutate(
+            event.job, lambda r: mark_replica_finished(r, replica, generation)
+        )
+        if result is None or result[0] is result[1]:
+            return
+        before, after = result
+        if after.phase is JobPhase.SUCCEEDED:
+            ctx.log.info("job %s succeeded", after.name, extra={"job": after.name})
+            await announce_phase(bus, before.phase, after)
+            await send_stops(bus, after, after.generation, "job succeeded", final=True)
+
+    async def on_deleted(event: JobDeleted) -> None:
+        if event.job is None:
+            return
+        found = await store.get(event.job)
+        if found is None:
+            return
+        await send_stops(bus, found[0], found[0].generation, "job deleted", final=True)
+        await release(found[0])
+        await store.kv.delete(store.key(event.job))
+        await admit_pending()
+
+    async def on_job_event(event: JobSubmitted | ReplicaFinished | JobDeleted) -> None:
+        if isinstance(event, JobSubmitted):
+            await on_submitted(event)
+        elif isinstance(event, ReplicaFinished):
+            await on_finished(event)
+        else:
+            await on_deleted(event)
+
+    async def on_action(event: PhaseChanged | RecoveryStarted | RecoveryFinished) -> None:
+        if not isinstance(event, PhaseChanged) or event.job is None or not event.phase.finished:
+            return
+        found = await store.get(event.job)
+        if found is not None and found[0].phase.finished:
+            await release(found[0])
+            await admit_pending()
+
+    async def on_capacity(event: CapacityChanged) -> None:
+        await admit_pending()
+
+    await bus.consume(
+        bus.subjects.all("job"),
+        "scaler",
+        on_job_event,
+        expects=(JobSubmitted, ReplicaFinished, JobDeleted),
+    )
+    await bus.consume(
+        bus.subjects.action(None),
+        "scaler-phases",
+        on_action,
+        expects=(PhaseChanged, RecoveryStarted, RecoveryFinished),
+    )
+    await bus.consume(
+        bus.subjects.all("capacity"), "scaler-capacity", on_capacity, expects=(CapacityChanged,)
+    )

@@ -13,7 +13,8 @@ from typing import Annotated, Any
 from pydantic import Field, TypeAdapter, ValidationError
 
 from resurge.events.actions import JobPhase, PhaseChanged, RecoveryFinished, RecoveryStarted
-from resurge.events.commands import Assign, ReplicaSlot, Stop
+from resurge.events.capacity import CapacityChanged
+from resurge.events.commands import Assign, InjectFault, ReplicaSlot, Stop
 from resurge.events.dead_letters import DeadLetter, DeadLetterReason
 from resurge.events.envelope import SCHEMA_VERSION, Envelope, RecoveryLevel, Source
 from resurge.events.faults import FaultDetected, FaultScope, Severity
@@ -33,6 +34,7 @@ __all__ = [
     "AgentState",
     "AgentStateChanged",
     "Assign",
+    "CapacityChanged",
     "CheckpointSaved",
     "DeadLetter",
     "DeadLetterReason",
@@ -41,6 +43,7 @@ __all__ = [
     "Event",
     "FaultDetected",
     "FaultScope",
+    "InjectFault",
     "JobDeleted",
     "JobPhase",
     "JobSubmitted",
@@ -68,9 +71,11 @@ _MODELS: tuple[type[Envelope], ...] = (
     AgentStateChanged,
     Progress,
     CheckpointSaved,
+    CapacityChanged,
     FaultDetected,
     Assign,
     Stop,
+    InjectFault,
     RecoveryStarted,
     RecoveryFinished,
     PhaseChanged,
@@ -87,9 +92,11 @@ Event = Annotated[
     | AgentStateChanged
     | Progress
     | CheckpointSaved
+    | CapacityChanged
     | FaultDetected
     | Assign
     | Stop
+    | InjectFault
     | RecoveryStarted
     | RecoveryFinished
     | PhaseChanged

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from resurge.events.envelope import Envelope
 
-__all__ = ["Assign", "ReplicaSlot", "Stop"]
+__all__ = ["Assign", "InjectFault", "ReplicaSlot", "Stop"]
 
 
 class ReplicaSlot(BaseModel):
@@ -51,3 +51,14 @@ class Stop(Envelope):
         default=False, description="The job is over: the agent exits once its workers stopped."
     )
     reason: str = Field(default="", description="Why, in words.")
+
+
+class InjectFault(Envelope):
+    """Break a worker on purpose (``resurge inject``), for demos and tests."""
+
+    kind: Literal["inject_fault"] = "inject_fault"
+    fault: Literal["crash", "hang", "log"] = Field(
+        description="crash: SIGKILL the worker; hang: SIGSTOP it; log: emit `line` as its output."
+    )
+    local_rank: int = Field(ge=0, description="Which worker of the replica.")
+    line: str = Field(default="", description="The log line to emit, for `log`.")

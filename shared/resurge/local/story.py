@@ -1,9 +1,10 @@
 """Run one job on a local cluster and record every control-plane event it causes.
 
 Used by ``resurge demo``, the end-to-end tests and the benchmarks, so all three tell the
-same story: services and agents as processes, a job submitted over the bus, and every
-fault, command, action and job event captured with its subject and arrival time until
-the job ends.
+same story: a :class:`~resurge.local.supervisor.Supervisor` (services and virtual nodes
+as processes), a job submitted over the bus, and every event but log lines captured
+with its subject until the job ends. ``during`` runs beside the job (to break it on
+purpose); it can await what happened so far through :meth:`Watch.wait_for`.
 """
 
 from __future__ import annotations
@@ -11,18 +12,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from resurge.bus import Bus
 from resurge.client import submit_job
-from resurge.events import Assign, Event, FaultDetected, JobPhase, PhaseChanged, RecoveryFinished
+from resurge.events import (
+    AgentState,
+    AgentStateChanged,
+    Assign,
+    Event,
+    FaultDetected,
+    JobPhase,
+    PhaseChanged,
+    RecoveryFinished,
+)
 from resurge.jobspec import TrainingJob
-from resurge.local.cluster import LocalCluster
+from resurge.local.supervisor import Supervisor
 from resurge.settings import Settings
 
-__all__ = ["Observed", "StoryResult", "run_job"]
+__all__ = ["Observed", "StoryResult", "Watch", "run_job"]
+
+_WATCHED_RAW_KINDS = ("process_started", "process_exited", "progress", "checkpoint_saved",
+                      "agent_state")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -32,14 +47,37 @@ class Observed:
     received: float = field(default_factory=time.time)
 
 
+class Watch:
+    """Events observed so far, and a way to wait for a condition over them."""
+
+    def __init__(self) -> None:
+        self.observed: list[Observed] = []
+        self._changed = asyncio.Condition()
+
+    async def add(self, item: Observed) -> None:
+        async with self._changed:
+            self.observed.append(item)
+            self._changed.notify_all()
+
+    async def wait_for(
+        self, test: Callable[[list[Observed]], bool], wait_seconds: float = 60
+    ) -> None:
+        async with self._changed:
+            await asyncio.wait_for(
+                self._changed.wait_for(lambda: test(self.observed)), wait_seconds
+            )
+
+
 @dataclass
 class StoryResult:
     job: str
     phase: JobPhase | None
     observed: list[Observed]
-    agent_exit_codes: dict[str, int | None]
     services_alive: dict[str, bool]
     seconds: float
+
+    def events(self, kind: type[Event]) -> list[Event]:
+        return [o.event for o in self.observed if isinstance(o.event, kind)]
 
     @property
     def faults(self) -> list[FaultDetected]:
@@ -49,6 +87,13 @@ class StoryResult:
     def recoveries(self) -> list[RecoveryFinished]:
         return [o.event for o in self.observed if isinstance(o.event, RecoveryFinished)]
 
+    def final_agent_states(self) -> dict[int, AgentState]:
+        last: dict[int, AgentState] = {}
+        for o in self.observed:
+            if isinstance(o.event, AgentStateChanged) and o.event.replica is not None:
+                last[o.event.replica] = o.event.state
+        return last
+
     def restart_latencies(self) -> list[float]:
         """Seconds from each fault's worker exit to the first Assign of the next generation."""
         latencies = []
@@ -57,13 +102,13 @@ class StoryResult:
             if not isinstance(exited_at, str) or fault.generation is None:
                 continue
             assigns = [
-                o.event
+                o.event.time
                 for o in self.observed
                 if isinstance(o.event, Assign) and o.event.generation == fault.generation + 1
             ]
             if assigns:
-                start = fault.time.fromisoformat(exited_at)
-                latencies.append((min(a.time for a in assigns) - start).total_seconds())
+                exited = datetime.fromisoformat(exited_at)
+                latencies.append((min(assigns) - exited).total_seconds())
         return latencies
 
 
@@ -71,63 +116,84 @@ async def run_job(
     job: TrainingJob,
     *,
     state_dir: Path,
-    nats_url: str,
     namespace: str,
-    nodes: list[str],
+    nats_url: str | None = None,
+    nodes: int = 2,
+    gpus_per_node: int = 2,
     wait_seconds: float = 120.0,
     on_event: Callable[[Observed], None] | None = None,
     before_submit: Callable[[Bus], Awaitable[None]] | None = None,
+    during: Callable[[Bus, Watch], Coroutine[Any, Any, None]] | None = None,
     cwd: Path | None = None,
 ) -> StoryResult:
-    """Start services and one agent per replica, submit ``job``, wait for it to end."""
-    cluster = LocalCluster(state_dir, nats_url, namespace, nodes, cwd=cwd)
-    settings = Settings(nats_url=nats_url, namespace=namespace, log_level="WARNING")
-    observed: list[Observed] = []
+    """Start a local cluster (on ``nats_url``, or an embedded server), run ``job`` to its end."""
+    supervisor = Supervisor(
+        state_dir, nodes, gpus_per_node, namespace=namespace, nats_url=nats_url,
+        extra_env={"RESURGE_LOG_LEVEL": "INFO"},
+    )  # fmt: skip
+    if cwd is not None:
+        supervisor.cwd = cwd
+    watch = Watch()
     done = asyncio.Event()
     final_phase: list[JobPhase] = []
     started = time.monotonic()
-    bus = await Bus.connect(settings, "story")
+    await asyncio.to_thread(supervisor.start)
+    alive: dict[str, bool] = {}
     try:
-        await bus.ensure_streams()
+        assert supervisor.nats_url is not None
+        settings = Settings(nats_url=supervisor.nats_url, namespace=namespace)
+        bus = await Bus.connect(settings, "story")
+        try:
 
-        async def record(event: Event, subject: str) -> None:
-            item = Observed(subject=subject, event=event)
-            observed.append(item)
-            if on_event:
-                on_event(item)
-            if isinstance(event, PhaseChanged) and event.job == job.name and event.phase.finished:
-                final_phase.append(event.phase)
-                done.set()
+            async def record(event: Event, subject: str) -> None:
+                item = Observed(subject=subject, event=event)
+                await watch.add(item)
+                if on_event:
+                    on_event(item)
+                if (
+                    isinstance(event, PhaseChanged)
+                    and event.job == job.name
+                    and event.phase.finished
+                ):
+                    final_phase.append(event.phase)
+                    done.set()
 
-        for family in ("fault", "cmd", "action", "job", "dlq"):
-            await bus.subscribe(bus.subjects.all(family), record)
-        await bus.nc.flush()
-        cluster.start_services()
-        for replica in range(job.spec.replicas.min):
-            cluster.start_agent(
-                job.name,
-                replica,
-                job.spec.nproc_per_node,
-                job.spec.command,
-                stop_grace_seconds=job.spec.recovery.stop_grace_seconds,
-                working_dir=job.spec.working_dir,
-                env={var.name: var.value for var in job.spec.env},
-            )
-        if before_submit is not None:
-            await before_submit(bus)
-        await submit_job(bus, job)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(done.wait(), wait_seconds)
-        codes = await asyncio.to_thread(cluster.wait_agents, 15.0)
-        alive = {name: up for name, up in cluster.alive().items() if not name.startswith("agent-")}
+            for family in ("fault", "cmd", "action", "job", "dlq"):
+                await bus.subscribe(bus.subjects.all(family), record)
+            for kind in _WATCHED_RAW_KINDS:
+                await bus.subscribe(bus.subjects.raw(job.name, kind, None), record)
+            await bus.nc.flush()
+            if before_submit is not None:
+                await before_submit(bus)
+            await submit_job(bus, job)
+            side = asyncio.create_task(during(bus, watch)) if during else None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), wait_seconds)
+            if side is not None:
+                side.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await side
+            if done.is_set():
+                replicas = job.spec.replicas.min
+                with contextlib.suppress(TimeoutError):
+                    await watch.wait_for(lambda _: _all_exited(watch, replicas), 20)
+            alive = supervisor.alive()
+        finally:
+            await bus.close()
     finally:
-        await bus.close()
-        await asyncio.to_thread(cluster.stop)
+        await asyncio.to_thread(supervisor.stop)
     return StoryResult(
         job=job.name,
         phase=final_phase[0] if final_phase else None,
-        observed=observed,
-        agent_exit_codes=codes,
+        observed=watch.observed,
         services_alive=alive,
         seconds=time.monotonic() - started,
     )
+
+
+def _all_exited(watch: Watch, replicas: int) -> bool:
+    last: dict[int, AgentState] = {}
+    for o in watch.observed:
+        if isinstance(o.event, AgentStateChanged) and o.event.replica is not None:
+            last[o.event.replica] = o.event.state
+    return len(last) >= replicas and all(s is AgentState.EXITING for s in last.values())

@@ -1,0 +1,78 @@
+"""The ``resurge`` commands that talk to a running cluster over the bus."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from resurge.client import (
+    connected,
+    delete_job,
+    event_line,
+    inject_fault,
+    job_status,
+    submit_job,
+    watch_events,
+)
+from resurge.events import Event
+from resurge.jobspec import JobSpecError, load_job
+from resurge.settings import Settings
+
+__all__ = ["run_command"]
+
+
+def _say(views: list[dict[str, object]], as_json: bool, one: bool) -> None:
+    if as_json:
+        print(json.dumps(views[0] if one else views, indent=2))
+        return
+    for view in views:
+        print(
+            f"{view['name']:<24} {view['phase']:<11} gen={view['generation']} "
+            f"restarts={view['restarts']} {view['message']}"
+        )
+
+
+async def run_command(args: argparse.Namespace, settings: Settings, *, local: bool) -> int:
+    """Run one bus command; ``local``: the cluster runs on this machine (``resurge up``)."""
+    command = args.command
+    if command == "submit":
+        try:
+            job = load_job(args.file)
+        except (JobSpecError, OSError) as error:
+            print(f"resurge submit: {error}", file=sys.stderr)
+            return 2
+        if local and job.spec.working_dir is None:
+            # On a local cluster a relative path in the command means "from here".
+            job = job.model_copy(
+                update={"spec": job.spec.model_copy(update={"working_dir": str(Path.cwd())})}
+            )
+    async with connected(settings) as bus:
+        if command == "submit":
+            await submit_job(bus, job)
+            print(f"trainingjob {job.name} submitted")
+        elif command == "delete":
+            await delete_job(bus, args.job)
+            print(f"trainingjob {args.job} deleted")
+        elif command == "status":
+            views = await job_status(bus, args.job)
+            if args.job and not views:
+                print(f"resurge status: no job named {args.job!r}", file=sys.stderr)
+                return 1
+            _say(views, args.json, one=args.job is not None)
+        elif command == "inject":
+            try:
+                where = await inject_fault(bus, args.job, args.rank, args.fault, args.line)
+            except LookupError as error:
+                print(f"resurge inject: {error}", file=sys.stderr)
+                return 1
+            print(f"injected {args.fault} into rank {args.rank} of {args.job} ({where})")
+        elif command == "events":
+
+            async def show(event: Event, subject: str) -> None:
+                print(event_line(event, args.json), flush=True)
+
+            await watch_events(bus, f"{bus.subjects.root}.{args.filter}", show, asyncio.Event())
+    return 0

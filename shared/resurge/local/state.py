@@ -1,0 +1,87 @@
+"""The local cluster's state folder: where it is, what is running there, how to reach it.
+
+The folder (``--state-dir``, else ``RESURGE_STATE_DIR``, else ``.resurge`` in the
+current folder) holds ``cluster.json`` (NATS URL, namespace, supervisor pid, nodes),
+the lock the running supervisor holds, the NATS server's data and every log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO
+
+__all__ = ["ClusterState", "StateLock", "resolve_state_dir"]
+
+# Where the local cluster keeps its files when no --state-dir is given.
+STATE_DIR = "RESURGE_STATE_DIR"
+
+
+def resolve_state_dir(given: Path | None) -> Path:
+    if given is not None:
+        return given.resolve()
+    return Path(os.environ.get(STATE_DIR) or ".resurge").resolve()
+
+
+@dataclass
+class ClusterState:
+    nats_url: str
+    namespace: str
+    pid: int
+    nodes: list[str]
+    gpus_per_node: int
+
+    @staticmethod
+    def path(state_dir: Path) -> Path:
+        return state_dir / "cluster.json"
+
+    def save(self, state_dir: Path) -> None:
+        tmp = self.path(state_dir).with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        tmp.replace(self.path(state_dir))
+
+    @classmethod
+    def load(cls, state_dir: Path) -> ClusterState | None:
+        try:
+            return cls(**json.loads(cls.path(state_dir).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+class StateLock:
+    """An exclusive lock on the state folder, held by its running supervisor."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / "lock"
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> bool:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = self.path.open("a")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return False
+        self._file = handle
+        return True
+
+    def held_elsewhere(self) -> bool:
+        """True while another process holds the lock."""
+        if not self.path.exists():
+            return False
+        if self.acquire():
+            self.release()
+            return False
+        return True
+
+    def release(self) -> None:
+        if self._file is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._file, fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None

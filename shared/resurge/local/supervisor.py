@@ -1,0 +1,273 @@
+"""The local cluster's supervisor: NATS, the services and the virtual nodes, kept running.
+
+:class:`Supervisor` starts an embedded nats-server (unless given a URL), the three
+control-plane services and one node monitor per virtual node, each as a child process
+with its output in ``<state_dir>/logs/<name>.log``. It is ready once every node has
+registered and every service has bound its consumers. Like a Deployment, it starts
+again any child that dies, and says so in its log. ``python -m
+resurge.local.supervisor`` is what ``resurge up`` runs in the background.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats.js.errors
+
+from resurge.bus import Bus
+from resurge.cluster.local import LocalBackend
+from resurge.local.nats_server import NatsServer
+from resurge.local.state import ClusterState, StateLock
+from resurge.logs import configure_logging
+from resurge.settings import Settings
+
+__all__ = ["Supervisor"]
+
+log = logging.getLogger("resurge.supervisor")
+
+SERVICES = {
+    "detector": ["-m", "resurge_detector"],
+    "restarter": ["-m", "resurge_restarter"],
+    "scaler": ["-m", "resurge_scaler"],
+}
+# Durable consumers each service binds once it is ready: (stream family, consumer).
+READY_CONSUMERS = [
+    ("raw", "detector-process-exit"),
+    ("fault", "restarter"),
+    ("job", "scaler"),
+]
+_MAX_BACKOFF_SECONDS = 10.0
+
+
+@dataclass
+class _Child:
+    name: str
+    argv: list[str]
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+
+
+@dataclass
+class Supervisor:
+    state_dir: Path
+    nodes: int = 2
+    gpus_per_node: int = 2
+    namespace: str = "resurge"
+    nats_url: str | None = None
+    nats_port: int = 0
+    extra_env: dict[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
+    children: dict[str, _Child] = field(default_factory=dict)
+    server: NatsServer | None = None
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"node-{i}" for i in range(self.nodes)]
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    def env(self) -> dict[str, str]:
+        # Workers that run `python ...` get the interpreter this cluster runs on.
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        assert self.nats_url is not None
+        return {
+            **os.environ,
+            "PATH": path,
+            "RESURGE_NATS_URL": self.nats_url,
+            "RESURGE_NAMESPACE": self.namespace,
+            "RESURGE_STATE_DIR": str(self.state_dir),
+            "PYTHONUNBUFFERED": "1",
+            **self.extra_env,
+        }
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start everything and return once it is ready."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if self.nats_url is None:
+            self.server = NatsServer(self.state_dir / "nats", port=self.nats_port).start()
+            self.nats_url = self.server.url
+        python = sys.executable
+        for name, args in SERVICES.items():
+            self.children[name] = _Child(name, [python, *args])
+        for node in self.node_names:
+            self.children[node] = _Child(
+                node,
+                [python, "-m", "resurge_node_agent", "monitor", "--node", node,
+                 "--gpus", str(self.gpus_per_node), "--log-dir", str(self.log_dir)],
+            )  # fmt: skip
+        for child in self.children.values():
+            self._spawn(child)
+        asyncio.run(self._wait_ready(timeout))
+
+    def _spawn(self, child: _Child) -> None:
+        with (self.log_dir / f"{child.name}.log").open("ab") as out:
+            child.process = subprocess.Popen(
+                child.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env(),
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+
+    async def _wait_ready(self, wait_seconds: float) -> None:
+        assert self.nats_url is not None
+        settings = Settings(nats_url=self.nats_url, namespace=self.namespace)
+        bus = await Bus.connect(settings, "supervisor")
+        try:
+            await bus.ensure_streams()
+            backend = await LocalBackend.open(bus)
+            deadline = time.monotonic() + wait_seconds
+            while True:
+                nodes = {n.name for n in await backend.live_nodes()}
+                bound = [await _has_consumer(bus, family, name) for family, name in READY_CONSUMERS]
+                if set(self.node_names) <= nodes and all(bound):
+                    return
+                dead = [
+                    c.name
+                    for c in self.children.values()
+                    if c.process and c.process.poll() is not None
+                ]
+                if dead or time.monotonic() > deadline:
+                    why = f"exited: {', '.join(dead)}" if dead else "timed out"
+                    raise RuntimeError(f"local cluster not ready ({why}); see {self.log_dir}")
+                await asyncio.sleep(0.1)  # readiness of other processes: polled, bounded
+        finally:
+            await bus.close()
+
+    def alive(self) -> dict[str, bool]:
+        return {
+            name: c.process is not None and c.process.poll() is None
+            for name, c in self.children.items()
+        }
+
+    def check(self) -> None:
+        """Start again any child that died (with backoff), and log it."""
+        now = time.monotonic()
+        for child in self.children.values():
+            if child.process is None or child.process.poll() is None:
+                continue
+            if child.next_start == 0.0:
+                child.restarts += 1
+                delay = min(_MAX_BACKOFF_SECONDS, 0.5 * 2 ** min(child.restarts - 1, 5))
+                child.next_start = now + delay
+                log.warning(
+                    "%s exited with code %s; starting it again in %.1f s (restart %d)",
+                    child.name, child.process.returncode, delay, child.restarts,
+                )  # fmt: skip
+            elif now >= child.next_start:
+                child.next_start = 0.0
+                self._spawn(child)
+                log.warning("%s started again (pid %d)", child.name, child.process.pid)
+
+    def stop(self, grace: float = 20.0) -> None:
+        """Stop the nodes first (they stop their workers), then the services, then NATS."""
+        order = [c for c in self.children.values() if c.name.startswith("node-")]
+        order += [c for c in self.children.values() if not c.name.startswith("node-")]
+        for group in (order[: self.nodes], order[self.nodes :]):
+            for child in group:
+                if child.process and child.process.poll() is None:
+                    os.killpg(child.process.pid, signal.SIGTERM)
+            for child in group:
+                if child.process is None:
+                    continue
+                try:
+                    child.process.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    os.killpg(child.process.pid, signal.SIGKILL)
+                    child.process.wait()
+        if self.server is not None:
+            self.server.stop()
+
+    def state(self) -> ClusterState:
+        assert self.nats_url is not None
+        return ClusterState(
+            nats_url=self.nats_url,
+            namespace=self.namespace,
+            pid=os.getpid(),
+            nodes=self.node_names,
+            gpus_per_node=self.gpus_per_node,
+        )
+
+
+async def _has_consumer(bus: Bus, family: str, name: str) -> bool:
+    try:
+        await bus.js.consumer_info(bus.subjects.stream(family), name)
+    except nats.js.errors.NotFoundError:
+        return False
+    return True
+
+
+def serve(supervisor: Supervisor, ready_fd: int | None) -> int:
+    """Run until SIGTERM/SIGINT: start, report ready, keep children alive, stop."""
+    lock = StateLock(supervisor.state_dir)
+    if not lock.acquire():
+        log.error("another supervisor holds %s", lock.path)
+        return 1
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        try:
+            supervisor.start()
+        except Exception as error:
+            log.error("%s", error)
+            supervisor.stop(grace=5)
+            return 1
+        supervisor.state().save(supervisor.state_dir)
+        log.info("local cluster ready: nats at %s, nodes %s", supervisor.nats_url,
+                 ", ".join(supervisor.node_names))  # fmt: skip
+        if ready_fd is not None:
+            os.write(ready_fd, b"ready\n")
+            os.close(ready_fd)
+        while not stopping:
+            supervisor.check()
+            time.sleep(0.2)
+        log.info("stopping the local cluster")
+        supervisor.stop()
+        return 0
+    finally:
+        ClusterState.path(supervisor.state_dir).unlink(missing_ok=True)
+        lock.release()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run the local cluster (used by `resurge up`).")
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--nodes", type=int, default=2)
+    parser.add_argument("--gpus-per-node", type=int, default=2)
+    parser.add_argument("--namespace", default="resurge")
+    parser.add_argument("--port", type=int, default=0, help="NATS port (default: a free one)")
+    parser.add_argument("--ready-fd", type=int, default=None)
+    args = parser.parse_args(argv)
+    configure_logging("supervisor", fmt="text")
+    supervisor = Supervisor(
+        state_dir=args.state_dir,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        namespace=args.namespace,
+        nats_port=args.port,
+    )
+    return serve(supervisor, args.ready_fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""``resurge up`` and ``resurge down``: the local cluster in the background.
+
+``up`` starts ``python -m resurge.local.supervisor`` in a session of its own and returns
+once it reports ready through a pipe; a second ``up`` on a folder whose supervisor is
+running says so and exits 1. ``down`` sends the supervisor SIGTERM and waits until it
+has stopped everything and released the folder's lock.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from resurge.local.state import ClusterState, StateLock
+from resurge.local.supervisor import Supervisor, serve
+from resurge.logs import configure_logging
+
+__all__ = ["down", "up"]
+
+
+def up(state_dir: Path, nodes: int, gpus_per_node: int, port: int, foreground: bool) -> int:
+    if nodes < 1 or gpus_per_node < 1:
+        print("resurge up: --nodes and --gpus-per-node must be at least 1", file=sys.stderr)
+        return 2
+    if StateLock(state_dir).held_elsewhere():
+        state = ClusterState.load(state_dir)
+        where = f" (nats at {state.nats_url})" if state else ""
+        print(f"resurge is already up in {state_dir}{where}; `resurge down` stops it")
+        return 1
+    if foreground:
+        supervisor = Supervisor(state_dir, nodes, gpus_per_node, nats_port=port)
+        configure_logging("supervisor", fmt="text")
+        print(f"starting the local cluster in {state_dir} (Ctrl-C stops it)", flush=True)
+        return serve(supervisor, ready_fd=None)
+    (state_dir / "logs").mkdir(parents=True, exist_ok=True)
+    read_end, write_end = os.pipe()
+    with (state_dir / "logs" / "supervisor.log").open("ab") as log:
+        subprocess.Popen(
+            [sys.executable, "-m", "resurge.local.supervisor", "--state-dir", str(state_dir),
+             "--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node),
+             "--port", str(port), "--ready-fd", str(write_end)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            pass_fds=(write_end,), start_new_session=True,
+        )  # fmt: skip
+    os.close(write_end)
+    ready, _, _ = select.select([read_end], [], [], 120)
+    said = os.read(read_end, 64) if ready else b""
+    os.close(read_end)
+    state = ClusterState.load(state_dir)
+    if said.strip() != b"ready" or state is None:
+        print(f"resurge up failed; see {state_dir / 'logs' / 'supervisor.log'}", file=sys.stderr)
+        return 1
+    print(f"resurge is up in {state_dir}: nats at {state.nats_url}, "
+          f"{len(state.nodes)} node(s) x {state.gpus_per_node} GPU(s)")  # fmt: skip
+    print(f"logs: {state_dir / 'logs'}; stop it with `resurge down`")
+    return 0
+
+
+def down(state_dir: Path, wait_seconds: float = 60.0) -> int:
+    state = ClusterState.load(state_dir)
+    lock = StateLock(state_dir)
+    if state is None or not lock.held_elsewhere():
+        print(f"resurge is not up in {state_dir}")
+        return 0
+    os.kill(state.pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait_seconds
+    while lock.held_elsewhere():
+        if time.monotonic() > deadline:
+            print(f"resurge down: supervisor {state.pid} did not stop in time", file=sys.stderr)
+            return 1
+        time.sleep(0.1)  # another process's exit: polled, bounded
+    print(f"resurge is down ({state_dir})")
+    return 0
