@@ -34,6 +34,7 @@ def assignments(record: JobRecord, source: Source) -> list[Assign]:
         for i, p in enumerate(placements)
     ]
     master = placements[0].address
+    checkpoint = record.latest_checkpoint
     return [
         Assign(
             source=source,
@@ -46,6 +47,8 @@ def assignments(record: JobRecord, source: Source) -> list[Assign]:
             master_addr=master,
             master_port=record.master_port,
             restart_count=record.total_restarts,
+            resume_checkpoint=checkpoint.path if checkpoint else None,
+            resume_step=checkpoint.step if checkpoint else None,
         )
         for slot in table
     ]

@@ -19,7 +19,15 @@ from resurge.events import JobPhase, RecoveryLevel
 from resurge.jobspec import TrainingJob
 from resurge.subjects import escape_token, unescape_token
 
-__all__ = ["JobRecord", "JobStore", "LastFault", "PendingRecovery", "Placement", "status_view"]
+__all__ = [
+    "CheckpointRef",
+    "JobRecord",
+    "JobStore",
+    "LastFault",
+    "PendingRecovery",
+    "Placement",
+    "status_view",
+]
 
 _CAS_ATTEMPTS = 20
 _HANDLED_FAULTS_KEPT = 64
@@ -53,6 +61,13 @@ class PendingRecovery(BaseModel):
     to_generation: int
 
 
+class CheckpointRef(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    step: int = Field(ge=0)
+    path: str
+
+
 class JobRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -72,9 +87,22 @@ class JobRecord(BaseModel):
     last_fault: LastFault | None = None
     pending_recovery: PendingRecovery | None = None
     last_recovery_seconds: float | None = None
+    latest_checkpoint: CheckpointRef | None = Field(
+        default=None, description="Newest checkpoint every rank of the job reported saved."
+    )
+    checkpoint_reports: dict[int, list[int]] = Field(
+        default_factory=dict, description="Newer steps some ranks reported saved: step -> ranks."
+    )
+    reports_progress: bool = Field(
+        default=False, description="Its workers report progress (they use resurge.worker)."
+    )
     message: str = ""
     submitted: datetime = Field(default_factory=lambda: datetime.now(UTC))
     updated: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.spec.nproc_per_node * len(self.placements)
 
     @property
     def total_restarts(self) -> int:
@@ -178,5 +206,8 @@ def status_view(record: JobRecord) -> dict[str, object]:
         if fault is None
         else {"reason": fault.reason, "scope": fault.scope, "time": fault.time.isoformat()},
         "lastRecoverySeconds": record.last_recovery_seconds,
+        "latestCheckpoint": None
+        if record.latest_checkpoint is None
+        else {"step": record.latest_checkpoint.step, "path": record.latest_checkpoint.path},
         "message": record.message,
     }

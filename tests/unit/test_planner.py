@@ -1,7 +1,7 @@
 from resurge.events import Source
 from resurge.jobspec import parse_job
 from resurge.planner import assignments, master_port_for
-from resurge.records import JobRecord, Placement
+from resurge.records import CheckpointRef, JobRecord, Placement
 from resurge.worker_env import worker_environment
 
 SOURCE = Source(service="test", instance="here:1")
@@ -33,3 +33,13 @@ def test_each_generation_gets_a_fresh_port_in_range() -> None:
     ports = [master_port_for("j", g) for g in range(50)]
     assert len(set(ports)) == 50
     assert all(20000 <= p < 32000 for p in ports)
+
+
+def test_assign_carries_the_resume_point_into_the_worker_environment() -> None:
+    rec = record(replicas=1, nproc=1, generation=2)
+    rec.latest_checkpoint = CheckpointRef(step=40, path="/ckpt/step-00000040")
+    [assign] = assignments(rec, SOURCE)
+    assert (assign.resume_checkpoint, assign.resume_step) == ("/ckpt/step-00000040", 40)
+    env = worker_environment(assign, 0)
+    assert env["RESURGE_RESUME_CHECKPOINT"] == "/ckpt/step-00000040"
+    assert env["RESURGE_RESUME_STEP"] == "40" and env["RESURGE_GENERATION"] == "2"

@@ -14,9 +14,11 @@ from enum import Enum
 
 from resurge.events import FaultDetected, JobPhase, RecoveryLevel
 from resurge.planner import master_port_for
-from resurge.records import JobRecord, LastFault, PendingRecovery
+from resurge.records import CheckpointRef, JobRecord, LastFault, PendingRecovery
 
-__all__ = ["Decision", "Verdict", "apply_fault", "apply_sign_of_life"]
+__all__ = ["Decision", "Verdict", "apply_checkpoint", "apply_fault", "apply_sign_of_life"]
+
+_CHECKPOINT_STEPS_KEPT = 8
 
 
 class Verdict(Enum):
@@ -71,13 +73,43 @@ def apply_fault(record: JobRecord, fault: FaultDetected) -> Decision:
     return Decision(Verdict.RESTART, record.message, level)
 
 
-def apply_sign_of_life(record: JobRecord, generation: int, seen_at: datetime) -> bool:
-    """The new generation is alive: close the pending recovery. True if anything changed."""
+def apply_sign_of_life(
+    record: JobRecord, generation: int, seen_at: datetime, *, progress: bool
+) -> bool:
+    """A worker of ``generation`` started (``progress`` False) or completed a step (True).
+
+    The first step of the new generation closes a pending recovery; for a job whose
+    workers never report progress, the first worker start does. True if anything changed.
+    """
+    changed = False
+    if progress and not record.reports_progress:
+        record.reports_progress = True
+        changed = True
+    if record.reports_progress and not progress:
+        return changed
     pending = record.pending_recovery
     if pending is None or pending.to_generation != generation or record.phase.finished:
-        return False
+        return changed
     record.pending_recovery = None
     record.last_recovery_seconds = max(0.0, (seen_at - pending.detected_at).total_seconds())
     record.phase = JobPhase.RUNNING
     record.message = f"recovered at level {pending.level.value}"
+    return True
+
+
+def apply_checkpoint(record: JobRecord, rank: int, step: int, path: str) -> bool:
+    """Count ``rank``'s report of checkpoint ``step``; once every rank of the job has
+    reported it, it becomes the resume point. True if anything changed."""
+    latest = record.latest_checkpoint
+    if latest is not None and step <= latest.step:
+        return False
+    ranks = set(record.checkpoint_reports.get(step, [])) | {rank}
+    if len(ranks) >= record.world_size:
+        record.latest_checkpoint = CheckpointRef(step=step, path=path)
+        record.checkpoint_reports = {s: r for s, r in record.checkpoint_reports.items() if s > step}
+        return True
+    if ranks == set(record.checkpoint_reports.get(step, [])):
+        return False
+    reports = {**record.checkpoint_reports, step: sorted(ranks)}
+    record.checkpoint_reports = dict(sorted(reports.items())[-_CHECKPOINT_STEPS_KEPT:])
     return True

@@ -1,17 +1,32 @@
 """The restarter service: faults in, new generations out.
 
 On a fault: decide and write the job record (compare-and-set), then send Stop(g) and
-Assign(g+1) to every replica, or Stop(final) when the job has failed. The first worker
-start of the new generation closes the recovery and records its duration.
+Assign(g+1) (with the newest checkpoint every rank saved) to every replica, or
+Stop(final) when the job has failed. The new generation's first completed step (its
+first worker start, for workers that report no progress) closes the recovery and
+records its duration. Checkpoint reports are counted into the job record.
 """
 
 from __future__ import annotations
 
-from resurge.events import FaultDetected, ProcessStarted, RecoveryFinished, RecoveryStarted
+from resurge.events import (
+    CheckpointSaved,
+    FaultDetected,
+    ProcessStarted,
+    Progress,
+    RecoveryFinished,
+    RecoveryStarted,
+)
 from resurge.job_commands import announce_phase, send_assignments, send_stops
 from resurge.records import JobRecord, JobStore
 from resurge.service import ServiceContext
-from resurge_restarter.policy import Decision, Verdict, apply_fault, apply_sign_of_life
+from resurge_restarter.policy import (
+    Decision,
+    Verdict,
+    apply_checkpoint,
+    apply_fault,
+    apply_sign_of_life,
+)
 
 __all__ = ["setup"]
 
@@ -39,8 +54,10 @@ async def setup(ctx: ServiceContext) -> None:
             ctx.log.info("fault %s ignored: %s", fault.fault_id, decision and decision.why)
             return
         if decision.verdict is Verdict.FAIL:
+            pending.pop(after.name, None)
             await fail(before, after, decision)
         else:
+            pending[after.name] = after.generation
             await restart(before, after, fault, decision)
 
     async def restart(
@@ -76,17 +93,35 @@ async def setup(ctx: ServiceContext) -> None:
         await send_stops(bus, after, after.generation, decision.why, final=True)
         await announce_phase(bus, before.phase, after)
 
-    async def on_started(event: ProcessStarted) -> None:
+    # Jobs with a recovery in flight (job -> generation being started) and jobs known to
+    # report progress: progress events of other jobs need no record read.
+    pending: dict[str, int] = {
+        r.name: r.pending_recovery.to_generation
+        for r in await store.all()
+        if r.pending_recovery is not None
+    }
+    reporting: set[str] = set()
+
+    async def sign_of_life(event: ProcessStarted | Progress) -> None:
         if event.job is None or event.generation is None:
+            return
+        progress = isinstance(event, Progress)
+        if progress and pending.get(event.job) != event.generation and event.job in reporting:
             return
         generation = event.generation
         result = await store.mutate(
-            event.job, lambda record: apply_sign_of_life(record, generation, event.time)
+            event.job,
+            lambda r: apply_sign_of_life(r, generation, event.time, progress=progress),
         )
-        if result is None or result[0] is result[1]:
+        if result is None:
             return
         before, after = result
-        assert before.pending_recovery is not None and after.last_recovery_seconds is not None
+        if after.reports_progress:
+            reporting.add(after.name)
+        if before.pending_recovery is None or after.pending_recovery is not None:
+            return
+        pending.pop(after.name, None)
+        assert after.last_recovery_seconds is not None
         ctx.log.info(
             "job %s recovered in %.3f s",
             after.name,
@@ -104,10 +139,34 @@ async def setup(ctx: ServiceContext) -> None:
         await bus.publish(bus.subjects.action(after.name), finished)
         await announce_phase(bus, before.phase, after)
 
+    async def on_checkpoint(event: CheckpointSaved) -> None:
+        if event.job is None or event.rank is None:
+            return
+        rank = event.rank
+        result = await store.mutate(
+            event.job, lambda r: apply_checkpoint(r, rank, event.step, event.path)
+        )
+        if result is not None and result[0].latest_checkpoint != result[1].latest_checkpoint:
+            ctx.log.info("job %s: every rank saved step %d", event.job, event.step,
+                         extra={"job": event.job})  # fmt: skip
+
     await bus.consume(bus.subjects.all("fault"), "restarter", on_fault, expects=(FaultDetected,))
     await bus.consume(
         bus.subjects.raw(None, "process_started", None),
         "restarter-sign-of-life",
-        on_started,
+        sign_of_life,
         expects=(ProcessStarted,),
+    )
+    await bus.consume(
+        bus.subjects.raw(None, "progress", None),
+        "restarter-progress",
+        sign_of_life,
+        expects=(Progress,),
+        start="new",
+    )
+    await bus.consume(
+        bus.subjects.raw(None, "checkpoint_saved", None),
+        "restarter-checkpoints",
+        on_checkpoint,
+        expects=(CheckpointSaved,),
     )
