@@ -1,105 +1,156 @@
 """``resurge demo``: the whole story in one command.
 
-Starts an embedded nats-server and the services, runs a two-replica job whose rank 1
-crashes once, lets the restarter recover it, and prints what was detected, what was
-restarted and how long each step took. Exits 0 only if the job succeeded after exactly
-one process-level restart.
+Starts a local cluster (embedded NATS, the services, 2 virtual nodes with 2 simulated
+GPUs each), runs the DDP example of ``examples/ddp`` on it (2 replicas x 2 workers,
+gloo on CPU), kills one worker mid-training, lets resurge recover the job from its
+last checkpoint, and prints what was detected, what was restarted, how long each
+recovery took and how many steps were lost; then stops everything. Exits 0 only if
+the job succeeded, reaching its final step, after exactly one recovery.
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import sys
 import tempfile
 from pathlib import Path
-from statistics import median
 
-from resurge.client import event_line
-from resurge.events import AgentState, JobPhase, LogLine
-from resurge.jobspec import TrainingJob, parse_job
-from resurge.local.nats_server import NatsServer
-from resurge.local.story import Observed, StoryResult, run_job
+from resurge.bus import Bus
+from resurge.client import event_line, inject_fault
+from resurge.events import (
+    AgentState,
+    Assign,
+    CheckpointSaved,
+    JobPhase,
+    ProcessStarted,
+    Progress,
+)
+from resurge.jobspec import EnvVar, TrainingJob, load_job
+from resurge.local.story import Observed, StoryResult, Watch, run_job
 
-__all__ = ["demo_job", "run_demo"]
+__all__ = ["demo_job", "run_demo", "summarize"]
 
-
-def demo_job(name: str = "demo", replicas: int = 2, nproc: int = 2, steps: int = 40) -> TrainingJob:
-    return parse_job(
-        {
-            "apiVersion": "resurge.dev/v1alpha1",
-            "kind": "TrainingJob",
-            "metadata": {"name": name},
-            "spec": {
-                "command": [
-                    sys.executable,
-                    "-m",
-                    "resurge.local.demo_worker",
-                    "--steps",
-                    str(steps),
-                    "--crash-rank",
-                    "1",
-                    "--crash-step",
-                    "10",
-                ],
-                "nprocPerNode": nproc,
-                "replicas": {"min": replicas, "max": replicas},
-                "recovery": {"jobMaxRetryCount": 3, "stopGraceSeconds": 5},
-            },
-        }
-    )
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp"
+KILL_AFTER_STEP = 25
+KILLED_RANK = 1
 
 
-def summarize(result: StoryResult) -> str:
+def demo_job(state_dir: Path) -> TrainingJob:
+    """The DDP example, run from the checkout, checkpointing into ``state_dir``."""
+    job = load_job(EXAMPLE / "job.yaml")
+    env = [*job.spec.env, EnvVar(name="RESURGE_CHECKPOINT_DIR", value=str(state_dir / "ckpt"))]
+    spec = job.spec.model_copy(update={"env": env, "working_dir": str(EXAMPLE.parents[1])})
+    return job.model_copy(update={"spec": spec})
+
+
+def total_steps(job: TrainingJob) -> int:
+    command = job.spec.command
+    return int(command[command.index("--steps") + 1])
+
+
+async def kill_one_worker(bus: Bus, watch: Watch, job: str) -> None:
+    """Once the first generation passed a checkpoint, SIGKILL one worker through its agent."""
+
+    def trained_past_a_checkpoint(seen: list[Observed]) -> bool:
+        saved = [o.event.step for o in seen if isinstance(o.event, CheckpointSaved)]
+        steps = [o.event.step for o in seen if isinstance(o.event, Progress)]
+        return bool(saved) and max(steps, default=0) >= KILL_AFTER_STEP
+
+    await watch.wait_for(trained_past_a_checkpoint, wait_seconds=120)
+    where = await inject_fault(bus, job, KILLED_RANK, "crash")
+    print(f"*** killing rank {KILLED_RANK} with SIGKILL ({where}) ***", flush=True)
+
+
+def steps_lost(result: StoryResult) -> list[int]:
+    """Per recovery: last step reached before the fault minus the step resumed from."""
+    lost = []
+    for fault in result.faults:
+        if fault.generation is None:
+            continue
+        reached = max(
+            (o.event.step for o in result.observed
+             if isinstance(o.event, Progress) and o.event.generation == fault.generation),
+            default=0,
+        )  # fmt: skip
+        resumed = [
+            o.event.resume_step or 0
+            for o in result.observed
+            if isinstance(o.event, Assign) and o.event.generation == fault.generation + 1
+        ]
+        if resumed:
+            lost.append(reached - min(resumed))
+    return lost
+
+
+def final_step(result: StoryResult) -> int:
+    return max((o.event.step for o in result.observed if isinstance(o.event, Progress)), default=0)
+
+
+def summarize(result: StoryResult, steps: int) -> str:
     lines = ["", "=== resurge demo summary ==="]
-    lines.append(
-        f"job {result.job}: {result.phase.value if result.phase else 'did not finish'}"
-        f" in {result.seconds:.1f} s"
-    )
+    phase = result.phase.value if result.phase else "did not finish"
+    lines.append(f"job {result.job}: {phase} in {result.seconds:.1f} s, "
+                 f"final step {final_step(result)} of {steps}")  # fmt: skip
     for fault in result.faults:
         lines.append(f"detected: {fault.reason} ({fault.message})")
-    for recovery in result.recoveries:
+    for recovery, lost in zip(result.recoveries, steps_lost(result), strict=False):
         lines.append(
-            f"restarted: level {recovery.level.value}, "
-            f"recovered in {recovery.duration_seconds:.3f} s"
+            f"recovered: level {recovery.level.value} in {recovery.duration_seconds:.2f} s "
+            f"(fault detected -> first step of the new generation), {lost} step(s) lost"
         )
-    latencies = result.restart_latencies()
-    if latencies:
-        lines.append(f"worker exit -> restart command: median {median(latencies) * 1000:.1f} ms")
+    for latency in result.restart_latencies():
+        lines.append(f"worker exit -> restart command: {latency * 1000:.1f} ms")
     return "\n".join(lines)
 
 
-def succeeded_with_one_restart(result: StoryResult) -> bool:
+def passed(result: StoryResult, steps: int) -> bool:
     return (
         result.phase is JobPhase.SUCCEEDED
         and len(result.recoveries) == 1
+        and final_step(result) == steps
         and all(state is AgentState.EXITING for state in result.final_agent_states().values())
     )
 
 
 async def _demo(state_dir: Path) -> int:
-    def show(item: Observed) -> None:
-        if not isinstance(item.event, LogLine):
-            print(event_line(item.event, as_json=False), flush=True)
+    job = demo_job(state_dir)
+    steps = total_steps(job)
 
-    with NatsServer(state_dir / "nats") as server:
-        print(f"nats-server at {server.url}; logs in {state_dir / 'logs'}", flush=True)
-        result = await run_job(
-            demo_job(),
-            state_dir=state_dir,
-            nats_url=server.url,
-            namespace="demo",
-            nodes=2,
-            gpus_per_node=2,
-            on_event=show,
-        )
-    print(summarize(result))
-    ok = succeeded_with_one_restart(result)
-    print("demo passed" if ok else "demo FAILED: expected success after exactly one restart")
+    def show(item: Observed) -> None:
+        event = item.event
+        if isinstance(event, Progress) and (event.rank != 0 or event.step % 10):
+            return
+        if isinstance(event, CheckpointSaved) and event.rank != 0:
+            return
+        if isinstance(event, ProcessStarted) and event.local_rank != 0:
+            return
+        print(event_line(event, as_json=False)[:160], flush=True)
+
+    print(f"starting a local cluster in {state_dir}: 2 nodes x 2 simulated GPUs", flush=True)
+    result = await run_job(
+        job,
+        state_dir=state_dir,
+        namespace="demo",
+        nodes=2,
+        gpus_per_node=2,
+        wait_seconds=150,
+        on_event=show,
+        during=lambda bus, watch: kill_one_worker(bus, watch, job.name),
+    )
+    print(summarize(result, steps))
+    ok = passed(result, steps)
+    print("demo passed" if ok else f"demo FAILED: see the logs in {state_dir / 'logs'}")
     return 0 if ok else 1
 
 
-def run_demo(state_dir: Path | None = None) -> int:
-    if state_dir is not None:
-        return asyncio.run(_demo(state_dir))
-    with tempfile.TemporaryDirectory(prefix="resurge-demo-") as tmp:
-        return asyncio.run(_demo(Path(tmp)))
+def run_demo() -> int:
+    if not (EXAMPLE / "job.yaml").is_file():
+        print(f"resurge demo needs the examples folder of a source checkout ({EXAMPLE})",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    state_dir = Path(tempfile.mkdtemp(prefix="resurge-demo-"))
+    code = asyncio.run(_demo(state_dir))
+    if code == 0:
+        shutil.rmtree(state_dir, ignore_errors=True)
+    return code

@@ -31,7 +31,9 @@ def new_record(job: TrainingJob, previous: JobRecord | None) -> JobRecord:
 
 def admission_order(records: list[JobRecord]) -> list[JobRecord]:
     pending = [r for r in records if r.phase is JobPhase.PENDING]
-    return sorted(pending, key=lambda r: (-getattr(r.spec.spec, "priority", 0), r.submitted, r.name))
+    return sorted(
+        pending, key=lambda r: (-getattr(r.spec.spec, "priority", 0), r.submitted, r.name)
+    )
 
 
 def place(job: TrainingJob, nodes: list[NodeInfo], used: dict[str, int]) -> list[Placement] | None:

@@ -12,12 +12,12 @@ from typing import Annotated, Any
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from resurge.events.actions import JobPhase, PhaseChanged, RecoveryFinished, RecoveryStarted
+from resurge.events.actions import PhaseChanged, RecoveryFinished, RecoveryStarted
 from resurge.events.capacity import CapacityChanged
 from resurge.events.commands import Assign, InjectFault, ReplicaSlot, Stop
 from resurge.events.dead_letters import DeadLetter, DeadLetterReason
-from resurge.events.envelope import SCHEMA_VERSION, Envelope, RecoveryLevel, Source
-from resurge.events.faults import FaultDetected, FaultScope, Severity
+from resurge.events.envelope import SCHEMA_VERSION, Envelope, Source
+from resurge.events.faults import FaultDetected, Severity
 from resurge.events.jobs import JobDeleted, JobSubmitted, ReplicaFinished
 from resurge.events.progress import CheckpointSaved, Progress
 from resurge.events.raw import (
@@ -27,6 +27,7 @@ from resurge.events.raw import (
     ProcessExited,
     ProcessStarted,
 )
+from resurge.vocabulary import FaultScope, JobPhase, RecoveryLevel
 
 __all__ = [
     "EVENT_KINDS",

@@ -2,27 +2,14 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Literal
 
 from pydantic import Field
 
-from resurge.events.envelope import Envelope, RecoveryLevel
+from resurge.events.envelope import Envelope
+from resurge.vocabulary import JobPhase, RecoveryLevel
 
-__all__ = ["JobPhase", "PhaseChanged", "RecoveryFinished", "RecoveryStarted"]
-
-
-class JobPhase(StrEnum):
-    PENDING = "Pending"
-    RUNNING = "Running"
-    RECOVERING = "Recovering"
-    RESIZING = "Resizing"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-
-    @property
-    def finished(self) -> bool:
-        return self in (JobPhase.SUCCEEDED, JobPhase.FAILED)
+__all__ = ["PhaseChanged", "RecoveryFinished", "RecoveryStarted"]
 
 
 class RecoveryStarted(Envelope):

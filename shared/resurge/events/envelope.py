@@ -11,23 +11,12 @@ import os
 import socket
 import uuid
 from datetime import UTC, datetime
-from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["SCHEMA_VERSION", "Envelope", "RecoveryLevel", "Source"]
+__all__ = ["SCHEMA_VERSION", "Envelope", "Source"]
 
 SCHEMA_VERSION = 1
-
-
-class RecoveryLevel(StrEnum):
-    """Rungs of the recovery ladder, cheapest first (DESIGN section 4)."""
-
-    IN_PROCESS = "in_process"
-    PROCESS = "process"
-    POD = "pod"
-    NODE = "node"
-    JOB = "job"
 
 
 class Source(BaseModel):

@@ -7,15 +7,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from resurge.events.envelope import Envelope, RecoveryLevel
+from resurge.events.envelope import Envelope
+from resurge.vocabulary import FaultScope, RecoveryLevel
 
-__all__ = ["FaultDetected", "FaultScope", "Severity"]
-
-
-class FaultScope(StrEnum):
-    PROCESS = "process"
-    NODE = "node"
-    JOB = "job"
+__all__ = ["FaultDetected", "Severity"]
 
 
 class Severity(StrEnum):

@@ -1,9 +1,4 @@
-"""The TrainingJob spec (DESIGN section 3): one schema for local YAML and the CRD.
-
-This is the first cut that issue 2 needs: what to run, how many replicas, the restart
-limit. Unknown fields are rejected with the field named (``extra="forbid"``); HyperPod's
-names are accepted as aliases where they mean the same thing.
-"""
+"""The TrainingJob document: metadata, spec, status, and reading it from YAML."""
 
 from __future__ import annotations
 
@@ -11,15 +6,20 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError
+
+from resurge.jobspec._base import SpecModel
+from resurge.jobspec.monitoring import MonitoringSpec
+from resurge.jobspec.recovery import RecoverySpec
+from resurge.jobspec.replicas import ReplicaSpec
+from resurge.jobspec.status import TrainingJobStatus
 
 __all__ = [
     "API_VERSION",
+    "CheckpointSpec",
     "EnvVar",
     "JobSpecError",
     "Metadata",
-    "RecoverySpec",
-    "ReplicaSpec",
     "TrainingJob",
     "TrainingJobSpec",
     "load_job",
@@ -30,46 +30,37 @@ API_VERSION = "resurge.dev/v1alpha1"
 _NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
-
-
-class EnvVar(_Strict):
+class EnvVar(SpecModel):
     name: str = Field(description="Environment variable name.", min_length=1)
     value: str = Field(default="", description="Its value.")
 
 
-class ReplicaSpec(_Strict):
-    min: int = Field(default=1, ge=1, description="Fewest replicas the job runs with.")
-    max: int | None = Field(
-        default=None, ge=1, description="Most replicas; defaults to `min` (a fixed-size job)."
+class CheckpointSpec(SpecModel):
+    """Where workers write checkpoints and how often; handed to them through the agent."""
+
+    dir: str | None = Field(
+        default=None, description="Folder the workers checkpoint into.", examples=["/ckpt/j"]
     )
-
-    @model_validator(mode="after")
-    def _max_not_below_min(self) -> ReplicaSpec:
-        if self.max is not None and self.max < self.min:
-            raise ValueError(f"replicas.max ({self.max}) is below replicas.min ({self.min})")
-        return self
-
-
-class RecoverySpec(_Strict):
-    max_restarts: int = Field(
-        default=3,
-        ge=0,
-        alias="jobMaxRetryCount",
-        description="Restarts the job may take before it fails (HyperPod: jobMaxRetryCount).",
+    interval_steps: int | None = Field(
+        default=None, ge=1, description="Checkpoint every this many steps."
     )
-    stop_grace_seconds: float = Field(
-        default=10.0,
-        gt=0,
-        alias="stopGraceSeconds",
-        description="Seconds between SIGTERM and SIGKILL when workers are stopped.",
+    interval_seconds: float | None = Field(
+        default=None, gt=0, description="Checkpoint at least this often, in seconds."
     )
 
 
-class TrainingJobSpec(_Strict):
+class TrainingJobSpec(SpecModel):
     command: list[str] = Field(
-        min_length=1, description="Argv of the training script, run by the agent as torchrun would."
+        min_length=1,
+        description="Argv of the training script, run by the agent as torchrun would.",
+        examples=[["python", "train.py"]],
+    )
+    image: str | None = Field(
+        default=None, description="Container image of the workers (Kubernetes only)."
+    )
+    template: dict[str, Any] | None = Field(
+        default=None,
+        description="Pod template the workers' pods start from (Kubernetes only); free-form.",
     )
     nproc_per_node: int = Field(
         default=1, ge=1, alias="nprocPerNode", description="Worker processes per replica."
@@ -79,16 +70,34 @@ class TrainingJobSpec(_Strict):
         default=None, alias="workingDir", description="Folder the workers start in."
     )
     replicas: ReplicaSpec = Field(default_factory=ReplicaSpec, description="Replica counts.")
-    recovery: RecoverySpec = Field(default_factory=RecoverySpec, description="Recovery limits.")
+    priority: int = Field(
+        default=0, description="Higher runs first and is shrunk last when capacity is short."
+    )
+    priority_class_name: str | None = Field(
+        default=None, description="Kubernetes PriorityClass of the pods (Kubernetes only)."
+    )
+    queue: str | None = Field(
+        default=None,
+        description="Kueue LocalQueue to submit to, where Kueue is installed (Kubernetes only).",
+    )
+    recovery: RecoverySpec = Field(
+        default_factory=RecoverySpec, description="Recovery ladder and limits."
+    )
+    monitoring: MonitoringSpec = Field(
+        default_factory=MonitoringSpec, description="How faults and hangs are detected."
+    )
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec, description="Checkpoint folder and interval."
+    )
 
 
-class Metadata(_Strict):
+class Metadata(SpecModel):
     name: str = Field(pattern=_NAME_PATTERN, description="Job name (a Kubernetes object name).")
     namespace: str = Field(default="default", description="Kubernetes namespace.")
     labels: dict[str, str] = Field(default_factory=dict, description="Labels.")
 
 
-class TrainingJob(_Strict):
+class TrainingJob(SpecModel):
     api_version: Literal["resurge.dev/v1alpha1"] = Field(
         default="resurge.dev/v1alpha1",
         alias="apiVersion",
@@ -97,6 +106,9 @@ class TrainingJob(_Strict):
     kind: Literal["TrainingJob"] = Field(default="TrainingJob", description="Always TrainingJob.")
     metadata: Metadata = Field(description="Name and labels.")
     spec: TrainingJobSpec = Field(description="What to run and how to keep it running.")
+    status: TrainingJobStatus | None = Field(
+        default=None, description="Written by resurge; ignored on submission."
+    )
 
     @property
     def name(self) -> str:
@@ -111,7 +123,7 @@ def _describe(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
         where = ".".join(str(part) for part in item["loc"]) or "(document)"
-        lines.append(f"{where}: {item['msg']}")
+        lines.append(f"{where}: {item['msg'].removeprefix('Value error, ')}")
     return "; ".join(lines)
 
 

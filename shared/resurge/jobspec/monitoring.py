@@ -1,0 +1,193 @@
+"""``spec.monitoring``: heartbeats, log rules, stragglers and the GPU policy.
+
+Log rules take HyperPod's ``logMonitoringConfiguration`` fields as they are, plus an
+``action`` and the ``ranks`` a rule watches.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import (
+    AliasChoices,
+    Field,
+    NonNegativeInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from resurge.jobspec._base import SpecModel
+
+__all__ = ["GpuPolicy", "LogRule", "MonitoringSpec", "StragglerSpec"]
+
+Operator = Literal["gt", "lt", "eq", "gteq", "lteq"]
+Action = Literal["restart", "alert"]
+XidAction = Literal["restart_process", "reset_gpu", "replace_node", "ignore"]
+
+
+class LogRule(SpecModel):
+    """One log monitoring rule (HyperPod's logMonitoringConfiguration entry)."""
+
+    name: str = Field(min_length=1, description="Rule name, unique within the job.")
+    log_pattern: str = Field(
+        min_length=1,
+        description="Regular expression for the lines the rule looks at; for a metric rule "
+        "its first capturing group is the value.",
+        examples=[r".*loss: (\d+(\.\d+)?).*"],
+    )
+    expected_start_cut_off_in_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="The first match must come this soon after the workers start, or the "
+        "rule sees a hang. Unset: no limit.",
+    )
+    expected_recurring_frequency_in_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="Longest gap between two matches before the rule sees a hang. Unset: no limit.",
+    )
+    stop_pattern: str | None = Field(
+        default=None,
+        description="Regular expression for the line after which the rule is off. "
+        "Unset: always on.",
+    )
+    metric_threshold: float | None = Field(
+        default=None,
+        description="Threshold the captured value is compared with (decimals allowed). "
+        "Unset: no metric check. Needs `operator`.",
+        examples=[2.5],
+    )
+    operator: Operator | None = Field(
+        default=None,
+        description="How the captured value is compared with metricThreshold; the rule "
+        "fires when `value <operator> metricThreshold` holds.",
+    )
+    metric_evaluation_data_points: int = Field(
+        default=1,
+        ge=1,
+        description="Consecutive values that must meet the comparison before the rule fires.",
+    )
+    fault_on_match: bool = Field(
+        default=False, description="Fire as soon as logPattern matches, whatever else is set."
+    )
+    action: Action = Field(
+        default="restart",
+        description="What firing does: `restart` reports a fault (recovery follows), "
+        "`alert` only reports it.",
+    )
+    ranks: list[NonNegativeInt] | None = Field(
+        default=None,
+        min_length=1,
+        description="Global ranks whose output the rule watches. Unset: every rank.",
+        examples=[[0]],
+    )
+
+    @field_validator("log_pattern", "stop_pattern")
+    @classmethod
+    def _compiles(cls, pattern: str | None, info: ValidationInfo) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                rule = info.data.get("name", "?")
+                field = to_camel(info.field_name or "")
+                raise ValueError(
+                    f"rule {rule!r}: {field} {pattern!r} is not a valid regular expression "
+                    f"({error})"
+                ) from None
+        return pattern
+
+    @model_validator(mode="after")
+    def _checks_something(self) -> LogRule:
+        rule = f"rule {self.name!r}"
+        if (self.metric_threshold is None) != (self.operator is None):
+            raise ValueError(f"{rule}: metricThreshold and operator go together: set both")
+        if self.metric_threshold is not None and re.compile(self.log_pattern).groups < 1:
+            raise ValueError(
+                f"{rule}: metricThreshold needs a capturing group in logPattern for the value"
+            )
+        if (
+            self.expected_start_cut_off_in_seconds is None
+            and self.expected_recurring_frequency_in_seconds is None
+            and self.metric_threshold is None
+            and not self.fault_on_match
+        ):
+            raise ValueError(
+                f"{rule} checks nothing: set expectedStartCutOffInSeconds, "
+                "expectedRecurringFrequencyInSeconds, metricThreshold or faultOnMatch"
+            )
+        return self
+
+
+class StragglerSpec(SpecModel):
+    """A rank is a straggler when its mean step time over the last ``windowSteps`` steps
+    exceeds ``slowFactor`` times the median over all ranks."""
+
+    enabled: bool = Field(default=False, description="Look for stragglers at all.")
+    window_steps: int = Field(
+        default=20, ge=1, description="Recent steps whose mean step time is compared."
+    )
+    slow_factor: float = Field(
+        default=1.5,
+        gt=1,
+        description="A rank is slow when its step time exceeds this times the median of all ranks.",
+        examples=[1.5],
+    )
+    min_steps: int = Field(
+        default=10,
+        ge=1,
+        description="Steps of a generation to skip (warm-up) before any rank is judged.",
+    )
+    action: Action = Field(
+        default="alert",
+        description="`alert` reports the straggler; `restart` also moves its replica away "
+        "from the node.",
+    )
+
+
+class GpuPolicy(SpecModel):
+    xid_overrides: dict[NonNegativeInt, XidAction] = Field(
+        default_factory=dict,
+        description="NVIDIA XID code to action, overriding resurge's built-in XID table.",
+        examples=[{"13": "restart_process", "79": "replace_node"}],
+    )
+
+
+class MonitoringSpec(SpecModel):
+    startup_timeout_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="Longest wait for a generation's first progress report before it counts "
+        "as hung. Unset: no limit (a script that never reports progress is never judged).",
+        examples=[900.0],
+    )
+    heartbeat_timeout_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description="Longest gap between two progress reports of a rank once it has reported "
+        "one. Unset: no limit.",
+        examples=[300.0],
+    )
+    log_rules: list[LogRule] = Field(
+        default_factory=list,
+        alias="logRules",
+        validation_alias=AliasChoices("logRules", "logMonitoringConfiguration"),
+        description="Log monitoring rules (HyperPod: logMonitoringConfiguration, accepted "
+        "as an alias).",
+    )
+    straggler: StragglerSpec = Field(
+        default_factory=StragglerSpec, description="Straggler detection."
+    )
+    gpu: GpuPolicy = Field(default_factory=GpuPolicy, description="GPU fault handling.")
+
+    @field_validator("log_rules")
+    @classmethod
+    def _unique_names(cls, rules: list[LogRule]) -> list[LogRule]:
+        names = [rule.name for rule in rules]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"log rule names must be unique: {', '.join(repeated)} repeated")
+        return rules

@@ -1,0 +1,76 @@
+"""``spec.replicas``: how many replicas the job runs with, and which sizes are allowed."""
+
+from __future__ import annotations
+
+from pydantic import Field, PositiveInt, field_validator, model_validator
+
+from resurge.jobspec._base import SpecModel
+
+__all__ = ["ReplicaSpec"]
+
+
+class ReplicaSpec(SpecModel):
+    """Replica counts, like HyperPod's ``elasticPolicy``; ``min == max`` is a fixed-size job."""
+
+    min: int = Field(
+        default=1, ge=1, description="Fewest replicas the job runs with.", examples=[2]
+    )
+    max: int | None = Field(
+        default=None,
+        ge=1,
+        description="Most replicas; unset means `min` (a fixed-size job).",
+        examples=[8],
+    )
+    step: int | None = Field(
+        default=None,
+        ge=1,
+        description="Grow and shrink in steps of this many replicas from `min` "
+        "(HyperPod: elasticPolicy.replicaIncrementStep). Exclusive with `discrete`.",
+        examples=[2],
+    )
+    discrete: list[PositiveInt] | None = Field(
+        default=None,
+        min_length=1,
+        description="The only sizes the job may run at, each within [min, max]; kept sorted "
+        "(HyperPod: elasticPolicy.replicaDiscreteValues). Exclusive with `step`.",
+        examples=[[2, 4, 8]],
+    )
+
+    @field_validator("discrete")
+    @classmethod
+    def _sorted_and_unique(cls, sizes: list[int] | None) -> list[int] | None:
+        if sizes is None:
+            return None
+        repeated = sorted({size for size in sizes if sizes.count(size) > 1})
+        if repeated:
+            raise ValueError(f"replicas.discrete lists {repeated} more than once")
+        return sorted(sizes)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ReplicaSpec:
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"replicas.max ({self.max}) is below replicas.min ({self.min})")
+        if self.step is not None and self.discrete is not None:
+            raise ValueError("replicas.step and replicas.discrete exclude each other: set one")
+        upper = self.upper
+        outside = [size for size in self.discrete or [] if not self.min <= size <= upper]
+        if outside:
+            raise ValueError(
+                f"replicas.discrete sizes {outside} are outside [min={self.min}, max={upper}]"
+            )
+        return self
+
+    @property
+    def upper(self) -> int:
+        """``max``, or ``min`` where ``max`` is unset."""
+        return self.min if self.max is None else self.max
+
+    def allowed_sizes(self) -> list[int]:
+        """Every size the job may run at, smallest first.
+
+        ``discrete`` where given, else ``min`` to ``max`` in steps of ``step`` (default 1);
+        ``[min]`` for a fixed-size job.
+        """
+        if self.discrete is not None:
+            return list(self.discrete)
+        return list(range(self.min, self.upper + 1, self.step or 1))

@@ -1,0 +1,55 @@
+"""``status``: what resurge reports about a job. Written by resurge, never by users."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import Field, NonNegativeInt
+
+from resurge.jobspec._base import SpecModel
+from resurge.vocabulary import FaultScope, JobPhase, RecoveryLevel
+
+__all__ = ["CheckpointRef", "FaultSummary", "ReplicaCounts", "TrainingJobStatus"]
+
+
+def _pending() -> JobPhase:
+    return JobPhase.PENDING
+
+
+class ReplicaCounts(SpecModel):
+    current: int = Field(default=0, ge=0, description="Replicas running now.")
+    target: int = Field(default=0, ge=0, description="Replicas the scaler wants.")
+
+
+class FaultSummary(SpecModel):
+    reason: str = Field(description="What went wrong.", examples=["exit code 1 on rank 0"])
+    scope: FaultScope = Field(description="How much of the job the fault takes down.")
+    time: datetime = Field(description="When the fault was detected.")
+
+
+class CheckpointRef(SpecModel):
+    step: int = Field(ge=0, description="Training step of the checkpoint.")
+    path: str = Field(description="Where the checkpoint lies.")
+
+
+class TrainingJobStatus(SpecModel):
+    phase: JobPhase = Field(default_factory=_pending, description="Where the job is now.")
+    generation: int = Field(
+        default=0, ge=0, description="Current generation; every restart or resize adds one."
+    )
+    replicas: ReplicaCounts = Field(
+        default_factory=ReplicaCounts, description="Replicas running and wanted."
+    )
+    restarts: dict[RecoveryLevel, NonNegativeInt] = Field(
+        default_factory=dict, description="Restarts so far at each level."
+    )
+    last_fault: FaultSummary | None = Field(default=None, description="The latest fault.")
+    last_recovery_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="Seconds from the latest fault to the first progress report after it.",
+    )
+    latest_checkpoint: CheckpointRef | None = Field(
+        default=None, description="The latest checkpoint every rank has completed."
+    )
+    message: str = Field(default="", description="A sentence on the current phase.")
