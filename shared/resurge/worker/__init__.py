@@ -18,49 +18,123 @@ does gets heartbeats, checkpoint discovery and (later) in-process restarts::
             ...
     run.close()
 
-Reports never block training: they are sent best-effort, and a missing or dead agent
-only turns them into no-ops.
+Reports never block training: they are queued for a background thread, and a missing
+or dead agent only turns them into no-ops. Arguments are checked the same way with or
+without an agent (ValueError), so a script that runs by hand runs under resurge.
+
+Delivery: progress is best-effort (when too many wait, the oldest are dropped);
+checkpoint reports are never dropped while the process lives, and ``close()``, also
+run at interpreter exit, sends what is queued for up to a second. A process killed by
+a signal without a handler skips that. The wire protocol is in
+:mod:`resurge.worker.protocol`.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import threading
 
-from resurge.worker_env import AGENT_SOCKET, GENERATION, RESUME_CHECKPOINT, RESUME_STEP
+from resurge.worker.environment import read_environment
+from resurge.worker.link import AgentLink
+from resurge.worker.protocol import (
+    ProtocolError,
+    checkpoint_line,
+    hello_line,
+    parse_agent_message,
+    progress_line,
+)
 
 __all__ = ["WorkerRun", "connect"]
 
+CLOSE_TIMEOUT_SECONDS = 1.0
+
 
 class WorkerRun:
-    """This worker's link to its agent. Placeholder: reports are dropped (issue 3 fills in)."""
+    """This worker's link to its agent; a no-op link when ``socket_path`` is None.
+
+    Ranks, generation and resume point come from the environment (see
+    :mod:`resurge.worker.environment`). Call :func:`connect` once per process; its
+    methods may be called from any thread.
+    """
 
     def __init__(self, socket_path: str | None) -> None:
+        env = read_environment()
         self.socket_path = socket_path
-        self.generation = int(os.environ.get(GENERATION, "0"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.resume_checkpoint: str | None = os.environ.get(RESUME_CHECKPOINT) or None
-        step = os.environ.get(RESUME_STEP)
-        self.resume_step: int | None = int(step) if step else None
+        self.generation = env.generation
+        self.rank = env.rank
+        self.local_rank = env.local_rank
+        self.resume_checkpoint: str | None = env.resume_checkpoint
+        self.resume_step: int | None = env.resume_step
+        self.stop_reason: str | None = None
+        self._stop = threading.Event()
+        self._pid = os.getpid()
+        self._closed = False
+        self._link: AgentLink | None = None
+        if socket_path:
+            hello = hello_line(
+                local_rank=self.local_rank,
+                rank=self.rank,
+                pid=self._pid,
+                generation=self.generation,
+            )
+            self._link = AgentLink(socket_path, hello, self._on_agent_line)
+            atexit.register(self.close)
 
     @property
     def connected(self) -> bool:
-        return False
+        """True while a connection to the agent is open."""
+        return self._link is not None and self._link.connected and not self._closed
 
     @property
     def stop_pending(self) -> bool:
-        return False
+        """True once the agent announced that this generation is about to be stopped."""
+        return self._stop.is_set()
+
+    @property
+    def dropped_progress(self) -> int:
+        """Progress reports dropped because too many waited to be sent."""
+        return 0 if self._link is None else self._link.dropped
 
     def progress(self, step: int, **metrics: float) -> None:
-        return None
+        """Report that ``step`` (an int >= 0) is done, with numeric metrics (NaN and
+        infinities are left out)."""
+        line = progress_line(step, dict(metrics))
+        if self._active() and self._link is not None:
+            self._link.send(line, droppable=True)
 
-    def checkpoint_saved(self, step: int, path: str) -> None:
-        return None
+    def checkpoint_saved(self, step: int, path: str | os.PathLike[str]) -> None:
+        """Report that this rank's part of the checkpoint of ``step`` is at ``path``."""
+        line = checkpoint_line(step, path)
+        if self._active() and self._link is not None:
+            self._link.send(line, droppable=False)
 
-    def close(self) -> None:
-        return None
+    def close(self, timeout: float = CLOSE_TIMEOUT_SECONDS) -> None:
+        """Send what is queued (waiting ``timeout`` seconds at most), then disconnect.
+
+        Idempotent; reports after it are checked, then dropped.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        if self._link is not None and os.getpid() == self._pid:
+            self._link.close(timeout)
+
+    def _active(self) -> bool:
+        # A forked child (a data loader worker) has a copy of this object but no thread.
+        return not self._closed and os.getpid() == self._pid
+
+    def _on_agent_line(self, line: bytes) -> None:
+        try:
+            notice = parse_agent_message(line)
+        except ProtocolError:
+            return  # from a newer agent, perhaps: ignore what we do not know
+        if notice.generation >= self.generation and not self._stop.is_set():
+            self.stop_reason = notice.reason
+            self._stop.set()
 
 
 def connect() -> WorkerRun:
     """Link to the agent named by ``RESURGE_AGENT_SOCKET`` (a no-op link without one)."""
-    return WorkerRun(os.environ.get(AGENT_SOCKET) or None)
+    return WorkerRun(read_environment().socket_path)

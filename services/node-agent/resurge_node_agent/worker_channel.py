@@ -1,0 +1,271 @@
+"""A launch agent's unix socket for the reports of workers that use ``resurge.worker``.
+
+One :class:`WorkerChannel` per launch agent, for all its generations::
+
+    channel = WorkerChannel(socket_path_for(job, replica), on_progress, on_checkpoint)
+    await channel.start()            # listening; give workers RESURGE_AGENT_SOCKET=channel.path
+    await channel.notify_stop_pending(generation, "resize")   # before stopping them
+    await channel.close()            # drops connections, removes the socket file
+
+The wire protocol is :mod:`resurge.worker.protocol`. Each connection says ``hello``
+first; its ``local_rank`` is passed to the callbacks for the reports that follow:
+``await on_progress(local_rank, step, metrics)`` and ``await on_checkpoint(local_rank,
+step, path)``, in order per connection (a slow callback slows only that worker's
+reports, which then queue in the worker, never blocking its training). A callback that
+raises is logged and the connection goes on.
+
+A line that breaks the protocol is rejected and never closes anything: ``rejected``
+counts rejections by reason (:data:`~resurge.worker.protocol.REJECT_REASONS`), and
+each reason is logged at most once a minute. A connection's last line may lack its
+newline.
+
+``notify_stop_pending(g, reason)`` sends ``stop_pending`` to every connected worker of
+generation g or older, and remembers it: a worker of such a generation that says
+hello later (started late, or reconnected) gets it then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import secrets
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from resurge.logs import RateLimitedLog
+from resurge.worker.protocol import (
+    MAX_LINE_BYTES,
+    CheckpointReport,
+    Hello,
+    ProtocolError,
+    parse_worker_message,
+    stop_pending_line,
+)
+
+__all__ = [
+    "SOCKET_PATH_MAX_BYTES",
+    "CheckpointCallback",
+    "ProgressCallback",
+    "WorkerChannel",
+    "socket_path_for",
+]
+
+# Linux keeps a unix socket's path in 108 bytes, its terminating NUL included.
+SOCKET_PATH_MAX_BYTES = 107
+_READ_CHUNK = 64 * 1024
+_CLOSE_WAIT_SECONDS = 5.0
+
+ProgressCallback = Callable[[int, int, dict[str, float]], Awaitable[None]]
+CheckpointCallback = Callable[[int, int, str], Awaitable[None]]
+
+log = logging.getLogger(__name__)
+
+
+def socket_path_for(job: str, replica: int) -> str:
+    """A new, short socket path for ``job``'s ``replica`` in the temporary folder.
+
+    ``resurge-<hash of job>-<replica>-<random>.sock``: the hash keeps any job name
+    short, the random part keeps two agents of a same-named job apart (two local
+    clusters, parallel tests). Call it once per agent and pass the path on.
+    """
+    digest = hashlib.sha256(job.encode()).hexdigest()[:12]
+    path = str(
+        Path(tempfile.gettempdir()) / f"resurge-{digest}-{replica}-{secrets.token_hex(4)}.sock"
+    )
+    _check_length(path)
+    return path
+
+
+def _check_length(path: str) -> None:
+    size = len(os.fsencode(path))
+    if size > SOCKET_PATH_MAX_BYTES:
+        raise ValueError(
+            f"unix socket path {path!r} is {size} bytes; at most {SOCKET_PATH_MAX_BYTES} fit "
+            "(set TMPDIR to a shorter folder)"
+        )
+
+
+def _restrict(path: str) -> None:
+    """Let only this user (its workers) connect: a local, instant call."""
+    Path(path).chmod(0o600)
+
+
+def _remove(path: str) -> None:
+    Path(path).unlink(missing_ok=True)
+
+
+class _Lines:
+    """Splits a byte stream into lines, dropping (and counting) those over the limit."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._skipping = False  # inside a line already found too long
+
+    def feed(self, chunk: bytes) -> tuple[list[bytes], int]:
+        """Complete lines in ``chunk`` (without newlines), and how many were too long."""
+        self._buffer.extend(chunk)
+        lines: list[bytes] = []
+        too_long = 0
+        while (end := self._buffer.find(b"\n")) >= 0:
+            line = bytes(self._buffer[:end])
+            del self._buffer[: end + 1]
+            if self._skipping:
+                self._skipping = False
+            elif end + 1 > MAX_LINE_BYTES:
+                too_long += 1
+            else:
+                lines.append(line)
+        if len(self._buffer) >= MAX_LINE_BYTES:
+            too_long += not self._skipping
+            self._skipping = True
+            self._buffer.clear()
+        return lines, too_long
+
+    def end(self) -> bytes | None:
+        """The unterminated last line, if any."""
+        rest = bytes(self._buffer)
+        self._buffer.clear()
+        return None if self._skipping or not rest.strip() else rest
+
+
+class _Connection:
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.hello: Hello | None = None
+
+
+class WorkerChannel:
+    def __init__(
+        self,
+        path: str,
+        on_progress: ProgressCallback,
+        on_checkpoint: CheckpointCallback,
+        *,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self.path = path
+        self.rejected: dict[str, int] = {}
+        self._on_progress = on_progress
+        self._on_checkpoint = on_checkpoint
+        self._log = logger or log
+        self._rate_limited = RateLimitedLog(self._log, interval=60.0)
+        self._server: asyncio.Server | None = None
+        self._connections: dict[asyncio.Task[None], _Connection] = {}
+        self._stop_notice: tuple[int, bytes] | None = None
+        self._closing = False
+
+    @property
+    def workers(self) -> list[Hello]:
+        """The hello of every connected worker that has said one."""
+        return [c.hello for c in self._connections.values() if c.hello is not None]
+
+    async def start(self) -> None:
+        """Listen on ``path`` (replacing a stale socket there), readable by this user only."""
+        _check_length(self.path)
+        self._server = await asyncio.start_unix_server(self._accept, path=self.path)
+        _restrict(self.path)
+
+    async def close(self) -> None:
+        """Stop listening, close every connection, remove the socket file; idempotent."""
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        for connection in self._connections.values():
+            connection.writer.close()
+        if self._connections:
+            _, late = await asyncio.wait(self._connections, timeout=_CLOSE_WAIT_SECONDS)
+            for task in late:  # a callback that does not return
+                task.cancel()
+            if late:
+                await asyncio.wait(late)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+            _remove(self.path)
+
+    async def notify_stop_pending(self, generation: int, reason: str) -> int:
+        """Tell workers of ``generation`` or older that a stop is coming; returns how many.
+
+        The line is queued on each connection without waiting for it to be written.
+        """
+        line = stop_pending_line(generation, reason)
+        self._stop_notice = (generation, line)
+        sent = 0
+        for connection in self._connections.values():
+            if connection.hello is not None and connection.hello.generation <= generation:
+                sent += self._write(connection, line)
+        return sent
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # A plain function, so the task is known from the moment the connection is.
+        connection = _Connection(writer)
+        task = asyncio.create_task(self._serve(reader, connection))
+        self._connections[task] = connection
+        task.add_done_callback(self._connections.pop)
+
+    async def _serve(self, reader: asyncio.StreamReader, connection: _Connection) -> None:
+        lines = _Lines()
+        try:
+            while not self._closing:
+                chunk = await reader.read(_READ_CHUNK)
+                if not chunk:
+                    last = lines.end()
+                    if last is not None:
+                        await self._handle(connection, last)
+                    return
+                complete, too_long = lines.feed(chunk)
+                for _ in range(too_long):
+                    self._reject(connection, "too_long", f"a line over {MAX_LINE_BYTES} bytes")
+                for line in complete:
+                    if line.strip():
+                        await self._handle(connection, line)
+        except ConnectionError:
+            return
+        finally:
+            connection.writer.close()
+
+    async def _handle(self, connection: _Connection, line: bytes) -> None:
+        try:
+            message = parse_worker_message(line)
+            if isinstance(message, Hello):
+                if connection.hello is not None:
+                    raise ProtocolError("repeated_hello", "a second hello on one connection")
+                connection.hello = message
+                if self._stop_notice is not None and message.generation <= self._stop_notice[0]:
+                    self._write(connection, self._stop_notice[1])
+                return
+            if connection.hello is None:
+                raise ProtocolError("no_hello", f"a {type(message).__name__} before hello")
+        except ProtocolError as error:
+            self._reject(connection, error.reason, error.detail)
+            return
+        local_rank = connection.hello.local_rank
+        try:
+            if isinstance(message, CheckpointReport):
+                await self._on_checkpoint(local_rank, message.step, message.path)
+            else:
+                await self._on_progress(local_rank, message.step, message.metrics)
+        except Exception as error:
+            self._rate_limited.warning(
+                f"callback:{type(message).__name__}",
+                f"handling a worker's {type(message).__name__} failed: {error!r}",
+                rank=connection.hello.rank,
+            )
+
+    def _write(self, connection: _Connection, line: bytes) -> int:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            if not connection.writer.is_closing():
+                connection.writer.write(line)
+                return 1
+        return 0
+
+    def _reject(self, connection: _Connection, reason: str, detail: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        rank = connection.hello.rank if connection.hello else None
+        self._rate_limited.warning(
+            reason, f"rejected a worker message ({reason}): {detail}", reason=reason, rank=rank
+        )

@@ -1,0 +1,240 @@
+"""The wire protocol between a worker (``resurge.worker``) and its launch agent.
+
+A unix stream socket carries newline-delimited JSON objects, UTF-8, at most
+:data:`MAX_LINE_BYTES` per line including the newline. Every object has a ``type``;
+fields a side does not know are ignored, so either side may add some later.
+
+Worker to agent (``hello`` first, again after every reconnect)::
+
+    {"type": "hello", "local_rank": 0, "rank": 4, "pid": 1234, "generation": 2}
+    {"type": "progress", "step": 120, "metrics": {"loss": 0.25}}
+    {"type": "checkpoint", "step": 100, "path": "/ckpt/step-100"}
+
+Agent to worker::
+
+    {"type": "stop_pending", "generation": 2, "reason": "resize to 3 replicas"}
+
+``local_rank``, ``rank``, ``generation`` and ``step`` are integers >= 0, ``pid`` > 0,
+metric values finite numbers, ``path`` a non-empty string. ``stop_pending`` names the
+generation about to be stopped: a worker of that generation or an older one acts on
+it, a newer worker ignores it.
+
+The parsers raise :class:`ProtocolError`, whose ``reason`` is one of
+:data:`REJECT_REASONS` (``too_long`` and ``no_hello`` are found by the reader, not
+here). Standard library only: worker processes import this module.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+from dataclasses import dataclass
+from typing import Any, SupportsIndex
+
+__all__ = [
+    "MAX_LINE_BYTES",
+    "REJECT_REASONS",
+    "CheckpointReport",
+    "Hello",
+    "ProgressReport",
+    "ProtocolError",
+    "StopPending",
+    "checkpoint_line",
+    "hello_line",
+    "parse_agent_message",
+    "parse_worker_message",
+    "progress_line",
+    "stop_pending_line",
+]
+
+MAX_LINE_BYTES = 64 * 1024
+
+# Why a line was rejected; the agent counts rejections under these names.
+REJECT_REASONS = (
+    "too_long",  # over MAX_LINE_BYTES before its newline
+    "not_json",  # not UTF-8 JSON
+    "not_object",  # JSON, but not an object
+    "unknown_type",  # no "type", or one this side does not know
+    "bad_field",  # a field missing or of the wrong type or range
+    "no_hello",  # a report on a connection that has not said hello
+    "repeated_hello",  # a second hello on one connection
+)
+
+
+class ProtocolError(ValueError):
+    """A line that breaks the protocol; ``reason`` is one of :data:`REJECT_REASONS`."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Hello:
+    local_rank: int
+    rank: int
+    pid: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    step: int
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class CheckpointReport:
+    step: int
+    path: str
+
+
+@dataclass(frozen=True)
+class StopPending:
+    generation: int
+    reason: str
+
+
+# -- building lines (validates what a caller passes, with messages for people) --
+
+
+def _encode(message: dict[str, Any]) -> bytes:
+    line = json.dumps(message, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    if len(line) > MAX_LINE_BYTES:
+        raise ValueError(
+            f"a {message['type']} message is {len(line)} bytes encoded; "
+            f"the limit is {MAX_LINE_BYTES}"
+        )
+    return line
+
+
+def _count(value: object, name: str) -> int:
+    """``value`` as an int >= 0; accepts anything with ``__index__`` except bool."""
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
+        raise ValueError(f"{name} must be a non-negative int, not {value!r}")
+    number = value.__index__()
+    if number < 0:
+        raise ValueError(f"{name} must be a non-negative int, not {number}")
+    return number
+
+
+def _metric(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"metric {name!r} must be a number, not {value!r}")
+    return float(value)
+
+
+def hello_line(*, local_rank: int, rank: int, pid: int, generation: int) -> bytes:
+    return _encode(
+        {
+            "type": "hello",
+            "local_rank": _count(local_rank, "local_rank"),
+            "rank": _count(rank, "rank"),
+            "pid": _count(pid, "pid"),
+            "generation": _count(generation, "generation"),
+        }
+    )
+
+
+def progress_line(step: object, metrics: dict[str, object]) -> bytes:
+    """The progress line for ``step``; ValueError names the argument that is wrong."""
+    # A NaN or infinite loss is the training's problem, not a reason to crash it: such
+    # values are left out (strict JSON cannot carry them).
+    checked = {
+        str(name): number
+        for name, value in metrics.items()
+        if math.isfinite(number := _metric(name, value))
+    }
+    return _encode({"type": "progress", "step": _count(step, "step"), "metrics": checked})
+
+
+def checkpoint_line(step: object, path: object) -> bytes:
+    """The checkpoint line for ``step`` at ``path`` (a str or ``os.PathLike[str]``)."""
+    number = _count(step, "step")
+    if not isinstance(path, str | os.PathLike) or not isinstance(os.fspath(path), str):
+        raise ValueError(f"path must be a str or os.PathLike[str], not {path!r}")
+    text = os.fspath(path)
+    if not text:
+        raise ValueError("path must not be empty")
+    return _encode({"type": "checkpoint", "step": number, "path": text})
+
+
+def stop_pending_line(generation: int, reason: str) -> bytes:
+    return _encode(
+        {"type": "stop_pending", "generation": _count(generation, "generation"), "reason": reason}
+    )
+
+
+# -- parsing lines (strict JSON types; errors carry a reason for counting) --
+
+
+def _object(line: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError) as error:  # bad UTF-8 is a ValueError too
+        raise ProtocolError("not_json", str(error)[:200]) from None
+    if not isinstance(value, dict):
+        raise ProtocolError("not_object", f"a JSON {type(value).__name__}")
+    return value
+
+
+def _int(message: dict[str, Any], name: str, minimum: int = 0) -> int:
+    value = message.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ProtocolError("bad_field", f"{name} must be an integer >= {minimum}")
+    return value
+
+
+def _metrics(message: dict[str, Any]) -> dict[str, float]:
+    value = message.get("metrics", {})
+    if not isinstance(value, dict):
+        raise ProtocolError("bad_field", "metrics must be an object")
+    metrics: dict[str, float] = {}
+    for name, number in value.items():
+        if isinstance(number, bool) or not isinstance(number, int | float):
+            raise ProtocolError("bad_field", f"metric {name!r} must be a number")
+        if not math.isfinite(number):
+            raise ProtocolError("bad_field", f"metric {name!r} must be finite")
+        metrics[name] = float(number)
+    return metrics
+
+
+def _text(message: dict[str, Any], name: str, *, empty: bool) -> str:
+    value = message.get(name)
+    if not isinstance(value, str) or (not empty and not value):
+        raise ProtocolError("bad_field", f"{name} must be a {'' if empty else 'non-empty '}string")
+    return value
+
+
+def parse_worker_message(line: bytes) -> Hello | ProgressReport | CheckpointReport:
+    """One line a worker sent (with or without its newline)."""
+    message = _object(line)
+    kind = message.get("type")
+    if kind == "hello":
+        return Hello(
+            local_rank=_int(message, "local_rank"),
+            rank=_int(message, "rank"),
+            pid=_int(message, "pid", minimum=1),
+            generation=_int(message, "generation"),
+        )
+    if kind == "progress":
+        return ProgressReport(step=_int(message, "step"), metrics=_metrics(message))
+    if kind == "checkpoint":
+        return CheckpointReport(
+            step=_int(message, "step"), path=_text(message, "path", empty=False)
+        )
+    raise ProtocolError("unknown_type", f"type {str(kind)[:50]!r}")
+
+
+def parse_agent_message(line: bytes) -> StopPending:
+    """One line an agent sent (with or without its newline)."""
+    message = _object(line)
+    kind = message.get("type")
+    if kind == "stop_pending":
+        return StopPending(
+            generation=_int(message, "generation"), reason=_text(message, "reason", empty=True)
+        )
+    raise ProtocolError("unknown_type", f"type {str(kind)[:50]!r}")
