@@ -1,0 +1,115 @@
+"""How the agent starts a worker process: the :class:`Spawner` interface and plain subprocesses.
+
+A spawner starts ``argv`` with exactly the environment ``env`` (the caller merges
+``os.environ`` in itself) in ``cwd``, with stdin on /dev/null and stdout/stderr on pipes
+the agent reads as :class:`asyncio.StreamReader` (lines up to :data:`READ_LIMIT`). The
+child leads its own session and process group, so ``os.killpg(pid, sig)`` reaches it
+and everything it forked. ``wait()`` gives asyncio's return code: the exit status, or
+the negative signal number when a signal ended the process.
+
+``close()`` ends what the spawner still runs: a process that has not exited gets SIGKILL
+on its process group and is waited for. Stop workers gracefully before closing.
+
+:class:`PlainSpawner` is ``asyncio.create_subprocess_exec``; the fork server in
+:mod:`resurge_node_agent.forkserver` is the other implementation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+__all__ = ["READ_LIMIT", "PlainSpawner", "SpawnedProcess", "Spawner"]
+
+# Longest output line a StreamReader returns from readline().
+READ_LIMIT = 1 << 20
+
+
+class SpawnedProcess(Protocol):
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def stdout(self) -> asyncio.StreamReader: ...
+
+    @property
+    def stderr(self) -> asyncio.StreamReader: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+
+class Spawner(Protocol):
+    async def spawn(
+        self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None
+    ) -> SpawnedProcess: ...
+
+    async def close(self) -> None: ...
+
+
+class PlainProcess:
+    """An :class:`asyncio.subprocess.Process` seen as a :class:`SpawnedProcess`."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None and process.stderr is not None
+        self._process = process
+        self._stdout = process.stdout
+        self._stderr = process.stderr
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def stdout(self) -> asyncio.StreamReader:
+        return self._stdout
+
+    @property
+    def stderr(self) -> asyncio.StreamReader:
+        return self._stderr
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.returncode
+
+    async def wait(self) -> int:
+        return await self._process.wait()
+
+
+class PlainSpawner:
+    """A new interpreter (or any program) per worker, as the agent has always started them."""
+
+    def __init__(self) -> None:
+        self._processes: list[PlainProcess] = []
+
+    async def spawn(
+        self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None
+    ) -> PlainProcess:
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            stdin=asyncio.subprocess.DEVNULL,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+            limit=READ_LIMIT,
+        )
+        self._processes = [p for p in self._processes if p.returncode is None]
+        spawned = PlainProcess(process)
+        self._processes.append(spawned)
+        return spawned
+
+    async def close(self) -> None:
+        running = [p for p in self._processes if p.returncode is None]
+        for process in running:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+        await asyncio.gather(*(p.wait() for p in running))
+        self._processes.clear()
