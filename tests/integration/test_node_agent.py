@@ -91,6 +91,8 @@ def start_agent(
             str(grace),
             "--env",
             "EXTRA=yes",
+            "--preload",
+            "json",
             "--",
             sys.executable,
             "-c",

@@ -63,6 +63,17 @@ def _parser() -> argparse.ArgumentParser:
         default=10.0,
         help="seconds between SIGTERM and SIGKILL when stopping workers (default 10)",
     )
+    launch.add_argument(
+        "--no-fork-server",
+        action="store_true",
+        help="start every worker as a new process instead of forking a pre-warmed server",
+    )
+    launch.add_argument(
+        "--preload",
+        default="torch",
+        metavar="MODULES",
+        help="comma-separated modules the fork server imports once (default: torch)",
+    )
     launch.add_argument("command", nargs=argparse.REMAINDER, help="-- then the worker's argv")
     monitor = modes.add_parser(
         "monitor",
@@ -107,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         command=command,
         working_dir=args.working_dir,
         env=dict(item.split("=", 1) for item in args.env),
+        fork_server=not args.no_fork_server,
+        preload=tuple(m.strip() for m in args.preload.split(",") if m.strip()),
         stop_grace_seconds=args.stop_grace_seconds,
     )
 

@@ -27,16 +27,21 @@ from resurge.events import (
     AgentState,
     AgentStateChanged,
     Assign,
+    CheckpointSaved,
     Envelope,
     InjectFault,
     LogLine,
     ProcessExited,
     ProcessStarted,
+    Progress,
     Stop,
 )
 from resurge.service import ServiceContext
 from resurge.subjects import escape_token
 from resurge.worker_env import worker_environment
+from resurge_node_agent.forkserver import ForkServerError, ForkServerSpawner
+from resurge_node_agent.spawners import PlainSpawner, Spawner
+from resurge_node_agent.worker_channel import WorkerChannel, socket_path_for
 from resurge_node_agent.workers import Stream, WorkerExit, WorkerGroup
 
 __all__ = ["LaunchAgent", "LaunchConfig"]
@@ -52,6 +57,8 @@ class LaunchConfig:
     working_dir: str | None
     env: dict[str, str]
     stop_grace_seconds: float
+    fork_server: bool = True
+    preload: tuple[str, ...] = ("torch",)
 
 
 class LaunchAgent:
@@ -62,8 +69,20 @@ class LaunchAgent:
         self.generation: int | None = None
         self.group: WorkerGroup | None = None
         self.started_at = datetime.now(UTC)
+        self.assign: Assign | None = None
+        self.spawner: Spawner | None = None
+        self.channel = WorkerChannel(
+            socket_path_for(config.job, config.replica),
+            self._progress,
+            self._checkpoint,
+            logger=ctx.log,
+        )
 
     async def start(self) -> None:
+        await self.channel.start()
+        self.ctx.exit_stack.push_async_callback(self.channel.close)
+        self.spawner = await self._make_spawner()
+        self.ctx.exit_stack.push_async_callback(self.spawner.close)
         self.ctx.exit_stack.push_async_callback(self._shutdown)
         durable = f"agent-{escape_token(self.config.job)}-{self.config.replica}"
         await self.bus.consume(
@@ -75,6 +94,17 @@ class LaunchAgent:
         )
         if self.generation is None:
             await self._state(AgentState.WAITING, "waiting for an assignment")
+
+    async def _make_spawner(self) -> Spawner:
+        if not self.config.fork_server:
+            return PlainSpawner()
+        try:
+            spawner = await ForkServerSpawner.start(self.config.preload)
+        except ForkServerError as error:
+            self.ctx.log.warning("no fork server (%s); starting workers as new processes", error)
+            return PlainSpawner()
+        self.ctx.log.info("fork server ready with %s preloaded", ", ".join(self.config.preload))
+        return spawner
 
     async def on_command(self, command: Assign | Stop | InjectFault) -> None:
         if isinstance(command, Assign):
@@ -110,8 +140,9 @@ class LaunchAgent:
             return
         await self._stop_workers(f"generation {assign.generation} assigned")
         self.generation = assign.generation
+        self.assign = assign
         environments = [
-            {**self.config.env, **worker_environment(assign, local_rank)}
+            {**self.config.env, **worker_environment(assign, local_rank, self.channel.path)}
             for local_rank in range(self.config.nproc_per_node)
         ]
         generation = assign.generation
@@ -123,6 +154,7 @@ class LaunchAgent:
             on_line=lambda lr, stream, line: self._line(generation, lr, stream, line, assign),
             on_exit=lambda exit_: self._exited(generation, exit_, assign),
             echo_prefix=lambda lr: f"[{self._rank(assign, lr)}]:",
+            spawner=self.spawner or PlainSpawner(),
         )
         await self.group.start()
         await self._state(AgentState.RUNNING, f"generation {generation} running")
@@ -147,6 +179,8 @@ class LaunchAgent:
     async def _stop_workers(self, why: str) -> None:
         if self.group is None or not self.group.running:
             return
+        if self.generation is not None:
+            await self.channel.notify_stop_pending(self.generation, why)
         await self._state(AgentState.STOPPING, why)
         await self.group.stop(self.config.stop_grace_seconds)
 
@@ -191,6 +225,24 @@ class LaunchAgent:
             signal=exit_.signal,
             expected=exit_.expected,
             **self._envelope(generation, assign, exit_.local_rank),
+        )
+        await self._publish(event)
+
+    async def _progress(self, local_rank: int, step: int, metrics: dict[str, float]) -> None:
+        if self.assign is None or self.generation is None:
+            return
+        event = Progress(
+            step=step, metrics=metrics, **self._envelope(self.generation, self.assign, local_rank)
+        )
+        await self.bus.publish_nowait(
+            self.bus.subjects.raw(self.config.job, event.kind, self.config.node), event
+        )
+
+    async def _checkpoint(self, local_rank: int, step: int, path: str) -> None:
+        if self.assign is None or self.generation is None:
+            return
+        event = CheckpointSaved(
+            step=step, path=path, **self._envelope(self.generation, self.assign, local_rank)
         )
         await self._publish(event)
 

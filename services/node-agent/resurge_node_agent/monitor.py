@@ -127,6 +127,8 @@ class NodeMonitor:
             "--stop-grace-seconds", str(spec.stop_grace_seconds),
             *(["--working-dir", spec.working_dir] if spec.working_dir else []),
             *(f"--env={name}={value}" for name, value in spec.env.items()),
+            *([] if spec.fork_server else ["--no-fork-server"]),
+            f"--preload={','.join(spec.preload)}",
             "--", *spec.command,
         ]  # fmt: skip
         output = self._log_file(spec)

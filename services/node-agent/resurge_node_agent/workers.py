@@ -1,6 +1,7 @@
 """One generation's worker processes: start, stream output, watch exits, stop.
 
-A :class:`WorkerGroup` starts ``nproc`` processes in their own process sessions (so a
+A :class:`WorkerGroup` starts ``nproc`` processes through a spawner (a pre-warmed fork
+server or plain subprocesses), each in its own process session (so a
 stop reaches any children they forked), echoes every output line to the agent's own
 stdout/stderr with a ``[rank]:`` prefix as torchrun does, and reports through the
 callbacks it is given: one call per line, one per start, one per exit (after the
@@ -18,10 +19,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from resurge_node_agent.spawners import READ_LIMIT, SpawnedProcess, Spawner
+
 __all__ = ["WorkerExit", "WorkerGroup"]
 
 MAX_LINE_CHARS = 4096
-_READ_LIMIT = 1 << 20
 
 Stream = Literal["stdout", "stderr"]
 
@@ -46,6 +48,7 @@ class WorkerGroup:
         on_line: Callable[[int, Stream, str], Awaitable[None]],
         on_exit: Callable[[WorkerExit], Awaitable[None]],
         echo_prefix: Callable[[int], str],
+        spawner: Spawner,
     ) -> None:
         self.command = list(command)
         self.environments = [dict(env) for env in environments]
@@ -54,7 +57,8 @@ class WorkerGroup:
         self._on_line = on_line
         self._on_exit = on_exit
         self._echo_prefix = echo_prefix
-        self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._spawner = spawner
+        self._procs: dict[int, SpawnedProcess] = {}
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
 
@@ -77,16 +81,7 @@ class WorkerGroup:
 
     async def start(self) -> None:
         for local_rank, extra in enumerate(self.environments):
-            proc = await asyncio.create_subprocess_exec(
-                *self.command,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                stdin=asyncio.subprocess.DEVNULL,
-                env={**os.environ, **extra},
-                cwd=self.cwd,
-                start_new_session=True,
-                limit=_READ_LIMIT,
-            )
+            proc = await self._spawner.spawn(self.command, {**os.environ, **extra}, self.cwd)
             self._procs[local_rank] = proc
         for local_rank, proc in self._procs.items():
             await self._on_start(local_rank, proc.pid)
@@ -116,8 +111,7 @@ class WorkerGroup:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signum)
 
-    async def _watch(self, local_rank: int, proc: asyncio.subprocess.Process) -> None:
-        assert proc.stdout is not None and proc.stderr is not None
+    async def _watch(self, local_rank: int, proc: SpawnedProcess) -> None:
         await asyncio.gather(
             self._pump(local_rank, "stdout", proc.stdout),
             self._pump(local_rank, "stderr", proc.stderr),
@@ -137,7 +131,7 @@ class WorkerGroup:
             try:
                 raw = await reader.readline()
             except ValueError:  # a line longer than the read limit: take what is there
-                raw = await reader.read(_READ_LIMIT)
+                raw = await reader.read(READ_LIMIT)
             if not raw:
                 return
             line = raw.decode("utf-8", errors="replace").rstrip("\n")

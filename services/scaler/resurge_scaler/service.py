@@ -50,6 +50,8 @@ def worker_groups(record: JobRecord) -> list[WorkerGroupSpec]:
             env={var.name: var.value for var in spec.env},
             working_dir=spec.working_dir,
             stop_grace_seconds=spec.recovery.stop_grace_seconds,
+            fork_server=spec.fork_server,
+            preload=spec.preload_modules,
         )
         for p in record.placements
     ]

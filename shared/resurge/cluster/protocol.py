@@ -52,6 +52,10 @@ class WorkerGroupSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="Extra worker environment.")
     working_dir: str | None = Field(default=None, description="Folder the workers start in.")
     stop_grace_seconds: float = Field(default=10.0, gt=0, description="SIGTERM to SIGKILL.")
+    fork_server: bool = Field(default=True, description="Fork workers from a pre-warmed server.")
+    preload: list[str] = Field(
+        default_factory=lambda: ["torch"], description="Modules the fork server imports."
+    )
     incarnation: int = Field(
         default=0, ge=0, description="Bumped to recreate the group (a pod-level restart)."
     )

@@ -69,6 +69,17 @@ class TrainingJobSpec(SpecModel):
     working_dir: str | None = Field(
         default=None, alias="workingDir", description="Folder the workers start in."
     )
+    fork_server: bool = Field(
+        default=True,
+        alias="forkServer",
+        description="Start workers from a fork server that has already imported "
+        "preloadModules, so a process-level restart skips interpreter start-up and imports.",
+    )
+    preload_modules: list[str] = Field(
+        default_factory=lambda: ["torch"],
+        alias="preloadModules",
+        description="Modules the fork server imports once (a missing one is skipped).",
+    )
     replicas: ReplicaSpec = Field(default_factory=ReplicaSpec, description="Replica counts.")
     priority: int = Field(
         default=0, description="Higher runs first and is shrunk last when capacity is short."
