@@ -70,9 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     launch.add_argument(
         "--preload",
-        default="torch",
+        default="torch,torch._dynamo,torch.distributed.checkpoint",
         metavar="MODULES",
-        help="comma-separated modules the fork server imports once (default: torch)",
+        help="comma-separated modules the fork server imports once (default: torch, "
+        "torch._dynamo, torch.distributed.checkpoint)",
     )
     launch.add_argument("command", nargs=argparse.REMAINDER, help="-- then the worker's argv")
     monitor = modes.add_parser(

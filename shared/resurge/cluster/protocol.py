@@ -55,7 +55,7 @@ class WorkerGroupSpec(BaseModel):
     fork_server: bool = Field(default=True, description="Fork workers from a pre-warmed server.")
     preload: list[str] = Field(
         default_factory=lambda: ["torch"], description="Modules the fork server imports."
-    )
+    )  # the scaler copies spec.preloadModules here
     incarnation: int = Field(
         default=0, ge=0, description="Bumped to recreate the group (a pod-level restart)."
     )
