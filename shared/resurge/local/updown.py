@@ -61,6 +61,15 @@ def up(state_dir: Path, nodes: int, gpus_per_node: int, port: int, foreground: b
     return 0
 
 
+def _running(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie nobody reaps counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def down(state_dir: Path, wait_seconds: float = 60.0) -> int:
     state = ClusterState.load(state_dir)
     lock = StateLock(state_dir)
@@ -69,7 +78,7 @@ def down(state_dir: Path, wait_seconds: float = 60.0) -> int:
         return 0
     os.kill(state.pid, signal.SIGTERM)
     deadline = time.monotonic() + wait_seconds
-    while lock.held_elsewhere():
+    while lock.held_elsewhere() or _running(state.pid):
         if time.monotonic() > deadline:
             print(f"resurge down: supervisor {state.pid} did not stop in time", file=sys.stderr)
             return 1
