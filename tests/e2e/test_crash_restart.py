@@ -61,7 +61,10 @@ async def test_crash_once_example_finishes_after_exactly_one_restart(
     assert finished[0].duration_seconds > 0
     phases = [o.event.phase for o in actions if isinstance(o.event, PhaseChanged)]
     assert phases == [
-        JobPhase.PENDING, JobPhase.RUNNING, JobPhase.RECOVERING, JobPhase.RUNNING,
+        JobPhase.PENDING,
+        JobPhase.RUNNING,
+        JobPhase.RECOVERING,
+        JobPhase.RUNNING,
         JobPhase.SUCCEEDED,
     ]
 

@@ -13,9 +13,12 @@ from resurge_scaler.admission import (
 
 
 def job(name: str = "j", replicas: int = 2, nproc: int = 2) -> TrainingJob:
-    return parse_job({"metadata": {"name": name},
-                      "spec": {"command": ["x"], "nprocPerNode": nproc,
-                               "replicas": {"min": replicas}}})
+    return parse_job(
+        {
+            "metadata": {"name": name},
+            "spec": {"command": ["x"], "nprocPerNode": nproc, "replicas": {"min": replicas}},
+        }
+    )
 
 
 def nodes(*slots: int) -> list[NodeInfo]:
