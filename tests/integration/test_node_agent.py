@@ -18,6 +18,7 @@ from resurge.events import (
     AgentStateChanged,
     Assign,
     Event,
+    InjectFault,
     LogLine,
     ProcessExited,
     ProcessStarted,
@@ -215,6 +216,54 @@ async def test_new_agent_skips_an_earlier_runs_commands(
         await bus.publish(
             subject, Stop(source=bus.source, job="j.x", replica=0, generation=1, final=True)
         )
+        assert await asyncio.to_thread(agent.wait, 20) == 0
+    finally:
+        agent.kill()
+
+
+def process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+async def test_injected_faults_hang_log_and_crash_a_worker(
+    bus: Bus, settings: Settings, raw_events: Events, tmp_path: Path
+) -> None:
+    agent = start_agent(settings, IGNORE_TERM_AND_WAIT, tmp_path, nproc=2, grace=0.5)
+    subject = bus.subjects.cmd("j.x", 0)
+
+    def inject(fault: str, local_rank: int, line: str = "") -> InjectFault:
+        return InjectFault(
+            source=bus.source,
+            job="j.x",
+            replica=0,
+            generation=0,
+            fault=fault,
+            local_rank=local_rank,
+            line=line,
+        )  # type: ignore[arg-type]
+
+    try:
+        await bus.publish(subject, assign(bus, 0, nproc=2))
+        await raw_events.wait_for(
+            lambda items: sum(isinstance(e, LogLine) and e.line == "ready" for e in items) == 2
+        )
+        pids = {e.local_rank: e.pid for e in raw_events.of(ProcessStarted)}
+        await bus.publish(subject, inject("log", 0, "CUDA error: an illegal memory access"))
+        await raw_events.wait_for(
+            lambda items: any(
+                isinstance(e, LogLine) and e.line.startswith("CUDA error") for e in items
+            )
+        )
+        [fake] = [e for e in raw_events.of(LogLine) if e.line.startswith("CUDA error")]
+        assert (fake.local_rank, fake.stream) == (0, "stderr")
+        await bus.publish(subject, inject("hang", 1))
+        await bus.publish(subject, inject("crash", 0))
+        await raw_events.wait_for(lambda items: any(isinstance(e, ProcessExited) for e in items))
+        [crashed] = raw_events.of(ProcessExited)
+        assert crashed.local_rank == 0 and crashed.signal == "SIGKILL" and not crashed.expected
+        assert process_state(pids[1]) == "T"  # stopped, as a hung worker would be silent
+        await bus.publish(subject, Stop(source=bus.source, job="j.x", replica=0, generation=0,
+                                        final=True))  # fmt: skip
         assert await asyncio.to_thread(agent.wait, 20) == 0
     finally:
         agent.kill()
