@@ -96,5 +96,6 @@ def test_demo_passes() -> None:
     result = run("resurge", "demo", timeout=180)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "demo passed" in result.stdout
-    assert "detected: process_crash" in result.stdout
-    assert "restarted: level process" in result.stdout
+    assert "detected: process_killed" in result.stdout
+    assert "recovered: level process" in result.stdout
+    assert "final step 60 of 60" in result.stdout
