@@ -34,6 +34,8 @@ pytest: $(INSTALLED)
 
 bench: $(INSTALLED)
 	$(BIN)/python bench/restart_latency.py
+	$(BIN)/python bench/forkserver.py
+	$(BIN)/python bench/recovery.py
 
 schemas: $(INSTALLED)
 	$(BIN)/resurge schema --out docs/schemas

@@ -47,6 +47,7 @@ def crash_job(name: str):  # type: ignore[no-untyped-def]
                 "nprocPerNode": 2,
                 "replicas": {"min": 2},
                 "recovery": {"jobMaxRetryCount": 2, "stopGraceSeconds": 5},
+                "preloadModules": [],
             },
         }
     )
@@ -90,7 +91,8 @@ async def main(runs: int) -> int:
                 state_dir=Path(tmp) / str(run),
                 nats_url=server.url,
                 namespace=f"bench{run}",
-                nodes=["node-0", "node-1"],
+                nodes=2,
+                gpus_per_node=2,
                 wait_seconds=60,
             )
             [fault] = result.faults
