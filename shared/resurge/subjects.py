@@ -117,6 +117,10 @@ class Subjects:
         replica_token = "*" if replica is None else str(replica)
         return f"{self.root}.cmd.{_token_or_wildcard(job)}.{replica_token}"
 
+    def node_cmd(self, node: str | None) -> str:
+        """Commands to one node's monitor agent (``_`` never collides: job tokens escape it)."""
+        return f"{self.root}.cmd.{NODE_LEVEL_JOB}.{_token_or_wildcard(node)}"
+
     def action(self, job: str | None) -> str:
         return f"{self.root}.action.{_token_or_wildcard(job)}"
 

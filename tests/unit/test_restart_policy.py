@@ -101,3 +101,10 @@ def test_checkpoint_becomes_resume_point_once_every_rank_saved_it() -> None:
     assert not apply_checkpoint(rec, 1, 5, "/c/step-5")  # older than the resume point
     assert apply_checkpoint(rec, 1, 20, "/c/step-20")
     assert rec.latest_checkpoint.step == 20 and rec.checkpoint_reports == {}
+
+
+def test_alerts_are_not_acted_on() -> None:
+    rec = record()
+    alert = fault("a", 0).model_copy(update={"alert_only": True})
+    assert apply_fault(rec, alert).verdict is Verdict.IGNORE
+    assert rec.generation == 0 and rec.handled_faults == []

@@ -35,6 +35,8 @@ class Decision:
 
 
 def apply_fault(record: JobRecord, fault: FaultDetected) -> Decision:
+    if fault.alert_only:
+        return Decision(Verdict.IGNORE, "an alert: reported, not acted on")
     if record.phase.finished:
         return Decision(Verdict.IGNORE, f"job is {record.phase.value}")
     if fault.fault_id in record.handled_faults:

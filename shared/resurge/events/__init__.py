@@ -14,10 +14,11 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from resurge.events.actions import PhaseChanged, RecoveryFinished, RecoveryStarted
 from resurge.events.capacity import CapacityChanged
-from resurge.events.commands import Assign, InjectFault, ReplicaSlot, Stop
+from resurge.events.commands import Assign, InjectFault, InjectGpuError, ReplicaSlot, Stop
 from resurge.events.dead_letters import DeadLetter, DeadLetterReason
 from resurge.events.envelope import SCHEMA_VERSION, Envelope, Source
 from resurge.events.faults import FaultDetected, Severity
+from resurge.events.gpu import GpuError, GpuReading, GpuSample, NodeReport
 from resurge.events.jobs import JobDeleted, JobSubmitted, ReplicaFinished
 from resurge.events.progress import CheckpointSaved, Progress
 from resurge.events.raw import (
@@ -44,11 +45,16 @@ __all__ = [
     "Event",
     "FaultDetected",
     "FaultScope",
+    "GpuError",
+    "GpuReading",
+    "GpuSample",
     "InjectFault",
+    "InjectGpuError",
     "JobDeleted",
     "JobPhase",
     "JobSubmitted",
     "LogLine",
+    "NodeReport",
     "PhaseChanged",
     "ProcessExited",
     "ProcessStarted",
@@ -73,10 +79,14 @@ _MODELS: tuple[type[Envelope], ...] = (
     Progress,
     CheckpointSaved,
     CapacityChanged,
+    GpuSample,
+    GpuError,
+    NodeReport,
     FaultDetected,
     Assign,
     Stop,
     InjectFault,
+    InjectGpuError,
     RecoveryStarted,
     RecoveryFinished,
     PhaseChanged,
@@ -94,10 +104,14 @@ Event = Annotated[
     | Progress
     | CheckpointSaved
     | CapacityChanged
+    | GpuSample
+    | GpuError
+    | NodeReport
     | FaultDetected
     | Assign
     | Stop
     | InjectFault
+    | InjectGpuError
     | RecoveryStarted
     | RecoveryFinished
     | PhaseChanged

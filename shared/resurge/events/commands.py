@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from resurge.events.envelope import Envelope
 
-__all__ = ["Assign", "InjectFault", "ReplicaSlot", "Stop"]
+__all__ = ["Assign", "InjectFault", "InjectGpuError", "ReplicaSlot", "Stop"]
 
 
 class ReplicaSlot(BaseModel):
@@ -62,3 +62,11 @@ class InjectFault(Envelope):
     )
     local_rank: int = Field(ge=0, description="Which worker of the replica.")
     line: str = Field(default="", description="The log line to emit, for `log`.")
+
+
+class InjectGpuError(Envelope):
+    """Make a simulated GPU report an error (``resurge inject xid``), on ``cmd._.<node>``."""
+
+    kind: Literal["inject_gpu_error"] = "inject_gpu_error"
+    gpu: int = Field(ge=0, description="GPU index on the node.")
+    xid: int = Field(ge=0, description="The XID code to raise.", examples=[79])

@@ -35,3 +35,7 @@ class FaultDetected(Envelope):
     suggested_level: RecoveryLevel | None = Field(
         default=None, description="Cheapest recovery level the detector thinks will fix it."
     )
+    alert_only: bool = Field(
+        default=False,
+        description="Reported for people and dashboards; the restarter does not act on it.",
+    )

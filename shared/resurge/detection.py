@@ -1,0 +1,144 @@
+"""The detector plugin API: what a detector is, what it is given, how it is found.
+
+A detector turns raw events into fault (and capacity) events. It is a plain object::
+
+    class NanLoss:
+        name = "nan_loss"
+        kinds = frozenset({"progress"})          # raw event kinds it wants
+
+        def observe(self, event, ctx):           # one raw event; return what it concludes
+            if math.isnan(event.metrics.get("loss", 0.0)):
+                return [ctx.fault(event, fault_id=..., reason="nan_loss", message=...)]
+            return []
+
+        def tick(self, ctx):                     # every tick_seconds: timeouts and windows
+            return []
+
+Detectors are found through the entry-point group ``resurge.detectors`` (the built-in
+ones are registered there too); the value is a callable that takes no arguments and
+returns the detector. The detector service calls ``observe`` and ``tick`` from one
+thread, so a detector needs no locks; both must return quickly (bound the work per
+event). Context objects may gain fields: read them by name.
+
+Detectors in other languages need none of this: subscribe to
+``resurge.v1.raw.>`` and publish ``fault_detected`` events (see docs/detectors.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from importlib.metadata import entry_points
+from typing import Any, Protocol, runtime_checkable
+
+from resurge.events import Envelope, FaultDetected, FaultScope, RecoveryLevel, Severity, Source
+from resurge.records import JobRecord
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Detector",
+    "DetectorContext",
+    "UnknownDetectorError",
+    "available_detectors",
+    "load_detectors",
+]
+
+ENTRY_POINT_GROUP = "resurge.detectors"
+
+
+@dataclass(frozen=True)
+class DetectorContext:
+    """What a detector may consult: the clock, the jobs it judges, how to sign events."""
+
+    now: datetime
+    source: Source
+    jobs: Mapping[str, JobRecord] = field(default_factory=dict)
+
+    def job(self, name: str | None) -> JobRecord | None:
+        return None if name is None else self.jobs.get(name)
+
+    def jobs_on(self, node: str) -> list[JobRecord]:
+        """Running jobs with a replica on ``node``."""
+        return [
+            r
+            for r in self.jobs.values()
+            if not r.phase.finished and any(p.node == node for p in r.placements)
+        ]
+
+    def fault(
+        self,
+        about: Envelope | None = None,
+        *,
+        fault_id: str,
+        reason: str,
+        scope: FaultScope = FaultScope.PROCESS,
+        message: str = "",
+        severity: Severity = Severity.ERROR,
+        evidence: Mapping[str, Any] | None = None,
+        suggested_level: RecoveryLevel | None = None,
+        alert_only: bool = False,
+        **where: Any,
+    ) -> FaultDetected:
+        """A FaultDetected about ``about``'s job/replica/node/rank/generation (or ``where``).
+
+        ``alert_only`` marks a fault that is reported but must not be acted on.
+        """
+        context: dict[str, Any] = {}
+        if about is not None:
+            context = {
+                key: getattr(about, key) for key in ("job", "replica", "node", "rank", "generation")
+            }
+        context.update(where)
+        return FaultDetected(
+            source=self.source,
+            fault_id=fault_id,
+            scope=scope,
+            reason=reason,
+            severity=Severity.WARNING if alert_only else severity,
+            message=message,
+            evidence=dict(evidence or {}),
+            suggested_level=suggested_level,
+            alert_only=alert_only,
+            **context,
+        )
+
+
+@runtime_checkable
+class Detector(Protocol):
+    name: str
+    kinds: frozenset[str]
+
+    def observe(self, event: Any, ctx: DetectorContext) -> Iterable[Envelope]: ...
+
+    def tick(self, ctx: DetectorContext) -> Iterable[Envelope]: ...
+
+
+class UnknownDetectorError(LookupError):
+    """A detector name that no entry point of the group provides."""
+
+
+def available_detectors() -> dict[str, Any]:
+    """Every detector registered in the ``resurge.detectors`` entry-point group."""
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def load_detectors(names: Sequence[str]) -> list[Detector]:
+    """Instantiate the named detectors; an unknown name fails naming the group."""
+    registered = available_detectors()
+    detectors = []
+    for name in names:
+        if name not in registered:
+            known = ", ".join(sorted(registered)) or "none"
+            raise UnknownDetectorError(
+                f"no detector named {name!r} in entry-point group {ENTRY_POINT_GROUP!r} "
+                f"(registered: {known})"
+            )
+        detector = registered[name].load()()
+        if not isinstance(detector, Detector):
+            raise TypeError(
+                f"entry point {name!r} of {ENTRY_POINT_GROUP!r} did not make a Detector "
+                "(needs name, kinds, observe(event, ctx), tick(ctx))"
+            )
+        detectors.append(detector)
+    return detectors

@@ -1,0 +1,60 @@
+"""Node-level telemetry from monitor agents, on ``raw._.<kind>.<node>``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from resurge.events.envelope import Envelope
+
+__all__ = ["GpuError", "GpuReading", "GpuSample", "NodeReport"]
+
+
+class GpuReading(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    index: int = Field(ge=0, description="GPU index on the node.")
+    uuid: str = Field(description="GPU UUID (GPU-... from NVML; sim-... when simulated).")
+    utilization_percent: float | None = Field(default=None, description="Compute utilisation.")
+    memory_used_bytes: int | None = Field(default=None, ge=0, description="Memory in use.")
+    memory_total_bytes: int | None = Field(default=None, ge=0, description="Memory in all.")
+    temperature_c: float | None = Field(default=None, description="Temperature in °C.")
+    power_watts: float | None = Field(default=None, description="Power draw in W.")
+    ecc_uncorrected: int | None = Field(
+        default=None, ge=0, description="Volatile uncorrected ECC errors."
+    )
+    retired_pages: int | None = Field(
+        default=None, ge=0, description="Retired (or pending remapped) memory pages/rows."
+    )
+    healthy: bool = Field(default=True, description="False once the GPU needs a reset or more.")
+
+
+class GpuSample(Envelope):
+    """A periodic reading of every GPU on a node (may go over core NATS: high rate)."""
+
+    kind: Literal["gpu_sample"] = "gpu_sample"
+    gpus: list[GpuReading] = Field(description="One reading per GPU.")
+    simulated: bool = Field(default=False, description="True for a local virtual node.")
+
+
+class GpuError(Envelope):
+    """Something went wrong on one GPU: an XID event, or the GPU fell off the bus."""
+
+    kind: Literal["gpu_error"] = "gpu_error"
+    gpu: int = Field(ge=0, description="GPU index on the node.")
+    uuid: str = Field(default="", description="GPU UUID.")
+    error: Literal["xid", "fell_off_bus", "ecc"] = Field(description="What kind of error.")
+    xid: int | None = Field(default=None, ge=0, description="The XID code, for `xid`.")
+    message: str = Field(default="", description="Details, in words.")
+
+
+class NodeReport(Envelope):
+    """A node monitor's periodic report of itself (also its heartbeat)."""
+
+    kind: Literal["node_report"] = "node_report"
+    slots_total: int = Field(ge=0, description="GPUs (or simulated GPUs) on the node.")
+    slots_free: int = Field(ge=0, description="Of those, how many no worker group uses.")
+    healthy: bool = Field(description="False when the node should get no work.")
+    unhealthy_gpus: list[int] = Field(default_factory=list, description="GPUs that failed.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Node labels.")
