@@ -91,6 +91,7 @@ class _Consumer:
     durable: str
     expects: tuple[type[Envelope], ...]
     handler: Handler
+    kind_token: int | None = None
 
 
 class Bus:
@@ -209,6 +210,7 @@ class Bus:
         start: Literal["all", "new", "last_per_subject"] = "all",
         ack_wait_seconds: float = 30.0,
         max_deliver: int = 10,
+        kind_token: int | None = None,
     ) -> None:
         """Bind durable consumer ``durable`` on ``subject`` and feed ``handler``.
 
@@ -216,9 +218,11 @@ class Bus:
         new consumer begins: every stored message, only new ones, or the newest message
         of each subject (an already existing consumer goes on where it stopped). Instances of one
         service that use the same ``durable`` share the messages (a queue group).
+        ``kind_token`` names the subject token that must equal the event's kind (4 for
+        ``raw`` subjects); a message of another kind there is dead-lettered.
         """
         family = subject.split(".")[2]
-        consumer = _Consumer(subject, durable, expects, handler)
+        consumer = _Consumer(subject, durable, expects, handler, kind_token)
         config = ConsumerConfig(
             ack_wait=ack_wait_seconds,
             max_deliver=max_deliver,
@@ -266,6 +270,16 @@ class Bus:
         except DecodeError as error:
             await self._reject(msg, error.reason, error.detail)
             return
+        if consumer.kind_token is not None:
+            tokens = msg.subject.split(".")
+            on_subject = tokens[consumer.kind_token] if len(tokens) > consumer.kind_token else ""
+            if on_subject != event.kind:
+                await self._reject(
+                    msg,
+                    DeadLetterReason.UNEXPECTED_KIND,
+                    f"kind {event.kind!r} on {msg.subject}, whose kind token is {on_subject!r}",
+                )
+                return
         if consumer.expects and not isinstance(event, consumer.expects):
             wanted = ", ".join(sorted(m.model_fields["kind"].default for m in consumer.expects))
             await self._reject(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "NODE_LEVEL_JOB",
+    "RAW_KIND_TOKEN",
     "Subjects",
     "escape_token",
     "unescape_token",
@@ -22,6 +23,8 @@ __all__ = [
 VERSION = "v1"
 # `<job>` token of raw events that belong to a node rather than a job (DESIGN section 2).
 NODE_LEVEL_JOB = "_"
+# Position of the `<kind>` token in a raw subject: <namespace>.v1.raw.<job>.<kind>.<node>
+RAW_KIND_TOKEN = 4
 
 _SAFE = re.compile(r"[A-Za-z0-9_-]")
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

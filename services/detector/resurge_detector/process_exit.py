@@ -10,6 +10,7 @@ events JetStream de-duplicates.
 
 from __future__ import annotations
 
+from resurge.detection import DetectorContext
 from resurge.events import (
     Envelope,
     FaultDetected,
@@ -27,19 +28,32 @@ _Key = tuple[str, int, int]  # job, replica, generation
 
 
 class ProcessExitDetector:
-    def __init__(self, source: Source) -> None:
-        self.source = source
+    name = "process_exit"
+    kinds = frozenset({"process_exited"})
+
+    def __init__(self, source: Source | None = None) -> None:
+        self.source = source or Source(service="detector", instance="-")
         self._succeeded: dict[_Key, set[int]] = {}
         self._newest: dict[tuple[str, int], int] = {}
 
-    def observe(self, event: ProcessExited) -> list[Envelope]:
-        if event.job is None or event.replica is None or event.generation is None:
+    def observe(self, event: ProcessExited, ctx: DetectorContext | None = None) -> list[Envelope]:
+        if ctx is not None:
+            self.source = ctx.source
+        if (
+            not isinstance(event, ProcessExited)
+            or event.job is None
+            or event.replica is None
+            or event.generation is None
+        ):
             return []
         if event.expected:
             return []
         if not event.succeeded:
             return [self._fault(event)]
         return self._success(event, event.job, event.replica, event.generation)
+
+    def tick(self, ctx: DetectorContext) -> list[Envelope]:
+        return []
 
     def _success(
         self, event: ProcessExited, job: str, replica: int, generation: int

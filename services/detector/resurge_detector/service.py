@@ -1,38 +1,103 @@
-"""The detector service: consume raw process exits, publish faults and finished replicas."""
+"""The detector service: raw events in, faults, finished replicas and capacity out.
+
+One durable consumer reads every raw subject (checking each event's kind against its
+subject); a KV watch keeps the records of the jobs this replica judges, so a changed
+job spec (log rules, timeouts) takes effect on the next event; a tick every
+``RESURGE_DETECTOR_TICK_SECONDS`` lets detectors judge silences and windows. The
+detectors come from the entry-point group ``resurge.detectors`` (``RESURGE_DETECTORS``:
+``all`` or a comma-separated list).
+"""
 
 from __future__ import annotations
 
-from resurge.events import Envelope, FaultDetected, ProcessExited, ReplicaFinished
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+from prometheus_client import Counter
+from pydantic import Field
+
+from resurge.detection import available_detectors, load_detectors
+from resurge.events import CapacityChanged, Envelope, FaultDetected, ReplicaFinished
+from resurge.records import JobRecord
 from resurge.service import ServiceContext
-from resurge_detector.process_exit import ProcessExitDetector
+from resurge.settings import Settings
+from resurge.subjects import RAW_KIND_TOKEN, unescape_token
+from resurge_detector.runtime import DetectorRuntime, Partition
 
-__all__ = ["setup"]
+__all__ = ["DetectorSettings", "make_setup"]
 
 
-async def setup(ctx: ServiceContext) -> None:
-    bus = ctx.bus
-    detector = ProcessExitDetector(bus.source)
-
-    async def publish(event: Envelope) -> None:
-        assert event.job is not None
-        if isinstance(event, FaultDetected):
-            ctx.log.warning(
-                "fault %s: %s",
-                event.fault_id,
-                event.message,
-                extra={"job": event.job, "rank": event.rank, "generation": event.generation},
-            )
-            await bus.publish(bus.subjects.fault(event.job, event.scope.value), event)
-        elif isinstance(event, ReplicaFinished):
-            await bus.publish(bus.subjects.job(event.job), event)
-
-    async def on_exit(event: ProcessExited) -> None:
-        for out in detector.observe(event):
-            await publish(out)
-
-    await bus.consume(
-        bus.subjects.raw(None, "process_exited", None),
-        "detector-process-exit",
-        on_exit,
-        expects=(ProcessExited,),
+class DetectorSettings(Settings):
+    detectors: str = Field(
+        default="all", description="'all' registered detectors, or a comma-separated list."
     )
+    detector_replicas: int = Field(default=1, ge=1, description="Detector replicas in all.")
+    detector_index: int = Field(default=0, ge=0, description="This replica's index.")
+    detector_tick_seconds: float = Field(
+        default=0.1, gt=0, description="How often detectors judge silences and windows."
+    )
+
+    def detector_names(self) -> list[str]:
+        if self.detectors.strip() == "all":
+            return sorted(available_detectors())
+        return [n.strip() for n in self.detectors.split(",") if n.strip()]
+
+
+def make_setup(settings: DetectorSettings) -> Callable[[ServiceContext], Awaitable[None]]:
+    detectors = load_detectors(settings.detector_names())
+    partition = Partition(settings.detector_replicas, settings.detector_index)
+
+    async def setup(ctx: ServiceContext) -> None:
+        bus = ctx.bus
+        runtime = DetectorRuntime(detectors, bus.source, partition)
+        published = Counter(
+            "resurge_detector_events_total", "Events concluded, by kind.", ["kind"],
+            registry=ctx.registry,
+        )  # fmt: skip
+        names = ", ".join(d.name for d in detectors)
+        ctx.log.info("detectors: %s; partition %d of %d", names, partition.index,
+                     partition.replicas)  # fmt: skip
+
+        async def publish(events: list[Envelope]) -> None:
+            for event in events:
+                published.labels(event.kind).inc()
+                if isinstance(event, FaultDetected) and event.job is not None:
+                    ctx.log.warning("fault %s: %s", event.fault_id, event.message,
+                                    extra={"job": event.job, "rank": event.rank})  # fmt: skip
+                    await bus.publish(bus.subjects.fault(event.job, event.scope.value), event)
+                elif isinstance(event, ReplicaFinished) and event.job is not None:
+                    await bus.publish(bus.subjects.job(event.job), event)
+                elif isinstance(event, CapacityChanged) and event.node is not None:
+                    await bus.publish(bus.subjects.capacity(event.node), event)
+
+        kv = await bus.jobs_bucket()
+        watcher = await kv.watch(">")
+
+        async def follow_jobs() -> None:
+            async for entry in watcher:
+                if entry is None:
+                    continue
+                name = unescape_token(entry.key)
+                deleted = entry.operation in ("DEL", "PURGE") or not entry.value
+                runtime.set_job(
+                    name, None if deleted else JobRecord.model_validate_json(entry.value)
+                )
+
+        async def tick() -> None:
+            while True:
+                await asyncio.sleep(settings.detector_tick_seconds)
+                await publish(runtime.tick(datetime.now(UTC)))
+
+        async def on_raw(event: Envelope) -> None:
+            await publish(runtime.observe(event, datetime.now(UTC)))
+
+        ctx.spawn(follow_jobs())
+        ctx.spawn(tick())
+        ctx.exit_stack.push_async_callback(watcher.stop)
+        durable = "detector" if partition.replicas == 1 else (
+            f"detector-{partition.index}-of-{partition.replicas}"
+        )  # fmt: skip
+        await bus.consume(bus.subjects.all("raw"), durable, on_raw, kind_token=RAW_KIND_TOKEN)
+
+    return setup

@@ -141,6 +141,11 @@ class StragglerSpec(SpecModel):
         ge=1,
         description="Steps of a generation to skip (warm-up) before any rank is judged.",
     )
+    consecutive_windows: int = Field(
+        default=2,
+        ge=1,
+        description="Windows in a row a rank must be slow before it is reported.",
+    )
     action: Action = Field(
         default="alert",
         description="`alert` reports the straggler; `restart` also moves its replica away "

@@ -41,7 +41,7 @@ SERVICES = {
 }
 # Durable consumers each service binds once it is ready: (stream family, consumer).
 READY_CONSUMERS = [
-    ("raw", "detector-process-exit"),
+    ("raw", "detector"),
     ("fault", "restarter"),
     ("job", "scaler"),
 ]

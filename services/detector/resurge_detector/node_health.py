@@ -1,0 +1,111 @@
+"""Node health detector: nodes appearing, going, turning unhealthy, recovering (pure).
+
+Monitor agents publish a NodeReport on every heartbeat. This detector publishes a
+CapacityChanged when a node first reports, when its slots or health change, when it
+stops reporting for longer than ``silence_seconds`` (lost: no healthy slots), and when
+it comes back. A node that turns unhealthy or is lost is also a node-scoped fault for
+every running job with a replica on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from resurge.detection import DetectorContext
+from resurge.events import CapacityChanged, Envelope, FaultScope, NodeReport, RecoveryLevel
+
+__all__ = ["NodeHealthDetector"]
+
+SILENCE_SECONDS = 15.0
+
+
+@dataclass
+class _Node:
+    seen: datetime
+    slots_total: int
+    slots_free: int
+    healthy: bool
+    labels: dict[str, str]
+    lost: bool = False
+    incident: int = 0
+
+
+class NodeHealthDetector:
+    name = "node_health"
+    kinds = frozenset({"node_report"})
+
+    def __init__(self, silence_seconds: float = SILENCE_SECONDS) -> None:
+        self.silence_seconds = silence_seconds
+        self._nodes: dict[str, _Node] = {}
+
+    def observe(self, event: NodeReport, ctx: DetectorContext) -> list[Envelope]:
+        if event.node is None:
+            return []
+        node = self._nodes.get(event.node)
+        state = (event.slots_total, event.slots_free, event.healthy)
+        if (
+            node is not None
+            and not node.lost
+            and (node.slots_total, node.slots_free, node.healthy) == state
+        ):
+            node.seen = ctx.now
+            return []
+        was_healthy = node is not None and node.healthy and not node.lost
+        if node is None:
+            node = self._nodes[event.node] = _Node(ctx.now, *state, labels=event.labels)
+        else:
+            node.seen, node.lost = ctx.now, False
+            node.slots_total, node.slots_free, node.healthy = state
+        out: list[Envelope] = [self._capacity(event.node, node, ctx)]
+        if was_healthy and not event.healthy:
+            node.incident += 1
+            why = f"node {event.node} reports unhealthy GPUs {event.unhealthy_gpus}"
+            out += self._faults(event.node, node, ctx, "node_unhealthy", why)
+        return out
+
+    def tick(self, ctx: DetectorContext) -> list[Envelope]:
+        out: list[Envelope] = []
+        for name, node in self._nodes.items():
+            silent = (ctx.now - node.seen).total_seconds()
+            if node.lost or silent <= self.silence_seconds:
+                continue
+            node.lost = True
+            node.incident += 1
+            out.append(self._capacity(name, node, ctx))
+            out += self._faults(name, node, ctx, "node_lost",
+                                f"node {name} sent no report for {silent:.1f} s")  # fmt: skip
+        return out
+
+    def _capacity(self, name: str, node: _Node, ctx: DetectorContext) -> CapacityChanged:
+        healthy = node.healthy and not node.lost
+        return CapacityChanged(
+            source=ctx.source,
+            node=name,
+            slots_total=node.slots_total,
+            slots_free=node.slots_free if healthy else 0,
+            healthy=healthy,
+            labels=node.labels,
+        )
+
+    def _faults(
+        self, name: str, node: _Node, ctx: DetectorContext, reason: str, message: str
+    ) -> list[Envelope]:
+        faults: list[Envelope] = []
+        for record in ctx.jobs_on(name):
+            replicas = [p.replica for p in record.placements if p.node == name]
+            faults.append(
+                ctx.fault(
+                    fault_id=f"{reason}:{name}:{node.incident}:{record.name}:g{record.generation}",
+                    reason=reason,
+                    scope=FaultScope.NODE,
+                    message=message,
+                    evidence={"node": name, "replicas": ",".join(map(str, replicas))},
+                    suggested_level=RecoveryLevel.NODE,
+                    job=record.name,
+                    generation=record.generation,
+                    node=name,
+                    replica=replicas[0] if replicas else None,
+                )
+            )
+        return faults

@@ -1,0 +1,127 @@
+"""Detectors with real workers on the local cluster: hangs, log rules, stragglers, XIDs.
+
+Workers are real processes (tests/e2e/workers/progress_worker.py, no torch) that report
+progress through resurge.worker; faults are injected with `resurge inject`'s commands.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resurge.bus import Bus
+from resurge.client import inject_fault
+from resurge.events import FaultDetected, JobPhase, Progress, RecoveryFinished
+from resurge.jobspec import TrainingJob, parse_job
+from resurge.local.story import Observed, Watch, run_job
+
+WORKER = str(Path(__file__).parent / "workers" / "progress_worker.py")
+
+pytestmark = pytest.mark.e2e
+
+
+def job(name: str, *args: str, monitoring: dict[str, Any] | None = None,
+        replicas: int = 1, nproc: int = 2) -> TrainingJob:  # fmt: skip
+    return parse_job({
+        "metadata": {"name": name},
+        "spec": {
+            "command": [sys.executable, WORKER, *args],
+            "nprocPerNode": nproc,
+            "replicas": {"min": replicas},
+            "preloadModules": [],
+            "recovery": {"jobMaxRetryCount": 2, "stopGraceSeconds": 2},
+            "monitoring": monitoring or {},
+        },
+    })  # fmt: skip
+
+
+def progressed(generation: int, rank: int, steps: int):  # type: ignore[no-untyped-def]
+    def test(seen: list[Observed]) -> bool:
+        return any(
+            isinstance(o.event, Progress) and o.event.generation == generation
+            and o.event.rank == rank and o.event.step >= steps
+            for o in seen
+        )  # fmt: skip
+
+    return test
+
+
+async def test_a_stopped_worker_is_a_hang_detected_within_its_timeout(
+    nats_url: str, namespace: str, tmp_path: Path
+) -> None:
+    timeout = 1.0
+    spec = job("hangs", "--steps", "60", monitoring={"heartbeatTimeoutSeconds": timeout,
+                                                     "startupTimeoutSeconds": 20})  # fmt: skip
+
+    async def stop_rank_1(bus: Bus, watch: Watch) -> None:
+        await watch.wait_for(progressed(0, 1, 10))
+        await inject_fault(bus, "hangs", 1, "hang")
+
+    result = await run_job(spec, state_dir=tmp_path, nats_url=nats_url, namespace=namespace,
+                           nodes=1, wait_seconds=60, during=stop_rank_1)  # fmt: skip
+    assert result.phase is JobPhase.SUCCEEDED
+    [fault] = result.faults
+    assert fault.reason == "hang" and fault.rank == 1 and fault.generation == 0
+    last = max(o.event.time for o in result.observed if isinstance(o.event, Progress)
+               and o.event.rank == 1 and o.event.generation == 0)  # fmt: skip
+    waited = (fault.time - last).total_seconds()
+    assert timeout < waited <= timeout + 0.5, waited
+    assert len(result.events(RecoveryFinished)) == 1
+
+
+async def test_log_rules_restart_alert_and_count_metric_points(
+    nats_url: str, namespace: str, tmp_path: Path
+) -> None:
+    rules = [
+        {"name": "cuda", "logPattern": "CUDA error", "faultOnMatch": True},
+        {"name": "nccl-warn", "logPattern": "NCCL WARN", "faultOnMatch": True,
+         "action": "alert"},
+        {"name": "slow-steps", "logPattern": r"step time (\\d+\\.\\d+)", "metricThreshold": 2.5,
+         "operator": "gt", "metricEvaluationDataPoints": 3},
+    ]  # fmt: skip
+    spec = job("logs", "--steps", "200", "--step-seconds", "0.02",
+               monitoring={"logRules": rules})  # fmt: skip
+
+    async def say(bus: Bus, watch: Watch) -> None:
+        await watch.wait_for(progressed(0, 0, 5))
+        for line in ["NCCL WARN net timeout", "step time 3.0", "step time 2.0", "step time 3.1",
+                     "step time 3.2", "step time 3.3"]:  # fmt: skip
+            await inject_fault(bus, "logs", 0, "log", line)
+        await watch.wait_for(
+            lambda seen: any(
+                isinstance(o.event, FaultDetected) and o.event.reason == "log_metric" for o in seen
+            )
+        )
+        await inject_fault(bus, "logs", 1, "log", "RuntimeError: CUDA error: misaligned address")
+
+    result = await run_job(spec, state_dir=tmp_path, nats_url=nats_url, namespace=namespace,
+                           nodes=1, wait_seconds=90, during=say)  # fmt: skip
+    by_rule = {f.evidence.get("rule"): f for f in result.faults}
+    assert by_rule["nccl-warn"].alert_only
+    metric = by_rule["slow-steps"]
+    assert metric.reason == "log_metric" and "3.3" in str(metric.evidence)
+    assert by_rule["cuda"].rank == 1 and not by_rule["cuda"].alert_only
+    recoveries = result.events(RecoveryFinished)
+    assert len(recoveries) == 1  # the metric rule fired first and restarted; alerts never do
+    assert result.phase is JobPhase.SUCCEEDED
+
+
+async def test_a_slow_rank_is_reported_with_its_evidence(
+    nats_url: str, namespace: str, tmp_path: Path
+) -> None:
+    straggler = {"enabled": True, "windowSteps": 5, "slowFactor": 1.5, "minSteps": 3,
+                 "consecutiveWindows": 2}  # fmt: skip
+    spec = job("slow", "--steps", "40", "--step-seconds", "0.03", "--slow-rank", "2",
+               "--slow-factor", "3", replicas=2, monitoring={"straggler": straggler})  # fmt: skip
+    result = await run_job(spec, state_dir=tmp_path, nats_url=nats_url, namespace=namespace,
+                           nodes=2, wait_seconds=60)  # fmt: skip
+    [fault] = result.faults
+    assert fault.reason == "straggler" and fault.rank == 2 and fault.scope.value == "node"
+    assert fault.alert_only  # the default action
+    assert float(str(fault.evidence["rank_mean_seconds"])) > 1.5 * float(
+        str(fault.evidence["median_seconds"])
+    )
+    assert result.phase is JobPhase.SUCCEEDED and not result.events(RecoveryFinished)
