@@ -29,6 +29,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import (
+    AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
     KeyValueConfig,
@@ -112,6 +113,7 @@ class Bus:
             registry=registry,
         )
         self._subscriptions: list[Any] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
     @classmethod
     async def connect(
@@ -244,6 +246,74 @@ class Bus:
         )
         self._subscriptions.append(sub)
 
+    async def consume_batches(
+        self,
+        subject: str,
+        durable: str,
+        handler: Callable[[list[Event]], Awaitable[None]],
+        *,
+        kind_token: int | None = None,
+        batch: int = 1000,
+        ack_wait_seconds: float = 30.0,
+    ) -> asyncio.Task[None]:
+        """Read a high-rate stream in batches (telemetry): decode, check, hand over a list.
+
+        A pull consumer with ack-all: one ack per batch, after ``handler`` returned, so a
+        batch is redelivered if the service dies mid-way. Bad messages are dead-lettered
+        as in :meth:`consume`. Returns the reading task (cancelled when the bus closes).
+        """
+        family = subject.split(".")[2]
+        config = ConsumerConfig(
+            ack_policy=AckPolicy.ALL,
+            ack_wait=ack_wait_seconds,
+            max_ack_pending=-1,
+            deliver_policy=DeliverPolicy.ALL,
+            filter_subject=subject,
+        )
+        sub = await self.js.pull_subscribe(
+            subject, durable=durable, stream=self.subjects.stream(family), config=config
+        )
+
+        async def read() -> None:
+            while True:
+                try:
+                    msgs = await sub.fetch(batch, timeout=1.0)
+                except (TimeoutError, nats.errors.TimeoutError):
+                    continue
+                events: list[Event] = []
+                for msg in msgs:
+                    event = await self._check(msg, kind_token)
+                    if event is not None:
+                        events.append(event)
+                if events:
+                    await handler(events)
+                self._handled.labels("handled").inc(len(events))
+                await msgs[-1].ack()
+
+        task = asyncio.get_running_loop().create_task(read())
+        self._tasks.append(task)
+        return task
+
+    async def _check(self, msg: Msg, kind_token: int | None) -> Event | None:
+        """The decoded event, or None after dead-lettering it (without acking it)."""
+        try:
+            event = decode_event(msg.data)
+        except DecodeError as error:
+            await self._dead_letter(msg, error.reason, error.detail)
+            return None
+        if kind_token is not None:
+            tokens = msg.subject.split(".")
+            on_subject = tokens[kind_token] if len(tokens) > kind_token else ""
+            if on_subject != event.kind:
+                detail = f"kind {event.kind!r} on {msg.subject}, whose kind token is {on_subject!r}"
+                await self._dead_letter(msg, DeadLetterReason.UNEXPECTED_KIND, detail)
+                return None
+        return event
+
+    async def _dead_letter(self, msg: Msg, reason: DeadLetterReason, detail: str) -> None:
+        self._handled.labels("dead_lettered").inc()
+        await self.dead_letters.send(msg.subject, msg.data, reason, detail)
+
     async def subscribe(
         self, subject: str, handler: Callable[[Event, str], Awaitable[None]]
     ) -> Any:
@@ -265,21 +335,10 @@ class Bus:
         return sub
 
     async def _deliver(self, consumer: _Consumer, msg: Msg) -> None:
-        try:
-            event = decode_event(msg.data)
-        except DecodeError as error:
-            await self._reject(msg, error.reason, error.detail)
+        event = await self._check(msg, consumer.kind_token)
+        if event is None:
+            await msg.term()
             return
-        if consumer.kind_token is not None:
-            tokens = msg.subject.split(".")
-            on_subject = tokens[consumer.kind_token] if len(tokens) > consumer.kind_token else ""
-            if on_subject != event.kind:
-                await self._reject(
-                    msg,
-                    DeadLetterReason.UNEXPECTED_KIND,
-                    f"kind {event.kind!r} on {msg.subject}, whose kind token is {on_subject!r}",
-                )
-                return
         if consumer.expects and not isinstance(event, consumer.expects):
             wanted = ", ".join(sorted(m.model_fields["kind"].default for m in consumer.expects))
             await self._reject(
@@ -310,14 +369,18 @@ class Bus:
         await msg.ack()
 
     async def _reject(self, msg: Msg, reason: DeadLetterReason, detail: str) -> None:
-        self._handled.labels("dead_lettered").inc()
         try:
-            await self.dead_letters.send(msg.subject, msg.data, reason, detail)
+            await self._dead_letter(msg, reason, detail)
         finally:
             await msg.term()
 
     async def close(self) -> None:
         """Drain subscriptions and pending publishes, then close."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self.nc.is_closed:
             return
         already = (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError)

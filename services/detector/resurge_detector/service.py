@@ -18,7 +18,7 @@ from prometheus_client import Counter
 from pydantic import Field
 
 from resurge.detection import available_detectors, load_detectors
-from resurge.events import CapacityChanged, Envelope, FaultDetected, ReplicaFinished
+from resurge.events import CapacityChanged, Envelope, Event, FaultDetected, ReplicaFinished
 from resurge.records import JobRecord
 from resurge.service import ServiceContext
 from resurge.settings import Settings
@@ -55,6 +55,9 @@ def make_setup(settings: DetectorSettings) -> Callable[[ServiceContext], Awaitab
             "resurge_detector_events_total", "Events concluded, by kind.", ["kind"],
             registry=ctx.registry,
         )  # fmt: skip
+        seen = Counter(
+            "resurge_detector_raw_events_total", "Raw events read.", registry=ctx.registry
+        )
         names = ", ".join(d.name for d in detectors)
         ctx.log.info("detectors: %s; partition %d of %d", names, partition.index,
                      partition.replicas)  # fmt: skip
@@ -89,8 +92,13 @@ def make_setup(settings: DetectorSettings) -> Callable[[ServiceContext], Awaitab
                 await asyncio.sleep(settings.detector_tick_seconds)
                 await publish(runtime.tick(datetime.now(UTC)))
 
-        async def on_raw(event: Envelope) -> None:
-            await publish(runtime.observe(event, datetime.now(UTC)))
+        async def on_raw(events: list[Event]) -> None:
+            now = datetime.now(UTC)
+            seen.inc(len(events))
+            out: list[Envelope] = []
+            for event in events:
+                out += runtime.observe(event, now)
+            await publish(out)
 
         ctx.spawn(follow_jobs())
         ctx.spawn(tick())
@@ -98,6 +106,8 @@ def make_setup(settings: DetectorSettings) -> Callable[[ServiceContext], Awaitab
         durable = "detector" if partition.replicas == 1 else (
             f"detector-{partition.index}-of-{partition.replicas}"
         )  # fmt: skip
-        await bus.consume(bus.subjects.all("raw"), durable, on_raw, kind_token=RAW_KIND_TOKEN)
+        await bus.consume_batches(
+            bus.subjects.all("raw"), durable, on_raw, kind_token=RAW_KIND_TOKEN
+        )
 
     return setup

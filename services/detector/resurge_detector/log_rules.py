@@ -1,0 +1,367 @@
+"""Log-rule detector: a job's ``monitoring.logRules`` applied to its workers' output.
+
+Pure logic, no I/O. The rules are HyperPod's logMonitoringConfiguration, read from the
+job record on every call (a changed spec takes effect on the next event). State is
+kept per (job, generation, rank, rule); an event of a newer generation drops the older
+one's state, and events of older generations are ignored.
+
+For each line of a rank a rule watches (``ranks``; unset: every rank), cut to
+:data:`~resurge_detector.bounded_regex.MAX_LINE_CHARS`:
+
+- a line matching ``stopPattern`` turns the rule off for that rank and generation;
+- a line matching ``logPattern`` is a match: with ``faultOnMatch`` it fires
+  (``log_rule``); with ``metricThreshold`` its first group is read as a number and the
+  rule fires (``log_metric``) once ``value <operator> threshold`` held for
+  ``metricEvaluationDataPoints`` matched values in a row (a value that does not hold
+  restarts the count; a value that is not a number is skipped);
+- ``expectedStartCutOffInSeconds``: the first match must come this long after the
+  rank's ``process_started``; ``expectedRecurringFrequencyInSeconds``: after a match
+  the next must come this soon. A miss fires ``log_hang``: in :meth:`tick` when
+  ``ctx.now`` passes the deadline, or on the late match itself.
+
+Times are the events' own (the agent's clock). Each condition fires once per rank and
+generation, with a stable ``fault_id`` (``log_rule:<job>:g<gen>:r<rank>:<rule>:<what>``)
+and an event id derived from it. ``action: alert`` marks the fault ``alert_only``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from resurge.detection import DetectorContext
+from resurge.events import (
+    Envelope,
+    FaultDetected,
+    FaultScope,
+    LogLine,
+    ProcessStarted,
+    RecoveryLevel,
+)
+from resurge.jobspec import LogRule
+from resurge.logs import RateLimitedLog
+from resurge.records import JobRecord
+from resurge_detector.bounded_regex import (
+    MAX_LINE_CHARS,
+    LineBudget,
+    Match,
+    MatchTimeout,
+    Pattern,
+    PatternCache,
+)
+
+__all__ = ["EVIDENCE_LINE_CHARS", "LogRuleDetector"]
+
+log = logging.getLogger("resurge.detector.log_rules")
+
+EVIDENCE_LINE_CHARS = 500
+
+_COMPARE: dict[str, Callable[[float, float], bool]] = {
+    "gt": operator.gt,
+    "lt": operator.lt,
+    "eq": operator.eq,
+    "gteq": operator.ge,
+    "lteq": operator.le,
+}
+
+
+@dataclass
+class _Seen:
+    """What one rule has seen on one rank in one generation."""
+
+    rule: LogRule
+    first_match: datetime | None = None
+    last_match: datetime | None = None
+    streak: int = 0
+    stopped: bool = False
+
+
+@dataclass
+class _Rank:
+    replica: int | None = None
+    node: str | None = None
+    started: datetime | None = None
+    rules: dict[str, _Seen] = field(default_factory=dict)
+    fired: set[str] = field(default_factory=set)
+
+    def seen(self, rule: LogRule) -> _Seen:
+        """This rule's state; a changed definition starts it over (what fired stays fired)."""
+        seen = self.rules.get(rule.name)
+        if seen is None or (seen.rule is not rule and seen.rule != rule):
+            seen = self.rules[rule.name] = _Seen(rule)
+        return seen
+
+
+@dataclass
+class _Job:
+    generation: int
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Where:
+    job: str
+    generation: int
+    rank: int
+
+
+class LogRuleDetector:
+    name = "log_rules"
+    kinds = frozenset({"log_line", "process_started"})
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, _Job] = {}
+        self._patterns = PatternCache()
+        self._slow = RateLimitedLog(log)
+        # Lines on which some rule's search ran out of time (those rules skipped the line).
+        self.lines_timed_out = 0
+
+    # -- events -------------------------------------------------------------------------
+
+    def observe(self, event: LogLine | ProcessStarted, ctx: DetectorContext) -> list[Envelope]:
+        if event.job is None or event.generation is None or event.rank is None:
+            return []
+        record = ctx.job(event.job)
+        if record is None or event.generation < record.generation:
+            return []
+        job = self._job(event.job, event.generation)
+        if job is None:
+            return []
+        rank = job.ranks.setdefault(event.rank, _Rank())
+        rank.replica, rank.node = event.replica, event.node
+        if isinstance(event, ProcessStarted):
+            if rank.started is None or event.time > rank.started:
+                rank.started = event.time
+            return []
+        if not isinstance(event, LogLine):
+            return []
+        where = _Where(event.job, event.generation, event.rank)
+        return self._line(event, record, where, rank, ctx)
+
+    def _job(self, name: str, generation: int) -> _Job | None:
+        job = self._jobs.get(name)
+        if job is None or generation > job.generation:
+            job = self._jobs[name] = _Job(generation)
+        return job if generation == job.generation else None
+
+    def _line(
+        self, event: LogLine, record: JobRecord, where: _Where, rank: _Rank, ctx: DetectorContext
+    ) -> list[Envelope]:
+        rules = record.spec.spec.monitoring.log_rules
+        text = event.line[:MAX_LINE_CHARS]
+        budget = LineBudget()
+        timed_out = False
+        faults: list[Envelope] = []
+        for rule in rules:
+            if rule.ranks is not None and where.rank not in rule.ranks:
+                continue
+            try:
+                faults += self._apply(rule, event, text, budget, where, rank, ctx)
+            except MatchTimeout as error:
+                timed_out = True
+                self._slow.warning(
+                    f"{where.job}:{rule.name}",
+                    f"log rule {rule.name!r} skipped a line of rank {where.rank}: {error}",
+                    job=where.job,
+                    rank=where.rank,
+                    reason="log_rule_timeout",
+                )
+        if timed_out:
+            self.lines_timed_out += 1
+        return faults
+
+    def _apply(
+        self,
+        rule: LogRule,
+        event: LogLine,
+        text: str,
+        budget: LineBudget,
+        where: _Where,
+        rank: _Rank,
+        ctx: DetectorContext,
+    ) -> list[Envelope]:
+        patterns = self._compiled(rule)
+        if patterns is None:
+            return []
+        seen = rank.seen(rule)
+        if seen.stopped:
+            return []
+        pattern, stop = patterns
+        if stop is not None and budget.search(stop, text) is not None:
+            seen.stopped = True
+            return []
+        match = budget.search(pattern, text)
+        if match is None:
+            return []
+        faults = self._late(rule, seen, where, rank, event.time, ctx)
+        seen.first_match = seen.first_match or event.time
+        seen.last_match = max(seen.last_match or event.time, event.time)
+        line = text[:EVIDENCE_LINE_CHARS]
+        if rule.fault_on_match:
+            evidence = {"rule": rule.name, "line": line, "stream": event.stream}
+            message = f"rank {where.rank}: log rule {rule.name!r} matched: {line[:200]}"
+            faults += self._fire(rule, where, rank, ctx, "match", "log_rule", message, evidence)
+        elif rule.metric_threshold is not None and rule.operator is not None:
+            faults += self._metric(rule, seen, match, line, where, rank, ctx)
+        return faults
+
+    def _compiled(self, rule: LogRule) -> tuple[Pattern, Pattern | None] | None:
+        """The rule's (logPattern, stopPattern or None), or None when one does not compile."""
+        pattern = self._patterns.get(rule.name, rule.log_pattern)
+        if pattern is None:
+            return None
+        if rule.stop_pattern is None:
+            return pattern, None
+        stop = self._patterns.get(rule.name, rule.stop_pattern)
+        return None if stop is None else (pattern, stop)
+
+    def _metric(
+        self,
+        rule: LogRule,
+        seen: _Seen,
+        match: Match,
+        line: str,
+        where: _Where,
+        rank: _Rank,
+        ctx: DetectorContext,
+    ) -> list[Envelope]:
+        threshold, how = rule.metric_threshold, rule.operator
+        value = _number(match)
+        if threshold is None or how is None or value is None:
+            return []
+        if not _COMPARE[how](value, threshold):
+            seen.streak = 0
+            return []
+        seen.streak += 1
+        if seen.streak < rule.metric_evaluation_data_points:
+            return []
+        evidence = {
+            "rule": rule.name,
+            "line": line,
+            "value": value,
+            "threshold": threshold,
+            "operator": how,
+            "data_points": rule.metric_evaluation_data_points,
+        }
+        message = (
+            f"rank {where.rank}: log rule {rule.name!r}: value {value:g} {how} {threshold:g} "
+            f"for {seen.streak} value(s) in a row"
+        )
+        return self._fire(rule, where, rank, ctx, "metric", "log_metric", message, evidence)
+
+    # -- timeouts -----------------------------------------------------------------------
+
+    def tick(self, ctx: DetectorContext) -> list[Envelope]:
+        faults: list[Envelope] = []
+        for name, job in list(self._jobs.items()):
+            record = ctx.job(name)
+            if record is None or record.phase.finished or record.generation > job.generation:
+                del self._jobs[name]
+                continue
+            rules = {rule.name: rule for rule in record.spec.spec.monitoring.log_rules}
+            for number, rank in job.ranks.items():
+                for gone in rank.rules.keys() - rules.keys():
+                    del rank.rules[gone]
+                if rank.replica in record.finished_replicas:
+                    continue
+                where = _Where(name, job.generation, number)
+                for rule in rules.values():
+                    if rule.ranks is not None and number not in rule.ranks:
+                        continue
+                    if self._compiled(rule) is None:
+                        continue
+                    faults += self._late(rule, rank.seen(rule), where, rank, ctx.now, ctx)
+        return faults
+
+    def _late(
+        self,
+        rule: LogRule,
+        seen: _Seen,
+        where: _Where,
+        rank: _Rank,
+        now: datetime,
+        ctx: DetectorContext,
+    ) -> list[Envelope]:
+        """A hang if, at ``now``, the rule's next match is overdue."""
+        if seen.stopped:
+            return []
+        if seen.first_match is None:
+            limit, since, what = rule.expected_start_cut_off_in_seconds, rank.started, "start"
+        else:
+            limit, since, what = (
+                rule.expected_recurring_frequency_in_seconds,
+                seen.last_match,
+                "recurring",
+            )
+        if limit is None or since is None:
+            return []
+        waited = (now - since).total_seconds()
+        if waited <= limit:
+            return []
+        evidence = {
+            "rule": rule.name,
+            "timeout": what,
+            "limit_seconds": limit,
+            "waited_seconds": round(waited, 3),
+            "since": since.isoformat(),
+        }
+        after = "the process started" if what == "start" else "the last match"
+        message = (
+            f"rank {where.rank}: log rule {rule.name!r} saw no match for {waited:.1f} s "
+            f"after {after} (limit {limit:g} s)"
+        )
+        return self._fire(rule, where, rank, ctx, what, "log_hang", message, evidence)
+
+    # -- output -------------------------------------------------------------------------
+
+    def _fire(
+        self,
+        rule: LogRule,
+        where: _Where,
+        rank: _Rank,
+        ctx: DetectorContext,
+        what: str,
+        reason: str,
+        message: str,
+        evidence: dict[str, Any],
+    ) -> list[Envelope]:
+        fault_id = f"log_rule:{where.job}:g{where.generation}:r{where.rank}:{rule.name}:{what}"
+        if fault_id in rank.fired:
+            return []
+        rank.fired.add(fault_id)
+        fault: FaultDetected = ctx.fault(
+            fault_id=fault_id,
+            reason=reason,
+            scope=FaultScope.PROCESS,
+            message=message,
+            evidence=evidence,
+            suggested_level=RecoveryLevel.PROCESS,
+            alert_only=rule.action == "alert",
+            id="log-rule-" + hashlib.sha256(fault_id.encode()).hexdigest()[:40],
+            job=where.job,
+            generation=where.generation,
+            rank=where.rank,
+            replica=rank.replica,
+            node=rank.node,
+        )
+        return [fault]
+
+
+def _number(match: Match) -> float | None:
+    """The first group as a number; None when it is missing or not a number."""
+    if match.re.groups < 1:
+        return None
+    text = match.group(1)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return None if math.isnan(value) else value
