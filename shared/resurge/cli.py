@@ -61,13 +61,25 @@ def _parser() -> argparse.ArgumentParser:
         help="subject filter under <namespace>.v1, e.g. 'fault.>' (default: all)",
     )
     events.add_argument("--json", action="store_true", help="print each event as JSON")
-    inject = commands.add_parser("inject", help="break a worker on purpose")
-    inject.add_argument(
-        "fault", choices=["crash", "hang", "log"], help="SIGKILL, SIGSTOP, or a fake log line"
+    inject = commands.add_parser(
+        "inject",
+        help="break a worker or a simulated GPU on purpose",
+        description="Break something on purpose: 'crash', 'hang' or 'log' a worker "
+        "(--job J --rank R), or raise an NVIDIA XID on a simulated GPU "
+        "(xid --node N --gpu G --code C).",
     )
-    inject.add_argument("--job", required=True, help="job name")
-    inject.add_argument("--rank", type=int, required=True, help="global rank of the worker")
-    inject.add_argument("--line", default="", help="for 'log': the line the worker 'prints'")
+    inject.add_argument(
+        "fault",
+        choices=["crash", "hang", "log", "xid"],
+        help="SIGKILL or SIGSTOP a worker, a fake log line, or an XID on a simulated GPU",
+    )
+    inject.add_argument("--job", help="crash|hang|log: job name")
+    inject.add_argument("--rank", type=_count, help="crash|hang|log: global rank of the worker")
+    inject.add_argument("--line", default="", help="log: the line the worker 'prints'")
+    inject.add_argument("--node", help="xid: node whose GPU raises it")
+    inject.add_argument("--gpu", type=_count, help="xid: GPU index on the node")
+    inject.add_argument("--code", type=_count, help="xid: the XID code, e.g. 79")
+    inject.set_defaults(inject_parser=inject)
     commands.add_parser(
         "demo",
         help="the whole story: up, a DDP job, a worker killed and recovered, a summary, down",
@@ -80,6 +92,39 @@ def _parser() -> argparse.ArgumentParser:
         help="folder to write into (default docs/schemas)",
     )
     return parser
+
+
+def _count(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is below 0")
+    return value
+
+
+# What each kind of `resurge inject` needs and takes: a worker fault, or an XID on a GPU.
+_INJECT_NEEDS = {"worker": ("job", "rank"), "xid": ("node", "gpu", "code")}
+_INJECT_TAKES = {"worker": {"job", "rank", "line"}, "xid": {"node", "gpu", "code"}}
+
+
+def _check_inject(args: argparse.Namespace) -> None:
+    """Fail, naming the options, where ``inject``'s fault lacks some or got others."""
+    kind = "xid" if args.fault == "xid" else "worker"
+    missing = [f"--{name}" for name in _INJECT_NEEDS[kind] if getattr(args, name) is None]
+    stray = [
+        f"--{name}"
+        for name in ("job", "rank", "line", "node", "gpu", "code")
+        if name not in _INJECT_TAKES[kind] and getattr(args, name) not in (None, "")
+    ]
+    parser: argparse.ArgumentParser = args.inject_parser
+    if missing:
+        needs = " ".join(f"--{name}" for name in _INJECT_NEEDS[kind])
+        parser.error(f"inject {args.fault} needs {needs}; missing {', '.join(missing)}")
+    if stray:
+        parser.error(f"inject {args.fault} does not take {', '.join(stray)}")
 
 
 def _settings(state_dir: Path | None) -> tuple[Settings, bool]:
@@ -96,6 +141,8 @@ def _settings(state_dir: Path | None) -> tuple[Settings, bool]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "inject":
+        _check_inject(args)
     if args.command in ("up", "down"):
         from resurge.local.state import resolve_state_dir
         from resurge.local.updown import down, up

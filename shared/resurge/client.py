@@ -1,4 +1,5 @@
-"""What the ``resurge`` command does over the bus: submit, delete, status, watch events."""
+"""What the ``resurge`` command does over the bus: submit, delete, status, watch events,
+inject faults."""
 
 from __future__ import annotations
 
@@ -7,13 +8,36 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
+import nats.js.errors
+
 from resurge.bus import Bus
-from resurge.events import Event, InjectFault, JobDeleted, JobSubmitted, encode_event
+from resurge.cluster.protocol import NodeInfo
+from resurge.events import (
+    Event,
+    InjectFault,
+    InjectGpuError,
+    JobDeleted,
+    JobSubmitted,
+    encode_event,
+)
 from resurge.jobspec import TrainingJob
 from resurge.records import JobStore, status_view
 from resurge.settings import Settings
+from resurge.subjects import escape_token, unescape_token
+from resurge.xid import action_for, lookup
 
-__all__ = ["connected", "delete_job", "job_status", "submit_job", "watch_events"]
+__all__ = [
+    "connected",
+    "delete_job",
+    "inject_fault",
+    "inject_xid",
+    "job_status",
+    "submit_job",
+    "watch_events",
+]
+
+# The bucket where a local cluster's monitors write their nodes (resurge.cluster.local).
+_NODES_BUCKET = "nodes"
 
 
 @asynccontextmanager
@@ -67,6 +91,39 @@ async def inject_fault(bus: Bus, job: str, rank: int, fault: str, line: str = ""
     )
     await bus.publish(bus.subjects.cmd(job, replica), event)
     return f"replica {replica}, local rank {local_rank}, generation {record.generation}"
+
+
+async def inject_xid(bus: Bus, node: str, gpu: int, xid: int) -> str:
+    """Send InjectGpuError to ``node``'s monitor; says what the XID means.
+
+    Where the cluster keeps node records (a local cluster), an unknown node or a GPU
+    index beyond the node's slots is refused with :class:`LookupError`.
+    """
+    info = await _node_record(bus, node)
+    if info is not None and not 0 <= gpu < info.slots:
+        raise LookupError(f"node {node!r} has {info.slots} GPUs; there is no GPU {gpu}")
+    event = InjectGpuError(source=bus.source, node=node, gpu=gpu, xid=xid)
+    await bus.publish(bus.subjects.node_cmd(node), event)
+    return f"{lookup(xid).description}; built-in action {action_for(xid).value}"
+
+
+async def _node_record(bus: Bus, node: str) -> NodeInfo | None:
+    """The node's record; None where the cluster keeps none (no local nodes bucket)."""
+    try:
+        kv = await bus.js.key_value(bus.subjects.kv_bucket(_NODES_BUCKET))
+    except nats.js.errors.BucketNotFoundError:
+        return None
+    try:
+        entry = await kv.get(escape_token(node))
+    except nats.js.errors.KeyNotFoundError:
+        entry = None
+    if entry is None or not entry.value:
+        try:
+            known = ", ".join(sorted(unescape_token(key) for key in await kv.keys()))
+        except nats.js.errors.NoKeysError:
+            known = ""
+        raise LookupError(f"no node named {node!r} (nodes: {known or 'none'})")
+    return NodeInfo.model_validate_json(entry.value)
 
 
 async def watch_events(

@@ -13,6 +13,7 @@ from resurge.client import (
     delete_job,
     event_line,
     inject_fault,
+    inject_xid,
     job_status,
     submit_job,
     watch_events,
@@ -62,6 +63,13 @@ async def run_command(args: argparse.Namespace, settings: Settings, *, local: bo
                 print(f"resurge status: no job named {args.job!r}", file=sys.stderr)
                 return 1
             _say(views, args.json, one=args.job is not None)
+        elif command == "inject" and args.fault == "xid":
+            try:
+                what = await inject_xid(bus, args.node, args.gpu, args.code)
+            except LookupError as error:
+                print(f"resurge inject: {error}", file=sys.stderr)
+                return 1
+            print(f"injected XID {args.code} into GPU {args.gpu} of node {args.node} ({what})")
         elif command == "inject":
             try:
                 where = await inject_fault(bus, args.job, args.rank, args.fault, args.line)

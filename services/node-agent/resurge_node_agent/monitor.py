@@ -1,12 +1,26 @@
 """``monitor`` mode: one per node. Reports the node and runs the worker groups placed on it.
 
-- Writes the node's record (slots, health, address, heartbeat) to the ``nodes`` bucket
-  every few seconds and publishes CapacityChanged whenever its free slots change.
+- GPUs: NVML's when it finds any (:class:`~resurge_node_agent.gpus.NvmlGpus`); where
+  NVML has none (no driver, as on a laptop or CI) and ``--gpus M`` is above 0, ``M``
+  simulated GPUs (:class:`~resurge_node_agent.gpus.SimulatedGpus`), which is what the local
+  cluster's virtual nodes get. ``RESURGE_SIMULATE_GPUS=1`` simulates even where NVML
+  finds GPUs. The node offers ``--gpus`` slots either way.
+- Every heartbeat (and whenever a worker group or a GPU's health changes) it writes the
+  node's record to the ``nodes`` bucket (``healthy`` false while a GPU is unhealthy),
+  publishes a NodeReport on ``raw._.node_report.<node>`` (stored, acked) and a GpuSample
+  on ``raw._.gpu_sample.<node>`` (not waited for), and publishes CapacityChanged whenever
+  its free slots or its health change.
+- Every GPU error (XID event, GPU fallen off the bus, rise in uncorrected ECC errors) is
+  published as a GpuError on ``raw._.gpu_error.<node>`` as it happens. A GPU whose XID
+  calls for ``reset_gpu`` or ``replace_node`` (built-in XID table), or that fell off the
+  bus, stays unhealthy until the monitor restarts.
+- Commands to the node arrive on ``cmd._.<node>`` (durable consumer
+  ``monitor-<node>``, new messages only): InjectGpuError raises an XID on a simulated GPU
+  and is ignored, with a log line, on NVML GPUs.
 - Watches the ``workergroups`` bucket for keys under this node, and reconciles them as a
   kubelet reconciles pods: a new key starts a ``resurge-node-agent launch`` process, a
   bumped ``incarnation`` recreates it, a deleted key stops it. A launch agent that exits
   non-zero while its key still exists is started again (restartPolicy OnFailure).
-- In local mode the node's GPUs are simulated slots; NVML health comes with issue 4.
 """
 
 from __future__ import annotations
@@ -20,16 +34,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from resurge.bus import PermanentError
 from resurge.cluster.local import LocalBackend
 from resurge.cluster.protocol import NodeInfo, WorkerGroupSpec
-from resurge.events import CapacityChanged
+from resurge.events import CapacityChanged, GpuError, GpuSample, InjectGpuError, NodeReport
 from resurge.service import ServiceContext
-from resurge.subjects import escape_token
+from resurge.subjects import NODE_LEVEL_JOB, escape_token
+from resurge_node_agent.gpus import GpuErrorReport, GpuSource, SimulatedGpus, select_gpus
 
 __all__ = ["MonitorConfig", "NodeMonitor"]
 
 HEARTBEAT_SECONDS = 3.0
 _RESTART_BACKOFF_SECONDS = 1.0
+_PUBLISH_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -48,21 +65,56 @@ class _Running:
 
 
 class NodeMonitor:
-    def __init__(self, ctx: ServiceContext, config: MonitorConfig) -> None:
+    def __init__(
+        self, ctx: ServiceContext, config: MonitorConfig, gpus: GpuSource | None = None
+    ) -> None:
         self.ctx = ctx
         self.config = config
         self.groups: dict[str, _Running] = {}
         self.backend: LocalBackend | None = None
-        self._last_free: int | None = None
+        self.gpus = gpus
+        self._last_capacity: tuple[int, bool] | None = None
+        self._gpu_errors: asyncio.Queue[GpuErrorReport] = asyncio.Queue()
+        self._reporting = asyncio.Lock()
 
     @property
     def free_slots(self) -> int:
         used = sum(r.spec.nproc for r in self.groups.values() if not r.stopping)
         return max(0, self.config.slots - used)
 
+    @property
+    def unhealthy_gpus(self) -> list[int]:
+        return [] if self.gpus is None else self.gpus.unhealthy()
+
     async def start(self) -> None:
-        self.backend = await LocalBackend.open(self.ctx.bus)
+        bus = self.ctx.bus
+        self.backend = await LocalBackend.open(bus)
         self.ctx.exit_stack.push_async_callback(self._shutdown)
+        if self.gpus is None:
+            self.gpus = await asyncio.to_thread(select_gpus, self.config.slots, self.config.node)
+        gpus = self.gpus
+
+        async def close_gpus() -> None:
+            await asyncio.to_thread(gpus.close)  # joins NVML's event thread
+
+        self.ctx.exit_stack.push_async_callback(close_gpus)
+        loop = asyncio.get_running_loop()
+        queue = self._gpu_errors
+
+        def on_gpu_error(report: GpuErrorReport) -> None:  # any thread
+            with contextlib.suppress(RuntimeError):  # the loop closed: the monitor is gone
+                loop.call_soon_threadsafe(queue.put_nowait, report)
+
+        gpus.start(on_gpu_error)
+        self.ctx.spawn(self._publish_gpu_errors())
+        # Bound before the first report, so a NodeReport seen means commands are heard.
+        await bus.consume(
+            bus.subjects.node_cmd(self.config.node),
+            f"monitor-{escape_token(self.config.node)}",
+            self._on_command,
+            expects=(InjectGpuError,),
+            start="new",
+        )
         await self._report()
         watcher = await self.backend.groups.watch(f"{escape_token(self.config.node)}.>")
         self.ctx.spawn(self._reconcile(watcher))
@@ -71,29 +123,102 @@ class NodeMonitor:
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_SECONDS)
-            await self._report()
+            try:
+                await self._report()
+            except Exception:  # a missed beat, not a dead monitor
+                self.ctx.log.exception("could not report node %s", self.config.node)
 
     async def _report(self) -> None:
+        async with self._reporting:
+            await self._report_now()
+
+    async def _report_now(self) -> None:
         assert self.backend is not None
+        bus, node = self.ctx.bus, self.config.node
+        readings = [] if self.gpus is None else await asyncio.to_thread(self.gpus.readings)
+        unhealthy = self.unhealthy_gpus
+        healthy = not unhealthy
         info = NodeInfo(
-            name=self.config.node,
+            name=node,
             slots=self.config.slots,
+            healthy=healthy,
             address=self.config.address,
             heartbeat=datetime.now(UTC),
         )
         await self.backend.put_node(info)
         free = self.free_slots
-        if free != self._last_free:
-            self._last_free = free
-            bus = self.ctx.bus
+        report = NodeReport(
+            source=bus.source,
+            node=node,
+            slots_total=self.config.slots,
+            slots_free=free,
+            healthy=healthy,
+            unhealthy_gpus=unhealthy,
+        )
+        await bus.publish(bus.subjects.raw(NODE_LEVEL_JOB, "node_report", node), report)
+        if readings:
+            sample = GpuSample(
+                source=bus.source,
+                node=node,
+                gpus=readings,
+                simulated=bool(self.gpus is not None and self.gpus.simulated),
+            )
+            await bus.publish_nowait(bus.subjects.raw(NODE_LEVEL_JOB, "gpu_sample", node), sample)
+        if (free, healthy) != self._last_capacity:
+            self._last_capacity = (free, healthy)
             event = CapacityChanged(
                 source=bus.source,
-                node=self.config.node,
+                node=node,
                 slots_total=self.config.slots,
                 slots_free=free,
-                healthy=True,
+                healthy=healthy,
             )
-            await bus.publish(bus.subjects.capacity(self.config.node), event)
+            await bus.publish(bus.subjects.capacity(node), event)
+
+    async def _publish_gpu_errors(self) -> None:
+        bus, node = self.ctx.bus, self.config.node
+        while True:
+            report = await self._gpu_errors.get()
+            event = GpuError(
+                source=bus.source,
+                node=node,
+                gpu=report.gpu,
+                uuid=report.uuid,
+                error=report.error,
+                xid=report.xid,
+                message=report.message,
+            )
+            self.ctx.log.warning("GPU %d error (%s): %s", report.gpu, report.error,
+                                 report.message, extra={"node": node})  # fmt: skip
+            subject = bus.subjects.raw(NODE_LEVEL_JOB, "gpu_error", node)
+            for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
+                try:  # the same event id each time: the stream keeps one copy
+                    await bus.publish(subject, event)
+                    break
+                except Exception as error:
+                    self.ctx.log.warning("publishing GPU %d's error failed (%d of %d): %s",
+                                         report.gpu, attempt, _PUBLISH_ATTEMPTS, error)  # fmt: skip
+                    await asyncio.sleep(_RESTART_BACKOFF_SECONDS)  # retry pace
+            if report.gpu in self.unhealthy_gpus:
+                try:
+                    await self._report()  # tell the cluster now, not at the next beat
+                except Exception:
+                    self.ctx.log.exception("could not report node %s", node)
+
+    async def _on_command(self, event: InjectGpuError) -> None:
+        gpus = self.gpus
+        if not isinstance(gpus, SimulatedGpus):
+            self.ctx.log.warning(
+                "ignoring injected XID %d for GPU %d: this node's GPUs are real (NVML)",
+                event.xid, event.gpu, extra={"event_id": event.id},
+            )  # fmt: skip
+            return
+        try:
+            gpus.inject_xid(event.gpu, event.xid)
+        except IndexError as error:
+            raise PermanentError(f"node {self.config.node}: {error}") from None
+        self.ctx.log.info("injected XID %d into simulated GPU %d", event.xid, event.gpu,
+                          extra={"event_id": event.id})  # fmt: skip
 
     async def _reconcile(self, watcher: object) -> None:
         async for entry in watcher:  # type: ignore[attr-defined]

@@ -1,0 +1,6 @@
+"""Make ``resurge_loss_spike`` importable from this folder, installed or not."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
