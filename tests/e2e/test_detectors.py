@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from resurge.bus import Bus
-from resurge.client import inject_fault
+from resurge.client import inject_fault, inject_xid
 from resurge.events import JobPhase, Progress, RecoveryFinished
 from resurge.jobspec import TrainingJob, parse_job
 from resurge.local.story import Observed, Watch, run_job
@@ -121,3 +121,26 @@ async def test_a_slow_rank_is_reported_with_its_evidence(
         str(fault.evidence["median_seconds"])
     )
     assert result.phase is JobPhase.SUCCEEDED and not result.events(RecoveryFinished)
+
+
+async def test_an_injected_fatal_xid_is_a_node_scoped_fault_and_recovered(
+    nats_url: str, namespace: str, tmp_path: Path
+) -> None:
+    spec = job("xid", "--steps", "80", "--step-seconds", "0.03")
+
+    async def break_gpu(bus: Bus, watch: Watch) -> None:
+        await watch.wait_for(progressed(0, 0, 5))
+        await inject_xid(bus, "node-0", 0, 79)
+
+    result = await run_job(spec, state_dir=tmp_path, nats_url=nats_url, namespace=namespace,
+                           nodes=1, wait_seconds=60, during=break_gpu)  # fmt: skip
+    by_reason = {f.reason: f for f in result.faults}
+    assert set(by_reason) == {"gpu_xid", "node_unhealthy"}  # the GPU, and the node it is on
+    assert all(f.scope.value == "node" and f.node == "node-0" for f in result.faults)
+    fault = by_reason["gpu_xid"]
+    assert fault.evidence["xid"] == 79 and fault.evidence["action"] == "replace_node"
+    assert fault.suggested_level is not None and fault.suggested_level.value == "node"
+    # one recovery: the second fault is of the generation the first one already ended.
+    # (The node level itself comes with issue 5; today faults recover at process level.)
+    assert len(result.events(RecoveryFinished)) == 1
+    assert result.phase is JobPhase.SUCCEEDED
