@@ -9,6 +9,7 @@ from resurge_scaler.admission import (
     new_record,
     place,
     start,
+    update_live,
 )
 
 
@@ -79,3 +80,16 @@ def test_resubmitted_name_starts_past_the_old_generation() -> None:
     old = new_record(job(), None)
     old.generation = 4
     assert new_record(job(), old).generation == 5
+
+
+def test_resubmitting_a_running_job_updates_only_its_monitoring() -> None:
+    record = new_record(job(), None)
+    changed = parse_job({
+        "metadata": {"name": "j"},
+        "spec": {"command": ["other"], "nprocPerNode": 2, "replicas": {"min": 2},
+                 "monitoring": {"heartbeatTimeoutSeconds": 30}},
+    })  # fmt: skip
+    assert update_live(record, changed)
+    assert record.spec.spec.monitoring.heartbeat_timeout_seconds == 30
+    assert record.spec.spec.command == ["x"]
+    assert not update_live(record, changed)

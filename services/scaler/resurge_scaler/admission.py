@@ -15,7 +15,14 @@ from resurge.jobspec import TrainingJob
 from resurge.planner import master_port_for
 from resurge.records import JobRecord, Placement
 
-__all__ = ["admission_order", "mark_replica_finished", "new_record", "place", "start"]
+__all__ = [
+    "admission_order",
+    "mark_replica_finished",
+    "new_record",
+    "place",
+    "start",
+    "update_live",
+]
 
 
 def new_record(job: TrainingJob, previous: JobRecord | None) -> JobRecord:
@@ -83,4 +90,14 @@ def mark_replica_finished(record: JobRecord, replica: int, generation: int) -> b
         record.phase = JobPhase.SUCCEEDED
         record.pending_recovery = None
         record.message = f"every replica finished in generation {generation}"
+    return True
+
+
+def update_live(record: JobRecord, job: TrainingJob) -> bool:
+    """A running job submitted again: take its new ``monitoring`` settings (log rules,
+    timeouts, stragglers), which detectors read live; keep everything else."""
+    if record.spec.spec.monitoring == job.spec.monitoring:
+        return False
+    spec = record.spec.spec.model_copy(update={"monitoring": job.spec.monitoring})
+    record.spec = record.spec.model_copy(update={"spec": spec})
     return True

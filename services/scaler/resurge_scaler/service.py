@@ -33,6 +33,7 @@ from resurge_scaler.admission import (
     new_record,
     place,
     start,
+    update_live,
 )
 
 __all__ = ["setup"]
@@ -94,7 +95,9 @@ async def setup(ctx: ServiceContext) -> None:
         job = event.spec
         found = await store.get(job.name)
         if found is not None and not found[0].phase.finished:
-            ctx.log.info("%s is already %s; submission ignored", job.name, found[0].phase.value)
+            await store.mutate(job.name, partial(update_live, job=job))
+            ctx.log.info("%s is already %s: monitoring settings updated, the rest kept",
+                         job.name, found[0].phase.value)  # fmt: skip
             return
         record = new_record(job, found[0] if found else None)
         written = (
