@@ -23,14 +23,13 @@ import asyncio
 import statistics
 import sys
 import tempfile
-from datetime import datetime
 from pathlib import Path
 
 from resurge.bus import Bus
 from resurge.client import inject_fault
 from resurge.events import FaultDetected, Progress
 from resurge.jobspec import EnvVar, TrainingJob, load_job
-from resurge.local.story import Observed, StoryResult, Watch, run_job
+from resurge.local.story import Observed, Watch, run_job
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS_BEFORE_KILL = 12
@@ -71,23 +70,6 @@ async def kill_repeatedly(bus: Bus, watch: Watch, job: str, kills: int) -> None:
         await inject_fault(bus, job, 1 + generation % 3, "crash")
 
 
-def recoveries(result: StoryResult) -> list[float]:
-    """Seconds from each killed worker's exit to the next generation's first step."""
-    times = []
-    for fault in result.faults:
-        exited_at = fault.evidence.get("exited_at")
-        if not isinstance(exited_at, str) or fault.generation is None:
-            continue
-        firsts = [
-            o.event.time
-            for o in result.observed
-            if isinstance(o.event, Progress) and o.event.generation == fault.generation + 1
-        ]
-        if firsts:
-            times.append((min(firsts) - datetime.fromisoformat(exited_at)).total_seconds())
-    return times
-
-
 async def resurge_recoveries(kills: int, fork_server: bool, workdir: Path) -> list[float]:
     job = bench_job(kills, fork_server, workdir / "ckpt")
     result = await run_job(
@@ -102,7 +84,7 @@ async def resurge_recoveries(kills: int, fork_server: bool, workdir: Path) -> li
     faults = [e for e in result.events(FaultDetected)]
     print(f"  job {result.phase}, {len(faults)} faults, {len(result.recoveries)} recoveries",
           flush=True)  # fmt: skip
-    return recoveries(result)
+    return result.latencies_after_exit(Progress)
 
 
 def line(name: str, values: list[float], baseline: float | None) -> str:

@@ -24,6 +24,7 @@ from resurge.events import (
     AgentState,
     AgentStateChanged,
     Assign,
+    Envelope,
     Event,
     FaultDetected,
     JobPhase,
@@ -96,19 +97,24 @@ class StoryResult:
 
     def restart_latencies(self) -> list[float]:
         """Seconds from each fault's worker exit to the first Assign of the next generation."""
+        return self.latencies_after_exit(Assign)
+
+    def latencies_after_exit(self, kind: type[Envelope]) -> list[float]:
+        """Seconds from each fault's worker exit to the first ``kind`` event of the next
+        generation (Assign: the restart command; Progress: its first completed step)."""
         latencies = []
         for fault in self.faults:
             exited_at = fault.evidence.get("exited_at")
             if not isinstance(exited_at, str) or fault.generation is None:
                 continue
-            assigns = [
+            after = [
                 o.event.time
                 for o in self.observed
-                if isinstance(o.event, Assign) and o.event.generation == fault.generation + 1
+                if isinstance(o.event, kind) and o.event.generation == fault.generation + 1
             ]
-            if assigns:
+            if after:
                 exited = datetime.fromisoformat(exited_at)
-                latencies.append((min(assigns) - exited).total_seconds())
+                latencies.append((min(after) - exited).total_seconds())
         return latencies
 
 
