@@ -295,8 +295,10 @@ class Bus:
                 await msg.ack()
 
         async def on_message(msg: Msg) -> None:
-            event = await self._check(msg, kind_token)
-            if event is not None:
+            event, problem = _decode_checked(msg, kind_token)
+            if problem is not None:
+                await self._dead_letter(msg, *problem)
+            elif event is not None:
                 pending.append(event)
             last.append(msg)
             if len(last) >= batch:
@@ -324,18 +326,9 @@ class Bus:
 
     async def _check(self, msg: Msg, kind_token: int | None) -> Event | None:
         """The decoded event, or None after dead-lettering it (without acking it)."""
-        try:
-            event = decode_event(msg.data)
-        except DecodeError as error:
-            await self._dead_letter(msg, error.reason, error.detail)
-            return None
-        if kind_token is not None:
-            tokens = msg.subject.split(".")
-            on_subject = tokens[kind_token] if len(tokens) > kind_token else ""
-            if on_subject != event.kind:
-                detail = f"kind {event.kind!r} on {msg.subject}, whose kind token is {on_subject!r}"
-                await self._dead_letter(msg, DeadLetterReason.UNEXPECTED_KIND, detail)
-                return None
+        event, problem = _decode_checked(msg, kind_token)
+        if problem is not None:
+            await self._dead_letter(msg, *problem)
         return event
 
     async def _dead_letter(self, msg: Msg, reason: DeadLetterReason, detail: str) -> None:
@@ -414,3 +407,20 @@ class Bus:
         already = (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError)
         with contextlib.suppress(*already):
             await self.nc.drain()
+
+
+def _decode_checked(
+    msg: Msg, kind_token: int | None
+) -> tuple[Event | None, tuple[DeadLetterReason, str] | None]:
+    """The event in ``msg``, or why it cannot be used (a synchronous hot path)."""
+    try:
+        event = decode_event(msg.data)
+    except DecodeError as error:
+        return None, (error.reason, error.detail)
+    if kind_token is not None:
+        tokens = msg.subject.split(".")
+        on_subject = tokens[kind_token] if len(tokens) > kind_token else ""
+        if on_subject != event.kind:
+            detail = f"kind {event.kind!r} on {msg.subject}, whose kind token is {on_subject!r}"
+            return None, (DeadLetterReason.UNEXPECTED_KIND, detail)
+    return event, None

@@ -75,31 +75,38 @@ class DetectorRuntime:
         return event.job in (None, NODE_LEVEL_JOB) or self.partition.owns(event.job)
 
     def observe(self, event: Envelope, now: datetime) -> list[Envelope]:
-        detectors = self._by_kind.get(event.kind)
-        if not detectors or not self.owns_event(event):
-            return []
+        return self.observe_all([event], now)
+
+    def observe_all(self, events: Iterable[Envelope], now: datetime) -> list[Envelope]:
+        """Hand each event to the detectors of its kind; what they conclude, in order."""
         ctx = DetectorContext(now=now, source=self.source, jobs=self.jobs)
         out: list[Envelope] = []
-        for detector in detectors:
-            out += self._guard(detector, lambda d=detector: d.observe(event, ctx))
+        for event in events:
+            detectors = self._by_kind.get(event.kind)
+            if not detectors or not self.owns_event(event):
+                continue
+            for detector in detectors:
+                try:
+                    out += detector.observe(event, ctx)
+                except Exception as error:
+                    self._failed(detector, error)
         return self._keep(out)
 
     def tick(self, now: datetime) -> list[Envelope]:
         ctx = DetectorContext(now=now, source=self.source, jobs=self.jobs)
         out: list[Envelope] = []
         for detector in self.detectors:
-            out += self._guard(detector, lambda d=detector: d.tick(ctx))
+            try:
+                out += detector.tick(ctx)
+            except Exception as error:
+                self._failed(detector, error)
         return self._keep(out)
 
-    def _guard(self, detector: Detector, call: object) -> list[Envelope]:
-        try:
-            return list(call())  # type: ignore[operator]
-        except Exception as error:
-            self.failures[detector.name] += 1
-            self._log.warning(
-                detector.name, f"detector {detector.name} failed: {error!r}", reason="plugin_error"
-            )
-            return []
+    def _failed(self, detector: Detector, error: Exception) -> None:
+        self.failures[detector.name] += 1
+        self._log.warning(
+            detector.name, f"detector {detector.name} failed: {error!r}", reason="plugin_error"
+        )
 
     def _keep(self, out: Iterable[Envelope]) -> list[Envelope]:
         return [

@@ -95,10 +95,7 @@ def make_setup(settings: DetectorSettings) -> Callable[[ServiceContext], Awaitab
         async def on_raw(events: list[Event]) -> None:
             now = datetime.now(UTC)
             seen.inc(len(events))
-            out: list[Envelope] = []
-            for event in events:
-                out += runtime.observe(event, now)
-            await publish(out)
+            await publish(runtime.observe_all(events, now))
 
         ctx.spawn(follow_jobs())
         ctx.spawn(tick())

@@ -50,9 +50,11 @@ class StragglerDetector:
         if not settings.enabled or event.generation < record.generation:
             return []
         job_key = (record.name, event.generation)
-        for old in [k for k in self._jobs if k[0] == record.name and k[1] < event.generation]:
-            del self._jobs[old]
-        ranks = self._jobs.setdefault(job_key, {})
+        ranks = self._jobs.get(job_key)
+        if ranks is None:  # a new generation: forget the job's older ones
+            for old in [k for k in self._jobs if k[0] == record.name and k[1] < event.generation]:
+                del self._jobs[old]
+            ranks = self._jobs[job_key] = {}
         rank = ranks.setdefault(event.rank, _Rank(event.replica, event.node))
         seconds = self._step_seconds(rank, event)
         rank.last_time, rank.last_step = event.time, event.step
