@@ -36,6 +36,7 @@ bench: $(INSTALLED)
 	$(BIN)/python bench/restart_latency.py
 	$(BIN)/python bench/forkserver.py
 	$(BIN)/python bench/recovery.py
+	$(BIN)/python bench/detector_throughput.py --rate 40000
 
 schemas: $(INSTALLED)
 	$(BIN)/resurge schema --out docs/schemas

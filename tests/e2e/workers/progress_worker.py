@@ -4,8 +4,9 @@ Options shape its behaviour per generation, so one script serves several tests:
 ``--steps N --step-seconds S``; ``--slow-rank R --slow-factor F`` makes rank R's steps F
 times longer (in every generation); ``--log-at STEP --log-line TEXT`` prints TEXT once
 at that step (generation 0 only); ``--loss-spike-at STEP`` reports a huge loss there in
-generation 0; ``--loss VALUES`` reports comma-separated losses, one per step, in
-generation 0.
+generation 0; ``--losses VALUES`` reports comma-separated losses, one per step, in
+generation 0; ``--print-every N`` prints ``step N`` lines; ``--no-step-metric`` leaves
+``step_seconds`` out, so step times come from the progress intervals.
 """
 
 import argparse
@@ -25,6 +26,10 @@ def main() -> int:
     parser.add_argument("--log-at", type=int, default=-1)
     parser.add_argument("--log-line", default="")
     parser.add_argument("--losses", default="")
+    parser.add_argument("--print-every", type=int, default=0, help="print 'step N' every N steps")
+    parser.add_argument(
+        "--no-step-metric", action="store_true", help="do not report step_seconds with progress"
+    )
     args = parser.parse_args()
     run = worker.connect()
     rank = int(os.environ["RANK"])
@@ -36,7 +41,12 @@ def main() -> int:
         if first_generation and step == args.log_at:
             print(args.log_line, flush=True)
         loss = losses[step - 1] if step <= len(losses) else 1.0
-        run.progress(step, loss=loss, step_seconds=pause)
+        if args.no_step_metric:
+            run.progress(step, loss=loss)
+        else:
+            run.progress(step, loss=loss, step_seconds=pause)
+        if args.print_every and step % args.print_every == 0:
+            print(f"step {step} loss {loss}", flush=True)
     print(f"rank {rank} done", flush=True)
     run.close()
     return 0
