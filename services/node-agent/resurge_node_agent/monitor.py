@@ -8,8 +8,8 @@
 - Every heartbeat (and whenever a worker group or a GPU's health changes) it writes the
   node's record to the ``nodes`` bucket (``healthy`` false while a GPU is unhealthy),
   publishes a NodeReport on ``raw._.node_report.<node>`` (stored, acked) and a GpuSample
-  on ``raw._.gpu_sample.<node>`` (not waited for), and publishes CapacityChanged whenever
-  its free slots or its health change.
+  on ``raw._.gpu_sample.<node>`` (not waited for). The detector's node-health detector
+  turns these reports into CapacityChanged events (a node appearing, changing, lost).
 - Every GPU error (XID event, GPU fallen off the bus, rise in uncorrected ECC errors) is
   published as a GpuError on ``raw._.gpu_error.<node>`` as it happens. A GPU whose XID
   calls for ``reset_gpu`` or ``replace_node`` (built-in XID table), or that fell off the
@@ -37,7 +37,7 @@ from pathlib import Path
 from resurge.bus import PermanentError
 from resurge.cluster.local import LocalBackend
 from resurge.cluster.protocol import NodeInfo, WorkerGroupSpec
-from resurge.events import CapacityChanged, GpuError, GpuSample, InjectGpuError, NodeReport
+from resurge.events import GpuError, GpuSample, InjectGpuError, NodeReport
 from resurge.service import ServiceContext
 from resurge.subjects import NODE_LEVEL_JOB, escape_token
 from resurge_node_agent.gpus import GpuErrorReport, GpuSource, SimulatedGpus, select_gpus
@@ -73,7 +73,6 @@ class NodeMonitor:
         self.groups: dict[str, _Running] = {}
         self.backend: LocalBackend | None = None
         self.gpus = gpus
-        self._last_capacity: tuple[int, bool] | None = None
         self._gpu_errors: asyncio.Queue[GpuErrorReport] = asyncio.Queue()
         self._reporting = asyncio.Lock()
 
@@ -164,16 +163,6 @@ class NodeMonitor:
                 simulated=bool(self.gpus is not None and self.gpus.simulated),
             )
             await bus.publish_nowait(bus.subjects.raw(NODE_LEVEL_JOB, "gpu_sample", node), sample)
-        if (free, healthy) != self._last_capacity:
-            self._last_capacity = (free, healthy)
-            event = CapacityChanged(
-                source=bus.source,
-                node=node,
-                slots_total=self.config.slots,
-                slots_free=free,
-                healthy=healthy,
-            )
-            await bus.publish(bus.subjects.capacity(node), event)
 
     async def _publish_gpu_errors(self) -> None:
         bus, node = self.ctx.bus, self.config.node
