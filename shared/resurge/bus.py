@@ -223,7 +223,6 @@ class Bus:
         ``kind_token`` names the subject token that must equal the event's kind (4 for
         ``raw`` subjects); a message of another kind there is dead-lettered.
         """
-        family = subject.split(".")[2]
         consumer = _Consumer(subject, durable, expects, handler, kind_token)
         config = ConsumerConfig(
             ack_wait=ack_wait_seconds,
@@ -235,14 +234,26 @@ class Bus:
         async def on_message(msg: Msg) -> None:
             await self._deliver(consumer, msg)
 
+        await self._bind(subject, durable, on_message, config)
+
+    async def _bind(
+        self,
+        subject: str,
+        durable: str,
+        on_message: Callable[[Msg], Awaitable[None]],
+        config: ConsumerConfig,
+        **options: Any,
+    ) -> None:
+        """Bind durable push consumer ``durable`` (a queue group of that name)."""
         sub = await self.js.subscribe(
             subject,
             queue=durable,
             durable=durable,
-            stream=self.subjects.stream(family),
+            stream=self.subjects.stream(subject.split(".")[2]),
             cb=on_message,
             manual_ack=True,
             config=config,
+            **options,
         )
         self._subscriptions.append(sub)
 
@@ -265,7 +276,6 @@ class Bus:
         mid-way. Bad messages are dead-lettered as in :meth:`consume`. Returns the task
         that flushes partial lists (cancelled when the bus closes).
         """
-        family = subject.split(".")[2]
         config = ConsumerConfig(
             ack_policy=AckPolicy.ALL,
             ack_wait=ack_wait_seconds,
@@ -309,17 +319,7 @@ class Bus:
                 await asyncio.sleep(flush_seconds)
                 await flush()
 
-        sub = await self.js.subscribe(
-            subject,
-            queue=durable,
-            durable=durable,
-            stream=self.subjects.stream(family),
-            cb=on_message,
-            manual_ack=True,
-            config=config,
-            pending_msgs_limit=batch * 40,
-        )
-        self._subscriptions.append(sub)
+        await self._bind(subject, durable, on_message, config, pending_msgs_limit=batch * 40)
         task = asyncio.get_running_loop().create_task(flusher())
         self._tasks.append(task)
         return task

@@ -13,7 +13,7 @@ import logging
 import os
 import queue
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -30,6 +30,7 @@ from resurge_node_agent.gpus import (
     SimulatedGpus,
     select_gpus,
 )
+from tests.collect import Events
 
 BIN = Path(sys.executable).parent
 LOGGER = "resurge.node-monitor.gpus"
@@ -276,29 +277,6 @@ def test_simulated_gpus_read_plausibly_and_take_injected_xids() -> None:
 
 
 # A real monitor process and the real `resurge inject xid`
-
-
-class Events:
-    def __init__(self) -> None:
-        self.items: list[Event] = []
-        self._changed = asyncio.Condition()
-
-    async def add(self, event: Event, _subject: str) -> None:
-        async with self._changed:
-            self.items.append(event)
-            self._changed.notify_all()
-
-    async def wait_for(self, test: Callable[[list[Event]], Any], seconds: float = 20) -> Any:
-        """Wait until ``test(items)`` is truthy; return that value."""
-        found: list[Any] = []
-
-        def check() -> bool:
-            found[:] = [test(self.items)]
-            return bool(found[0])
-
-        async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(check), seconds)
-        return found[0]
 
 
 def cli_env(settings: Settings) -> dict[str, str]:

@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,6 @@ from resurge.events import (
     AgentState,
     AgentStateChanged,
     Assign,
-    Event,
     InjectFault,
     LogLine,
     ProcessExited,
@@ -26,6 +25,7 @@ from resurge.events import (
     Stop,
 )
 from resurge.settings import Settings
+from tests.collect import Events
 
 PRINT_ENV = (
     "import json, os; print(json.dumps({k: os.environ[k] for k in "
@@ -35,24 +35,6 @@ IGNORE_TERM_AND_WAIT = (
     "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
     "print('ready', flush=True); time.sleep(60)"
 )
-
-
-class Events:
-    def __init__(self) -> None:
-        self.items: list[Event] = []
-        self._changed = asyncio.Condition()
-
-    async def add(self, event: Event, _subject: str) -> None:
-        async with self._changed:
-            self.items.append(event)
-            self._changed.notify_all()
-
-    async def wait_for(self, test: Callable[[list[Event]], bool], seconds: float = 20) -> None:
-        async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: test(self.items)), seconds)
-
-    def of(self, kind: type) -> list:  # type: ignore[type-arg]
-        return [e for e in self.items if isinstance(e, kind)]
 
 
 @pytest.fixture
