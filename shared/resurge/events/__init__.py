@@ -20,7 +20,7 @@ from resurge.events.envelope import SCHEMA_VERSION, Envelope, Source
 from resurge.events.faults import FaultDetected, Severity
 from resurge.events.gpu import GpuError, GpuReading, GpuSample, NodeReport
 from resurge.events.jobs import JobDeleted, JobSubmitted, ReplicaFinished
-from resurge.events.progress import CheckpointSaved, Progress
+from resurge.events.progress import CheckpointSaved, Progress, WorkerFault
 from resurge.events.raw import (
     AgentState,
     AgentStateChanged,
@@ -67,6 +67,7 @@ __all__ = [
     "Severity",
     "Source",
     "Stop",
+    "WorkerFault",
     "decode_event",
     "encode_event",
 ]
@@ -78,6 +79,7 @@ _MODELS: tuple[type[Envelope], ...] = (
     AgentStateChanged,
     Progress,
     CheckpointSaved,
+    WorkerFault,
     CapacityChanged,
     GpuSample,
     GpuError,
@@ -103,6 +105,7 @@ Event = Annotated[
     | AgentStateChanged
     | Progress
     | CheckpointSaved
+    | WorkerFault
     | CapacityChanged
     | GpuSample
     | GpuError

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from resurge.events.envelope import Envelope
+from resurge.vocabulary import RecoveryLevel
 
 __all__ = ["Assign", "InjectFault", "InjectGpuError", "ReplicaSlot", "Stop"]
 
@@ -38,6 +39,21 @@ class Assign(Envelope):
     resume_step: int | None = Field(
         default=None, ge=0, description="Training step that checkpoint holds."
     )
+    level: RecoveryLevel | None = Field(
+        default=None,
+        description="The recovery this generation is part of, if any. `in_process`: workers "
+        "running under `resurge.worker.restartable` re-enter their training function "
+        "with this generation and keep their processes; where they cannot (a worker "
+        "without the wrapper, or one that does not come back within "
+        "`rejoin_timeout_seconds`), the agent starts new processes instead. Any other "
+        "value, or none: new worker processes.",
+    )
+    rejoin_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="For an `in_process` restart: how long every local worker has to "
+        "confirm it left the old generation before the agent restarts the processes.",
+    )
 
 
 class Stop(Envelope):
@@ -57,8 +73,10 @@ class InjectFault(Envelope):
     """Break a worker on purpose (``resurge inject``), for demos and tests."""
 
     kind: Literal["inject_fault"] = "inject_fault"
-    fault: Literal["crash", "hang", "log"] = Field(
-        description="crash: SIGKILL the worker; hang: SIGSTOP it; log: emit `line` as its output."
+    fault: Literal["crash", "hang", "log", "exception"] = Field(
+        description="crash: SIGKILL the worker; hang: SIGSTOP it; log: emit `line` as its "
+        "output; exception: raise an exception in its training function (workers under "
+        "`resurge.worker.restartable`; others are left alone)."
     )
     local_rank: int = Field(ge=0, description="Which worker of the replica.")
     line: str = Field(default="", description="The log line to emit, for `log`.")

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from resurge.events.envelope import Envelope
 
-__all__ = ["CheckpointSaved", "Progress"]
+__all__ = ["CheckpointSaved", "Progress", "WorkerFault"]
 
 
 class Progress(Envelope):
@@ -21,6 +21,11 @@ class Progress(Envelope):
     metrics: dict[str, float] = Field(
         default_factory=dict, description="Numbers the worker reported with the step (loss, ...)."
     )
+    in_process: bool = Field(
+        default=False,
+        description="The worker runs under `resurge.worker.restartable`, so it can be "
+        "restarted in-process.",
+    )
 
 
 class CheckpointSaved(Envelope):
@@ -30,3 +35,16 @@ class CheckpointSaved(Envelope):
     local_rank: int = Field(ge=0, description="Rank of the worker within its replica.")
     step: int = Field(ge=0, description="Training step the checkpoint holds.")
     path: str = Field(description="Where the checkpoint is (a folder or URI).")
+
+
+class WorkerFault(Envelope):
+    """A worker under ``resurge.worker.restartable`` caught an exception in its training
+    function; it stays alive, waiting to be restarted in-process."""
+
+    kind: Literal["worker_fault"] = "worker_fault"
+    local_rank: int = Field(ge=0, description="Rank of the worker within its replica.")
+    exception: str = Field(
+        description="The exception's type, qualified.", examples=["builtins.RuntimeError"]
+    )
+    message: str = Field(default="", description="The exception's message, cut to 2 KiB.")
+    traceback: str = Field(default="", description="The end of the traceback, cut to 8 KiB.")

@@ -108,6 +108,13 @@ class RecoverySpec(SpecModel):
         "node is lost before it shrinks instead "
         "(HyperPod: elasticPolicy.faultyScaleDownTimeoutInSeconds).",
     )
+    in_process_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        alias="inProcessTimeoutSeconds",
+        description="For an `in_process` restart: how long each worker has to leave the "
+        "failed generation before its agent restarts the processes instead.",
+    )
     stop_grace_seconds: float = Field(
         default=10.0,
         gt=0,
