@@ -7,19 +7,28 @@ are made and written (compare-and-set) before these are called.
 from __future__ import annotations
 
 from resurge.bus import Bus
-from resurge.events import JobPhase, PhaseChanged, Stop
-from resurge.planner import assignments
-from resurge.records import JobRecord
+from resurge.events import JobPhase, PhaseChanged, RecoveryLevel, Stop
+from resurge.planner import assignments, command_id
+from resurge.records import JobRecord, Placement
 
 __all__ = ["announce_phase", "send_assignments", "send_stops"]
 
 
 async def send_stops(
-    bus: Bus, record: JobRecord, generation: int, reason: str, *, final: bool = False
+    bus: Bus,
+    record: JobRecord,
+    generation: int,
+    reason: str,
+    *,
+    final: bool = False,
+    placements: list[Placement] | None = None,
 ) -> None:
-    """Stop(generation) to every replica of ``record``; ``final`` also ends the agents."""
-    for placement in record.placements:
+    """Stop(generation) to every replica of ``record`` (or of ``placements``); ``final``
+    also ends the agents."""
+    for placement in record.placements if placements is None else placements:
+        kind = "stop-final" if final else "stop"
         stop = Stop(
+            id=command_id(kind, record.name, placement.replica, generation),
             source=bus.source,
             job=record.name,
             replica=placement.replica,
@@ -31,9 +40,9 @@ async def send_stops(
         await bus.publish(bus.subjects.cmd(record.name, placement.replica), stop)
 
 
-async def send_assignments(bus: Bus, record: JobRecord) -> None:
+async def send_assignments(bus: Bus, record: JobRecord, level: RecoveryLevel | None = None) -> None:
     """Assign(record.generation) to every replica of ``record``."""
-    for assign in assignments(record, bus.source):
+    for assign in assignments(record, bus.source, level):
         assert assign.replica is not None
         await bus.publish(bus.subjects.cmd(record.name, assign.replica), assign)
 
@@ -43,6 +52,7 @@ async def announce_phase(bus: Bus, before: JobPhase | None, after: JobRecord) ->
     if before == after.phase:
         return
     event = PhaseChanged(
+        id=f"phase-{command_id(after.phase.value, after.name, 0, after.generation)}",
         source=bus.source,
         job=after.name,
         generation=after.generation,

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import hashlib
 
-from resurge.events import Assign, ReplicaSlot, Source
+from resurge.events import Assign, RecoveryLevel, ReplicaSlot, Source
 from resurge.records import JobRecord
 
-__all__ = ["assignments", "master_port_for"]
+__all__ = ["assignments", "command_id", "master_port_for"]
 
 # Below Linux's default ephemeral range (32768-60999) so a port picked here is not
 # already taken by some outgoing connection.
@@ -26,7 +26,16 @@ def master_port_for(job: str, generation: int) -> int:
     return _PORT_BASE + (int.from_bytes(digest) + generation * 7919) % _PORT_SPAN
 
 
-def assignments(record: JobRecord, source: Source) -> list[Assign]:
+def command_id(kind: str, job: str, replica: int, generation: int) -> str:
+    """The id of the one ``kind`` command for (job, replica, generation): sent twice (a
+    restarter finishing another's plan), JetStream de-duplicates it."""
+    digest = hashlib.blake2b(f"{job}\0{replica}\0{generation}".encode(), digest_size=10)
+    return f"{kind}-{digest.hexdigest()}"
+
+
+def assignments(
+    record: JobRecord, source: Source, level: RecoveryLevel | None = None
+) -> list[Assign]:
     nproc = record.spec.spec.nproc_per_node
     placements = sorted(record.placements, key=lambda p: p.replica)
     table = [
@@ -37,6 +46,7 @@ def assignments(record: JobRecord, source: Source) -> list[Assign]:
     checkpoint = record.latest_checkpoint
     return [
         Assign(
+            id=command_id("assign", record.name, slot.replica, record.generation),
             source=source,
             job=record.name,
             replica=slot.replica,
@@ -49,6 +59,8 @@ def assignments(record: JobRecord, source: Source) -> list[Assign]:
             restart_count=record.total_restarts,
             resume_checkpoint=checkpoint.path if checkpoint else None,
             resume_step=checkpoint.step if checkpoint else None,
+            level=level,
+            rejoin_timeout_seconds=record.spec.spec.recovery.in_process_timeout_seconds,
         )
         for slot in table
     ]

@@ -24,8 +24,10 @@ __all__ = [
     "JobRecord",
     "JobStore",
     "LastFault",
+    "Move",
     "PendingRecovery",
     "Placement",
+    "RestartEntry",
     "status_view",
 ]
 
@@ -50,15 +52,61 @@ class LastFault(BaseModel):
     time: datetime
 
 
+class Move(BaseModel):
+    """A replica leaving a node at a `node` recovery."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    replica: int = Field(ge=0)
+    from_node: str
+    to_node: str
+
+
 class PendingRecovery(BaseModel):
-    """A recovery decided but not yet seen to work (no sign of life from the new generation)."""
+    """A recovery decided but not yet seen to work (no sign of life from the new generation).
+
+    It is also the plan the restarter carries out: written with the decision (one
+    compare-and-set), before any command goes out, so a restarter that dies mid-way
+    leaves the plan for the next one. ``dispatched`` turns true once every command and
+    cluster action of the plan went out; until then the restarter named in
+    ``claimed_by`` carries it out, and after ``claimed_until`` any restarter may.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     fault_id: str
     level: RecoveryLevel
+    reason: str = ""
     detected_at: datetime = Field(description="When the fault was detected.")
+    from_generation: int = 0
     to_generation: int
+    stop_placements: list[Placement] = Field(
+        default_factory=list, description="Where the failed generation ran (to stop it)."
+    )
+    recreate: list[int] = Field(
+        default_factory=list, description="Replicas whose worker group (pod) is recreated."
+    )
+    moves: list[Move] = Field(default_factory=list, description="Replicas moved to other nodes.")
+    cordon: list[str] = Field(default_factory=list, description="Nodes to cordon.")
+    requeue: bool = Field(
+        default=False, description="No node to move to: release everything, wait as Pending."
+    )
+    start_at: datetime = Field(description="Backoff: the new generation starts no earlier.")
+    dispatched: bool = False
+    claimed_by: str = ""
+    claimed_until: datetime | None = None
+
+
+class RestartEntry(BaseModel):
+    """One restart, kept while it is inside the job's evalPeriodSeconds."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    time: datetime
+    level: RecoveryLevel
+    signature: str = Field(description="What makes two faults 'the same fault'.")
+    node: str | None = None
+    node_scoped: bool = False
 
 
 class CheckpointRef(BaseModel):
@@ -81,6 +129,21 @@ class JobRecord(BaseModel):
         default_factory=list, description="Replicas whose workers all exited 0 this generation."
     )
     restarts: dict[RecoveryLevel, int] = Field(default_factory=dict)
+    history: list[RestartEntry] = Field(
+        default_factory=list, description="Restarts inside evalPeriodSeconds, oldest first."
+    )
+    incarnations: dict[int, int] = Field(
+        default_factory=dict, description="Replica -> times its worker group was recreated."
+    )
+    spare_nodes: list[str] = Field(
+        default_factory=list, description="Nodes held empty for this job's `node` recoveries."
+    )
+    avoid_nodes: list[str] = Field(
+        default_factory=list, description="Nodes this job no longer uses (they faulted)."
+    )
+    in_process_capable: bool = Field(
+        default=False, description="Its workers run under resurge.worker.restartable."
+    )
     handled_faults: list[str] = Field(
         default_factory=list, description="Most recent fault ids acted on, newest last."
     )
@@ -206,6 +269,16 @@ def status_view(record: JobRecord) -> dict[str, object]:
         if fault is None
         else {"reason": fault.reason, "scope": fault.scope, "time": fault.time.isoformat()},
         "lastRecoverySeconds": record.last_recovery_seconds,
+        "recovery": None
+        if record.pending_recovery is None
+        else {
+            "level": record.pending_recovery.level.value,
+            "reason": record.pending_recovery.reason,
+            "toGeneration": record.pending_recovery.to_generation,
+            "dispatched": record.pending_recovery.dispatched,
+        },
+        "avoidNodes": record.avoid_nodes,
+        "spareNodes": record.spare_nodes,
         "latestCheckpoint": None
         if record.latest_checkpoint is None
         else {"step": record.latest_checkpoint.step, "path": record.latest_checkpoint.path},

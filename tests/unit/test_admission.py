@@ -28,8 +28,10 @@ def nodes(*slots: int) -> list[NodeInfo]:
 
 def test_replicas_spread_over_nodes_with_the_most_free_slots() -> None:
     used: dict[str, int] = {}
-    placements = place(job(replicas=3, nproc=2), nodes(4, 4, 2), used)
-    assert placements is not None
+    fit = place(job(replicas=3, nproc=2), nodes(4, 4, 2), used)
+    assert fit is not None
+    placements, spares = fit
+    assert spares == []
     assert sorted(p.node for p in placements) == ["n0", "n1", "n2"]
     assert used == {"n0": 2, "n1": 2, "n2": 2}
     assert {p.address for p in placements} == {"10.0.0.0", "10.0.0.1", "10.0.0.2"}
@@ -45,8 +47,40 @@ def test_cordoned_and_unhealthy_nodes_get_no_replicas() -> None:
     pool = nodes(4, 4, 4)
     pool[0].cordoned = True
     pool[1].healthy = False
-    placements = place(job(replicas=2, nproc=2), pool, {})
-    assert placements is not None and {p.node for p in placements} == {"n2"}
+    fit = place(job(replicas=2, nproc=2), pool, {})
+    assert fit is not None and {p.node for p in fit[0]} == {"n2"}
+
+
+def job_with_spares(spares: int) -> TrainingJob:
+    return parse_job(
+        {
+            "metadata": {"name": "s"},
+            "spec": {
+                "command": ["x"],
+                "nprocPerNode": 2,
+                "replicas": {"min": 2},
+                "recovery": {"spares": spares},
+            },
+        }
+    )
+
+
+def test_spares_are_held_on_nodes_without_a_replica_and_count_as_taken() -> None:
+    used: dict[str, int] = {}
+    fit = place(job_with_spares(1), nodes(2, 2, 2), used)
+    assert fit is not None
+    placements, spares = fit
+    assert len(spares) == 1 and spares[0] not in {p.node for p in placements}
+    assert used == {"n0": 2, "n1": 2, "n2": 2}
+    assert place(job_with_spares(2), nodes(2, 2, 2), {}) is None  # no room for two spares
+    record = new_record(job_with_spares(1), None)
+    assert start(record, placements, spares) and record.spare_nodes == spares
+
+
+def test_avoided_nodes_get_no_replicas() -> None:
+    fit = place(job(replicas=2, nproc=2), nodes(2, 2, 2), {}, avoid=["n0"])
+    assert fit is not None and {p.node for p in fit[0]} == {"n1", "n2"}
+    assert place(job(replicas=2, nproc=2), nodes(2, 2), {}, avoid=["n0"]) is None
 
 
 def test_pending_jobs_are_admitted_by_priority_then_submission() -> None:
@@ -66,9 +100,9 @@ def test_pending_jobs_are_admitted_by_priority_then_submission() -> None:
 def test_start_and_finish() -> None:
     record = new_record(job(replicas=2), None)
     assert record.phase is JobPhase.PENDING and record.generation == 0
-    placements = place(record.spec, nodes(2, 2), {})
-    assert placements is not None and start(record, placements)
-    assert record.phase is JobPhase.RUNNING and not start(record, placements)
+    fit = place(record.spec, nodes(2, 2), {})
+    assert fit is not None and start(record, *fit)
+    assert record.phase is JobPhase.RUNNING and not start(record, *fit)
     assert not mark_replica_finished(record, 0, generation=1)  # not the current generation
     assert mark_replica_finished(record, 0, generation=0)
     assert not mark_replica_finished(record, 0, generation=0)

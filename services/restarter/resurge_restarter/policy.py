@@ -1,24 +1,71 @@
-"""Recovery decisions: pure functions over a job record and a fault, no I/O.
+"""Recovery decisions: pure functions over a job record, a fault and a view of the nodes.
 
-:func:`apply_fault` edits a record in place and returns what to do. The record change
-is written (compare-and-set) before any command goes out, so a fault is acted on once:
-a fault already in ``handled_faults``, or from a generation older than the record's,
-changes nothing.
+:func:`apply_fault` edits a record in place and returns what was decided; the record,
+with the plan in ``pending_recovery``, is written (compare-and-set) before any command
+goes out, so a fault is acted on once: a fault already in ``handled_faults``, or from
+a generation older than the record's, changes nothing.
+
+The ladder (DESIGN section 4), cheapest first: ``in_process``, ``process``, ``pod``,
+``node``, ``job``. Choosing a level:
+
+1. The fault's scope sets the floor (process -> in_process, node -> node, job -> job),
+   raised to the detector's ``suggested_level``; ``in_process`` needs workers that run
+   under ``resurge.worker.restartable`` (else ``process``).
+2. The same fault (same reason, and the same rank, or for node faults the same node)
+   already restarted inside ``evalPeriodSeconds`` moves one rung above the rung it got
+   last time. ``node`` is a rung only for faults about a node (node scope, or a node
+   that became a repeat offender: ``maxRepeatOffenders`` node faults in the window);
+   a crashing process goes process -> pod -> job, never cordoning nodes.
+3. The first rung listed in ``recovery.levels`` at or above that is taken (past the top
+   listed rung, the top one); a rung whose ``maxRestartsPerLevel`` is spent inside the
+   window passes to the next; ``numRestartBeforeFullJobRestart`` restarts below ``job``
+   inside the window make it ``job``.
+4. The job fails, saying which fault and which limit, when ``jobMaxRetryCount``
+   restarts are spent, ``maxFullJobRestarts`` full restarts are spent, or the top rung's
+   own limit is.
+
+The first restart inside the window goes at once; the n-th waits
+``min(initialSeconds * multiplier**(n-2), maxSeconds)`` (backoff, as a crash loop).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from enum import Enum
 
-from resurge.events import FaultDetected, JobPhase, RecoveryLevel
+from resurge.cluster import NodeInfo
+from resurge.events import FaultDetected, FaultScope, JobPhase, RecoveryLevel
+from resurge.jobspec import TrainingJob
 from resurge.planner import master_port_for
-from resurge.records import CheckpointRef, JobRecord, LastFault, PendingRecovery
+from resurge.records import (
+    CheckpointRef,
+    JobRecord,
+    LastFault,
+    Move,
+    PendingRecovery,
+    Placement,
+    RestartEntry,
+)
 
-__all__ = ["Decision", "Verdict", "apply_checkpoint", "apply_fault", "apply_sign_of_life"]
+__all__ = [
+    "ClusterView",
+    "Decision",
+    "Verdict",
+    "apply_checkpoint",
+    "apply_fault",
+    "apply_sign_of_life",
+    "backoff_seconds",
+    "fault_signature",
+]
 
 _CHECKPOINT_STEPS_KEPT = 8
+LADDER = list(RecoveryLevel)
+_SCOPE_FLOOR = {
+    FaultScope.PROCESS: RecoveryLevel.IN_PROCESS,
+    FaultScope.NODE: RecoveryLevel.NODE,
+    FaultScope.JOB: RecoveryLevel.JOB,
+}
 
 
 class Verdict(Enum):
@@ -34,7 +81,156 @@ class Decision:
     level: RecoveryLevel = RecoveryLevel.PROCESS
 
 
-def apply_fault(record: JobRecord, fault: FaultDetected) -> Decision:
+@dataclass(frozen=True)
+class ClusterView:
+    """What a `node` recovery may move a replica to: live nodes and slots taken on each."""
+
+    nodes: list[NodeInfo] = field(default_factory=list)
+    used: dict[str, int] = field(default_factory=dict)
+
+
+def fault_signature(fault: FaultDetected) -> str:
+    """What makes two faults 'the same fault' for escalation."""
+    if fault.scope is FaultScope.NODE:
+        return f"{fault.reason}@{fault.node}"
+    if fault.rank is not None:
+        return f"{fault.reason}#rank{fault.rank}"
+    return f"{fault.reason}#replica{fault.replica}"
+
+
+def backoff_seconds(job: TrainingJob, earlier_in_window: int) -> float:
+    """Delay before a restart that follows ``earlier_in_window`` others inside the window."""
+    if earlier_in_window <= 0:
+        return 0.0
+    backoff = job.spec.recovery.backoff
+    delay = backoff.initial_seconds * backoff.multiplier ** (earlier_in_window - 1)
+    return float(min(delay, backoff.max_seconds))
+
+
+def _rank(level: RecoveryLevel) -> int:
+    return LADDER.index(level)
+
+
+def _fault_node(record: JobRecord, fault: FaultDetected) -> str | None:
+    if fault.node is not None:
+        return fault.node
+    for p in record.placements:
+        if p.replica == fault.replica:
+            return p.node
+    return None
+
+
+@dataclass(frozen=True)
+class _Choice:
+    level: RecoveryLevel | None  # None: a limit is spent
+    why: str
+
+
+def _choose_level(
+    record: JobRecord, fault: FaultDetected, window: list[RestartEntry], offender: bool
+) -> _Choice:
+    recovery = record.spec.spec.recovery
+    node_rung = fault.scope is FaultScope.NODE or offender
+    floor = _SCOPE_FLOOR[fault.scope]
+    if fault.suggested_level is not None and _rank(fault.suggested_level) > _rank(floor):
+        floor = fault.suggested_level
+    if offender and _rank(floor) < _rank(RecoveryLevel.NODE):
+        floor = RecoveryLevel.NODE
+    if floor is RecoveryLevel.IN_PROCESS and not record.in_process_capable:
+        floor = RecoveryLevel.PROCESS
+    signature = fault_signature(fault)
+    repeats = [e.level for e in window if e.signature == signature]
+    if repeats:
+        floor = LADDER[min(_rank(max(repeats, key=_rank)) + 1, len(LADDER) - 1)]
+        if floor is RecoveryLevel.NODE and not node_rung:
+            floor = RecoveryLevel.JOB
+    usable = [lv for lv in recovery.levels if lv is not RecoveryLevel.NODE or node_rung]
+    usable = usable or list(recovery.levels)
+    candidates = [lv for lv in usable if _rank(lv) >= _rank(floor)] or [usable[-1]]
+    below_job = sum(1 for e in window if e.level is not RecoveryLevel.JOB)
+    limit = recovery.num_restart_before_full_job_restart
+    if (
+        limit is not None
+        and below_job >= limit
+        and RecoveryLevel.JOB in recovery.levels
+        and candidates[0] is not RecoveryLevel.JOB
+    ):
+        return _Choice(
+            RecoveryLevel.JOB,
+            f"{below_job} restarts below job level within evalPeriodSeconds: "
+            f"numRestartBeforeFullJobRestart={limit}",
+        )
+    for level in candidates:
+        cap = recovery.max_restarts_per_level.get(level)
+        if cap is None or sum(1 for e in window if e.level is level) < cap:
+            why = "repeated within evalPeriodSeconds" if repeats else "lowest allowed level"
+            return _Choice(level, why)
+    top = candidates[-1]
+    return _Choice(
+        None,
+        f"maxRestartsPerLevel.{top.value}={recovery.max_restarts_per_level[top]} spent "
+        "within evalPeriodSeconds",
+    )
+
+
+def _fail(record: JobRecord, fault: FaultDetected, limit: str) -> Decision:
+    record.phase = JobPhase.FAILED
+    record.pending_recovery = None
+    record.message = (
+        f"{fault.reason} ({fault.fault_id}) after {record.total_restarts} restarts: {limit}"
+    )
+    return Decision(Verdict.FAIL, record.message)
+
+
+def _move_targets(
+    record: JobRecord, leaving: list[Placement], cluster: ClusterView
+) -> list[Move] | None:
+    """Where each replica in ``leaving`` goes (spares first), or None if one fits nowhere."""
+    nproc = record.spec.spec.nproc_per_node
+    gone = {p.node for p in leaving}
+    free = {
+        n.name: n.slots - cluster.used.get(n.name, 0)
+        for n in cluster.nodes
+        if n.schedulable and n.name not in gone and n.name not in record.avoid_nodes
+    }
+    spares = [n for n in record.spare_nodes if n in free]
+    for node in spares:  # a spare's slots are reserved for this job: count them free
+        free[node] = next(n.slots for n in cluster.nodes if n.name == node)
+    moves = []
+    for placement in leaving:
+        fits = [n for n in free if free[n] >= nproc]
+        if not fits:
+            return None
+        target = min(fits, key=lambda n: (n not in spares, -free[n], n))
+        free[target] -= nproc
+        moves.append(Move(replica=placement.replica, from_node=placement.node, to_node=target))
+    return moves
+
+
+def _moved(placements: list[Placement], moves: list[Move], cluster: ClusterView) -> list[Placement]:
+    address = {n.name: n.address for n in cluster.nodes}
+    moved = {m.replica: m.to_node for m in moves}
+    return [
+        p
+        if p.replica not in moved
+        else Placement(
+            replica=p.replica,
+            node=moved[p.replica],
+            address=address.get(moved[p.replica], p.address),
+        )
+        for p in placements
+    ]
+
+
+def apply_fault(
+    record: JobRecord,
+    fault: FaultDetected,
+    *,
+    now: datetime,
+    cluster: ClusterView | None = None,
+    claimant: str = "",
+    lease_seconds: float = 5.0,
+) -> Decision:
     if fault.alert_only:
         return Decision(Verdict.IGNORE, "an alert: reported, not acted on")
     if record.phase.finished:
@@ -46,33 +242,130 @@ def apply_fault(record: JobRecord, fault: FaultDetected) -> Decision:
             Verdict.IGNORE,
             f"fault of generation {fault.generation}, job is at {record.generation}",
         )
+    if record.phase is JobPhase.PENDING or not record.placements:
+        return Decision(Verdict.IGNORE, "job is not running")
     record.remember_fault(fault.fault_id)
     record.last_fault = LastFault(
         fault_id=fault.fault_id, reason=fault.reason, scope=fault.scope.value, time=fault.time
     )
-    limit = record.spec.spec.recovery.max_restarts
-    if record.total_restarts >= limit:
-        record.phase = JobPhase.FAILED
-        record.pending_recovery = None
-        record.message = (
-            f"{fault.reason} ({fault.fault_id}) after {record.total_restarts} restarts: "
-            f"restart limit jobMaxRetryCount={limit} spent"
-        )
-        return Decision(Verdict.FAIL, record.message)
-    level = RecoveryLevel.PROCESS
+    recovery = record.spec.spec.recovery
+    period = timedelta(seconds=recovery.eval_period_seconds)
+    window = [e for e in record.history if now - e.time <= period]
+    node = _fault_node(record, fault)
+    node_scoped = fault.scope is FaultScope.NODE
+    offences = sum(1 for e in window if e.node == node and e.node_scoped) + int(node_scoped)
+    offender = node is not None and offences >= recovery.max_repeat_offenders
+
+    if record.total_restarts >= recovery.max_restarts:
+        return _fail(record, fault, f"restart limit jobMaxRetryCount={recovery.max_restarts} spent")
+    choice = _choose_level(record, fault, window, offender)
+    if choice.level is None:
+        return _fail(record, fault, choice.why)
+    level = choice.level
+    full = recovery.max_full_job_restarts
+    if level is RecoveryLevel.JOB and full is not None and record.restarts.get(level, 0) >= full:
+        return _fail(record, fault, f"full job restart limit maxFullJobRestarts={full} spent")
+
+    old_placements = list(record.placements)
+    replicas = sorted(p.replica for p in old_placements)
+    recreate: list[int] = []
+    moves: list[Move] = []
+    cordon: list[str] = []
+    requeue = False
+    if level is RecoveryLevel.POD:
+        recreate = [fault.replica] if fault.replica in replicas else replicas
+    elif level is RecoveryLevel.JOB:
+        recreate = replicas
+    elif level is RecoveryLevel.NODE:
+        leaving = [p for p in old_placements if p.node == node]
+        if node_scoped:
+            cordon = [node] if node is not None else []
+        if node is not None and node not in record.avoid_nodes:
+            record.avoid_nodes = [*record.avoid_nodes, node]
+        targets = _move_targets(record, leaving, cluster or ClusterView())
+        if targets is None:
+            requeue = True
+        else:
+            moves = targets
+            record.placements = _moved(old_placements, moves, cluster or ClusterView())
+            used_spares = {m.to_node for m in moves}
+            record.spare_nodes = [n for n in record.spare_nodes if n not in used_spares]
+    for replica in recreate:
+        record.incarnations = {
+            **record.incarnations,
+            replica: record.incarnations.get(replica, 0) + 1,
+        }
+
+    record.history = [
+        *window,
+        RestartEntry(
+            time=now, level=level, signature=fault_signature(fault), node=node,
+            node_scoped=node_scoped,
+        ),
+    ]  # fmt: skip
+    start_at = now + timedelta(seconds=backoff_seconds(record.spec, len(window)))
+    from_generation = record.generation
     record.generation += 1
-    record.restarts[level] = record.restarts.get(level, 0) + 1
+    record.restarts = {**record.restarts, level: record.restarts.get(level, 0) + 1}
     record.master_port = master_port_for(record.name, record.generation)
     record.finished_replicas = []
-    record.phase = JobPhase.RECOVERING
+    if requeue:
+        record.placements = []
+        record.phase = JobPhase.PENDING
+        record.message = (
+            f"{fault.reason} on {node}: no node to move to; waiting for capacity "
+            f"(avoiding {', '.join(record.avoid_nodes)})"
+        )
+    else:
+        record.phase = JobPhase.RECOVERING
+        record.message = f"recovering from {fault.reason} at level {level.value} ({choice.why})"
     record.pending_recovery = PendingRecovery(
         fault_id=fault.fault_id,
         level=level,
+        reason=fault.reason,
         detected_at=fault.time,
+        from_generation=from_generation,
         to_generation=record.generation,
+        stop_placements=old_placements,
+        recreate=recreate,
+        moves=moves,
+        cordon=cordon,
+        requeue=requeue,
+        start_at=start_at,
+        claimed_by=claimant,
+        claimed_until=max(now, start_at) + timedelta(seconds=lease_seconds),
     )
-    record.message = f"recovering from {fault.reason} at level {level.value}"
     return Decision(Verdict.RESTART, record.message, level)
+
+
+def claim(record: JobRecord, claimant: str, now: datetime, lease_seconds: float) -> bool:
+    """Take over an undispatched plan whose claim expired (or is ours). True if taken."""
+    plan = record.pending_recovery
+    if plan is None or plan.dispatched:
+        return False
+    if plan.claimed_by != claimant and plan.claimed_until is not None and now < plan.claimed_until:
+        return False
+    until = max(now, plan.start_at) + timedelta(seconds=lease_seconds)
+    record.pending_recovery = plan.model_copy(
+        update={"claimed_by": claimant, "claimed_until": until}
+    )
+    return True
+
+
+def mark_dispatched(record: JobRecord, to_generation: int) -> bool:
+    plan = record.pending_recovery
+    if plan is None or plan.to_generation != to_generation or plan.dispatched:
+        return False
+    record.pending_recovery = plan.model_copy(update={"dispatched": True})
+    return True
+
+
+def apply_progress_capability(record: JobRecord, in_process: bool) -> bool:
+    """Remember whether the job's workers can be restarted in-process."""
+    if record.in_process_capable == in_process:
+        return False
+    record.in_process_capable = in_process
+    return True
 
 
 def apply_sign_of_life(

@@ -1,105 +1,120 @@
-"""The restarter service: faults in, new generations out.
+"""The restarter service: faults in, new generations out, at the cheapest level that works.
 
-On a fault: decide and write the job record (compare-and-set), then send Stop(g) and
-Assign(g+1) (with the newest checkpoint every rank saved) to every replica, or
-Stop(final) when the job has failed. The new generation's first completed step (its
-first worker start, for workers that report no progress) closes the recovery and
-records its duration. Checkpoint reports are counted into the job record.
+On a fault: decide (see :mod:`resurge_restarter.policy`) and write the decision and its
+plan into the job record with one compare-and-set, claimed by this instance; only then
+carry the plan out (:mod:`resurge_restarter.dispatch`): RecoveryStarted, Stop(g) to the
+old placements, cordons, moved and recreated worker groups, the backoff wait,
+Assign(g+1); then mark the plan dispatched. Every step is idempotent, and commands
+carry ids derived from (job, replica, generation), so carrying a plan out twice sends
+nothing new.
+
+Crash safety: a plan not marked dispatched is carried out by whichever restarter sees
+it once its claim has lapsed (``claimed_until``, the backoff plus a short lease): on
+start-up every record is checked, and a watch on the job records sees plans written
+by others. Two restarters share the fault consumer (a queue group); the
+compare-and-set lets one decision win, and the claim lets one instance carry it out.
+
+The new generation's first completed step (its first worker start, for workers that
+report no progress) closes the recovery and records its duration. Checkpoint reports
+are counted into the job record.
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+from resurge.cluster.local import LocalBackend
 from resurge.events import (
     CheckpointSaved,
     FaultDetected,
+    FaultScope,
     ProcessStarted,
     Progress,
     RecoveryFinished,
-    RecoveryStarted,
 )
-from resurge.job_commands import announce_phase, send_assignments, send_stops
+from resurge.job_commands import announce_phase, send_stops
 from resurge.records import JobRecord, JobStore
 from resurge.service import ServiceContext
+from resurge_restarter.dispatch import Dispatcher, cluster_view
 from resurge_restarter.policy import (
+    ClusterView,
     Decision,
     Verdict,
     apply_checkpoint,
     apply_fault,
+    apply_progress_capability,
     apply_sign_of_life,
+    claim,
 )
 
 __all__ = ["setup"]
+
+LEASE_SECONDS = 3.0
 
 
 async def setup(ctx: ServiceContext) -> None:
     bus = ctx.bus
     store = JobStore(await bus.jobs_bucket())
+    backend = await LocalBackend.open(bus)
+    me = bus.source.instance
+    dispatcher = Dispatcher(ctx, store, backend, me, LEASE_SECONDS)
 
     async def on_fault(fault: FaultDetected) -> None:
         if fault.job is None:
             return
+        found = await store.get(fault.job)
+        if found is None:
+            ctx.log.warning("fault for unknown job %s ignored", fault.job, extra={"job": fault.job})
+            return
+        cluster: ClusterView | None = None
+        if fault.scope is FaultScope.NODE or any(e.node_scoped for e in found[0].history):
+            cluster = await cluster_view(backend, exclude_job=fault.job)
         decision: Decision | None = None
 
         def change(record: JobRecord) -> bool:
             nonlocal decision
-            decision = apply_fault(record, fault)
+            decision = apply_fault(
+                record,
+                fault,
+                now=datetime.now(UTC),
+                cluster=cluster,
+                claimant=me,
+                lease_seconds=LEASE_SECONDS,
+            )
             return decision.verdict is not Verdict.IGNORE
 
         result = await store.mutate(fault.job, change)
         if result is None:
-            ctx.log.warning("fault for unknown job %s ignored", fault.job, extra={"job": fault.job})
             return
         before, after = result
         if decision is None or decision.verdict is Verdict.IGNORE:
             ctx.log.info("fault %s ignored: %s", fault.fault_id, decision and decision.why)
+            plan = after.pending_recovery
+            if plan is not None and plan.fault_id == fault.fault_id and not plan.dispatched:
+                await take_over(after)  # redelivered: an earlier attempt stopped part-way
             return
         if decision.verdict is Verdict.FAIL:
             pending.pop(after.name, None)
-            await fail(before, after, decision)
-        else:
-            pending[after.name] = after.generation
-            await restart(before, after, fault, decision)
-
-    async def restart(
-        before: JobRecord, after: JobRecord, fault: FaultDetected, decision: Decision
-    ) -> None:
+            ctx.log.error("job %s failed: %s", after.name, decision.why, extra={"job": after.name})
+            await send_stops(bus, after, after.generation, decision.why, final=True)
+            await announce_phase(bus, before.phase, after)
+            return
+        assert after.pending_recovery is not None
+        pending[after.name] = after.pending_recovery.to_generation
         ctx.log.warning(
-            "restarting %s: generation %d -> %d (%s)",
+            "restarting %s at level %s: generation %d -> %d (%s)",
             after.name,
+            decision.level.value,
             before.generation,
             after.generation,
             fault.reason,
             extra={"job": after.name, "generation": after.generation},
         )
-        await send_stops(bus, before, before.generation, f"restart after {fault.fault_id}")
-        await send_assignments(bus, after)
-        await bus.publish(
-            bus.subjects.action(after.name),
-            RecoveryStarted(
-                source=bus.source,
-                job=after.name,
-                generation=after.generation,
-                fault_id=fault.fault_id,
-                level=decision.level,
-                reason=fault.reason,
-                from_generation=before.generation,
-                to_generation=after.generation,
-            ),
-        )
-        await announce_phase(bus, before.phase, after)
-
-    async def fail(before: JobRecord, after: JobRecord, decision: Decision) -> None:
-        ctx.log.error("job %s failed: %s", after.name, decision.why, extra={"job": after.name})
-        await send_stops(bus, after, after.generation, decision.why, final=True)
-        await announce_phase(bus, before.phase, after)
+        await dispatcher.carry_out(after, before.phase)
 
     # Jobs with a recovery in flight (job -> generation being started) and jobs known to
     # report progress: progress events of other jobs need no record read.
-    pending: dict[str, int] = {
-        r.name: r.pending_recovery.to_generation
-        for r in await store.all()
-        if r.pending_recovery is not None
-    }
+    pending: dict[str, int] = {}
     reporting: set[str] = set()
 
     async def sign_of_life(event: ProcessStarted | Progress) -> None:
@@ -109,10 +124,14 @@ async def setup(ctx: ServiceContext) -> None:
         if progress and pending.get(event.job) != event.generation and event.job in reporting:
             return
         generation = event.generation
-        result = await store.mutate(
-            event.job,
-            lambda r: apply_sign_of_life(r, generation, event.time, progress=progress),
-        )
+        in_process = isinstance(event, Progress) and event.in_process
+
+        def change(record: JobRecord) -> bool:
+            capable = progress and apply_progress_capability(record, in_process)
+            alive = apply_sign_of_life(record, generation, event.time, progress=progress)
+            return capable or alive
+
+        result = await store.mutate(event.job, change)
         if result is None:
             return
         before, after = result
@@ -149,6 +168,36 @@ async def setup(ctx: ServiceContext) -> None:
         if result is not None and result[0].latest_checkpoint != result[1].latest_checkpoint:
             ctx.log.info("job %s: every rank saved step %d", event.job, event.step,
                          extra={"job": event.job})  # fmt: skip
+
+    async def take_over(record: JobRecord) -> None:
+        """Carry out ``record``'s plan if it is undispatched and its claim has lapsed."""
+        plan = record.pending_recovery
+        if plan is None or plan.dispatched:
+            return
+        pending[record.name] = plan.to_generation
+        now = datetime.now(UTC)
+        if plan.claimed_by != me and plan.claimed_until is not None and now < plan.claimed_until:
+            dispatcher.recheck_at(record.name, plan.claimed_until, take_over_by_name)
+            return
+        result = await store.mutate(record.name, lambda r: claim(r, me, now, LEASE_SECONDS))
+        if result is None or result[0] is result[1]:
+            return
+        ctx.log.warning(
+            "carrying out %s's unfinished recovery to generation %d (claimed by %s until %s)",
+            record.name, plan.to_generation, plan.claimed_by or "nobody",
+            plan.claimed_until, extra={"job": record.name},
+        )  # fmt: skip
+        await dispatcher.carry_out(result[1], None)
+
+    async def take_over_by_name(name: str) -> None:
+        found = await store.get(name)
+        if found is not None:
+            await take_over(found[0])
+
+    dispatcher.retry = take_over_by_name
+    for record in await store.all():
+        await take_over(record)
+    await dispatcher.watch_records(take_over)
 
     await bus.consume(bus.subjects.all("fault"), "restarter", on_fault, expects=(FaultDetected,))
     await bus.consume(

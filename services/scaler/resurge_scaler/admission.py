@@ -2,9 +2,12 @@
 
 A submitted job becomes a Pending record. Pending jobs are admitted in priority order
 (then submission order) when ``replicas.min`` worker groups of ``nprocPerNode`` slots
-fit on schedulable nodes; each replica goes to the node with the most free slots that
-fits it, so replicas spread. A job whose name was used by a finished job starts one
-generation past it, so stale events of the old run stay stale.
+fit on schedulable nodes the job does not avoid (nodes that faulted under it), and
+``recovery.spares`` further nodes without a replica of the job have ``nprocPerNode``
+free slots to hold for it; each replica goes to the node with the most free slots
+that fits it, so replicas spread. A running job's spares count as taken. A job whose
+name was used by a finished job starts one generation past it, so stale events of the
+old run stay stale.
 """
 
 from __future__ import annotations
@@ -43,14 +46,24 @@ def admission_order(records: list[JobRecord]) -> list[JobRecord]:
     )
 
 
-def place(job: TrainingJob, nodes: list[NodeInfo], used: dict[str, int]) -> list[Placement] | None:
-    """Placements for ``replicas.min`` replicas, or None if they do not fit now.
+def place(
+    job: TrainingJob,
+    nodes: list[NodeInfo],
+    used: dict[str, int],
+    avoid: list[str] | tuple[str, ...] = (),
+) -> tuple[list[Placement], list[str]] | None:
+    """Placements for ``replicas.min`` replicas and the spare nodes to hold, or None if
+    they do not fit now.
 
     ``used`` maps node name to slots already taken; it is updated for the placements
-    made, so several jobs can be placed against one snapshot.
+    and spares, so several jobs can be placed against one snapshot.
     """
     nproc = job.spec.nproc_per_node
-    free = {n.name: n.slots - used.get(n.name, 0) for n in nodes if n.schedulable}
+    free = {
+        n.name: n.slots - used.get(n.name, 0)
+        for n in nodes
+        if n.schedulable and n.name not in avoid
+    }
     address = {n.name: n.address for n in nodes}
     placements = []
     for replica in range(job.spec.replicas.min):
@@ -60,22 +73,35 @@ def place(job: TrainingJob, nodes: list[NodeInfo], used: dict[str, int]) -> list
         node = max(fits, key=lambda name: (free[name], name))
         free[node] -= nproc
         placements.append(Placement(replica=replica, node=node, address=address[node]))
+    taken = {p.node for p in placements}
+    candidates = sorted(
+        (name for name, slots in free.items() if slots >= nproc and name not in taken),
+        key=lambda name: (-free[name], name),
+    )
+    spares = candidates[: job.spec.recovery.spares]
+    if len(spares) < job.spec.recovery.spares:
+        return None
     for p in placements:
         used[p.node] = used.get(p.node, 0) + nproc
-    return placements
+    for name in spares:
+        used[name] = used.get(name, 0) + nproc
+    return placements, spares
 
 
-def start(record: JobRecord, placements: list[Placement]) -> bool:
-    """Move a Pending record to Running on ``placements``."""
+def start(record: JobRecord, placements: list[Placement], spares: list[str] | None = None) -> bool:
+    """Move a Pending record to Running on ``placements``, holding ``spares``."""
     if record.phase is not JobPhase.PENDING:
         return False
     record.placements = placements
+    record.spare_nodes = list(spares or [])
     record.phase = JobPhase.RUNNING
     record.master_port = master_port_for(record.name, record.generation)
     record.finished_replicas = []
     record.message = f"running {len(placements)} replica(s) on " + ", ".join(
         sorted({p.node for p in placements})
     )
+    if record.spare_nodes:
+        record.message += f"; spare: {', '.join(record.spare_nodes)}"
     return True
 
 

@@ -12,7 +12,6 @@ import asyncio
 from functools import partial
 
 from resurge.bus import TransientError
-from resurge.cluster import WorkerGroupSpec
 from resurge.cluster.local import LocalBackend
 from resurge.events import (
     CapacityChanged,
@@ -27,6 +26,7 @@ from resurge.events import (
 from resurge.job_commands import announce_phase, send_assignments, send_stops
 from resurge.records import JobRecord, JobStore
 from resurge.service import ServiceContext
+from resurge.worker_groups import worker_groups
 from resurge_scaler.admission import (
     admission_order,
     mark_replica_finished,
@@ -37,25 +37,6 @@ from resurge_scaler.admission import (
 )
 
 __all__ = ["setup"]
-
-
-def worker_groups(record: JobRecord) -> list[WorkerGroupSpec]:
-    spec = record.spec.spec
-    return [
-        WorkerGroupSpec(
-            job=record.name,
-            replica=p.replica,
-            node=p.node,
-            nproc=spec.nproc_per_node,
-            command=spec.command,
-            env={var.name: var.value for var in spec.env},
-            working_dir=spec.working_dir,
-            stop_grace_seconds=spec.recovery.stop_grace_seconds,
-            fork_server=spec.fork_server,
-            preload=spec.preload_modules,
-        )
-        for p in record.placements
-    ]
 
 
 async def setup(ctx: ServiceContext) -> None:
@@ -73,11 +54,18 @@ async def setup(ctx: ServiceContext) -> None:
             used: dict[str, int] = {}
             for group in await backend.list_worker_groups():
                 used[group.node] = used.get(group.node, 0) + group.nproc
+            for held in await store.all():
+                if not held.phase.finished:
+                    for node in held.spare_nodes:
+                        used[node] = used.get(node, 0) + held.spec.spec.nproc_per_node
             for record in pending:
-                placements = place(record.spec, nodes, used)
-                if placements is None:
+                fit = place(record.spec, nodes, used, record.avoid_nodes)
+                if fit is None:
                     continue
-                result = await store.mutate(record.name, partial(start, placements=placements))
+                placements, spares = fit
+                result = await store.mutate(
+                    record.name, partial(start, placements=placements, spares=spares)
+                )
                 if result is None or result[0] is result[1]:
                     continue
                 before, after = result
@@ -143,7 +131,12 @@ async def setup(ctx: ServiceContext) -> None:
             await on_deleted(event)
 
     async def on_action(event: PhaseChanged | RecoveryStarted | RecoveryFinished) -> None:
-        if not isinstance(event, PhaseChanged) or event.job is None or not event.phase.finished:
+        if not isinstance(event, PhaseChanged) or event.job is None:
+            return
+        if event.phase is JobPhase.PENDING and event.previous is not None:
+            await admit_pending()  # requeued by the restarter: no node to move a replica to
+            return
+        if not event.phase.finished:
             return
         found = await store.get(event.job)
         if found is not None and found[0].phase.finished:

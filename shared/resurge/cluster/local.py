@@ -1,7 +1,9 @@
 """The local backend: nodes and worker groups as JetStream KV records.
 
 Bucket ``<ns>_nodes`` holds one :class:`NodeInfo` per virtual node (written by its
-monitor agent); bucket ``<ns>_workergroups`` holds one :class:`WorkerGroupSpec` per
+monitor agent); bucket ``<ns>_cordons`` one :class:`Cordon` per cordoned node (written
+by the control plane, so a monitor's heartbeat never undoes it, as a kubelet never
+undoes ``spec.unschedulable``); bucket ``<ns>_workergroups`` holds one :class:`WorkerGroupSpec` per
 (node, job, replica) under the key ``<node>.<job>.<replica>`` (escaped tokens), which
 the node's monitor agent watches and turns into ``resurge-node-agent launch``
 processes.
@@ -15,15 +17,24 @@ from datetime import UTC, datetime
 import nats.js.errors
 from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
+from pydantic import BaseModel, ConfigDict, Field
 
 from resurge.bus import Bus
 from resurge.cluster.protocol import NodeInfo, WorkerGroupSpec
 from resurge.subjects import escape_token
 
-__all__ = ["NODE_TIMEOUT_SECONDS", "LocalBackend", "worker_group_key"]
+__all__ = ["NODE_TIMEOUT_SECONDS", "Cordon", "LocalBackend", "worker_group_key"]
 
 # A node whose monitor has not written for this long gets no new work.
 NODE_TIMEOUT_SECONDS = 15.0
+
+
+class Cordon(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node: str
+    reason: str = Field(default="", description="Why, in words (the unhealthy taint's value).")
+    time: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
 
 def worker_group_key(node: str, job: str, replica: int) -> str:
@@ -53,16 +64,29 @@ async def _values(kv: KeyValue) -> list[bytes]:
 
 
 class LocalBackend:
-    def __init__(self, nodes: KeyValue, groups: KeyValue) -> None:
+    def __init__(self, nodes: KeyValue, groups: KeyValue, cordons: KeyValue) -> None:
         self.nodes = nodes
         self.groups = groups
+        self.cordons = cordons
 
     @classmethod
     async def open(cls, bus: Bus) -> LocalBackend:
-        return cls(await _bucket(bus, "nodes"), await _bucket(bus, "workergroups"))
+        return cls(
+            await _bucket(bus, "nodes"),
+            await _bucket(bus, "workergroups"),
+            await _bucket(bus, "cordons"),
+        )
 
     async def list_nodes(self) -> list[NodeInfo]:
-        return [NodeInfo.model_validate_json(v) for v in await _values(self.nodes)]
+        """Every node as its monitor last wrote it, with the control plane's cordons applied:
+        a cordoned node is unschedulable and unhealthy."""
+        cordons = {c.node: c for c in map(Cordon.model_validate_json, await _values(self.cordons))}
+        nodes = [NodeInfo.model_validate_json(v) for v in await _values(self.nodes)]
+        for node in nodes:
+            if node.name in cordons:
+                node.cordoned = True
+                node.healthy = False
+        return nodes
 
     async def live_nodes(self) -> list[NodeInfo]:
         now = datetime.now(UTC)
@@ -82,12 +106,14 @@ class LocalBackend:
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):
             await self.groups.delete(worker_group_key(node, job, replica))
 
-    async def cordon(self, node: str, cordoned: bool = True) -> None:
-        try:
-            entry = await self.nodes.get(escape_token(node))
-        except nats.js.errors.KeyNotFoundError:
-            raise KeyError(f"no node named {node!r}") from None
-        assert entry.value is not None
-        info = NodeInfo.model_validate_json(entry.value)
-        info.cordoned = cordoned
-        await self.put_node(info)
+    async def cordon(self, node: str, cordoned: bool = True, reason: str = "") -> None:
+        """Idempotent: cordoning a cordoned node keeps its first reason."""
+        key = escape_token(node)
+        if not cordoned:
+            with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+                await self.cordons.delete(key)
+            return
+        with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):
+            await self.cordons.create(
+                key, Cordon(node=node, reason=reason).model_dump_json().encode()
+            )

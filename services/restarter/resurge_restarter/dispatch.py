@@ -1,0 +1,163 @@
+"""Carrying out a recovery plan (``JobRecord.pending_recovery``), idempotently.
+
+:meth:`Dispatcher.carry_out` runs the plan's steps in order, each safe to repeat:
+
+1. RecoveryStarted and PhaseChanged on ``action.<job>`` (ids derived from the job and
+   generation, so a repeat is de-duplicated by JetStream);
+2. Stop(g) to where the failed generation ran (not for ``in_process``: those workers
+   stay and re-enter their training function);
+3. cordons; moved replicas' worker groups deleted on the old node and created on the
+   new one; recreated replicas' worker groups written with their new incarnation; for
+   a requeue, every worker group deleted;
+4. the backoff wait (in a background task, so the fault consumer is never held);
+5. Assign(g+1) to every replica (ids derived from job, replica and generation);
+6. the plan marked dispatched (compare-and-set).
+
+A restarter that dies anywhere in there leaves the plan undispatched; the next
+restarter to look carries it out again from step 1 once the claim has lapsed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+
+from resurge.cluster.local import LocalBackend
+from resurge.events import JobPhase, RecoveryLevel, RecoveryStarted
+from resurge.job_commands import announce_phase, send_assignments, send_stops
+from resurge.planner import command_id
+from resurge.records import JobRecord, JobStore
+from resurge.service import ServiceContext
+from resurge.worker_groups import worker_group
+from resurge_restarter.policy import ClusterView, mark_dispatched
+
+__all__ = ["Dispatcher", "cluster_view"]
+
+
+async def cluster_view(backend: LocalBackend, exclude_job: str | None = None) -> ClusterView:
+    """Live nodes and the slots worker groups take on each (``exclude_job``'s not counted)."""
+    used: dict[str, int] = {}
+    for group in await backend.list_worker_groups():
+        if group.job != exclude_job:
+            used[group.node] = used.get(group.node, 0) + group.nproc
+    return ClusterView(nodes=await backend.live_nodes(), used=used)
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        ctx: ServiceContext,
+        store: JobStore,
+        backend: LocalBackend,
+        me: str,
+        lease_seconds: float,
+    ) -> None:
+        self.ctx = ctx
+        self.store = store
+        self.backend = backend
+        self.me = me
+        self.lease_seconds = lease_seconds
+        self._rechecks: dict[str, asyncio.Task[None]] = {}
+        # Called with a job's name when carrying out its plan failed part-way.
+        self.retry: Callable[[str], Awaitable[None]] | None = None
+
+    async def carry_out(self, record: JobRecord, previous: JobPhase | None) -> None:
+        """Steps 1-3 now; 4-6 now or, after a backoff, in a background task."""
+        plan = record.pending_recovery
+        assert plan is not None
+        bus = self.ctx.bus
+        started = RecoveryStarted(
+            id=command_id("recovery-started", record.name, 0, plan.to_generation),
+            source=bus.source,
+            job=record.name,
+            generation=plan.to_generation,
+            fault_id=plan.fault_id,
+            level=plan.level,
+            reason=plan.reason,
+            from_generation=plan.from_generation,
+            to_generation=plan.to_generation,
+        )
+        await bus.publish(bus.subjects.action(record.name), started)
+        await announce_phase(bus, previous, record)
+        if plan.level is not RecoveryLevel.IN_PROCESS:
+            why = f"{plan.level.value} restart after {plan.fault_id}"
+            await send_stops(
+                bus, record, plan.from_generation, why, placements=plan.stop_placements
+            )
+        for node in plan.cordon:
+            await self.backend.cordon(node, reason=f"{plan.reason} ({plan.fault_id})")
+        placements = {p.replica: p for p in record.placements}
+        for move in plan.moves:
+            await self.backend.delete_worker_group(record.name, move.replica, move.from_node)
+            await self.backend.create_worker_group(worker_group(record, placements[move.replica]))
+        for replica in plan.recreate:
+            if replica in placements:
+                await self.backend.create_worker_group(worker_group(record, placements[replica]))
+        if plan.requeue:
+            for p in plan.stop_placements:
+                await self.backend.delete_worker_group(record.name, p.replica, p.node)
+        delay = (plan.start_at - datetime.now(UTC)).total_seconds()
+        if delay <= 0:
+            await self._start_generation(record)
+        else:
+            self.ctx.log.info("job %s: generation %d starts in %.1f s (backoff)", record.name,
+                              plan.to_generation, delay, extra={"job": record.name})  # fmt: skip
+            self.ctx.spawn(self._after(delay, record))
+
+    async def _after(self, delay: float, record: JobRecord) -> None:
+        await asyncio.sleep(delay)
+        try:
+            await self._start_generation(record)
+        except Exception:
+            self.ctx.log.exception("starting the new generation of %s failed; retrying",
+                                   record.name)  # fmt: skip
+            if self.retry is not None:
+                when = datetime.now(UTC) + timedelta(seconds=self.lease_seconds)
+                self.recheck_at(record.name, when, self.retry)
+
+    async def _start_generation(self, record: JobRecord) -> None:
+        plan = record.pending_recovery
+        assert plan is not None
+        if not plan.requeue:
+            level = plan.level if plan.level is RecoveryLevel.IN_PROCESS else None
+            await send_assignments(self.ctx.bus, record, level)
+        await self.store.mutate(record.name, lambda r: mark_dispatched(r, plan.to_generation))
+
+    def recheck_at(
+        self, name: str, when: datetime, check: Callable[[str], Awaitable[None]]
+    ) -> None:
+        """Call ``check(name)`` at ``when`` (one pending check per job; a later call wins)."""
+        previous = self._rechecks.pop(name, None)
+        if previous is not None:
+            previous.cancel()
+
+        async def later() -> None:
+            await asyncio.sleep(max(0.0, (when - datetime.now(UTC)).total_seconds()) + 0.05)
+            self._rechecks.pop(name, None)
+            await check(name)
+
+        task = asyncio.get_running_loop().create_task(later())
+        self._rechecks[name] = task
+        self.ctx.tasks.add(task)  # cancelled when the service stops
+        task.add_done_callback(self.ctx.tasks.discard)
+
+    async def watch_records(self, on_record: Callable[[JobRecord], Awaitable[None]]) -> None:
+        """Hand every job record written from now on to ``on_record`` (in a background task)."""
+        watcher = await self.store.kv.watchall()
+
+        async def pump() -> None:
+            async for entry in watcher:
+                if entry is None or not entry.value:
+                    continue
+                with contextlib.suppress(ValueError):  # a record of a newer schema
+                    record = JobRecord.model_validate_json(entry.value)
+                    plan = record.pending_recovery
+                    if plan is not None and not plan.dispatched and plan.claimed_by != self.me:
+                        try:
+                            await on_record(record)
+                        except Exception:
+                            self.ctx.log.exception("taking over %s's recovery failed", record.name)
+
+        self.ctx.spawn(pump())

@@ -1,0 +1,35 @@
+"""The worker groups (one per replica: a pod, or a local launch agent) a job record asks for.
+
+Scaler and restarter both create worker groups through the cluster backend; this is
+the one place that turns a record's placements into :class:`WorkerGroupSpec`. A
+replica's ``incarnation`` comes from the record, so bumping it in the record and
+writing the spec again recreates that replica's group (a `pod` or `job` recovery).
+"""
+
+from __future__ import annotations
+
+from resurge.cluster import WorkerGroupSpec
+from resurge.records import JobRecord, Placement
+
+__all__ = ["worker_group", "worker_groups"]
+
+
+def worker_group(record: JobRecord, placement: Placement) -> WorkerGroupSpec:
+    spec = record.spec.spec
+    return WorkerGroupSpec(
+        job=record.name,
+        replica=placement.replica,
+        node=placement.node,
+        nproc=spec.nproc_per_node,
+        command=spec.command,
+        env={var.name: var.value for var in spec.env},
+        working_dir=spec.working_dir,
+        stop_grace_seconds=spec.recovery.stop_grace_seconds,
+        fork_server=spec.fork_server,
+        preload=spec.preload_modules,
+        incarnation=record.incarnations.get(placement.replica, 0),
+    )
+
+
+def worker_groups(record: JobRecord) -> list[WorkerGroupSpec]:
+    return [worker_group(record, p) for p in record.placements]
