@@ -213,6 +213,7 @@ class Bus:
         ack_wait_seconds: float = 30.0,
         max_deliver: int = 10,
         kind_token: int | None = None,
+        inactive_seconds: float | None = None,
     ) -> None:
         """Bind durable consumer ``durable`` on ``subject`` and feed ``handler``.
 
@@ -222,6 +223,7 @@ class Bus:
         service that use the same ``durable`` share the messages (a queue group).
         ``kind_token`` names the subject token that must equal the event's kind (4 for
         ``raw`` subjects); a message of another kind there is dead-lettered.
+        ``inactive_seconds``: the server deletes the consumer after that long unbound.
         """
         consumer = _Consumer(subject, durable, expects, handler, kind_token)
         config = ConsumerConfig(
@@ -229,6 +231,7 @@ class Bus:
             max_deliver=max_deliver,
             deliver_policy=_DELIVER[start],
             filter_subject=subject,
+            inactive_threshold=inactive_seconds,
         )
 
         async def on_message(msg: Msg) -> None:

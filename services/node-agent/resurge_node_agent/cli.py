@@ -75,6 +75,12 @@ def _parser() -> argparse.ArgumentParser:
         help="comma-separated modules the fork server imports once (default: torch, "
         "torch._dynamo, torch.distributed.checkpoint)",
     )
+    launch.add_argument(
+        "--incarnation",
+        type=int,
+        default=0,
+        help="how many times this replica's worker group was recreated (default 0)",
+    )
     launch.add_argument("command", nargs=argparse.REMAINDER, help="-- then the worker's argv")
     monitor = modes.add_parser(
         "monitor",
@@ -122,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         fork_server=not args.no_fork_server,
         preload=tuple(m.strip() for m in args.preload.split(",") if m.strip()),
         stop_grace_seconds=args.stop_grace_seconds,
+        incarnation=args.incarnation,
     )
 
     async def setup(ctx: ServiceContext) -> None:

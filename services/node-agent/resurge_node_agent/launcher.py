@@ -5,9 +5,10 @@
   ``nproc`` workers with torchrun's environment for generation g.
 - Stop(g): stops workers of generation g or older; ``final`` ends the agent once its
   workers are down.
-- A new agent starts from the newest command on its subject (older ones are
-  superseded), and ignores a final Stop issued before it started while it has had no
-  Assign: that Stop ended an earlier run of a job by the same name.
+- A new agent (one per node and incarnation of its worker group) starts from the
+  newest command on its subject (older ones are superseded), and ignores a final Stop
+  issued before it started while it has had no Assign: that Stop ended an earlier run
+  of a job by the same name.
 - SIGTERM: stops the workers, then the agent.
 
 Everything it sees is published on ``raw.<job>.<kind>.<node>``: process started and
@@ -46,6 +47,9 @@ from resurge_node_agent.workers import Stream, WorkerExit, WorkerGroup
 
 __all__ = ["LaunchAgent", "LaunchConfig"]
 
+# The server deletes an agent's command consumer this long after its agent went away.
+AGENT_CONSUMER_INACTIVE_SECONDS = 3600.0
+
 
 @dataclass(frozen=True)
 class LaunchConfig:
@@ -59,6 +63,7 @@ class LaunchConfig:
     stop_grace_seconds: float
     fork_server: bool = True
     preload: tuple[str, ...] = ("torch",)
+    incarnation: int = 0
 
 
 class LaunchAgent:
@@ -84,13 +89,21 @@ class LaunchAgent:
         self.spawner = await self._make_spawner()
         self.ctx.exit_stack.push_async_callback(self.spawner.close)
         self.ctx.exit_stack.push_async_callback(self._shutdown)
-        durable = f"agent-{escape_token(self.config.job)}-{self.config.replica}"
+        # One consumer per (node, incarnation): an agent started again after a crash goes
+        # on where it stopped; a recreated or moved one starts from the newest command,
+        # and never shares a consumer with the agent it replaces while that one exits.
+        config = self.config
+        durable = (
+            f"agent-{escape_token(config.job)}-{config.replica}-"
+            f"{escape_token(config.node)}-{config.incarnation}"
+        )
         await self.bus.consume(
-            self.bus.subjects.cmd(self.config.job, self.config.replica),
+            self.bus.subjects.cmd(config.job, config.replica),
             durable,
             self.on_command,
             expects=(Assign, Stop, InjectFault),
             start="last_per_subject",
+            inactive_seconds=AGENT_CONSUMER_INACTIVE_SECONDS,
         )
         if self.generation is None:
             await self._state(AgentState.WAITING, "waiting for an assignment")

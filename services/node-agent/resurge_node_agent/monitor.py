@@ -243,6 +243,7 @@ class NodeMonitor:
             *(f"--env={name}={value}" for name, value in spec.env.items()),
             *([] if spec.fork_server else ["--no-fork-server"]),
             f"--preload={','.join(spec.preload)}",
+            "--incarnation", str(spec.incarnation),
             "--", *spec.command,
         ]  # fmt: skip
         output = self._log_file(spec)
