@@ -110,6 +110,7 @@ async def test_services_dead_letter_garbage_and_still_recover_a_real_fault(
     assert result.services_alive == {
         name: True for name in ("detector", "restarter", "scaler", "node-0", "node-1")
     }
+    assert set(result.service_restarts.values()) == {0}  # none died and came back
 
     letters = [o.event for o in result.observed if isinstance(o.event, DeadLetter)]
     per_service = Counter(letter.source.service for letter in letters)

@@ -14,7 +14,7 @@ import pytest
 
 from resurge.bus import Bus
 from resurge.client import inject_fault, inject_xid
-from resurge.events import JobPhase, Progress, RecoveryFinished
+from resurge.events import Assign, JobPhase, Progress, RecoveryFinished
 from resurge.jobspec import TrainingJob, parse_job
 from resurge.local.story import Observed, Watch, run_job
 
@@ -127,20 +127,27 @@ async def test_an_injected_fatal_xid_is_a_node_scoped_fault_and_recovered(
     nats_url: str, namespace: str, tmp_path: Path
 ) -> None:
     spec = job("xid", "--steps", "80", "--step-seconds", "0.03")
+    placed: list[str] = []
 
     async def break_gpu(bus: Bus, watch: Watch) -> None:
         await watch.wait_for(progressed(0, 0, 5))
-        await inject_xid(bus, "node-0", 0, 79)
+        (first,) = [o.event for o in watch.observed if isinstance(o.event, Assign)]
+        placed.append(str(first.node))
+        await inject_xid(bus, placed[0], 0, 79)
 
     result = await run_job(spec, state_dir=tmp_path, nats_url=nats_url, namespace=namespace,
-                           nodes=1, wait_seconds=60, during=break_gpu)  # fmt: skip
+                           nodes=2, wait_seconds=60, during=break_gpu)  # fmt: skip
+    bad, good = placed[0], ({"node-0", "node-1"} - set(placed)).pop()
     by_reason = {f.reason: f for f in result.faults}
     assert set(by_reason) == {"gpu_xid", "node_unhealthy"}  # the GPU, and the node it is on
-    assert all(f.scope.value == "node" and f.node == "node-0" for f in result.faults)
+    assert all(f.scope.value == "node" and f.node == bad for f in result.faults)
     fault = by_reason["gpu_xid"]
     assert fault.evidence["xid"] == 79 and fault.evidence["action"] == "replace_node"
     assert fault.suggested_level is not None and fault.suggested_level.value == "node"
-    # one recovery: the second fault is of the generation the first one already ended.
-    # (The node level itself comes with issue 5; today faults recover at process level.)
-    assert len(result.events(RecoveryFinished)) == 1
+    # one recovery, at node level: the replica moved to the other node; the second fault is of
+    # the generation the first one already ended.
+    (recovered,) = result.events(RecoveryFinished)
+    assert recovered.level.value == "node"  # type: ignore[union-attr]
+    moved = [a for a in result.events(Assign) if a.generation == 1]
+    assert [a.node for a in moved] == [good]  # type: ignore[union-attr]
     assert result.phase is JobPhase.SUCCEEDED

@@ -109,11 +109,13 @@ def test_a_rank_that_crashes_every_time_climbs_process_pod_job_then_fails() -> N
     assert "maxFullJobRestarts=1" in rec.message and "process_crash (f3)" in rec.message
 
 
-def test_different_ranks_do_not_escalate_each_other() -> None:
+def test_the_same_fault_is_the_same_reason_whichever_rank_reported_it() -> None:
     rec = record()
     first = apply_fault(rec, fault("a", 0, rank=1), now=at(0))
     second = apply_fault(rec, fault("b", 1, rank=2), now=at(1))
-    assert first.level is second.level is RecoveryLevel.PROCESS
+    assert (first.level, second.level) == (RecoveryLevel.PROCESS, RecoveryLevel.POD)
+    third = apply_fault(rec, fault("c", 2, reason="hang"), now=at(2))
+    assert third.level is RecoveryLevel.PROCESS  # another reason: not the same fault
 
 
 def test_a_repeat_outside_the_eval_period_starts_low_again() -> None:
@@ -134,16 +136,18 @@ def test_past_the_top_listed_level_the_top_level_repeats_until_limits() -> None:
 
 def test_per_level_limit_passes_to_the_next_level_and_fails_at_the_top() -> None:
     rec = record(levels=["process", "job"], maxRestartsPerLevel={"process": 1, "job": 1})
-    a = apply_fault(rec, fault("a", 0, rank=1), now=at(0))
-    b = apply_fault(rec, fault("b", 1, rank=2), now=at(1))
+    a = apply_fault(rec, fault("a", 0, reason="r1"), now=at(0))
+    b = apply_fault(rec, fault("b", 1, reason="r2"), now=at(1))
     assert (a.level, b.level) == (RecoveryLevel.PROCESS, RecoveryLevel.JOB)
-    c = apply_fault(rec, fault("c", 2, rank=3), now=at(2))
+    c = apply_fault(rec, fault("c", 2, reason="r3"), now=at(2))
     assert c.verdict is Verdict.FAIL and "maxRestartsPerLevel.job=1" in rec.message
 
 
 def test_num_restart_before_full_job_restart() -> None:
     rec = record(numRestartBeforeFullJobRestart=2)
-    levels = [apply_fault(rec, fault(f"f{g}", g, rank=g), now=at(g)).level for g in range(3)]
+    levels = [
+        apply_fault(rec, fault(f"f{g}", g, reason=f"r{g}"), now=at(g)).level for g in range(3)
+    ]
     assert levels == [RecoveryLevel.PROCESS, RecoveryLevel.PROCESS, RecoveryLevel.JOB]
 
 
@@ -235,8 +239,8 @@ def test_backoff_first_at_once_then_growing() -> None:
     job = record(backoff={"initialSeconds": 2, "multiplier": 3, "maxSeconds": 10}).spec
     assert [backoff_seconds(job, n) for n in range(5)] == [0.0, 2.0, 6.0, 10.0, 10.0]
     rec = record(backoff={"initialSeconds": 2})
-    apply_fault(rec, fault("a", 0, rank=1), now=at(0))
-    apply_fault(rec, fault("b", 1, rank=2), now=at(1))
+    apply_fault(rec, fault("a", 0, reason="r1"), now=at(0))
+    apply_fault(rec, fault("b", 1, reason="r2"), now=at(1))
     assert rec.pending_recovery is not None and rec.pending_recovery.start_at == at(3)
 
 

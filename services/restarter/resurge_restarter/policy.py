@@ -11,9 +11,10 @@ The ladder (DESIGN section 4), cheapest first: ``in_process``, ``process``, ``po
 1. The fault's scope sets the floor (process -> in_process, node -> node, job -> job),
    raised to the detector's ``suggested_level``; ``in_process`` needs workers that run
    under ``resurge.worker.restartable`` (else ``process``).
-2. The same fault (same reason, and the same rank, or for node faults the same node)
+2. The same fault (the same reason; for node faults, the same reason on the same node)
    already restarted inside ``evalPeriodSeconds`` moves one rung above the rung it got
-   last time. ``node`` is a rung only for faults about a node (node scope, or a node
+   last time. Not the same rank: when one rank crashes its peers fail too, and which of
+   them is reported first is chance. ``node`` is a rung only for faults about a node (node scope, or a node
    that became a repeat offender: ``maxRepeatOffenders`` node faults in the window);
    a crashing process goes process -> pod -> job, never cordoning nodes.
 3. The first rung listed in ``recovery.levels`` at or above that is taken (past the top
@@ -93,9 +94,7 @@ def fault_signature(fault: FaultDetected) -> str:
     """What makes two faults 'the same fault' for escalation."""
     if fault.scope is FaultScope.NODE:
         return f"{fault.reason}@{fault.node}"
-    if fault.rank is not None:
-        return f"{fault.reason}#rank{fault.rank}"
-    return f"{fault.reason}#replica{fault.replica}"
+    return fault.reason
 
 
 def backoff_seconds(job: TrainingJob, earlier_in_window: int) -> float:

@@ -49,10 +49,12 @@ class Observed:
 
 
 class Watch:
-    """Events observed so far, and a way to wait for a condition over them."""
+    """Events observed so far, and a way to wait for a condition over them; ``supervisor``
+    is the cluster, so a story can break its services too."""
 
-    def __init__(self) -> None:
+    def __init__(self, supervisor: Supervisor | None = None) -> None:
         self.observed: list[Observed] = []
+        self.supervisor = supervisor
         self._changed = asyncio.Condition()
 
     async def add(self, item: Observed) -> None:
@@ -75,6 +77,7 @@ class StoryResult:
     phase: JobPhase | None
     observed: list[Observed]
     services_alive: dict[str, bool]
+    service_restarts: dict[str, int]
     seconds: float
 
     def events(self, kind: type[Event]) -> list[Event]:
@@ -131,15 +134,19 @@ async def run_job(
     before_submit: Callable[[Bus], Awaitable[None]] | None = None,
     during: Callable[[Bus, Watch], Coroutine[Any, Any, None]] | None = None,
     cwd: Path | None = None,
+    restarters: int = 1,
 ) -> StoryResult:
-    """Start a local cluster (on ``nats_url``, or an embedded server), run ``job`` to its end."""
+    """Start a local cluster (on ``nats_url``, or an embedded server), run ``job`` to its end.
+
+    As under ``resurge up``, a service that dies is started again (with backoff).
+    """
     supervisor = Supervisor(
         state_dir, nodes, gpus_per_node, namespace=namespace, nats_url=nats_url,
-        extra_env={"RESURGE_LOG_LEVEL": "INFO"},
+        extra_env={"RESURGE_LOG_LEVEL": "INFO"}, restarters=restarters,
     )  # fmt: skip
     if cwd is not None:
         supervisor.cwd = cwd
-    watch = Watch()
+    watch = Watch(supervisor)
     done = asyncio.Event()
     final_phase: list[JobPhase] = []
     started = time.monotonic()
@@ -172,13 +179,15 @@ async def run_job(
             if before_submit is not None:
                 await before_submit(bus)
             await submit_job(bus, job)
+            keeper = asyncio.create_task(_keep_alive(supervisor))
             side = asyncio.create_task(during(bus, watch)) if during else None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), wait_seconds)
-            if side is not None:
-                side.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await side
+            for task in (side, keeper):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             if done.is_set():
                 replicas = job.spec.replicas.min
                 with contextlib.suppress(TimeoutError):
@@ -193,8 +202,15 @@ async def run_job(
         phase=final_phase[0] if final_phase else None,
         observed=watch.observed,
         services_alive=alive,
+        service_restarts={name: child.restarts for name, child in supervisor.children.items()},
         seconds=time.monotonic() - started,
     )
+
+
+async def _keep_alive(supervisor: Supervisor) -> None:
+    while True:
+        supervisor.check()
+        await asyncio.sleep(0.2)
 
 
 def _all_exited(watch: Watch, replicas: int) -> bool:

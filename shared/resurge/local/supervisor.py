@@ -67,6 +67,7 @@ class Supervisor:
     nats_port: int = 0
     extra_env: dict[str, str] = field(default_factory=dict)
     cwd: Path | None = None
+    restarters: int = 1
     children: dict[str, _Child] = field(default_factory=dict)
     server: NatsServer | None = None
 
@@ -101,6 +102,9 @@ class Supervisor:
         python = sys.executable
         for name, args in SERVICES.items():
             self.children[name] = _Child(name, [python, *args])
+        for extra in range(2, self.restarters + 1):  # replicas share the restarter's consumers
+            name = f"restarter-{extra}"
+            self.children[name] = _Child(name, [python, *SERVICES["restarter"]])
         for node in self.node_names:
             self.children[node] = _Child(
                 node,
