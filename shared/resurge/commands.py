@@ -30,9 +30,19 @@ def _say(views: list[dict[str, object]], as_json: bool, one: bool) -> None:
         print(json.dumps(views[0] if one else views, indent=2))
         return
     for view in views:
+        restarts = view["restarts"]
+        counts = (
+            ",".join(f"{k}:{v}" for k, v in restarts.items()) if isinstance(restarts, dict) else ""
+        )
+        last = view.get("lastRecovery")
+        recovered = (
+            f" last={last['level']}/{last['reason']}/{last['seconds']:.2f}s"
+            if isinstance(last, dict)
+            else ""
+        )
         print(
             f"{view['name']:<24} {view['phase']:<11} gen={view['generation']} "
-            f"restarts={view['restarts']} {view['message']}"
+            f"restarts={{{counts}}}{recovered} {view['message']}"
         )
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "JobRecord",
     "JobStore",
     "LastFault",
+    "LastRecovery",
     "Move",
     "PendingRecovery",
     "Placement",
@@ -97,6 +98,18 @@ class PendingRecovery(BaseModel):
     claimed_until: datetime | None = None
 
 
+class LastRecovery(BaseModel):
+    """The newest recovery that finished (the new generation showed a sign of life)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fault_id: str
+    level: RecoveryLevel
+    reason: str
+    to_generation: int
+    seconds: float = Field(ge=0, description="From the fault's detection to the sign of life.")
+
+
 class RestartEntry(BaseModel):
     """One restart, kept while it is inside the job's evalPeriodSeconds."""
 
@@ -150,6 +163,7 @@ class JobRecord(BaseModel):
     last_fault: LastFault | None = None
     pending_recovery: PendingRecovery | None = None
     last_recovery_seconds: float | None = None
+    last_recovery: LastRecovery | None = None
     latest_checkpoint: CheckpointRef | None = Field(
         default=None, description="Newest checkpoint every rank of the job reported saved."
     )
@@ -269,6 +283,14 @@ def status_view(record: JobRecord) -> dict[str, object]:
         if fault is None
         else {"reason": fault.reason, "scope": fault.scope, "time": fault.time.isoformat()},
         "lastRecoverySeconds": record.last_recovery_seconds,
+        "lastRecovery": None
+        if record.last_recovery is None
+        else {
+            "level": record.last_recovery.level.value,
+            "reason": record.last_recovery.reason,
+            "seconds": record.last_recovery.seconds,
+            "generation": record.last_recovery.to_generation,
+        },
         "recovery": None
         if record.pending_recovery is None
         else {

@@ -339,3 +339,32 @@ def test_either_package_imports_first(first: str) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_hyperpod_restart_policy_block_is_accepted_inside_recovery() -> None:
+    job = parse_job(
+        {
+            "metadata": {"name": "hp"},
+            "spec": {
+                "command": ["x"],
+                "recovery": {
+                    "jobMaxRetryCount": 7,
+                    "restartPolicy": {
+                        "numRestartBeforeFullJobRestart": 3,
+                        "evalPeriodSeconds": 1800,
+                        "maxFullJobRestarts": 1,
+                    },
+                },
+            },
+        }
+    )
+    recovery = job.spec.recovery
+    assert recovery.max_restarts == 7 and recovery.num_restart_before_full_job_restart == 3
+    assert recovery.eval_period_seconds == 1800 and recovery.max_full_job_restarts == 1
+    with pytest.raises(JobSpecError, match="restartPolicy"):
+        parse_job(
+            {
+                "metadata": {"name": "hp"},
+                "spec": {"command": ["x"], "recovery": {"restartPolicy": {"cleanPodPolicy": 1}}},
+            }
+        )

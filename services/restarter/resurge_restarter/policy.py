@@ -14,9 +14,10 @@ The ladder (DESIGN section 4), cheapest first: ``in_process``, ``process``, ``po
 2. The same fault (the same reason; for node faults, the same reason on the same node)
    already restarted inside ``evalPeriodSeconds`` moves one rung above the rung it got
    last time. Not the same rank: when one rank crashes its peers fail too, and which of
-   them is reported first is chance. ``node`` is a rung only for faults about a node (node scope, or a node
-   that became a repeat offender: ``maxRepeatOffenders`` node faults in the window);
-   a crashing process goes process -> pod -> job, never cordoning nodes.
+   them is reported first is chance. ``node`` is a rung only for faults about a node
+   (node scope, or a node that became a repeat offender: ``maxRepeatOffenders`` node
+   faults in the window); a crashing process goes process -> pod -> job, never
+   cordoning nodes.
 3. The first rung listed in ``recovery.levels`` at or above that is taken (past the top
    listed rung, the top one); a rung whose ``maxRestartsPerLevel`` is spent inside the
    window passes to the next; ``numRestartBeforeFullJobRestart`` restarts below ``job``
@@ -43,6 +44,7 @@ from resurge.records import (
     CheckpointRef,
     JobRecord,
     LastFault,
+    LastRecovery,
     Move,
     PendingRecovery,
     Placement,
@@ -385,7 +387,15 @@ def apply_sign_of_life(
     if pending is None or pending.to_generation != generation or record.phase.finished:
         return changed
     record.pending_recovery = None
-    record.last_recovery_seconds = max(0.0, (seen_at - pending.detected_at).total_seconds())
+    seconds = max(0.0, (seen_at - pending.detected_at).total_seconds())
+    record.last_recovery_seconds = seconds
+    record.last_recovery = LastRecovery(
+        fault_id=pending.fault_id,
+        level=pending.level,
+        reason=pending.reason,
+        to_generation=pending.to_generation,
+        seconds=seconds,
+    )
     record.phase = JobPhase.RUNNING
     record.message = f"recovered at level {pending.level.value}"
     return True

@@ -153,6 +153,7 @@ async def setup(ctx: ServiceContext) -> None:
             generation=after.generation,
             fault_id=before.pending_recovery.fault_id,
             level=before.pending_recovery.level,
+            reason=before.pending_recovery.reason,
             duration_seconds=after.last_recovery_seconds,
         )
         await bus.publish(bus.subjects.action(after.name), finished)

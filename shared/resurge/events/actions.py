@@ -25,6 +25,7 @@ class RecoveryFinished(Envelope):
     kind: Literal["recovery_finished"] = "recovery_finished"
     fault_id: str = Field(description="The fault recovered from.")
     level: RecoveryLevel = Field(description="Recovery level used.")
+    reason: str = Field(default="", description="The fault's reason.")
     duration_seconds: float = Field(
         ge=0, description="From the fault's detection to the new generation's first sign of life."
     )

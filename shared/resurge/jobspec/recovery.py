@@ -2,10 +2,13 @@
 
 HyperPod's names are accepted where they mean the same: ``jobMaxRetryCount``,
 ``numRestartBeforeFullJobRestart``, ``evalPeriodSeconds``, ``maxFullJobRestarts`` and
-``faultyScaleDownTimeoutInSeconds``.
+``faultyScaleDownTimeoutInSeconds``; so is HyperPod's ``restartPolicy`` block holding
+the middle three, pasted as it is into ``recovery``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import AliasChoices, Field, NonNegativeInt, field_validator, model_validator
 
@@ -40,6 +43,13 @@ class BackoffSpec(SpecModel):
                 f"backoff.initialSeconds ({self.initial_seconds})"
             )
         return self
+
+
+_RESTART_POLICY_FIELDS = (
+    "numRestartBeforeFullJobRestart",
+    "evalPeriodSeconds",
+    "maxFullJobRestarts",
+)
 
 
 class RecoverySpec(SpecModel):
@@ -121,6 +131,22 @@ class RecoverySpec(SpecModel):
         alias="stopGraceSeconds",
         description="Seconds between SIGTERM and SIGKILL when workers are stopped.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hyperpod_restart_policy(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "restartPolicy" not in data:
+            return data
+        block = data["restartPolicy"]
+        allowed = _RESTART_POLICY_FIELDS
+        if not isinstance(block, dict) or not set(block) <= set(allowed):
+            raise ValueError(
+                f"restartPolicy (HyperPod's) may hold only {', '.join(allowed)}; got {block!r}"
+            )
+        both = sorted(set(block) & set(data))
+        if both:
+            raise ValueError(f"{', '.join(both)} set both in recovery and in restartPolicy")
+        return {**{k: v for k, v in data.items() if k != "restartPolicy"}, **block}
 
     @field_validator("levels")
     @classmethod
