@@ -23,10 +23,15 @@ def _every_level() -> list[RecoveryLevel]:
 
 
 class BackoffSpec(SpecModel):
-    """Delay before the n-th restart: ``min(initialSeconds * multiplier**(n-1), maxSeconds)``."""
+    """Delay before the n-th restart inside evalPeriodSeconds: none for the first, then
+    ``min(initialSeconds * multiplier**(n-2), maxSeconds)``."""
 
     initial_seconds: float = Field(
-        default=1.0, ge=0, description="Delay before the first restart.", examples=[1.0]
+        default=1.0,
+        ge=0,
+        description="Delay before the second restart inside evalPeriodSeconds (the first "
+        "goes at once).",
+        examples=[1.0],
     )
     max_seconds: float = Field(
         default=60.0, ge=0, description="The delay never grows past this.", examples=[60.0]
@@ -97,8 +102,8 @@ class RecoverySpec(SpecModel):
     max_repeat_offenders: int = Field(
         default=2,
         ge=1,
-        description="Faults one node may cause within evalPeriodSeconds before resurge "
-        "cordons it and stops placing replicas there.",
+        description="Node faults one node may have under this job within evalPeriodSeconds "
+        "before the job avoids it and handles any fault there at node level.",
     )
     spares: int = Field(
         default=0,
