@@ -1,7 +1,8 @@
 """``resurge.worker``: what a training script may use from resurge (standard library only).
 
 A script that never imports this still runs under resurge, as under torchrun. One that
-does gets heartbeats, checkpoint discovery and (later) in-process restarts::
+does gets heartbeats, checkpoint discovery and, under :func:`restartable`, in-process
+restarts::
 
     from resurge import worker
 
@@ -22,6 +23,17 @@ Reports never block training: they are queued for a background thread, and a mis
 or dead agent only turns them into no-ops. Arguments are checked the same way with or
 without an agent (ValueError), so a script that runs by hand runs under resurge.
 
+In-process restart: run the training function under :func:`restartable` (see
+:mod:`resurge.worker.restart` for the contract)::
+
+    @worker.restartable
+    def train(run: worker.WorkerRun) -> None:
+        dist.init_process_group("gloo")   # this generation's RANK, WORLD_SIZE, MASTER_PORT
+        ...                               # build the model, resume from run.resume_step
+        dist.destroy_process_group()
+
+    train()   # re-enters train(run) for every in-process restart; no process exits
+
 Delivery: progress is best-effort (when too many wait, the oldest are dropped);
 checkpoint reports are never dropped while the process lives, and ``close()``, also
 run at interpreter exit, sends what is queued for up to a second. A process killed by
@@ -34,18 +46,28 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 
 from resurge.worker.environment import read_environment
 from resurge.worker.link import AgentLink
 from resurge.worker.protocol import (
+    AgentMessage,
     ProtocolError,
+    StopPending,
     checkpoint_line,
     hello_line,
     parse_agent_message,
     progress_line,
 )
 
-__all__ = ["WorkerRun", "connect"]
+if TYPE_CHECKING:
+    from resurge.worker.restart import Restartable
+
+__all__ = ["WorkerRun", "connect", "restartable"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 CLOSE_TIMEOUT_SECONDS = 1.0
 
@@ -58,28 +80,55 @@ class WorkerRun:
     methods may be called from any thread.
     """
 
-    def __init__(self, socket_path: str | None) -> None:
-        env = read_environment()
+    def __init__(
+        self,
+        socket_path: str | None,
+        *,
+        in_process: bool = False,
+        on_message: Callable[[AgentMessage], None] | None = None,
+    ) -> None:
         self.socket_path = socket_path
+        self.in_process = in_process
+        self.stop_reason: str | None = None
+        self._stop = threading.Event()
+        self._on_message = on_message
+        self._pid = os.getpid()
+        self._closed = False
+        self._link: AgentLink | None = None
+        self._read_place()
+        if socket_path:
+            self._link = AgentLink(socket_path, self._hello(), self._on_agent_line)
+            atexit.register(self.close)
+
+    def _read_place(self) -> None:
+        env = read_environment()
         self.generation = env.generation
         self.rank = env.rank
         self.local_rank = env.local_rank
         self.resume_checkpoint: str | None = env.resume_checkpoint
         self.resume_step: int | None = env.resume_step
-        self.stop_reason: str | None = None
-        self._stop = threading.Event()
-        self._pid = os.getpid()
-        self._closed = False
-        self._link: AgentLink | None = None
-        if socket_path:
-            hello = hello_line(
-                local_rank=self.local_rank,
-                rank=self.rank,
-                pid=self._pid,
-                generation=self.generation,
-            )
-            self._link = AgentLink(socket_path, hello, self._on_agent_line)
-            atexit.register(self.close)
+
+    def _hello(self) -> bytes:
+        return hello_line(
+            local_rank=self.local_rank,
+            rank=self.rank,
+            pid=self._pid,
+            generation=self.generation,
+            in_process=self.in_process,
+        )
+
+    def _renew(self) -> None:
+        """Take the place the environment now names (after an in-process restart)."""
+        self._read_place()
+        self.stop_reason = None
+        self._stop.clear()
+        if self._link is not None:
+            self._link.set_hello(self._hello())
+
+    def _send(self, line: bytes) -> None:
+        """Queue a line that must not be dropped (restart protocol messages)."""
+        if self._active() and self._link is not None:
+            self._link.send(line, droppable=False)
 
     @property
     def connected(self) -> bool:
@@ -127,14 +176,48 @@ class WorkerRun:
 
     def _on_agent_line(self, line: bytes) -> None:
         try:
-            notice = parse_agent_message(line)
+            message = parse_agent_message(line)
         except ProtocolError:
             return  # from a newer agent, perhaps: ignore what we do not know
-        if notice.generation >= self.generation and not self._stop.is_set():
-            self.stop_reason = notice.reason
+        if (
+            isinstance(message, StopPending)
+            and message.generation >= self.generation
+            and not self._stop.is_set()
+        ):
+            self.stop_reason = message.reason
             self._stop.set()
+        if self._on_message is not None:
+            self._on_message(message)
+
+
+# The run of the training function running under `restartable`, which `connect` returns.
+_restartable_run: WorkerRun | None = None
 
 
 def connect() -> WorkerRun:
-    """Link to the agent named by ``RESURGE_AGENT_SOCKET`` (a no-op link without one)."""
+    """Link to the agent named by ``RESURGE_AGENT_SOCKET`` (a no-op link without one).
+
+    Inside a function running under :func:`restartable` it returns that function's run.
+    """
+    if _restartable_run is not None:
+        return _restartable_run
     return WorkerRun(read_environment().socket_path)
+
+
+def restartable(
+    fn: Callable[Concatenate[WorkerRun, P], R],
+    *,
+    restart_wait_seconds: float | None = None,
+    peer_grace_seconds: float | None = None,
+) -> Restartable[P, R]:
+    """``fn`` made restartable in-process: calling the result calls ``fn(run, ...)``.
+
+    Usable as a decorator. The arguments and their defaults are described in
+    :mod:`resurge.worker.restart` (imported only here, so ``import resurge.worker``
+    stays light).
+    """
+    from resurge.worker.restart import Restartable
+
+    return Restartable(
+        fn, restart_wait_seconds=restart_wait_seconds, peer_grace_seconds=peer_grace_seconds
+    )

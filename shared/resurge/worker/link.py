@@ -7,7 +7,9 @@ queued lines in order, and hands every line the agent sends to ``on_line``. When
 connection breaks or the socket is missing it retries with backoff (50 ms doubling to
 1 s), and lines queued meanwhile wait. :meth:`AgentLink.close` lets the thread send
 what is queued for up to ``timeout`` seconds (making one more connection attempt if
-it has none), then ends it; later sends are dropped.
+it has none), then ends it; later sends are dropped. :meth:`AgentLink.set_hello`
+changes the hello the next connection starts with (a worker that moved to a new
+generation in-process).
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ class AgentLink:
         """Lines queued and not yet handed to the socket."""
         return len(self._outbox)
 
+    def set_hello(self, hello: bytes) -> None:
+        """Say ``hello`` on every later connection."""
+        self._hello = hello
+
     def send(self, line: bytes, *, droppable: bool) -> None:
         if self._closing.is_set():
             return
@@ -118,8 +124,9 @@ class AgentLink:
 
     def _exchange(self, sock: socket.socket) -> None:
         """Talk on ``sock`` until it breaks, or until closing and flushed or past due."""
-        unsent: deque[Item] = deque([(True, self._hello)])  # lines in `buffer`, oldest first
-        buffer = bytearray(self._hello)
+        hello = self._hello
+        unsent: deque[Item] = deque([(True, hello)])  # lines in `buffer`, oldest first
+        buffer = bytearray(hello)
         sent = 0  # bytes of unsent[0] already written
         received = bytearray()
         writing = False
@@ -154,7 +161,7 @@ class AgentLink:
                             while unsent and sent >= len(unsent[0][1]):
                                 sent -= len(unsent.popleft()[1])
             except OSError:
-                self._outbox.put_back([item for item in unsent if item[1] is not self._hello])
+                self._outbox.put_back([item for item in unsent if item[1] is not hello])
 
     def _drain_wakes(self) -> None:
         with contextlib.suppress(BlockingIOError):

@@ -6,18 +6,37 @@ fields a side does not know are ignored, so either side may add some later.
 
 Worker to agent (``hello`` first, again after every reconnect)::
 
-    {"type": "hello", "local_rank": 0, "rank": 4, "pid": 1234, "generation": 2}
+    {"type": "hello", "local_rank": 0, "rank": 4, "pid": 1234, "generation": 2,
+     "in_process": true}
     {"type": "progress", "step": 120, "metrics": {"loss": 0.25}}
     {"type": "checkpoint", "step": 100, "path": "/ckpt/step-100"}
+    {"type": "fault", "generation": 2, "exception": "builtins.RuntimeError",
+     "message": "...", "traceback": "..."}
+    {"type": "rejoining", "generation": 3, "rank": 4}
 
 Agent to worker::
 
     {"type": "stop_pending", "generation": 2, "reason": "resize to 3 replicas"}
+    {"type": "restart", "generation": 3, "environment": {"RANK": "4", ...},
+     "unset": ["RESURGE_RESUME_STEP"]}
+    {"type": "raise", "generation": 2}
 
 ``local_rank``, ``rank``, ``generation`` and ``step`` are integers >= 0, ``pid`` > 0,
 metric values finite numbers, ``path`` a non-empty string. ``stop_pending`` names the
 generation about to be stopped: a worker of that generation or an older one acts on
 it, a newer worker ignores it.
+
+In-process restarts (:mod:`resurge.worker.restart`): ``in_process`` (default false, so
+older workers need not send it) says the worker runs under ``restartable`` and acts on
+``restart`` and ``raise``. ``restart`` asks it to leave its generation and re-enter its
+training function as ``generation`` with ``environment`` set and the ``unset`` names
+removed (every variable of the new generation is in ``environment``). Once it has left
+(its process group torn down, its environment updated) it says ``rejoining`` with the
+new generation and its new global rank. ``raise`` makes it raise an injected exception
+in its training function if it is still at ``generation``. ``fault`` reports an
+exception its training function raised: the exception's qualified type name, its
+message (at most :data:`MAX_FAULT_MESSAGE` characters) and the end of its traceback
+(at most :data:`MAX_FAULT_TRACEBACK` characters); builders cut longer text.
 
 The parsers raise :class:`ProtocolError`, whose ``reason`` is one of
 :data:`REJECT_REASONS` (``too_long`` and ``no_hello`` are found by the reader, not
@@ -34,22 +53,38 @@ from dataclasses import dataclass
 from typing import Any, SupportsIndex
 
 __all__ = [
+    "MAX_FAULT_MESSAGE",
+    "MAX_FAULT_TRACEBACK",
     "MAX_LINE_BYTES",
     "REJECT_REASONS",
+    "AgentMessage",
     "CheckpointReport",
+    "FaultReport",
     "Hello",
     "ProgressReport",
     "ProtocolError",
+    "RaiseCommand",
+    "Rejoining",
+    "RestartCommand",
     "StopPending",
+    "WorkerMessage",
     "checkpoint_line",
+    "fault_line",
     "hello_line",
     "parse_agent_message",
     "parse_worker_message",
     "progress_line",
+    "raise_line",
+    "rejoining_line",
+    "restart_line",
     "stop_pending_line",
 ]
 
 MAX_LINE_BYTES = 64 * 1024
+# Characters of a fault's message and traceback that travel (the WorkerFault event's
+# limits); even escaped as \uXXXX they fit in one line.
+MAX_FAULT_MESSAGE = 2 * 1024
+MAX_FAULT_TRACEBACK = 8 * 1024
 
 # Why a line was rejected; the agent counts rejections under these names.
 REJECT_REASONS = (
@@ -78,6 +113,7 @@ class Hello:
     rank: int
     pid: int
     generation: int
+    in_process: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,9 +129,39 @@ class CheckpointReport:
 
 
 @dataclass(frozen=True)
+class FaultReport:
+    generation: int
+    exception: str
+    message: str
+    traceback: str
+
+
+@dataclass(frozen=True)
+class Rejoining:
+    generation: int
+    rank: int
+
+
+@dataclass(frozen=True)
 class StopPending:
     generation: int
     reason: str
+
+
+@dataclass(frozen=True)
+class RestartCommand:
+    generation: int
+    environment: dict[str, str]
+    unset: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RaiseCommand:
+    generation: int
+
+
+WorkerMessage = Hello | ProgressReport | CheckpointReport | FaultReport | Rejoining
+AgentMessage = StopPending | RestartCommand | RaiseCommand
 
 
 # -- building lines (validates what a caller passes, with messages for people) --
@@ -127,16 +193,19 @@ def _metric(name: str, value: object) -> float:
     return float(value)
 
 
-def hello_line(*, local_rank: int, rank: int, pid: int, generation: int) -> bytes:
-    return _encode(
-        {
-            "type": "hello",
-            "local_rank": _count(local_rank, "local_rank"),
-            "rank": _count(rank, "rank"),
-            "pid": _count(pid, "pid"),
-            "generation": _count(generation, "generation"),
-        }
-    )
+def hello_line(
+    *, local_rank: int, rank: int, pid: int, generation: int, in_process: bool = False
+) -> bytes:
+    message: dict[str, Any] = {
+        "type": "hello",
+        "local_rank": _count(local_rank, "local_rank"),
+        "rank": _count(rank, "rank"),
+        "pid": _count(pid, "pid"),
+        "generation": _count(generation, "generation"),
+    }
+    if in_process:
+        message["in_process"] = True
+    return _encode(message)
 
 
 def progress_line(step: object, metrics: dict[str, object]) -> bytes:
@@ -166,6 +235,52 @@ def stop_pending_line(generation: int, reason: str) -> bytes:
     return _encode(
         {"type": "stop_pending", "generation": _count(generation, "generation"), "reason": reason}
     )
+
+
+def fault_line(generation: int, exception: str, message: str, traceback: str) -> bytes:
+    """The fault line; ``message`` keeps its start, ``traceback`` its end (where the
+    exception was raised), each cut to its limit."""
+    number = _count(generation, "generation")
+    keep_message, keep_traceback = MAX_FAULT_MESSAGE, MAX_FAULT_TRACEBACK
+    while True:  # characters outside the BMP escape to 12 bytes: cut until it fits
+        try:
+            return _encode(
+                {
+                    "type": "fault",
+                    "generation": number,
+                    "exception": exception[:200],
+                    "message": message[:keep_message],
+                    "traceback": traceback[-keep_traceback:] if keep_traceback else "",
+                }
+            )
+        except ValueError:
+            keep_message, keep_traceback = keep_message // 2, keep_traceback // 2
+
+
+def rejoining_line(generation: int, rank: int) -> bytes:
+    return _encode(
+        {
+            "type": "rejoining",
+            "generation": _count(generation, "generation"),
+            "rank": _count(rank, "rank"),
+        }
+    )
+
+
+def restart_line(generation: int, environment: dict[str, str], unset: list[str]) -> bytes:
+    """ValueError when the environment does not fit in one line."""
+    return _encode(
+        {
+            "type": "restart",
+            "generation": _count(generation, "generation"),
+            "environment": {str(name): str(value) for name, value in environment.items()},
+            "unset": [str(name) for name in unset],
+        }
+    )
+
+
+def raise_line(generation: int) -> bytes:
+    return _encode({"type": "raise", "generation": _count(generation, "generation")})
 
 
 # -- parsing lines (strict JSON types; errors carry a reason for counting) --
@@ -209,7 +324,28 @@ def _text(message: dict[str, Any], name: str, *, empty: bool) -> str:
     return value
 
 
-def parse_worker_message(line: bytes) -> Hello | ProgressReport | CheckpointReport:
+def _bool(message: dict[str, Any], name: str) -> bool:
+    value = message.get(name, False)
+    if not isinstance(value, bool):
+        raise ProtocolError("bad_field", f"{name} must be true or false")
+    return value
+
+
+def _strings(message: dict[str, Any], name: str) -> dict[str, str]:
+    value = message.get(name)
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise ProtocolError("bad_field", f"{name} must be an object of strings")
+    return value
+
+
+def _names(message: dict[str, Any], name: str) -> tuple[str, ...]:
+    value = message.get(name, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ProtocolError("bad_field", f"{name} must be a list of strings")
+    return tuple(value)
+
+
+def parse_worker_message(line: bytes) -> WorkerMessage:
     """One line a worker sent (with or without its newline)."""
     message = _object(line)
     kind = message.get("type")
@@ -219,6 +355,7 @@ def parse_worker_message(line: bytes) -> Hello | ProgressReport | CheckpointRepo
             rank=_int(message, "rank"),
             pid=_int(message, "pid", minimum=1),
             generation=_int(message, "generation"),
+            in_process=_bool(message, "in_process"),
         )
     if kind == "progress":
         return ProgressReport(step=_int(message, "step"), metrics=_metrics(message))
@@ -226,10 +363,19 @@ def parse_worker_message(line: bytes) -> Hello | ProgressReport | CheckpointRepo
         return CheckpointReport(
             step=_int(message, "step"), path=_text(message, "path", empty=False)
         )
+    if kind == "fault":
+        return FaultReport(
+            generation=_int(message, "generation"),
+            exception=_text(message, "exception", empty=False),
+            message=_text(message, "message", empty=True),
+            traceback=_text(message, "traceback", empty=True),
+        )
+    if kind == "rejoining":
+        return Rejoining(generation=_int(message, "generation"), rank=_int(message, "rank"))
     raise ProtocolError("unknown_type", f"type {str(kind)[:50]!r}")
 
 
-def parse_agent_message(line: bytes) -> StopPending:
+def parse_agent_message(line: bytes) -> AgentMessage:
     """One line an agent sent (with or without its newline)."""
     message = _object(line)
     kind = message.get("type")
@@ -237,4 +383,12 @@ def parse_agent_message(line: bytes) -> StopPending:
         return StopPending(
             generation=_int(message, "generation"), reason=_text(message, "reason", empty=True)
         )
+    if kind == "restart":
+        return RestartCommand(
+            generation=_int(message, "generation"),
+            environment=_strings(message, "environment"),
+            unset=_names(message, "unset"),
+        )
+    if kind == "raise":
+        return RaiseCommand(generation=_int(message, "generation"))
     raise ProtocolError("unknown_type", f"type {str(kind)[:50]!r}")
