@@ -3,6 +3,15 @@
 - Assign(g): a generation older than the one running is ignored, the one running is
   kept; a newer one stops the running workers (reported as expected exits) and starts
   ``nproc`` workers with torchrun's environment for generation g.
+- Assign(g, level ``in_process``): where every running worker is alive, connected and
+  runs under ``resurge.worker.restartable``, no process stops: each gets ``restart``
+  with its complete environment for generation g, and the agent waits up to
+  ``rejoin_timeout_seconds`` for each to confirm (``rejoining``). From the moment the
+  restart is sent the agent is at generation g: its state, log lines and exits carry g;
+  reports carry the generation their worker says it is in. Where a worker cannot
+  restart in-process, or does not confirm in time, or exits meanwhile, the agent
+  escalates by itself: it says so (AgentStateChanged ``stopping``, detail "escalated to
+  a process restart: ..."), stops the workers and starts new ones for the same Assign.
 - Stop(g): stops workers of generation g or older; ``final`` ends the agent once its
   workers are down.
 - A new agent (one per node and incarnation of its worker group) starts from the
@@ -12,7 +21,10 @@
 - SIGTERM: stops the workers, then the agent.
 
 Everything it sees is published on ``raw.<job>.<kind>.<node>``: process started and
-exited, every output line, and the agent's own state.
+exited, every output line, the agent's own state, and its workers' reports: progress
+(``in_process`` true for restartable workers), checkpoints, and the exceptions
+restartable workers caught (WorkerFault). InjectFault ``exception`` makes a restartable
+worker raise inside its training function; other workers are left alone.
 """
 
 from __future__ import annotations
@@ -35,14 +47,26 @@ from resurge.events import (
     ProcessExited,
     ProcessStarted,
     Progress,
+    RecoveryLevel,
     Stop,
+    WorkerFault,
 )
 from resurge.service import ServiceContext
 from resurge.subjects import escape_token
+from resurge.worker.protocol import (
+    CheckpointReport,
+    FaultReport,
+    Hello,
+    ProgressReport,
+    Rejoining,
+    raise_line,
+    restart_line,
+)
 from resurge.worker_env import worker_environment
 from resurge_node_agent.forkserver import ForkServerError, ForkServerSpawner
+from resurge_node_agent.in_process import Rejoins, restartable_workers
 from resurge_node_agent.spawners import PlainSpawner, Spawner
-from resurge_node_agent.worker_channel import WorkerChannel, socket_path_for
+from resurge_node_agent.worker_channel import Report, WorkerChannel, socket_path_for
 from resurge_node_agent.workers import Stream, WorkerExit, WorkerGroup
 
 __all__ = ["LaunchAgent", "LaunchConfig"]
@@ -66,6 +90,14 @@ class LaunchConfig:
     incarnation: int = 0
 
 
+@dataclass
+class _Running:
+    """A worker group and the Assign it now runs (in-process restarts move it on)."""
+
+    assign: Assign
+    environments: list[dict[str, str]]
+
+
 class LaunchAgent:
     def __init__(self, ctx: ServiceContext, config: LaunchConfig) -> None:
         self.ctx = ctx
@@ -73,14 +105,13 @@ class LaunchAgent:
         self.config = config
         self.generation: int | None = None
         self.group: WorkerGroup | None = None
+        self.running: _Running | None = None
         self.started_at = datetime.now(UTC)
         self.assign: Assign | None = None
         self.spawner: Spawner | None = None
+        self.rejoins: Rejoins | None = None
         self.channel = WorkerChannel(
-            socket_path_for(config.job, config.replica),
-            self._progress,
-            self._checkpoint,
-            logger=ctx.log,
+            socket_path_for(config.job, config.replica), on_report=self._report, logger=ctx.log
         )
 
     async def start(self) -> None:
@@ -135,12 +166,34 @@ class LaunchAgent:
                               inject.generation)  # fmt: skip
             return
         pid = group.pid_of(inject.local_rank)
+        if inject.fault == "exception":
+            self._inject_exception(inject, pid)
+            return
         self.ctx.log.warning("injecting %s into local rank %d (pid %s)", inject.fault,
                              inject.local_rank, pid)  # fmt: skip
         if inject.fault == "log":
             await group.emit_line(inject.local_rank, "stderr", inject.line)
         elif pid is not None:
             os.kill(pid, signal.SIGKILL if inject.fault == "crash" else signal.SIGSTOP)
+
+    def _inject_exception(self, inject: InjectFault, pid: int | None) -> None:
+        hello = None if pid is None else self.channel.worker(inject.local_rank, pid)
+        if hello is None or not hello.in_process:
+            self.ctx.log.warning(
+                "not injecting an exception into local rank %d: it does not run under "
+                "resurge.worker.restartable",
+                inject.local_rank,
+            )
+            return
+        self.ctx.log.warning("injecting an exception into local rank %d (pid %s)",
+                             inject.local_rank, pid)  # fmt: skip
+        self.channel.send(inject.local_rank, raise_line(hello.generation), pid=pid)
+
+    def _environments(self, assign: Assign) -> list[dict[str, str]]:
+        return [
+            {**self.config.env, **worker_environment(assign, local_rank, self.channel.path)}
+            for local_rank in range(self.config.nproc_per_node)
+        ]
 
     async def _assign(self, assign: Assign) -> None:
         if self.generation is not None and assign.generation <= self.generation:
@@ -151,33 +204,75 @@ class LaunchAgent:
         if assign.world_size != sum(slot.nproc for slot in assign.rank_table):
             self.ctx.log.error("assign %s has an inconsistent rank table; ignored", assign.id)
             return
+        if assign.level is RecoveryLevel.IN_PROCESS and self.group is not None:
+            failure = await self._restart_in_process(assign)
+            if failure is None:
+                return
+            why = f"escalated to a process restart: in-process restart failed ({failure})"
+            self.ctx.log.warning("generation %d: %s", assign.generation, why)
+            await self._state(AgentState.STOPPING, why)
         await self._stop_workers(f"generation {assign.generation} assigned")
         self.generation = assign.generation
         self.assign = assign
-        environments = [
-            {**self.config.env, **worker_environment(assign, local_rank, self.channel.path)}
-            for local_rank in range(self.config.nproc_per_node)
-        ]
-        generation = assign.generation
+        running = self.running = _Running(assign, self._environments(assign))
         self.group = WorkerGroup(
             self.config.command,
-            environments,
+            running.environments,
             cwd=self.config.working_dir,
-            on_start=lambda lr, pid: self._started(generation, lr, pid, assign),
-            on_line=lambda lr, stream, line: self._line(generation, lr, stream, line, assign),
-            on_exit=lambda exit_: self._exited(generation, exit_, assign),
-            echo_prefix=lambda lr: f"[{self._rank(assign, lr)}]:",
+            on_start=lambda lr, pid: self._started(running.assign, lr, pid),
+            on_line=lambda lr, stream, line: self._line(running.assign, lr, stream, line),
+            on_exit=lambda exit_: self._exited(running.assign, exit_),
+            echo_prefix=lambda lr: f"[{self._rank(running.assign, lr)}]:",
             spawner=self.spawner or PlainSpawner(),
         )
         await self.group.start()
-        await self._state(AgentState.RUNNING, f"generation {generation} running")
-        group = self.group
-        self.ctx.spawn(self._await_idle(group, generation))
+        await self._state(AgentState.RUNNING, f"generation {assign.generation} running")
+        self.ctx.spawn(self._await_idle(self.group, running))
 
-    async def _await_idle(self, group: WorkerGroup, generation: int) -> None:
+    async def _restart_in_process(self, assign: Assign) -> str | None:
+        """Move the running workers to ``assign``'s generation in-process; None once every
+        one confirmed, else why not (the workers are then still to be stopped)."""
+        group, running = self.group, self.running
+        if group is None or running is None or not group.running:
+            return "no workers running"
+        pids = restartable_workers(self.config.nproc_per_node, group.pid_of, self.channel.worker)
+        if isinstance(pids, str):
+            return pids
+        environments = self._environments(assign)
+        lines = {}
+        for local_rank in pids:
+            before, after = running.environments[local_rank], environments[local_rank]
+            try:
+                lines[local_rank] = restart_line(
+                    assign.generation, after, sorted(set(before) - set(after))
+                )
+            except ValueError as error:
+                return str(error)
+        rejoins = self.rejoins = Rejoins(assign.generation, pids)
+        self.generation, self.assign = assign.generation, assign
+        running.assign, running.environments = assign, environments
+        await self._state(
+            AgentState.RUNNING, f"restarting generation {assign.generation} in-process"
+        )
+        try:
+            for local_rank, pid in pids.items():
+                if not self.channel.send(local_rank, lines[local_rank], pid=pid):
+                    return f"local rank {local_rank} disconnected"
+            failure = await rejoins.wait(assign.rejoin_timeout_seconds)
+        finally:
+            self.rejoins = None
+        if failure is None:
+            await self._state(
+                AgentState.RUNNING, f"generation {assign.generation} running (in-process)"
+            )
+        return failure
+
+    async def _await_idle(self, group: WorkerGroup, running: _Running) -> None:
         await group.wait()
         if self.group is group:
-            await self._state(AgentState.IDLE, f"generation {generation} workers exited")
+            await self._state(
+                AgentState.IDLE, f"generation {running.assign.generation} workers exited"
+            )
 
     async def _stop_command(self, stop: Stop) -> None:
         if self.generation is None and stop.final and stop.time < self.started_at:
@@ -204,60 +299,82 @@ class LaunchAgent:
         slot = next(s for s in assign.rank_table if s.replica == self.config.replica)
         return slot.first_rank + local_rank
 
-    def _envelope(self, generation: int, assign: Assign, local_rank: int) -> dict[str, object]:
+    def _envelope(self, assign: Assign, local_rank: int) -> dict[str, object]:
         return {
             "source": self.bus.source,
             "job": self.config.job,
             "replica": self.config.replica,
             "node": self.config.node,
-            "generation": generation,
+            "generation": assign.generation,
             "rank": self._rank(assign, local_rank),
             "local_rank": local_rank,
         }
 
-    async def _started(self, generation: int, local_rank: int, pid: int, assign: Assign) -> None:
+    def _worker_envelope(self, hello: Hello) -> dict[str, object]:
+        """For a worker's report: the generation and rank the worker says it is in."""
+        return {
+            "source": self.bus.source,
+            "job": self.config.job,
+            "replica": self.config.replica,
+            "node": self.config.node,
+            "generation": hello.generation,
+            "rank": hello.rank,
+            "local_rank": hello.local_rank,
+        }
+
+    async def _started(self, assign: Assign, local_rank: int, pid: int) -> None:
         event = ProcessStarted(
             pid=pid,
             local_world_size=self.config.nproc_per_node,
-            **self._envelope(generation, assign, local_rank),
+            **self._envelope(assign, local_rank),
         )
         await self._publish(event)
 
-    async def _line(
-        self, generation: int, local_rank: int, stream: Stream, line: str, assign: Assign
-    ) -> None:
-        event = LogLine(stream=stream, line=line, **self._envelope(generation, assign, local_rank))
+    async def _line(self, assign: Assign, local_rank: int, stream: Stream, line: str) -> None:
+        event = LogLine(stream=stream, line=line, **self._envelope(assign, local_rank))
         subject = self.bus.subjects.raw(self.config.job, event.kind, self.config.node)
         await self.bus.publish_nowait(subject, event)
 
-    async def _exited(self, generation: int, exit_: WorkerExit, assign: Assign) -> None:
+    async def _exited(self, assign: Assign, exit_: WorkerExit) -> None:
+        if self.rejoins is not None and self.assign is assign:
+            self.rejoins.fail(f"local rank {exit_.local_rank} exited")
         event = ProcessExited(
             pid=exit_.pid,
             local_world_size=self.config.nproc_per_node,
             exit_code=exit_.exit_code,
             signal=exit_.signal,
             expected=exit_.expected,
-            **self._envelope(generation, assign, exit_.local_rank),
+            **self._envelope(assign, exit_.local_rank),
         )
         await self._publish(event)
 
-    async def _progress(self, local_rank: int, step: int, metrics: dict[str, float]) -> None:
-        if self.assign is None or self.generation is None:
+    async def _report(self, hello: Hello, report: Report) -> None:
+        """A report from a worker, stamped with the generation and rank it is in."""
+        if self.assign is None:
             return
-        event = Progress(
-            step=step, metrics=metrics, **self._envelope(self.generation, self.assign, local_rank)
-        )
-        await self.bus.publish_nowait(
-            self.bus.subjects.raw(self.config.job, event.kind, self.config.node), event
-        )
-
-    async def _checkpoint(self, local_rank: int, step: int, path: str) -> None:
-        if self.assign is None or self.generation is None:
-            return
-        event = CheckpointSaved(
-            step=step, path=path, **self._envelope(self.generation, self.assign, local_rank)
-        )
-        await self._publish(event)
+        envelope = self._worker_envelope(hello)
+        if isinstance(report, ProgressReport):
+            event: Envelope = Progress(
+                step=report.step, metrics=report.metrics, in_process=hello.in_process, **envelope
+            )
+            await self.bus.publish_nowait(
+                self.bus.subjects.raw(self.config.job, event.kind, self.config.node), event
+            )
+        elif isinstance(report, CheckpointReport):
+            await self._publish(CheckpointSaved(step=report.step, path=report.path, **envelope))
+        elif isinstance(report, FaultReport):
+            envelope["generation"] = report.generation
+            self.ctx.log.warning("rank %d raised %s: %s", hello.rank, report.exception,
+                                 report.message[:200])  # fmt: skip
+            event = WorkerFault(
+                exception=report.exception,
+                message=report.message,
+                traceback=report.traceback,
+                **envelope,
+            )
+            await self._publish(event)
+        elif isinstance(report, Rejoining) and self.rejoins is not None:
+            self.rejoins.confirm(hello.local_rank, report.generation)
 
     async def _state(self, state: AgentState, detail: str) -> None:
         event = AgentStateChanged(

@@ -14,6 +14,13 @@ step, path)``, in order per connection (a slow callback slows only that worker's
 reports, which then queue in the worker, never blocking its training). A callback that
 raises is logged and the connection goes on.
 
+Instead of those two, ``on_report=`` takes every report of the whole protocol (progress,
+checkpoint, fault, rejoining) as ``await on_report(hello, report)``, where ``hello``
+is the sender's, kept current: a ``rejoining`` worker's generation and rank are
+updated before the callback (and for everything after). ``worker(local_rank, pid)``
+finds a connected worker's hello; ``send(local_rank, line, pid=...)`` queues an
+agent-to-worker line (``restart``, ``raise``) on its connection.
+
 A line that breaks the protocol is rejected and never closes anything: ``rejected``
 counts rejections by reason (:data:`~resurge.worker.protocol.REJECT_REASONS`), and
 each reason is logged at most once a minute. A connection's last line may lack its
@@ -34,14 +41,18 @@ import os
 import secrets
 import tempfile
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 from resurge.logs import RateLimitedLog
 from resurge.worker.protocol import (
     MAX_LINE_BYTES,
     CheckpointReport,
+    FaultReport,
     Hello,
+    ProgressReport,
     ProtocolError,
+    Rejoining,
     parse_worker_message,
     stop_pending_line,
 )
@@ -50,6 +61,8 @@ __all__ = [
     "SOCKET_PATH_MAX_BYTES",
     "CheckpointCallback",
     "ProgressCallback",
+    "Report",
+    "ReportCallback",
     "WorkerChannel",
     "socket_path_for",
 ]
@@ -61,6 +74,8 @@ _CLOSE_WAIT_SECONDS = 5.0
 
 ProgressCallback = Callable[[int, int, dict[str, float]], Awaitable[None]]
 CheckpointCallback = Callable[[int, int, str], Awaitable[None]]
+Report = ProgressReport | CheckpointReport | FaultReport | Rejoining
+ReportCallback = Callable[[Hello, Report], Awaitable[None]]
 
 log = logging.getLogger(__name__)
 
@@ -142,15 +157,17 @@ class WorkerChannel:
     def __init__(
         self,
         path: str,
-        on_progress: ProgressCallback,
-        on_checkpoint: CheckpointCallback,
+        on_progress: ProgressCallback | None = None,
+        on_checkpoint: CheckpointCallback | None = None,
         *,
+        on_report: ReportCallback | None = None,
         logger: logging.Logger | None = None,
     ) -> None:
         self.path = path
         self.rejected: dict[str, int] = {}
         self._on_progress = on_progress
         self._on_checkpoint = on_checkpoint
+        self._on_report = on_report
         self._log = logger or log
         self._rate_limited = RateLimitedLog(self._log, interval=60.0)
         self._server: asyncio.Server | None = None
@@ -162,6 +179,28 @@ class WorkerChannel:
     def workers(self) -> list[Hello]:
         """The hello of every connected worker that has said one."""
         return [c.hello for c in self._connections.values() if c.hello is not None]
+
+    def worker(self, local_rank: int, pid: int | None = None) -> Hello | None:
+        """The hello of the connected worker ``local_rank`` (with process id ``pid``)."""
+        connection = self._find(local_rank, pid)
+        return None if connection is None else connection.hello
+
+    def send(self, local_rank: int, line: bytes, *, pid: int | None = None) -> bool:
+        """Queue ``line`` to worker ``local_rank`` (``pid``); False if not connected."""
+        connection = self._find(local_rank, pid)
+        return connection is not None and bool(self._write(connection, line))
+
+    def _find(self, local_rank: int, pid: int | None) -> _Connection | None:
+        for connection in reversed(list(self._connections.values())):  # newest first
+            hello = connection.hello
+            if (
+                hello is not None
+                and hello.local_rank == local_rank
+                and (pid is None or hello.pid == pid)
+                and not connection.writer.is_closing()
+            ):
+                return connection
+        return None
 
     async def start(self) -> None:
         """Listen on ``path`` (replacing a stale socket there), readable by this user only."""
@@ -243,12 +282,18 @@ class WorkerChannel:
         except ProtocolError as error:
             self._reject(connection, error.reason, error.detail)
             return
-        local_rank = connection.hello.local_rank
+        if isinstance(message, Rejoining):
+            connection.hello = replace(
+                connection.hello, generation=message.generation, rank=message.rank
+            )
+        hello = connection.hello
         try:
-            if isinstance(message, CheckpointReport):
-                await self._on_checkpoint(local_rank, message.step, message.path)
-            else:
-                await self._on_progress(local_rank, message.step, message.metrics)
+            if self._on_report is not None:
+                await self._on_report(hello, message)
+            elif isinstance(message, CheckpointReport) and self._on_checkpoint is not None:
+                await self._on_checkpoint(hello.local_rank, message.step, message.path)
+            elif isinstance(message, ProgressReport) and self._on_progress is not None:
+                await self._on_progress(hello.local_rank, message.step, message.metrics)
         except Exception as error:
             self._rate_limited.warning(
                 f"callback:{type(message).__name__}",

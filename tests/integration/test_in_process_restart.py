@@ -1,0 +1,239 @@
+"""In-process restarts through a real launch agent: real nats-server, real torch workers.
+
+Each test runs a launch agent process (fork server with torch preloaded) whose two
+workers train a tiny DDP model with gloo under ``resurge.worker.restartable``; the test
+plays the restarter by publishing Assign and InjectFault commands and reads the raw
+events the agent publishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from resurge.bus import Bus
+from resurge.events import (
+    AgentState,
+    AgentStateChanged,
+    Assign,
+    Event,
+    InjectFault,
+    ProcessExited,
+    ProcessStarted,
+    Progress,
+    RecoveryLevel,
+    ReplicaSlot,
+    Stop,
+    WorkerFault,
+)
+from resurge.settings import Settings
+from tests.collect import Events
+
+pytestmark = pytest.mark.slow
+
+JOB = "j.inproc"
+WAIT = 60.0
+
+# Trains forever (the test stops it): DDP over gloo, one progress report per step,
+# starting after the step the generation resumes from.
+TRAIN = """
+import gc, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+from resurge import worker
+
+@worker.restartable
+def train(run):
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+    step = run.resume_step or 0
+    while step < 100_000:
+        step += 1
+        model(torch.ones(2, 4)).sum().backward()
+        run.progress(step)
+        time.sleep(0.02)
+    del model
+    gc.collect()
+    dist.destroy_process_group()
+
+train()
+"""
+
+
+@pytest.fixture
+async def raw_events(bus: Bus) -> AsyncIterator[Events]:
+    events = Events()
+    sub = await bus.subscribe(bus.subjects.all("raw"), events.add)
+    await bus.nc.flush()
+    yield events
+    await sub.unsubscribe()
+
+
+@pytest.fixture
+def agent(settings: Settings, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    env = {
+        **os.environ,
+        "RESURGE_NATS_URL": settings.nats_url,
+        "RESURGE_NAMESPACE": settings.namespace,
+        "RESURGE_LOG_FORMAT": "text",
+    }
+    argv = [
+        sys.executable, "-m", "resurge_node_agent", "launch", "--job", JOB, "--replica", "0",
+        "--nproc-per-node", "2", "--node", "n1", "--stop-grace-seconds", "1",
+        "--env", "OMP_NUM_THREADS=1", "--preload", "torch", "--", sys.executable, "-c", TRAIN,
+    ]  # fmt: skip
+    with (tmp_path / "agent.log").open("wb") as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def assign(
+    bus: Bus,
+    generation: int,
+    *,
+    in_process: bool = False,
+    resume_step: int | None = None,
+    rejoin_timeout: float = 20.0,
+) -> Assign:
+    return Assign(
+        source=bus.source,
+        job=JOB,
+        replica=0,
+        generation=generation,
+        world_size=2,
+        rank_table=[ReplicaSlot(replica=0, node="n1", first_rank=0, nproc=2)],
+        master_addr="127.0.0.1",
+        master_port=free_port(),
+        restart_count=generation,
+        resume_step=resume_step,
+        level=RecoveryLevel.IN_PROCESS if in_process else None,
+        rejoin_timeout_seconds=rejoin_timeout,
+    )
+
+
+def progressed(generation: int, steps: int = 1) -> object:
+    """A test for Events.wait_for: both ranks reported ``steps`` steps of ``generation``."""
+
+    def test(items: list[Event]) -> bool:
+        counts = [0, 0]
+        for e in items:
+            if isinstance(e, Progress) and e.generation == generation:
+                counts[e.local_rank] += 1
+        return min(counts) >= steps
+
+    return test
+
+
+def first_steps(events: Events, generation: int) -> dict[int, int]:
+    firsts: dict[int, int] = {}
+    for e in events.of(Progress):
+        if e.generation == generation:
+            firsts.setdefault(e.local_rank, e.step)
+    return firsts
+
+
+async def stop_final(bus: Bus, agent: subprocess.Popen[bytes], generation: int) -> None:
+    stop = Stop(source=bus.source, job=JOB, replica=0, generation=generation, final=True)
+    await bus.publish(bus.subjects.cmd(JOB, 0), stop)
+    assert await asyncio.to_thread(agent.wait, WAIT) == 0
+
+
+async def test_in_process_restart_keeps_every_worker_process(
+    bus: Bus, raw_events: Events, agent: subprocess.Popen[bytes]
+) -> None:
+    subject = bus.subjects.cmd(JOB, 0)
+    await bus.publish(subject, assign(bus, 0))
+    await raw_events.wait_for(progressed(0, steps=3), WAIT)
+    pids = {e.local_rank: e.pid for e in raw_events.of(ProcessStarted)}
+    assert all(e.in_process for e in raw_events.of(Progress))
+
+    await bus.publish(subject, assign(bus, 1, in_process=True, resume_step=40))
+    await raw_events.wait_for(progressed(1), WAIT)
+
+    assert [(e.generation, e.local_rank) for e in raw_events.of(ProcessStarted)] == [
+        (0, 0),
+        (0, 1),
+    ]
+    assert raw_events.of(ProcessExited) == []
+    for pid in pids.values():
+        os.kill(pid, 0)  # still alive: the same processes run generation 1
+    assert first_steps(raw_events, 1) == {0: 41, 1: 41}  # resumed after step 40
+    await raw_events.wait_for(
+        lambda items: any(
+            isinstance(e, AgentStateChanged) and e.detail == "generation 1 running (in-process)"
+            for e in items
+        ),
+        WAIT,
+    )
+    # reports carry the generation their worker is in: never back to 0 once in 1
+    for local_rank in (0, 1):
+        seen = [e.generation for e in raw_events.of(Progress) if e.local_rank == local_rank]
+        assert seen == sorted(seen), seen
+    await stop_final(bus, agent, 1)
+
+
+async def test_a_worker_that_cannot_rejoin_makes_the_agent_restart_the_processes(
+    bus: Bus, raw_events: Events, agent: subprocess.Popen[bytes]
+) -> None:
+    subject = bus.subjects.cmd(JOB, 0)
+    await bus.publish(subject, assign(bus, 0))
+    await raw_events.wait_for(progressed(0, steps=3), WAIT)
+    old = {e.local_rank: e.pid for e in raw_events.of(ProcessStarted)}
+    os.kill(old[1], signal.SIGSTOP)  # frozen: it cannot answer the restart
+
+    await bus.publish(subject, assign(bus, 1, in_process=True, rejoin_timeout=2.0))
+    await raw_events.wait_for(progressed(1), WAIT)
+
+    escalated = [
+        e
+        for e in raw_events.of(AgentStateChanged)
+        if e.state is AgentState.STOPPING and "escalated to a process restart" in e.detail
+    ]
+    assert len(escalated) == 1 and "did not rejoin within 2 s" in escalated[0].detail
+    new = {e.local_rank: e.pid for e in raw_events.of(ProcessStarted) if e.generation == 1}
+    assert sorted(new) == [0, 1] and not set(new.values()) & set(old.values())
+    assert {e.pid for e in raw_events.of(ProcessExited) if e.expected} == set(old.values())
+    await stop_final(bus, agent, 1)
+
+
+async def test_an_exception_in_a_worker_is_published_and_recovered_in_process(
+    bus: Bus, raw_events: Events, agent: subprocess.Popen[bytes]
+) -> None:
+    subject = bus.subjects.cmd(JOB, 0)
+    await bus.publish(subject, assign(bus, 0))
+    await raw_events.wait_for(progressed(0, steps=3), WAIT)
+    inject = InjectFault(
+        source=bus.source, job=JOB, replica=0, generation=0, fault="exception", local_rank=1
+    )
+    await bus.publish(subject, inject)
+    [fault] = await raw_events.wait_for(
+        lambda items: [e for e in items if isinstance(e, WorkerFault)], WAIT
+    )
+    assert (fault.job, fault.generation, fault.rank, fault.local_rank) == (JOB, 0, 1, 1)
+    assert fault.exception == "resurge.worker.restart.InjectedFault"
+    assert "in train" in fault.traceback
+
+    await bus.publish(subject, assign(bus, 1, in_process=True, resume_step=0))
+    await raw_events.wait_for(progressed(1), WAIT)
+    assert raw_events.of(ProcessExited) == []
+    assert len(raw_events.of(ProcessStarted)) == 2
+    # rank 0 failed only because rank 1 left: the restart came within its grace, so
+    # the one fault published is rank 1's
+    assert [e.rank for e in raw_events.of(WorkerFault)] == [1]
+    await stop_final(bus, agent, 1)
