@@ -64,17 +64,21 @@ def _parser() -> argparse.ArgumentParser:
     inject = commands.add_parser(
         "inject",
         help="break a worker or a simulated GPU on purpose",
-        description="Break something on purpose: 'crash', 'hang' or 'log' a worker "
-        "(--job J --rank R), or raise an NVIDIA XID on a simulated GPU "
-        "(xid --node N --gpu G --code C).",
+        description="Break something on purpose. A worker (--job J --rank R): 'crash' "
+        "(SIGKILL), 'hang' (SIGSTOP), 'log' (a fake output line) or 'exception' (raised in "
+        "its training function; workers under resurge.worker.restartable only). Or 'xid': "
+        "an NVIDIA XID on a simulated GPU (--node N --gpu G --code C).",
     )
     inject.add_argument(
         "fault",
-        choices=["crash", "hang", "log", "xid"],
-        help="SIGKILL or SIGSTOP a worker, a fake log line, or an XID on a simulated GPU",
+        choices=["crash", "hang", "log", "exception", "xid"],
+        help="SIGKILL or SIGSTOP a worker, a fake log line, an exception in its training "
+        "function, or an XID on a simulated GPU",
     )
-    inject.add_argument("--job", help="crash|hang|log: job name")
-    inject.add_argument("--rank", type=_count, help="crash|hang|log: global rank of the worker")
+    inject.add_argument("--job", help="crash|hang|log|exception: job name")
+    inject.add_argument(
+        "--rank", type=_count, help="crash|hang|log|exception: global rank of the worker"
+    )
     inject.add_argument("--line", default="", help="log: the line the worker 'prints'")
     inject.add_argument("--node", help="xid: node whose GPU raises it")
     inject.add_argument("--gpu", type=_count, help="xid: GPU index on the node")
