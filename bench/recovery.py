@@ -1,19 +1,27 @@
-"""Recovery time after a worker is killed: resurge against the ways to restart without it.
+"""Recovery time after a worker fails: resurge against the ways to restart without it.
 
 For each variant the DDP example (examples/ddp, 2 x 2 workers, gloo on CPU) is trained,
-one worker is SIGKILLed several times, and each recovery is timed from the kill (the
-moment its agent saw the worker die) to the first completed step of the next
-generation:
+one worker is broken several times (rotating ranks), and each recovery is timed to the
+first completed step of the next generation:
 
   (a) resurge, workers forked from the pre-warmed fork server (the default);
   (b) resurge with spec.forkServer false: every worker a new interpreter;
   (c) torchrun --max-restarts on the same script (bench/recovery_baselines.py);
   (d) a full restart: every worker relaunched cold from the checkpoint, the floor of
-      any restart that recreates agents or pods (bench/recovery_baselines.py).
+      any restart that recreates agents or pods (bench/recovery_baselines.py);
+  (e) resurge in-process restart: an exception raised in a worker's training function
+      (``resurge inject exception``), recovery.levels [in_process]: no process exits;
+  (f) the same exception with recovery.levels [process]: a fork-server process restart.
+
+(a) to (d) SIGKILL the worker and are timed from the kill (the moment its agent saw the
+worker die); (e) and (f) are timed from the moment the agent received the worker's
+exception report (the fault's ``reported_at``). Each resurge variant allows one
+recovery level and no backoff, so every recovery is at that level and the mechanism is
+measured, not the ladder's escalation or crash-loop delays.
 
 Prints the medians and each one as a ratio to (a), measured in the same run.
 
-    .venv/bin/python bench/recovery.py [--kills 5] [--skip-baselines]
+    .venv/bin/python bench/recovery.py [--kills 5] [--skip-baselines] [--only a,e,f]
 """
 
 from __future__ import annotations
@@ -23,19 +31,22 @@ import asyncio
 import statistics
 import sys
 import tempfile
+from datetime import datetime
 from pathlib import Path
 
 from resurge.bus import Bus
 from resurge.client import inject_fault
-from resurge.events import FaultDetected, Progress
-from resurge.jobspec import EnvVar, TrainingJob, load_job
-from resurge.local.story import Observed, Watch, run_job
+from resurge.events import FaultDetected, Progress, RecoveryLevel
+from resurge.jobspec import BackoffSpec, EnvVar, TrainingJob, load_job
+from resurge.local.story import Observed, StoryResult, Watch, run_job
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS_BEFORE_KILL = 12
 
 
-def bench_job(kills: int, fork_server: bool, checkpoints: Path) -> TrainingJob:
+def bench_job(
+    kills: int, fork_server: bool, checkpoints: Path, level: RecoveryLevel = RecoveryLevel.PROCESS
+) -> TrainingJob:
     job = load_job(REPO / "examples" / "ddp" / "job.yaml")
     steps = 20 + kills * (STEPS_BEFORE_KILL + 10) + 10
     command = [
@@ -49,13 +60,21 @@ def bench_job(kills: int, fork_server: bool, checkpoints: Path) -> TrainingJob:
             "env": env,
             "working_dir": str(REPO),
             "fork_server": fork_server,
-            "recovery": job.spec.recovery.model_copy(update={"max_restarts": kills + 1}),
+            "recovery": job.spec.recovery.model_copy(
+                update={
+                    "max_restarts": kills + 1,
+                    "levels": [level],
+                    "backoff": BackoffSpec(initial_seconds=0.0, max_seconds=0.0),
+                }
+            ),
         }
     )
     return job.model_copy(update={"spec": spec})
 
 
-async def kill_repeatedly(bus: Bus, watch: Watch, job: str, kills: int) -> None:
+async def break_repeatedly(
+    bus: Bus, watch: Watch, job: str, kills: int, fault: str = "crash"
+) -> None:
     for generation in range(kills):
 
         def ready(seen: list[Observed], generation: int = generation) -> bool:
@@ -67,11 +86,42 @@ async def kill_repeatedly(bus: Bus, watch: Watch, job: str, kills: int) -> None:
             return len(set(steps)) >= STEPS_BEFORE_KILL
 
         await watch.wait_for(ready, wait_seconds=120)
-        await inject_fault(bus, job, 1 + generation % 3, "crash")
+        await inject_fault(bus, job, 1 + generation % 3, fault)
 
 
-async def resurge_recoveries(kills: int, fork_server: bool, workdir: Path) -> list[float]:
-    job = bench_job(kills, fork_server, workdir / "ckpt")
+def latencies_after_report(result: StoryResult) -> list[float]:
+    """Seconds from each generation's first worker exception report (the fault's
+    ``reported_at``) to the first completed step of the next generation."""
+    reported: dict[int, datetime] = {}
+    for fault in result.faults:
+        at = fault.evidence.get("reported_at")
+        if (
+            fault.reason == "worker_exception"
+            and isinstance(at, str)
+            and fault.generation is not None
+        ):
+            time = datetime.fromisoformat(at)
+            reported[fault.generation] = min(time, reported.get(fault.generation, time))
+    latencies = []
+    for generation, at in sorted(reported.items()):
+        after = [
+            o.event.time
+            for o in result.observed
+            if isinstance(o.event, Progress) and o.event.generation == generation + 1
+        ]
+        if after:
+            latencies.append((min(after) - at).total_seconds())
+    return latencies
+
+
+async def resurge_recoveries(
+    kills: int,
+    fork_server: bool,
+    workdir: Path,
+    fault: str = "crash",
+    level: RecoveryLevel = RecoveryLevel.PROCESS,
+) -> list[float]:
+    job = bench_job(kills, fork_server, workdir / "ckpt", level)
     result = await run_job(
         job,
         state_dir=workdir,
@@ -79,11 +129,14 @@ async def resurge_recoveries(kills: int, fork_server: bool, workdir: Path) -> li
         nodes=2,
         gpus_per_node=2,
         wait_seconds=300,
-        during=lambda bus, watch: kill_repeatedly(bus, watch, job.name, kills),
+        during=lambda bus, watch: break_repeatedly(bus, watch, job.name, kills, fault),
     )
     faults = [e for e in result.events(FaultDetected)]
-    print(f"  job {result.phase}, {len(faults)} faults, {len(result.recoveries)} recoveries",
-          flush=True)  # fmt: skip
+    levels = sorted({str(r.level) for r in result.recoveries})
+    print(f"  job {result.phase}, {len(faults)} faults, {len(result.recoveries)} recoveries "
+          f"at {', '.join(levels) or '-'}", flush=True)  # fmt: skip
+    if fault == "exception":
+        return latencies_after_report(result)
     return result.latencies_after_exit(Progress)
 
 
@@ -100,37 +153,55 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--skip-baselines", action="store_true")
+    parser.add_argument(
+        "--only", default="a,b,c,d,e,f", help="comma-separated variants to run (default all)"
+    )
     args = parser.parse_args()
+    only = set(args.only.split(","))
     results: dict[str, list[float]] = {}
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="resurge-bench-") as tmp:
         root = Path(tmp)
-        print("(a) resurge, fork server", flush=True)
-        results["(a) resurge, fork server"] = asyncio.run(
-            resurge_recoveries(args.kills, True, root / "a")
-        )
-        print("(b) resurge, new interpreters", flush=True)
-        results["(b) resurge, no fork server"] = asyncio.run(
-            resurge_recoveries(args.kills, False, root / "b")
-        )
-        if not args.skip_baselines:
+        resurge_variants = [
+            ("a", "(a) resurge, fork server", True, "crash", RecoveryLevel.PROCESS),
+            ("b", "(b) resurge, no fork server", False, "crash", RecoveryLevel.PROCESS),
+            ("e", "(e) resurge, in-process (exception)", True, "exception",
+             RecoveryLevel.IN_PROCESS),
+            ("f", "(f) resurge, fork server (exception)", True, "exception",
+             RecoveryLevel.PROCESS),
+        ]  # fmt: skip
+        for key, name, fork_server, fault, level in resurge_variants:
+            if key in only:
+                print(name, flush=True)
+                results[name] = asyncio.run(
+                    resurge_recoveries(args.kills, fork_server, root / key, fault, level)
+                )
+        if not args.skip_baselines and only & {"c", "d"}:
             sys.path.insert(0, str(Path(__file__).parent))
             from recovery_baselines import cold_start_recoveries, torchrun_recoveries
 
-            print("(c) torchrun --max-restarts", flush=True)
-            seconds, note = torchrun_recoveries(args.kills, root / "c")
-            results["(c) torchrun --max-restarts"] = seconds
-            notes.append(f"torchrun: {note}")
-            print("(d) full restart (cold workers)", flush=True)
-            results["(d) full restart, cold workers"] = cold_start_recoveries(
-                args.kills, root / "d"
-            )
-    baseline = statistics.median(results["(a) resurge, fork server"] or [0.0]) or None
+            if "c" in only:
+                print("(c) torchrun --max-restarts", flush=True)
+                seconds, note = torchrun_recoveries(args.kills, root / "c")
+                results["(c) torchrun --max-restarts"] = seconds
+                notes.append(f"torchrun: {note}")
+            if "d" in only:
+                print("(d) full restart (cold workers)", flush=True)
+                results["(d) full restart, cold workers"] = cold_start_recoveries(
+                    args.kills, root / "d"
+                )
+    baseline = statistics.median(results.get("(a) resurge, fork server") or [0.0]) or None
     print()
-    print(f"{'kill -> first step of the next generation':<44} {'median s':>10} {'min s':>8} "
+    print(f"{'fault -> first step of the next generation':<44} {'median s':>10} {'min s':>8} "
           f"{'max s':>8} {'n':>3} {'vs (a)':>10}")  # fmt: skip
     for name, values in results.items():
         print(line(name, values, baseline))
+    in_process = results.get("(e) resurge, in-process (exception)")
+    process = results.get("(f) resurge, fork server (exception)")
+    if in_process and process:
+        speedup = statistics.median(process) / statistics.median(in_process)
+        print(f"in-process restart is {speedup:.1f}x faster than the fork-server process "
+              "restart after the same exception ((f) / (e))")  # fmt: skip
     for note in notes:
         print(note)
     return 0

@@ -15,7 +15,10 @@ Where it resumes from, first match wins:
    DCP wrote its ``.metadata`` file, which happens last, after every rank's data);
 3. otherwise step 1.
 
-``resurge`` is optional: without it the script uses a local no-op stand-in.
+``resurge`` is optional: without it the script uses a local no-op stand-in. With it,
+each generation runs under ``resurge.worker.restartable``: an in-process restart tears
+down the process group and calls ``run_generation`` again in the same process, with the
+new generation's ranks, port and checkpoint; without an agent it runs once.
 """
 
 from __future__ import annotations
@@ -61,16 +64,6 @@ class _NoOpRun:
 
     def close(self) -> None:
         return None
-
-
-def connect() -> tuple[Any, str]:
-    """The resurge worker link (or the local no-op stand-in) and words saying which."""
-    try:
-        from resurge import worker
-    except ImportError:
-        return _NoOpRun(), "not installed"
-    agent = os.environ.get("RESURGE_AGENT_SOCKET")
-    return worker.connect(), f"agent at {agent}" if agent else "no agent"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -138,10 +131,20 @@ def params_digest(model: nn.Module) -> tuple[float, str]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")  # plain `python train.py`: 1 process
     os.environ.setdefault("MASTER_PORT", "29500")
+    try:
+        from resurge import worker
+    except ImportError:
+        return run_generation(_NoOpRun(), args, "not installed")
+    agent = os.environ.get("RESURGE_AGENT_SOCKET")
+    # Under a resurge agent, every in-process restart calls run_generation again here.
+    return worker.restartable(run_generation)(args, f"agent at {agent}" if agent else "no agent")
 
+
+def run_generation(run: Any, args: argparse.Namespace, link: str) -> int:
+    """One generation: join the process group its environment names, train, leave."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(local_rank)
@@ -153,9 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         world_size=int(os.environ.get("WORLD_SIZE", "1")),
         timeout=timedelta(seconds=60),
     )
-    run, link = connect()
     train(args, run, link, torch.device("cuda", local_rank) if use_cuda else torch.device("cpu"))
-    run.close()
     # Only now, with the DDP wrapper gone: its C++ reducer holds the process group, and if
     # the reducer drops the last reference, gloo's destructor joins its worker threads
     # while holding the GIL, which one of them may need (an exit hang seen with torch
