@@ -21,6 +21,7 @@ import pytest
 from resurge.bus import Bus
 from resurge.client import inject_fault, inject_xid
 from resurge.cluster.local import LocalBackend
+from resurge.demo import KILL_AFTER_STEP, demo_job, final_step, steps_lost, total_steps
 from resurge.events import (
     AgentStateChanged,
     Assign,
@@ -28,6 +29,8 @@ from resurge.events import (
     FaultScope,
     JobPhase,
     PhaseChanged,
+    ProcessExited,
+    ProcessStarted,
     Progress,
     RecoveryLevel,
     RecoveryStarted,
@@ -239,3 +242,35 @@ async def test_two_restarters_side_by_side_act_once_on_a_burst_of_faults(
     assert all(handled), f"both restarters should have seen faults: {handled}"
     status = await final_status(nats_url, namespace, "twins")
     assert status["generation"] == 1 and status["restarts"] == {"process": 1}
+
+
+async def test_an_exception_in_one_rank_is_recovered_in_process_with_no_pid_changed(
+    nats_url: str, namespace: str, tmp_path: Path
+) -> None:
+    example = demo_job(tmp_path)
+    steps = total_steps(example)
+
+    async def raise_in_rank_1(bus: Bus, watch: Watch) -> None:
+        await watch.wait_for(progressed(0, KILL_AFTER_STEP), 120)
+        await inject_fault(bus, example.name, 1, "exception")
+
+    result = await run_job(example, state_dir=tmp_path, nats_url=nats_url, namespace=namespace,
+                           nodes=2, wait_seconds=150, during=raise_in_rank_1)  # fmt: skip
+
+    assert result.phase is JobPhase.SUCCEEDED
+    assert final_step(result) == steps
+    faults = result.faults
+    assert faults and faults[0].reason == "worker_exception" and faults[0].rank == 1
+    started = recoveries(result)
+    assert list(started) == [1] and started[1].level is RecoveryLevel.IN_PROCESS
+    (finished,) = result.recoveries
+    assert finished.level is RecoveryLevel.IN_PROCESS and finished.duration_seconds > 0
+    pids = {(e.rank, e.pid) for e in result.events(ProcessStarted)}
+    assert len(pids) == 4 and {e.generation for e in result.events(ProcessStarted)} == {0}
+    exited = {(e.rank, e.pid) for e in result.events(ProcessExited)}
+    assert exited == pids  # the same four processes trained both generations, then exited
+    assert {e.generation for e in result.events(ProcessExited)} == {1}
+    assert {e.generation for e in result.events(Progress)} == {0, 1}
+    [lost] = steps_lost(result)
+    every = int(example.spec.command[example.spec.command.index("--checkpoint-every") + 1])
+    assert 0 <= lost <= every
