@@ -187,7 +187,7 @@ def cluster(*free: tuple[str, int]) -> ClusterView:
 def test_node_fault_cordons_and_moves_the_replica_to_a_spare_first() -> None:
     rec = record()
     rec.spare_nodes = ["n3"]
-    view = cluster(("n0", 0), ("n1", 0), ("n2", 2), ("n3", 0))  # n3 is held: looks full
+    view = cluster(("n0", 0), ("n1", 0), ("n2", 2), ("n3", 2))
     decision = apply_fault(rec, xid("x", 0), now=at(0), cluster=view)
     assert decision.level is RecoveryLevel.NODE
     plan = rec.pending_recovery

@@ -194,9 +194,7 @@ def _move_targets(
         for n in cluster.nodes
         if n.schedulable and n.name not in gone and n.name not in record.avoid_nodes
     }
-    spares = [n for n in record.spare_nodes if n in free]
-    for node in spares:  # a spare's slots are reserved for this job: count them free
-        free[node] = next(n.slots for n in cluster.nodes if n.name == node)
+    spares = [n for n in record.spare_nodes if n in free]  # held by the scaler, not used
     moves = []
     for placement in leaving:
         fits = [n for n in free if free[n] >= nproc]
