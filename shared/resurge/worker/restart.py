@@ -30,7 +30,9 @@ The contract:
   process group (:mod:`resurge.worker.teardown`), applies the new generation's
   environment to ``os.environ``, tells the agent it is ``rejoining``, and calls ``fn``
   again with the same ``run``, whose generation, ranks and resume point are now the new
-  generation's.
+  generation's. Ranks other than 0 first wait (up to :data:`STORE_WAIT_SECONDS`) until
+  ``MASTER_ADDR:MASTER_PORT`` accepts a connection, so torch's store client does not
+  back off for half a second because rank 0's new store was not up yet.
 - ``fn`` raising anything else is a fault: the wrapper reports it to the agent (which
   publishes ``WorkerFault``), tears down the process groups at once (so peers blocked
   on this rank fail fast), and waits up to ``restart_wait_seconds`` (default
@@ -52,6 +54,7 @@ model, DDP, optimizer, data loaders) inside itself and keep no reference to it o
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 import traceback
@@ -90,6 +93,8 @@ RESTART_WAIT_SECONDS = 60.0
 # How long a worker whose collective failed waits for a restart before it reports the
 # failure as its own fault (a peer's fault normally brings the restart well before).
 PEER_GRACE_SECONDS = 10.0
+# How long a rank other than 0 waits for rank 0's new store before it re-enters anyway.
+STORE_WAIT_SECONDS = 5.0
 
 
 class RestartRequested(BaseException):
@@ -231,6 +236,23 @@ class _Session(Generic[P, R]):
         os.environ.update(restart.environment)
         self.worker._renew()
         self.worker._send(rejoining_line(self.worker.generation, self.worker.rank))
+        if self.worker.rank != 0:
+            _await_store(os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
+
+
+def _await_store(host: str | None, port: str | None) -> None:
+    """Until rank 0's store for the new generation accepts connections (at most
+    :data:`STORE_WAIT_SECONDS`): torch's store client that finds no server backs off
+    for about half a second, which would double an in-process restart."""
+    if not host or not port or not port.isdigit():
+        return
+    deadline = time.monotonic() + STORE_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, int(port)), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.005)
 
 
 def _fault_report(generation: int, error: BaseException) -> bytes:
