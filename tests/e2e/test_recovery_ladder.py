@@ -265,8 +265,10 @@ async def test_an_exception_in_one_rank_is_recovered_in_process_with_no_pid_chan
     assert list(started) == [1] and started[1].level is RecoveryLevel.IN_PROCESS
     (finished,) = result.recoveries
     assert finished.level is RecoveryLevel.IN_PROCESS and finished.duration_seconds > 0
-    pids = {(e.rank, e.pid) for e in result.events(ProcessStarted)}
-    assert len(pids) == 4 and {e.generation for e in result.events(ProcessStarted)} == {0}
+    starts = result.events(ProcessStarted)
+    pids = {(e.rank, e.pid) for e in starts if e.generation == 0 and not e.in_process}
+    rejoined = {(e.rank, e.pid) for e in starts if e.generation == 1 and e.in_process}
+    assert len(pids) == 4 and rejoined == pids and len(starts) == 8
     exited = {(e.rank, e.pid) for e in result.events(ProcessExited)}
     assert exited == pids  # the same four processes trained both generations, then exited
     assert {e.generation for e in result.events(ProcessExited)} == {1}

@@ -154,6 +154,14 @@ async def stop_final(bus: Bus, agent: subprocess.Popen[bytes], generation: int) 
     assert await asyncio.to_thread(agent.wait, WAIT) == 0
 
 
+def running_in_process(generation: int):  # type: ignore[no-untyped-def]
+    def test(items: list[object]) -> bool:
+        detail = f"generation {generation} running (in-process)"
+        return any(isinstance(e, AgentStateChanged) and e.detail == detail for e in items)
+
+    return test
+
+
 async def test_in_process_restart_keeps_every_worker_process(
     bus: Bus, raw_events: Events, agent: subprocess.Popen[bytes]
 ) -> None:
@@ -166,21 +174,16 @@ async def test_in_process_restart_keeps_every_worker_process(
     await bus.publish(subject, assign(bus, 1, in_process=True, resume_step=40))
     await raw_events.wait_for(progressed(1), WAIT)
 
-    assert [(e.generation, e.local_rank) for e in raw_events.of(ProcessStarted)] == [
-        (0, 0),
-        (0, 1),
-    ]
     assert raw_events.of(ProcessExited) == []
     for pid in pids.values():
         os.kill(pid, 0)  # still alive: the same processes run generation 1
     assert first_steps(raw_events, 1) == {0: 41, 1: 41}  # resumed after step 40
-    await raw_events.wait_for(
-        lambda items: any(
-            isinstance(e, AgentStateChanged) and e.detail == "generation 1 running (in-process)"
-            for e in items
-        ),
-        WAIT,
-    )
+    await raw_events.wait_for(running_in_process(1), WAIT)
+    # each worker is reported started in generation 1, in the same process
+    assert [
+        (e.generation, e.local_rank, e.pid, e.in_process) for e in raw_events.of(ProcessStarted)
+    ] == [(0, 0, pids[0], False), (0, 1, pids[1], False), (1, 0, pids[0], True),
+          (1, 1, pids[1], True)]  # fmt: skip
     # reports carry the generation their worker is in: never back to 0 once in 1
     for local_rank in (0, 1):
         seen = [e.generation for e in raw_events.of(Progress) if e.local_rank == local_rank]
@@ -232,7 +235,9 @@ async def test_an_exception_in_a_worker_is_published_and_recovered_in_process(
     await bus.publish(subject, assign(bus, 1, in_process=True, resume_step=0))
     await raw_events.wait_for(progressed(1), WAIT)
     assert raw_events.of(ProcessExited) == []
-    assert len(raw_events.of(ProcessStarted)) == 2
+    await raw_events.wait_for(running_in_process(1), WAIT)
+    starts = raw_events.of(ProcessStarted)
+    assert [(e.generation, e.in_process) for e in starts] == [(0, False)] * 2 + [(1, True)] * 2
     # rank 0 failed only because rank 1 left: the restart came within its grace, so
     # the one fault published is rank 1's
     assert [e.rank for e in raw_events.of(WorkerFault)] == [1]

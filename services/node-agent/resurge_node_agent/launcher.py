@@ -262,6 +262,8 @@ class LaunchAgent:
         finally:
             self.rejoins = None
         if failure is None:
+            for local_rank, pid in pids.items():  # started again, in the same process
+                await self._started(assign, local_rank, pid, in_process=True)
             await self._state(
                 AgentState.RUNNING, f"generation {assign.generation} running (in-process)"
             )
@@ -322,10 +324,13 @@ class LaunchAgent:
             "local_rank": hello.local_rank,
         }
 
-    async def _started(self, assign: Assign, local_rank: int, pid: int) -> None:
+    async def _started(
+        self, assign: Assign, local_rank: int, pid: int, *, in_process: bool = False
+    ) -> None:
         event = ProcessStarted(
             pid=pid,
             local_world_size=self.config.nproc_per_node,
+            in_process=in_process,
             **self._envelope(assign, local_rank),
         )
         await self._publish(event)

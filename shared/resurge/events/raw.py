@@ -17,6 +17,11 @@ class ProcessStarted(Envelope):
     pid: int = Field(description="Operating-system process id of the worker.", examples=[4242])
     local_rank: int = Field(ge=0, description="Rank of the worker within its replica.")
     local_world_size: int = Field(ge=1, description="Workers in the replica.")
+    in_process: bool = Field(
+        default=False,
+        description="The same process re-entered its training function for this generation "
+        "(an in-process restart): the pid is the one it had before.",
+    )
 
 
 class ProcessExited(Envelope):
