@@ -8,8 +8,10 @@ which way a worker went compare its parent pid with the fork server's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import select
 import signal
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -354,3 +356,39 @@ def test_startup_mismatch() -> None:
     assert startup_mismatch({**server, "PYTHONPATH": "/b"}, server) == "PYTHONPATH"
     assert startup_mismatch({"LANG": "C.UTF-8", "HOME": "/root"}, server) == "PYTHONPATH"
     assert startup_mismatch({**server, "LD_PRELOAD": "x.so"}, server) == "LD_PRELOAD"
+
+
+async def test_a_fork_server_dies_with_the_agent_that_started_it(tmp_path: Path) -> None:
+    """However its agent dies (here SIGKILL, which runs no clean-up), the server goes too,
+    even while another process still holds the agent's end of their socket (a forked
+    child of the agent here), so the server never sees it close."""
+    agent_code = (
+        "import asyncio, os, time\n"
+        "from resurge_node_agent.forkserver import ForkServerSpawner\n"
+        "async def main():\n"
+        "    spawner = await ForkServerSpawner.start(preload=('json',))\n"
+        "    if os.fork() == 0:\n"
+        "        os.close(1)\n"
+        "        time.sleep(60)\n"
+        "        os._exit(0)\n"
+        "    print(spawner.server_pid, flush=True)\n"
+        "    await asyncio.Event().wait()\n"
+        "asyncio.run(main())\n"
+    )
+    agent = await asyncio.create_subprocess_exec(
+        PY, "-c", agent_code, stdout=asyncio.subprocess.PIPE, env=worker_env(),
+        start_new_session=True,
+    )  # fmt: skip
+    assert agent.stdout is not None
+    server_pid = int(await asyncio.wait_for(agent.stdout.readline(), SECONDS))
+    server = os.pidfd_open(server_pid)
+    try:
+        agent.kill()
+        readable, _, _ = await asyncio.to_thread(select.select, [server], [], [], 10)
+        assert readable == [server], "the fork server outlived its agent"
+    finally:
+        os.close(server)
+        os.killpg(agent.pid, signal.SIGKILL)  # the agent's forked child
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server_pid, signal.SIGKILL)  # only if the test failed
+        await agent.wait()

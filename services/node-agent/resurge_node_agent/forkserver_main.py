@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import builtins
 import contextlib
+import ctypes
 import errno
 import gc
 import importlib
@@ -57,6 +58,8 @@ _RECV_BYTES = 1 << 16
 # Dispositions this interpreter started with (SIGINT -> KeyboardInterrupt, SIGPIPE
 # ignored, ...): a child gets these back, as a freshly started interpreter would have.
 _INITIAL_HANDLERS: dict[int, Any] = {}
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
 # The environment the server was started with; a child's thread settings are compared
 # with it.
 _SERVER_ENV: dict[str, str] = {}
@@ -79,7 +82,18 @@ def decode_frames(buffer: bytearray) -> list[dict[str, Any]]:
     return frames
 
 
+def _die_with_parent() -> None:
+    """SIGKILL this server when the agent that started it dies, however it dies: a
+    server left behind would hold its preloaded memory (and any CUDA context) forever."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the agent died before the line above ran
+        os._exit(1)
+
+
 def main(argv: Sequence[str]) -> int:
+    _die_with_parent()
     for signum in signal.valid_signals():
         with contextlib.suppress(OSError, ValueError):
             _INITIAL_HANDLERS[signum] = signal.getsignal(signum)
