@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -66,15 +66,6 @@ def train(run):
 
 train()
 """
-
-
-@pytest.fixture
-async def raw_events(bus: Bus) -> AsyncIterator[Events]:
-    events = Events()
-    sub = await bus.subscribe(bus.subjects.all("raw"), events.add)
-    await bus.nc.flush()
-    yield events
-    await sub.unsubscribe()
 
 
 @pytest.fixture

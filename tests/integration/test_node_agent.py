@@ -7,10 +7,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
-
-import pytest
 
 from resurge.bus import Bus
 from resurge.events import (
@@ -35,15 +32,6 @@ IGNORE_TERM_AND_WAIT = (
     "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
     "print('ready', flush=True); time.sleep(60)"
 )
-
-
-@pytest.fixture
-async def raw_events(bus: Bus) -> AsyncIterator[Events]:
-    events = Events()
-    sub = await bus.subscribe(bus.subjects.all("raw"), events.add)
-    await bus.nc.flush()
-    yield events
-    await sub.unsubscribe()
 
 
 def start_agent(
