@@ -27,6 +27,7 @@ from resurge.events.raw import (
     LogLine,
     ProcessExited,
     ProcessStarted,
+    ProcessStateChanged,
 )
 from resurge.vocabulary import FaultScope, JobPhase, RecoveryLevel
 
@@ -58,6 +59,7 @@ __all__ = [
     "PhaseChanged",
     "ProcessExited",
     "ProcessStarted",
+    "ProcessStateChanged",
     "Progress",
     "RecoveryFinished",
     "RecoveryLevel",
@@ -75,6 +77,7 @@ __all__ = [
 _MODELS: tuple[type[Envelope], ...] = (
     ProcessStarted,
     ProcessExited,
+    ProcessStateChanged,
     LogLine,
     AgentStateChanged,
     Progress,
@@ -101,6 +104,7 @@ _MODELS: tuple[type[Envelope], ...] = (
 Event = Annotated[
     ProcessStarted
     | ProcessExited
+    | ProcessStateChanged
     | LogLine
     | AgentStateChanged
     | Progress

@@ -66,6 +66,11 @@ class Stop(Envelope):
     final: bool = Field(
         default=False, description="The job is over: the agent exits once its workers stopped."
     )
+    hung_ranks: list[int] = Field(
+        default_factory=list,
+        description="Global ranks judged hung: they cannot act on SIGTERM, so they are "
+        "SIGKILLed at once, without the grace period.",
+    )
     reason: str = Field(default="", description="Why, in words.")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 from typing import Literal
 
@@ -9,7 +10,14 @@ from pydantic import Field
 
 from resurge.events.envelope import Envelope
 
-__all__ = ["AgentState", "AgentStateChanged", "LogLine", "ProcessExited", "ProcessStarted"]
+__all__ = [
+    "AgentState",
+    "AgentStateChanged",
+    "LogLine",
+    "ProcessExited",
+    "ProcessStarted",
+    "ProcessStateChanged",
+]
 
 
 class ProcessStarted(Envelope):
@@ -43,6 +51,23 @@ class ProcessExited(Envelope):
     @property
     def succeeded(self) -> bool:
         return self.exit_code == 0
+
+
+class ProcessStateChanged(Envelope):
+    """A worker stopped running without exiting (SIGSTOP, a debugger: state T), or ran again.
+
+    The agent samples its workers' states; a stopped worker cannot act on SIGTERM and
+    makes no progress, so detectors may blame it for a hang its peers wait on.
+    """
+
+    kind: Literal["process_state"] = "process_state"
+    pid: int = Field(description="Operating-system process id of the worker.")
+    local_rank: int = Field(ge=0, description="Rank of the worker within its replica.")
+    stopped: bool = Field(
+        description="True: the process is stopped (state T or t) and runs no code; "
+        "false: it runs again."
+    )
+    since: datetime = Field(description="When the agent first saw it in this state (UTC).")
 
 
 class LogLine(Envelope):
