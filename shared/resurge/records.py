@@ -89,6 +89,10 @@ class PendingRecovery(BaseModel):
     )
     moves: list[Move] = Field(default_factory=list, description="Replicas moved to other nodes.")
     cordon: list[str] = Field(default_factory=list, description="Nodes to cordon.")
+    hung_ranks: list[int] = Field(
+        default_factory=list,
+        description="Ranks judged hung: they cannot act on SIGTERM, so they are killed at once.",
+    )
     requeue: bool = Field(
         default=False, description="No node to move to: release everything, wait as Pending."
     )
@@ -117,9 +121,14 @@ class RestartEntry(BaseModel):
 
     time: datetime
     level: RecoveryLevel
-    signature: str = Field(description="What makes two faults 'the same fault'.")
+    signature: str = Field(
+        description="What makes two faults 'the same fault': its reason and its place."
+    )
     node: str | None = None
     node_scoped: bool = False
+    to_generation: int | None = Field(
+        default=None, description="The generation this restart started."
+    )
 
 
 class CheckpointRef(BaseModel):
@@ -172,6 +181,17 @@ class JobRecord(BaseModel):
     )
     reports_progress: bool = Field(
         default=False, description="Its workers report progress (they use resurge.worker)."
+    )
+    resume_step: int | None = Field(
+        default=None, description="The checkpoint step the current generation resumed from."
+    )
+    progressed_generation: int | None = Field(
+        default=None,
+        description="Newest generation that completed a step past its resume point: the "
+        "restart that started it fixed what it was for.",
+    )
+    alive_since: datetime | None = Field(
+        default=None, description="When the current generation's first worker started."
     )
     message: str = ""
     submitted: datetime = Field(default_factory=lambda: datetime.now(UTC))

@@ -1,13 +1,17 @@
 """The recovery ladder and the record changes of each decision: pure functions, no I/O."""
 
+import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import pytest
 
 from resurge.cluster import NodeInfo
 from resurge.events import FaultDetected, FaultScope, JobPhase, RecoveryLevel, Source
 from resurge.jobspec import parse_job
 from resurge.records import JobRecord, Placement, RestartEntry
 from resurge_restarter.policy import (
+    SETTLE_SECONDS,
     ClusterView,
     Verdict,
     apply_checkpoint,
@@ -22,7 +26,9 @@ SOURCE = Source(service="detector", instance="here:1")
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 
-def record(max_restarts: int = 5, replicas: int = 2, **recovery: Any) -> JobRecord:
+def record(max_restarts: int | None = 5, replicas: int = 2, **recovery: Any) -> JobRecord:
+    if max_restarts is not None:
+        recovery["jobMaxRetryCount"] = max_restarts
     job = parse_job(
         {
             "metadata": {"name": "j"},
@@ -30,7 +36,7 @@ def record(max_restarts: int = 5, replicas: int = 2, **recovery: Any) -> JobReco
                 "command": ["x"],
                 "nprocPerNode": 2,
                 "replicas": {"min": replicas},
-                "recovery": {"jobMaxRetryCount": max_restarts, **recovery},
+                "recovery": recovery,
             },
         }
     )
@@ -109,13 +115,129 @@ def test_a_rank_that_crashes_every_time_climbs_process_pod_job_then_fails() -> N
     assert "maxFullJobRestarts=1" in rec.message and "process_crash (f3)" in rec.message
 
 
-def test_the_same_fault_is_the_same_reason_whichever_rank_reported_it() -> None:
+def progressed(rec: JobRecord, seconds: float, step: int = 1000) -> None:
+    """The record's current generation completes ``step`` at ``seconds``."""
+    apply_sign_of_life(rec, rec.generation, at(seconds), progress=True, step=step)
+
+
+def test_independent_faults_on_other_ranks_each_get_the_cheapest_rung() -> None:
     rec = record()
-    first = apply_fault(rec, fault("a", 0, rank=1), now=at(0))
-    second = apply_fault(rec, fault("b", 1, rank=2), now=at(1))
+    levels = []
+    for g, rank in enumerate([1, 2, 3]):
+        levels.append(apply_fault(rec, fault(f"f{g}", g, rank=rank), now=at(60 * g)).level)
+        progressed(rec, 60 * g + 1)
+    assert levels == [RecoveryLevel.PROCESS] * 3
+    assert rec.phase is JobPhase.RUNNING and rec.restarts == {RecoveryLevel.PROCESS: 3}
+
+
+def test_a_fault_before_the_new_generation_made_progress_climbs_a_rung() -> None:
+    rec = record()
+    progressed(rec, 0)
+    first = apply_fault(rec, fault("a", 0, rank=1), now=at(1))
+    apply_sign_of_life(rec, 1, at(1.5), progress=False)  # workers start, then one fails
+    second = apply_fault(rec, fault("b", 1, rank=2, reason="hang"), now=at(2))
     assert (first.level, second.level) == (RecoveryLevel.PROCESS, RecoveryLevel.POD)
-    third = apply_fault(rec, fault("c", 2, reason="hang"), now=at(2))
-    assert third.level is RecoveryLevel.PROCESS  # another reason: not the same fault
+    assert "before it made progress" in rec.message
+
+
+def test_progress_past_the_resume_point_means_the_restart_worked() -> None:
+    rec = record()
+    apply_checkpoint(rec, 0, 40, "/c/40")
+    for rank in range(1, 4):
+        apply_checkpoint(rec, rank, 40, "/c/40")
+    apply_fault(rec, fault("a", 0, rank=1), now=at(0))
+    assert rec.resume_step == 40
+    apply_sign_of_life(rec, 1, at(1), progress=True, step=40)
+    assert rec.progressed_generation is None  # not past the resume point yet
+    apply_sign_of_life(rec, 1, at(2), progress=True, step=41)
+    assert rec.progressed_generation == 1
+    assert apply_fault(rec, fault("b", 1, rank=2), now=at(3)).level is RecoveryLevel.PROCESS
+
+
+def test_workers_without_progress_reports_settle_after_running_a_while() -> None:
+    rec = record()
+    apply_fault(rec, fault("a", 0, rank=1), now=at(0))
+    apply_sign_of_life(rec, 1, at(1), progress=False)
+    early = rec.model_copy(deep=True)
+    assert apply_fault(early, fault("b", 1, rank=2), now=at(10)).level is RecoveryLevel.POD
+    late = apply_fault(rec, fault("b", 1, rank=2), now=at(1 + SETTLE_SECONDS))
+    assert late.level is RecoveryLevel.PROCESS
+
+
+def test_the_same_fault_at_the_same_place_climbs_even_after_progress() -> None:
+    rec = record()
+    apply_fault(rec, fault("a", 0, rank=1), now=at(0))
+    progressed(rec, 1)
+    again = apply_fault(rec, fault("b", 1, rank=1), now=at(100))
+    assert again.level is RecoveryLevel.POD
+    progressed(rec, 101)
+    other = apply_fault(rec, fault("c", 2, rank=1, reason="hang"), now=at(200))
+    assert other.level is RecoveryLevel.PROCESS  # another reason: not the same fault
+
+
+def test_peers_failing_their_collectives_stay_one_incident() -> None:
+    rec = record()
+    apply_fault(rec, fault("a", 0, rank=1, reason="process_killed"), now=at(0))
+    for rank in (0, 2, 3):  # the peers' collectives fail a moment later: generation 0
+        peer = fault(f"peer{rank}", 0, rank=rank, reason="process_crash")
+        assert apply_fault(rec, peer, now=at(0.5)).verdict is Verdict.IGNORE
+    assert rec.restarts == {RecoveryLevel.PROCESS: 1} and rec.generation == 1
+
+
+def test_a_day_of_independent_process_faults_never_fails_or_climbs() -> None:
+    """24 simulated hours, a process fault every 10 minutes (give or take two) on a
+    random rank of a 16,384-rank job, each after the job trained again."""
+    rng = random.Random(2026)
+    rec = record(max_restarts=None, replicas=2048)
+    rec.spec = rec.spec.model_copy(
+        update={"spec": rec.spec.spec.model_copy(update={"nproc_per_node": 8})}
+    )
+    now, step = 0.0, 0
+    while now < 24 * 3600:
+        now += 600 + rng.uniform(-120, 120)
+        rank = rng.randrange(rec.world_size)
+        reason = rng.choice(["process_crash", "process_killed", "hang", "worker_exception"])
+        culprit = fault(f"f{rec.generation}", rec.generation, rank=rank, reason=reason)
+        culprit = culprit.model_copy(update={"replica": rank // 8})
+        decision = apply_fault(rec, culprit, now=at(now))
+        assert decision.verdict is Verdict.RESTART, decision.why
+        assert decision.level is RecoveryLevel.PROCESS, decision.why
+        for peer in rng.sample(range(rec.world_size), 3):  # peers fail in the old generation
+            late = fault(f"p{rec.generation}-{peer}", rec.generation - 1, rank=peer)
+            assert apply_fault(rec, late, now=at(now + 1)).verdict is Verdict.IGNORE
+        apply_sign_of_life(rec, rec.generation, at(now + 2), progress=False)
+        step += 50
+        apply_sign_of_life(rec, rec.generation, at(now + 3), progress=True, step=step)
+    assert rec.phase is JobPhase.RUNNING and set(rec.restarts) == {RecoveryLevel.PROCESS}
+    assert rec.restarts[RecoveryLevel.PROCESS] >= 140
+
+
+@pytest.mark.parametrize("capable", [False, True])
+@pytest.mark.parametrize("progress_first", [False, True])
+def test_a_rank_that_crashes_in_every_generation_fails_within_8_crashes(
+    capable: bool, progress_first: bool
+) -> None:
+    """Defaults throughout: no jobMaxRetryCount, no per-level limits set."""
+    job = parse_job({"metadata": {"name": "j"}, "spec": {"command": ["x"], "nprocPerNode": 2,
+                                                       "replicas": {"min": 2}}})  # fmt: skip
+    rec = JobRecord(name="j", spec=job, phase=JobPhase.RUNNING, in_process_capable=capable,
+                    placements=[Placement(replica=r, node=f"n{r}") for r in range(2)])  # fmt: skip
+    levels = []
+    for crash in range(1, 9):
+        if progress_first:  # it crashes at the same place after training a few steps
+            progressed(rec, 10 * crash - 5)
+        culprit = fault(f"c{crash}", rec.generation, rank=1, suggested=None)
+        decision = apply_fault(rec, culprit, now=at(10 * crash))
+        if decision.verdict is Verdict.FAIL:
+            break
+        levels.append(decision.level)
+    assert decision.verdict is Verdict.FAIL, levels
+    assert rec.phase is JobPhase.FAILED and crash <= 8
+    assert "process_crash (c" in rec.message and "maxRestartsPerLevel.job=3" in rec.message
+    first = RecoveryLevel.IN_PROCESS if capable else RecoveryLevel.PROCESS
+    assert levels[0] is first and levels[-1] is RecoveryLevel.JOB
+    assert levels == sorted(levels, key=list(RecoveryLevel).index)  # it only climbs
+    assert RecoveryLevel.NODE not in levels
 
 
 def test_a_repeat_outside_the_eval_period_starts_low_again() -> None:
@@ -145,9 +267,10 @@ def test_per_level_limit_passes_to_the_next_level_and_fails_at_the_top() -> None
 
 def test_num_restart_before_full_job_restart() -> None:
     rec = record(numRestartBeforeFullJobRestart=2)
-    levels = [
-        apply_fault(rec, fault(f"f{g}", g, reason=f"r{g}"), now=at(g)).level for g in range(3)
-    ]
+    levels = []
+    for g in range(3):
+        levels.append(apply_fault(rec, fault(f"f{g}", g, reason=f"r{g}"), now=at(g)).level)
+        progressed(rec, g + 0.5)
     assert levels == [RecoveryLevel.PROCESS, RecoveryLevel.PROCESS, RecoveryLevel.JOB]
 
 
@@ -282,8 +405,8 @@ def test_first_step_closes_recovery_when_workers_report_progress() -> None:
     assert rec.reports_progress
     bad = fault("a", 0)
     apply_fault(rec, bad, now=at(0))
-    assert not apply_sign_of_life(rec, 1, bad.time + timedelta(seconds=0.1), progress=False)
-    assert rec.pending_recovery is not None
+    apply_sign_of_life(rec, 1, bad.time + timedelta(seconds=0.1), progress=False)
+    assert rec.pending_recovery is not None  # a worker start is not a step
     assert apply_sign_of_life(rec, 1, bad.time + timedelta(seconds=0.5), progress=True)
     assert rec.pending_recovery is None and rec.last_recovery_seconds == 0.5
 
@@ -312,3 +435,57 @@ def test_alerts_are_not_acted_on() -> None:
     alert = fault("a", 0).model_copy(update={"alert_only": True})
     assert apply_fault(rec, alert, now=at(0)).verdict is Verdict.IGNORE
     assert rec.generation == 0 and rec.handled_faults == []
+
+
+def node_health(fault_id: str, generation: int | None, node: str = "n0") -> FaultDetected:
+    return fault(
+        fault_id, 0, rank=None, replica=None, scope=FaultScope.NODE, reason="node_unhealthy",
+        node=node, suggested=RecoveryLevel.NODE,
+    ).model_copy(update={"generation": generation})  # fmt: skip
+
+
+@pytest.mark.parametrize("order", ["xid_first", "node_health_first"])
+@pytest.mark.parametrize("late_generation", [None, 1])
+def test_an_xid_and_its_nodes_health_fault_are_one_recovery_in_either_order(
+    order: str, late_generation: int | None
+) -> None:
+    rec = record()
+    rec.spare_nodes = ["n2"]
+    view = cluster(("n0", 0), ("n1", 0), ("n2", 2))
+    faults = [xid("x", 0), node_health("h", 0)]
+    if order == "node_health_first":
+        faults.reverse()
+    first = apply_fault(rec, faults[0], now=at(0), cluster=view)
+    assert first.verdict is Verdict.RESTART and first.level is RecoveryLevel.NODE
+    apply_sign_of_life(rec, 1, at(0.5), progress=False)
+    second = faults[1].model_copy(update={"generation": late_generation})  # after g1 started
+    snapshot = rec.model_copy(deep=True)
+    assert apply_fault(rec, second, now=at(1), cluster=view).verdict is Verdict.IGNORE
+    assert rec == snapshot and rec.restarts == {RecoveryLevel.NODE: 1}
+
+
+def test_a_node_fault_about_an_avoided_node_changes_nothing() -> None:
+    rec = record()
+    rec.avoid_nodes = ["n0"]  # say the job was requeued back onto it by hand: still avoided
+    assert apply_fault(rec, xid("x", 0), now=at(0)).verdict is Verdict.IGNORE
+    assert rec.generation == 0
+
+
+def test_a_node_recovery_never_puts_two_replicas_on_one_nodes_slots() -> None:
+    """2 nodes x 2 slots, a 2x2 job, XID on n0: n1's slots are the job's own replica's."""
+    rec = record()
+    view = ClusterView(nodes=[NodeInfo(name="n0", slots=2), NodeInfo(name="n1", slots=2)])
+    decision = apply_fault(rec, xid("x", 0), now=at(0), cluster=view)
+    assert decision.verdict is Verdict.RESTART and rec.phase is JobPhase.PENDING
+    assert rec.placements == [] and rec.pending_recovery is not None
+    assert rec.pending_recovery.requeue and rec.pending_recovery.moves == []
+    assert "waiting for capacity" in rec.message
+
+
+def test_a_hang_names_the_hung_rank_in_the_plan_so_it_is_killed_without_grace() -> None:
+    rec = record()
+    apply_fault(rec, fault("h", 0, rank=3, reason="hang"), now=at(0))
+    assert rec.pending_recovery is not None and rec.pending_recovery.hung_ranks == [3]
+    progressed(rec, 1)
+    apply_fault(rec, fault("c", 1, rank=2), now=at(2))
+    assert rec.pending_recovery is not None and rec.pending_recovery.hung_ranks == []

@@ -8,23 +8,31 @@ a generation older than the record's, changes nothing.
 The ladder (DESIGN section 4), cheapest first: ``in_process``, ``process``, ``pod``,
 ``node``, ``job``. Choosing a level:
 
-1. The fault's scope sets the floor (process -> in_process, node -> node, job -> job),
+1. A node fault about a node the job no longer runs on, or that the job already avoids,
+   changes nothing: it is the tail of an incident already acted on (an XID and its
+   node's health fault are one incident, in either order). Faults of an older
+   generation change nothing either: a dead rank's peers failing their collectives.
+2. The fault's scope sets the floor (process -> in_process, node -> node, job -> job),
    raised to the detector's ``suggested_level``; ``in_process`` needs workers that run
    under ``resurge.worker.restartable`` (else ``process``).
-2. The same fault (the same reason; for node faults, the same reason on the same node)
-   already restarted inside ``evalPeriodSeconds`` moves one rung above the rung it got
-   last time. Not the same rank: when one rank crashes its peers fail too, and which of
-   them is reported first is chance. ``node`` is a rung only for faults about a node
-   (node scope, or a node that became a repeat offender: ``maxRepeatOffenders`` node
-   faults in the window); a crashing process goes process -> pod -> job, never
-   cordoning nodes.
-3. The first rung listed in ``recovery.levels`` at or above that is taken (past the top
+3. A fault escalates only when the last restart did not fix it: it climbs one rung
+   above the restart before it when it is a fault of the generation that restart
+   started and that generation has not yet made progress past its resume point (a
+   completed step beyond its checkpoint; for workers that report no progress, running
+   ``SETTLE_SECONDS``), or when the same fault at the same place (its reason, and the
+   same rank, else replica, for process faults; the same node for node faults) was
+   restarted inside ``evalPeriodSeconds`` (one rung above its rung then). Independent
+   faults each get the floor. ``node`` is a rung only for faults about a node (node
+   scope, or a node that became a repeat offender: ``maxRepeatOffenders`` node faults
+   in the window); a crashing process climbs process -> pod -> job, never cordoning.
+4. The first rung listed in ``recovery.levels`` at or above that is taken (past the top
    listed rung, the top one); a rung whose ``maxRestartsPerLevel`` is spent inside the
-   window passes to the next; ``numRestartBeforeFullJobRestart`` restarts below ``job``
-   inside the window make it ``job``.
-4. The job fails, saying which fault and which limit, when ``jobMaxRetryCount``
-   restarts are spent, ``maxFullJobRestarts`` full restarts are spent, or the top rung's
-   own limit is.
+   window passes to the next; the top rung's limit (``TOP_RUNG_LIMIT`` unless set) spent
+   fails the job: that is what ends a crash loop. ``numRestartBeforeFullJobRestart``
+   restarts below ``job`` inside the window make it ``job``.
+5. The job fails, saying which fault and which limit, when the top rung's limit is
+   spent, ``maxFullJobRestarts`` full restarts are spent, or ``jobMaxRetryCount``
+   restarts are (a lifetime cap only when the user sets one).
 
 The first restart inside the window goes at once; the n-th waits
 ``min(initialSeconds * multiplier**(n-2), maxSeconds)`` (backoff, as a crash loop).
@@ -39,6 +47,7 @@ from enum import Enum
 from resurge.cluster import NodeInfo
 from resurge.events import FaultDetected, FaultScope, JobPhase, RecoveryLevel
 from resurge.jobspec import TrainingJob
+from resurge.jobspec.recovery import TOP_RUNG_LIMIT
 from resurge.planner import master_port_for
 from resurge.records import (
     CheckpointRef,
@@ -61,6 +70,13 @@ __all__ = [
     "backoff_seconds",
     "fault_signature",
 ]
+
+# A generation of a job whose workers report no progress counts as working (the restart
+# that started it fixed what it was for) once it has run this long without a fault.
+SETTLE_SECONDS = 30.0
+
+# Reasons of faults that judge a rank hung: its workers are stopped without a grace period.
+HANG_REASONS = frozenset({"hang", "log_rule_timeout"})
 
 _CHECKPOINT_STEPS_KEPT = 8
 LADDER = list(RecoveryLevel)
@@ -93,10 +109,24 @@ class ClusterView:
 
 
 def fault_signature(fault: FaultDetected) -> str:
-    """What makes two faults 'the same fault' for escalation."""
+    """What makes two faults 'the same fault' for escalation: the reason and the place."""
     if fault.scope is FaultScope.NODE:
         return f"{fault.reason}@{fault.node}"
+    if fault.scope is FaultScope.PROCESS and fault.rank is not None:
+        return f"{fault.reason}@rank{fault.rank}"
+    if fault.scope is FaultScope.PROCESS and fault.replica is not None:
+        return f"{fault.reason}@replica{fault.replica}"
     return fault.reason
+
+
+def generation_fixed(record: JobRecord, generation: int, now: datetime) -> bool:
+    """Whether ``generation`` made progress past its resume point (or, for workers that
+    report none, has been running ``SETTLE_SECONDS``)."""
+    if record.progressed_generation is not None and record.progressed_generation >= generation:
+        return True
+    if record.reports_progress or generation != record.generation or record.alive_since is None:
+        return False
+    return (now - record.alive_since).total_seconds() >= SETTLE_SECONDS
 
 
 def backoff_seconds(job: TrainingJob, earlier_in_window: int) -> float:
@@ -127,8 +157,30 @@ class _Choice:
     why: str
 
 
+def _one_above(level: RecoveryLevel, node_rung: bool) -> RecoveryLevel:
+    above = LADDER[min(_rank(level) + 1, len(LADDER) - 1)]
+    return RecoveryLevel.JOB if above is RecoveryLevel.NODE and not node_rung else above
+
+
+def _unfixed(
+    record: JobRecord, fault: FaultDetected, window: list[RestartEntry], now: datetime
+) -> RestartEntry | None:
+    """The restart that started the fault's generation, if that generation has made no
+    progress: the fault says that restart did not fix what it was for."""
+    if fault.generation is None or fault.generation != record.generation or not window:
+        return None
+    last = window[-1]
+    if last.to_generation != fault.generation or generation_fixed(record, fault.generation, now):
+        return None
+    return last
+
+
 def _choose_level(
-    record: JobRecord, fault: FaultDetected, window: list[RestartEntry], offender: bool
+    record: JobRecord,
+    fault: FaultDetected,
+    window: list[RestartEntry],
+    offender: bool,
+    now: datetime,
 ) -> _Choice:
     recovery = record.spec.spec.recovery
     node_rung = fault.scope is FaultScope.NODE or offender
@@ -139,12 +191,20 @@ def _choose_level(
         floor = RecoveryLevel.NODE
     if floor is RecoveryLevel.IN_PROCESS and not record.in_process_capable:
         floor = RecoveryLevel.PROCESS
+    why = "lowest allowed level"
+    unfixed = _unfixed(record, fault, window, now)
     signature = fault_signature(fault)
     repeats = [e.level for e in window if e.signature == signature]
+    if unfixed is not None:
+        above = _one_above(unfixed.level, node_rung)
+        if _rank(above) > _rank(floor):
+            floor = above
+        why = f"generation {fault.generation} failed before it made progress"
     if repeats:
-        floor = LADDER[min(_rank(max(repeats, key=_rank)) + 1, len(LADDER) - 1)]
-        if floor is RecoveryLevel.NODE and not node_rung:
-            floor = RecoveryLevel.JOB
+        above = _one_above(max(repeats, key=_rank), node_rung)
+        if _rank(above) > _rank(floor):
+            floor = above
+            why = "the same fault at the same place repeated within evalPeriodSeconds"
     usable = [lv for lv in recovery.levels if lv is not RecoveryLevel.NODE or node_rung]
     usable = usable or list(recovery.levels)
     candidates = [lv for lv in usable if _rank(lv) >= _rank(floor)] or [usable[-1]]
@@ -161,17 +221,19 @@ def _choose_level(
             f"{below_job} restarts below job level within evalPeriodSeconds: "
             f"numRestartBeforeFullJobRestart={limit}",
         )
+    top = usable[-1]
     for level in candidates:
         cap = recovery.max_restarts_per_level.get(level)
+        if cap is None and level is top:
+            cap = TOP_RUNG_LIMIT
         if cap is None or sum(1 for e in window if e.level is level) < cap:
-            why = "repeated within evalPeriodSeconds" if repeats else "lowest allowed level"
             return _Choice(level, why)
-    top = candidates[-1]
-    return _Choice(
-        None,
-        f"maxRestartsPerLevel.{top.value}={recovery.max_restarts_per_level[top]} spent "
-        "within evalPeriodSeconds",
-    )
+    last = candidates[-1]
+    if last in recovery.max_restarts_per_level:
+        spent = f"maxRestartsPerLevel.{last.value}={recovery.max_restarts_per_level[last]}"
+    else:
+        spent = f"maxRestartsPerLevel.{last.value}={TOP_RUNG_LIMIT} (the top rung's default)"
+    return _Choice(None, f"{spent} spent within evalPeriodSeconds")
 
 
 def _fail(record: JobRecord, fault: FaultDetected, limit: str) -> Decision:
@@ -189,8 +251,12 @@ def _move_targets(
     """Where each replica in ``leaving`` goes (spares first), or None if one fits nowhere."""
     nproc = record.spec.spec.nproc_per_node
     gone = {p.node for p in leaving}
+    staying: dict[str, int] = {}  # the job's own replicas that stay: ``used`` leaves them out
+    for p in record.placements:
+        if p not in leaving:
+            staying[p.node] = staying.get(p.node, 0) + nproc
     free = {
-        n.name: n.slots - cluster.used.get(n.name, 0)
+        n.name: n.slots - cluster.used.get(n.name, 0) - staying.get(n.name, 0)
         for n in cluster.nodes
         if n.schedulable and n.name not in gone and n.name not in record.avoid_nodes
     }
@@ -243,21 +309,27 @@ def apply_fault(
         )
     if record.phase is JobPhase.PENDING or not record.placements:
         return Decision(Verdict.IGNORE, "job is not running")
+    if fault.scope is FaultScope.NODE and fault.node is not None:
+        if fault.node in record.avoid_nodes:
+            return Decision(Verdict.IGNORE, f"{fault.node} is already avoided by this job")
+        if fault.node not in {p.node for p in record.placements}:
+            return Decision(Verdict.IGNORE, f"the job no longer runs on {fault.node}")
     record.remember_fault(fault.fault_id)
     record.last_fault = LastFault(
         fault_id=fault.fault_id, reason=fault.reason, scope=fault.scope.value, time=fault.time
     )
     recovery = record.spec.spec.recovery
     period = timedelta(seconds=recovery.eval_period_seconds)
-    window = [e for e in record.history if now - e.time <= period]
+    window = [e for e in record.history if now - e.time < period]
     node = _fault_node(record, fault)
     node_scoped = fault.scope is FaultScope.NODE
     offences = sum(1 for e in window if e.node == node and e.node_scoped) + int(node_scoped)
     offender = node is not None and offences >= recovery.max_repeat_offenders
 
-    if record.total_restarts >= recovery.max_restarts:
-        return _fail(record, fault, f"restart limit jobMaxRetryCount={recovery.max_restarts} spent")
-    choice = _choose_level(record, fault, window, offender)
+    cap = recovery.max_restarts
+    if cap is not None and record.total_restarts >= cap:
+        return _fail(record, fault, f"restart limit jobMaxRetryCount={cap} spent")
+    choice = _choose_level(record, fault, window, offender, now)
     if choice.level is None:
         return _fail(record, fault, choice.why)
     level = choice.level
@@ -299,12 +371,14 @@ def apply_fault(
         *window,
         RestartEntry(
             time=now, level=level, signature=fault_signature(fault), node=node,
-            node_scoped=node_scoped,
+            node_scoped=node_scoped, to_generation=record.generation + 1,
         ),
     ]  # fmt: skip
     start_at = now + timedelta(seconds=backoff_seconds(record.spec, len(window)))
     from_generation = record.generation
     record.generation += 1
+    record.alive_since = None
+    record.resume_step = None if record.latest_checkpoint is None else record.latest_checkpoint.step
     record.restarts = {**record.restarts, level: record.restarts.get(level, 0) + 1}
     record.master_port = master_port_for(record.name, record.generation)
     record.finished_replicas = []
@@ -329,6 +403,7 @@ def apply_fault(
         recreate=recreate,
         moves=moves,
         cordon=cordon,
+        hung_ranks=[fault.rank] if fault.reason in HANG_REASONS and fault.rank is not None else [],
         requeue=requeue,
         start_at=start_at,
         claimed_by=claimant,
@@ -368,17 +443,32 @@ def apply_progress_capability(record: JobRecord, in_process: bool) -> bool:
 
 
 def apply_sign_of_life(
-    record: JobRecord, generation: int, seen_at: datetime, *, progress: bool
+    record: JobRecord,
+    generation: int,
+    seen_at: datetime,
+    *,
+    progress: bool,
+    step: int | None = None,
 ) -> bool:
-    """A worker of ``generation`` started (``progress`` False) or completed a step (True).
+    """A worker of ``generation`` started (``progress`` False) or completed ``step`` (True).
 
     The first step of the new generation closes a pending recovery; for a job whose
-    workers never report progress, the first worker start does. True if anything changed.
+    workers never report progress, the first worker start does. A step past the
+    generation's resume point marks it as having made progress (its restart worked).
+    True if anything changed.
     """
     changed = False
     if progress and not record.reports_progress:
         record.reports_progress = True
         changed = True
+    if generation == record.generation and not record.phase.finished:
+        if not progress and record.alive_since is None:
+            record.alive_since = seen_at
+            changed = True
+        past_resume = step is None or record.resume_step is None or step > record.resume_step
+        if progress and past_resume and (record.progressed_generation or -1) < generation:
+            record.progressed_generation = generation
+            changed = True
     if record.reports_progress and not progress:
         return changed
     pending = record.pending_recovery

@@ -112,23 +112,31 @@ async def setup(ctx: ServiceContext) -> None:
         )
         await dispatcher.carry_out(after, before.phase)
 
-    # Jobs with a recovery in flight (job -> generation being started) and jobs known to
-    # report progress: progress events of other jobs need no record read.
+    # Jobs with a recovery in flight (job -> generation being started), jobs known to
+    # report progress, and the newest generation of each seen past its resume point:
+    # other progress events need no record read.
     pending: dict[str, int] = {}
     reporting: set[str] = set()
+    progressed: dict[str, int] = {}
 
     async def sign_of_life(event: ProcessStarted | Progress) -> None:
         if event.job is None or event.generation is None:
             return
         progress = isinstance(event, Progress)
-        if progress and pending.get(event.job) != event.generation and event.job in reporting:
+        if (
+            progress
+            and event.job in reporting
+            and pending.get(event.job) != event.generation
+            and progressed.get(event.job, -1) >= event.generation
+        ):
             return
         generation = event.generation
         in_process = isinstance(event, Progress) and event.in_process
+        step = event.step if isinstance(event, Progress) else None
 
         def change(record: JobRecord) -> bool:
             capable = progress and apply_progress_capability(record, in_process)
-            alive = apply_sign_of_life(record, generation, event.time, progress=progress)
+            alive = apply_sign_of_life(record, generation, event.time, progress=progress, step=step)
             return capable or alive
 
         result = await store.mutate(event.job, change)
@@ -137,6 +145,8 @@ async def setup(ctx: ServiceContext) -> None:
         before, after = result
         if after.reports_progress:
             reporting.add(after.name)
+        if after.progressed_generation is not None:
+            progressed[after.name] = after.progressed_generation
         if before.pending_recovery is None or after.pending_recovery is not None:
             return
         pending.pop(after.name, None)

@@ -97,6 +97,8 @@ def start(record: JobRecord, placements: list[Placement], spares: list[str] | No
     record.phase = JobPhase.RUNNING
     record.master_port = master_port_for(record.name, record.generation)
     record.finished_replicas = []
+    record.alive_since = None
+    record.resume_step = None if record.latest_checkpoint is None else record.latest_checkpoint.step
     record.message = f"running {len(placements)} replica(s) on " + ", ".join(
         sorted({p.node for p in placements})
     )

@@ -15,7 +15,11 @@ from pydantic import AliasChoices, Field, NonNegativeInt, field_validator, model
 from resurge.jobspec._base import SpecModel
 from resurge.vocabulary import RecoveryLevel
 
-__all__ = ["BackoffSpec", "RecoverySpec"]
+__all__ = ["TOP_RUNG_LIMIT", "BackoffSpec", "RecoverySpec"]
+
+# Restarts the top rung of a job's ladder may take within evalPeriodSeconds, unless
+# maxRestartsPerLevel says otherwise: what ends a crash loop once it has climbed the ladder.
+TOP_RUNG_LIMIT = 3
 
 
 def _every_level() -> list[RecoveryLevel]:
@@ -65,17 +69,19 @@ class RecoverySpec(SpecModel):
         "in_process, process, pod, node, job in that order. Default: all five.",
         examples=[["process", "node", "job"]],
     )
-    max_restarts: int = Field(
-        default=3,
+    max_restarts: int | None = Field(
+        default=None,
         ge=0,
         alias="jobMaxRetryCount",
-        description="Restarts at any level the job may take before it fails "
-        "(HyperPod: jobMaxRetryCount).",
+        description="Restarts at any level over the job's whole life before it fails "
+        "(HyperPod: jobMaxRetryCount). Unset: no lifetime cap; crash loops are bounded by "
+        "the per-window limits (maxRestartsPerLevel).",
     )
     max_restarts_per_level: dict[RecoveryLevel, NonNegativeInt] = Field(
         default_factory=dict,
         description="Restarts allowed at one level within evalPeriodSeconds before the next "
-        "level up is used; a level left out has no limit of its own.",
+        "level up is used; at the top rung of `levels`, before the job fails. A level left "
+        f"out has no limit of its own, except the top rung: {TOP_RUNG_LIMIT} unless set.",
         examples=[{"process": 3, "node": 2}],
     )
     num_restart_before_full_job_restart: int | None = Field(
