@@ -129,6 +129,9 @@ class RestartEntry(BaseModel):
     to_generation: int | None = Field(
         default=None, description="The generation this restart started."
     )
+    attempt: int = Field(
+        default=1, ge=1, description="1 for a new incident; n for the n-th restart of one."
+    )
 
 
 class CheckpointRef(BaseModel):

@@ -125,6 +125,8 @@ def test_independent_faults_on_other_ranks_each_get_the_cheapest_rung() -> None:
     levels = []
     for g, rank in enumerate([1, 2, 3]):
         levels.append(apply_fault(rec, fault(f"f{g}", g, rank=rank), now=at(60 * g)).level)
+        assert rec.pending_recovery is not None
+        assert rec.pending_recovery.start_at == at(60 * g)  # no backoff for a new incident
         progressed(rec, 60 * g + 1)
     assert levels == [RecoveryLevel.PROCESS] * 3
     assert rec.phase is JobPhase.RUNNING and rec.restarts == {RecoveryLevel.PROCESS: 3}

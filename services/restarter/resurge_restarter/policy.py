@@ -34,8 +34,9 @@ The ladder (DESIGN section 4), cheapest first: ``in_process``, ``process``, ``po
    spent, ``maxFullJobRestarts`` full restarts are spent, or ``jobMaxRetryCount``
    restarts are (a lifetime cap only when the user sets one).
 
-The first restart inside the window goes at once; the n-th waits
-``min(initialSeconds * multiplier**(n-2), maxSeconds)`` (backoff, as a crash loop).
+Backoff is for faults that persist: a new incident is restarted at once; the n-th
+restart for one fault that the restarts before did not fix (each escalation above
+counts one) waits ``min(initialSeconds * multiplier**(n-2), maxSeconds)``.
 """
 
 from __future__ import annotations
@@ -129,12 +130,13 @@ def generation_fixed(record: JobRecord, generation: int, now: datetime) -> bool:
     return (now - record.alive_since).total_seconds() >= SETTLE_SECONDS
 
 
-def backoff_seconds(job: TrainingJob, earlier_in_window: int) -> float:
-    """Delay before a restart that follows ``earlier_in_window`` others inside the window."""
-    if earlier_in_window <= 0:
+def backoff_seconds(job: TrainingJob, failed_before: int) -> float:
+    """Delay before a restart that follows ``failed_before`` restarts that did not fix
+    the same fault."""
+    if failed_before <= 0:
         return 0.0
     backoff = job.spec.recovery.backoff
-    delay = backoff.initial_seconds * backoff.multiplier ** (earlier_in_window - 1)
+    delay = backoff.initial_seconds * backoff.multiplier ** (failed_before - 1)
     return float(min(delay, backoff.max_seconds))
 
 
@@ -155,6 +157,7 @@ def _fault_node(record: JobRecord, fault: FaultDetected) -> str | None:
 class _Choice:
     level: RecoveryLevel | None  # None: a limit is spent
     why: str
+    attempt: int = 1  # 1: a new incident; n: the n-th restart for one that persists
 
 
 def _one_above(level: RecoveryLevel, node_rung: bool) -> RecoveryLevel:
@@ -194,14 +197,16 @@ def _choose_level(
     why = "lowest allowed level"
     unfixed = _unfixed(record, fault, window, now)
     signature = fault_signature(fault)
-    repeats = [e.level for e in window if e.signature == signature]
+    repeats = [e for e in window if e.signature == signature]
+    earlier = [e for e in (unfixed, repeats[-1] if repeats else None) if e is not None]
+    attempt = 1 + max((e.attempt for e in earlier), default=0)
     if unfixed is not None:
         above = _one_above(unfixed.level, node_rung)
         if _rank(above) > _rank(floor):
             floor = above
         why = f"generation {fault.generation} failed before it made progress"
     if repeats:
-        above = _one_above(max(repeats, key=_rank), node_rung)
+        above = _one_above(max((e.level for e in repeats), key=_rank), node_rung)
         if _rank(above) > _rank(floor):
             floor = above
             why = "the same fault at the same place repeated within evalPeriodSeconds"
@@ -220,6 +225,7 @@ def _choose_level(
             RecoveryLevel.JOB,
             f"{below_job} restarts below job level within evalPeriodSeconds: "
             f"numRestartBeforeFullJobRestart={limit}",
+            attempt,
         )
     top = usable[-1]
     for level in candidates:
@@ -227,7 +233,7 @@ def _choose_level(
         if cap is None and level is top:
             cap = TOP_RUNG_LIMIT
         if cap is None or sum(1 for e in window if e.level is level) < cap:
-            return _Choice(level, why)
+            return _Choice(level, why, attempt)
     last = candidates[-1]
     if last in recovery.max_restarts_per_level:
         spent = f"maxRestartsPerLevel.{last.value}={recovery.max_restarts_per_level[last]}"
@@ -372,9 +378,10 @@ def apply_fault(
         RestartEntry(
             time=now, level=level, signature=fault_signature(fault), node=node,
             node_scoped=node_scoped, to_generation=record.generation + 1,
+            attempt=choice.attempt,
         ),
     ]  # fmt: skip
-    start_at = now + timedelta(seconds=backoff_seconds(record.spec, len(window)))
+    start_at = now + timedelta(seconds=backoff_seconds(record.spec, choice.attempt - 1))
     from_generation = record.generation
     record.generation += 1
     record.alive_since = None

@@ -27,14 +27,15 @@ def _every_level() -> list[RecoveryLevel]:
 
 
 class BackoffSpec(SpecModel):
-    """Delay before the n-th restart inside evalPeriodSeconds: none for the first, then
-    ``min(initialSeconds * multiplier**(n-2), maxSeconds)``."""
+    """Delay before the n-th restart for one fault that the restarts before did not fix
+    (a crash loop): none for the first, then ``min(initialSeconds * multiplier**(n-2),
+    maxSeconds)``. Independent faults are restarted at once."""
 
     initial_seconds: float = Field(
         default=1.0,
         ge=0,
-        description="Delay before the second restart inside evalPeriodSeconds (the first "
-        "goes at once).",
+        description="Delay before the second restart for a fault the first did not fix "
+        "(the first goes at once).",
         examples=[1.0],
     )
     max_seconds: float = Field(
