@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,10 +14,17 @@ from resurge.events import (
     NodeReport,
     ProcessExited,
     ProcessStarted,
+    ProcessStateChanged,
     Progress,
     Source,
 )
 from resurge.jobspec import parse_job
+from resurge.jobspec.monitoring import (
+    LEARNED_HEARTBEAT_FLOOR_SECONDS,
+    LEARNED_STARTUP_FLOOR_SECONDS,
+    LEARNED_TIMEOUT_FACTOR,
+    STOPPED_RANK_SECONDS,
+)
 from resurge.records import JobRecord, Placement
 from resurge_detector.hang import HangDetector
 from resurge_detector.node_health import NodeHealthDetector
@@ -55,31 +63,173 @@ def progress(rank: int, step: int, at: float = 0.0, **metrics: float) -> Progres
                     time=T0 + timedelta(seconds=at))  # fmt: skip
 
 
-def test_hang_startup_and_heartbeat_timeouts_fire_once() -> None:
+def judge(hang: HangDetector, at: DetectorContext) -> list[FaultDetected]:
+    out = hang.tick(at)
+    assert all(isinstance(event, FaultDetected) for event in out)
+    return [event for event in out if isinstance(event, FaultDetected)]
+
+
+def stopped(rank: int, is_stopped: bool = True, generation: int = 0) -> ProcessStateChanged:
+    return ProcessStateChanged(source=SOURCE, job="j", generation=generation, rank=rank,
+                               replica=rank // 2, node=f"n{rank // 2}", pid=10 + rank,
+                               local_rank=rank % 2, stopped=is_stopped, since=T0)  # fmt: skip
+
+
+def progress_at(rank: int, step: int, generation: int = 0) -> Progress:
+    return Progress(source=SOURCE, job="j", generation=generation, rank=rank, replica=rank // 2,
+                    node=f"n{rank // 2}", local_rank=rank % 2, step=step)  # fmt: skip
+
+
+def train(hang: HangDetector, rec: JobRecord, ranks: range, steps: range, every: float,
+          generation: int = 0) -> float:  # fmt: skip
+    """Every rank reports each step, ``every`` seconds apart (detector clock); the last time."""
+    at = 0.0
+    for step in steps:
+        at = step * every
+        for rank in ranks:
+            hang.observe(progress_at(rank, step, generation), ctx(at, rec))
+    return at
+
+
+def test_explicit_startup_and_heartbeat_timeouts_blame_one_rank_per_generation() -> None:
     rec = record(monitoring={"startupTimeoutSeconds": 5, "heartbeatTimeoutSeconds": 2})
     hang = HangDetector()
     hang.observe(started(0), ctx(0, rec))
     hang.observe(started(1), ctx(0, rec))
     hang.observe(progress(1, 1), ctx(1, rec))
-    assert hang.tick(ctx(2.9, rec)) == []
-    [late] = hang.tick(ctx(3.1, rec))  # rank 1: 2.1 s since its progress
+    assert judge(hang, ctx(2.9, rec)) == []
+    [late] = judge(hang, ctx(3.1, rec))  # rank 1: 2.1 s since its progress; rank 0 never reported
     assert isinstance(late, FaultDetected) and late.rank == 1
+    assert late.fault_id == "hang:j:g0:r1" and late.evidence["blamed"] == "least_progress"
     assert late.evidence["timeout"] == "heartbeat" and late.evidence["last_step"] == 1
-    [startup] = hang.tick(ctx(5.1, rec))  # rank 0 never reported
-    assert startup.rank == 0 and startup.evidence["timeout"] == "startup"
-    assert hang.tick(ctx(30, rec)) == []
+    assert late.evidence["limit_source"] == "explicit"
+    assert judge(hang, ctx(5.1, rec)) == []  # rank 0's start-up timeout: the same incident
+    assert judge(hang, ctx(30, rec)) == []
 
 
-def test_no_timeouts_configured_or_exited_or_old_generation_means_no_hang() -> None:
+def test_the_rank_with_the_least_progress_is_blamed_not_the_peers_waiting_on_it() -> None:
+    rec = record(monitoring={"heartbeatTimeoutSeconds": 2})
     hang = HangDetector()
-    hang.observe(started(0), ctx(0, record()))
-    assert hang.tick(ctx(100, record())) == []
+    train(hang, rec, range(4), range(1, 10), 0.1)  # steps 1..9, last at 0.9 s
+    hang.observe(progress_at(0, 10), ctx(1.0, rec))  # ranks 0, 1 and 3 finished step 10,
+    hang.observe(progress_at(1, 10), ctx(1.0, rec))  # then wait on rank 2 in step 11
+    hang.observe(progress_at(3, 10), ctx(1.05, rec))
+    assert judge(hang, ctx(2.9, rec)) == []
+    [fault] = judge(hang, ctx(3.01, rec))  # ranks 0, 1 and 2 are overdue; 3 almost
+    assert fault.rank == 2 and fault.evidence["last_step"] == 9
+    assert fault.evidence["blamed"] == "least_progress"
+    assert fault.evidence["overdue_ranks"] == "0,1,2"
+    assert judge(hang, ctx(10, rec)) == []  # one hang fault per job and generation
+
+
+def test_equal_steps_blame_the_oldest_report() -> None:
+    rec = record(monitoring={"heartbeatTimeoutSeconds": 1})
+    hang = HangDetector()
+    for rank, at in ((0, 0.3), (1, 0.1), (2, 0.2)):
+        hang.observe(progress_at(rank, 5), ctx(at, rec))
+    [fault] = judge(hang, ctx(1.35, rec))
+    assert fault.rank == 1
+
+
+def test_a_stopped_rank_is_blamed_within_the_short_bound_under_default_monitoring() -> None:
+    rec = record()  # no timeouts set: the defaults
+    hang = HangDetector()
+    for rank in range(4):
+        hang.observe(started(rank), ctx(0, rec))
+    last = train(hang, rec, range(4), range(1, 40), 0.05)
+    hang.observe(stopped(1), ctx(last + 0.1, rec))  # its peers now wait in an all-reduce
+    assert judge(hang, ctx(last + 0.1 + STOPPED_RANK_SECONDS - 0.05, rec)) == []
+    [fault] = judge(hang, ctx(last + 0.1 + STOPPED_RANK_SECONDS + 0.05, rec))
+    assert (fault.reason, fault.rank, fault.generation) == ("hang", 1, 0)
+    assert fault.fault_id == "hang:j:g0:r1" and fault.replica == 0 and fault.node == "n0"
+    assert fault.evidence["blamed"] == "stopped" and fault.evidence["timeout"] == "stopped"
+    assert fault.evidence["stopped"] is True
+    assert fault.id == "hang-" + hashlib.sha256(b"hang:j:g0:r1").hexdigest()[:40]  # redelivery
+
+
+def test_a_stopped_rank_whose_job_still_progresses_or_that_ran_again_is_not_a_hang_yet() -> None:
+    rec = record()
+    hang = HangDetector()
+    last = train(hang, rec, range(2), range(1, 20), 0.1)
+    hang.observe(stopped(1), ctx(last, rec))
+    for step in range(20, 60):  # rank 0 does not depend on rank 1 here, and goes on
+        hang.observe(progress_at(0, step), ctx(last + (step - 19) * 0.1, rec))
+    assert judge(hang, ctx(last + 4.05, rec)) == []
+    assert judge(hang, ctx(last + 4.0 + STOPPED_RANK_SECONDS + 0.1, rec))[0].rank == 1
+    again = HangDetector()
+    last = train(again, rec, range(2), range(1, 20), 0.1)
+    again.observe(stopped(1), ctx(last, rec))
+    again.observe(stopped(1, False), ctx(last + 1, rec))  # a debugger let it go on
+    assert judge(again, ctx(last + 10, rec)) == []
+
+
+def test_stopped_rank_blamed_even_when_an_explicit_timeout_trips_its_peers_first() -> None:
+    rec = record(monitoring={"heartbeatTimeoutSeconds": 0.5})
+    hang = HangDetector()
+    last = train(hang, rec, range(4), range(1, 10), 0.1)
+    hang.observe(progress_at(0, 10), ctx(last + 0.1, rec))  # rank 0 reports one step more
+    hang.observe(stopped(3), ctx(last + 0.05, rec))
+    [fault] = judge(hang, ctx(last + 0.1 + STOPPED_RANK_SECONDS + 0.01, rec))
+    assert fault.rank == 3 and fault.evidence["blamed"] == "stopped"
+
+
+def test_the_learned_heartbeat_timeout_follows_the_longest_gap_with_a_floor() -> None:
+    rec = record()
+    hang = HangDetector()
+    last = train(hang, rec, range(2), range(1, 5), 1.0)  # 1 s steps: the floor applies
+    floor = LEARNED_HEARTBEAT_FLOOR_SECONDS
+    assert judge(hang, ctx(last + floor - 1, rec)) == []
+    [fault] = judge(hang, ctx(last + floor + 1, rec))
+    assert fault.evidence["limit_source"] == "learned"
+    assert fault.evidence["limit_seconds"] == floor
+    slow = HangDetector()  # steps of 200 s: 5 x 200 s = 1000 s
+    last = train(slow, rec, range(2), range(1, 4), 200.0)
+    assert judge(slow, ctx(last + 999, rec)) == []
+    [fault] = judge(slow, ctx(last + 1001, rec))
+    assert fault.evidence["limit_seconds"] == LEARNED_TIMEOUT_FACTOR * 200
+
+
+def test_scripts_that_never_report_progress_are_not_judged_and_zero_turns_hangs_off() -> None:
+    hang = HangDetector()
+    for rank in range(2):
+        hang.observe(started(rank), ctx(0, record()))
+    hang.observe(stopped(1), ctx(1, record()))
+    assert judge(hang, ctx(100_000, record())) == []
+    off = record(monitoring={"heartbeatTimeoutSeconds": 0, "startupTimeoutSeconds": 0})
+    hang = HangDetector()
+    last = train(hang, off, range(2), range(1, 5), 0.1)
+    hang.observe(stopped(1), ctx(last, off))
+    assert judge(hang, ctx(100_000, off)) == []
+
+
+def test_later_generations_get_a_learned_startup_limit_for_ranks_that_reported() -> None:
+    rec = record()
+    hang = HangDetector()
+    hang.observe(started(0), ctx(0, rec))
+    hang.observe(started(1), ctx(0, rec))
+    hang.observe(progress_at(0, 1), ctx(300, rec))  # only rank 0 reports progress; 300 s start-up
+    assert judge(hang, ctx(100_000, rec)) != []  # generation 0: rank 0's learned heartbeat
+    rec.generation = 1
+    hang.observe(started(0, generation=1), ctx(100_000, rec))
+    hang.observe(started(1, generation=1), ctx(100_000, rec))
+    limit = LEARNED_TIMEOUT_FACTOR * 300
+    assert limit > LEARNED_STARTUP_FLOOR_SECONDS
+    assert judge(hang, ctx(100_000 + limit - 1, rec)) == []
+    [fault] = judge(hang, ctx(100_000 + limit + 1, rec))
+    assert (fault.rank, fault.generation, fault.evidence["timeout"]) == (0, 1, "startup")
+    assert fault.evidence["limit_source"] == "learned"
+
+
+def test_exited_ranks_and_old_generations_are_not_hangs() -> None:
     rec = record(monitoring={"heartbeatTimeoutSeconds": 1, "startupTimeoutSeconds": 1})
+    hang = HangDetector()
     hang.observe(started(1), ctx(0, rec))
     hang.observe(ProcessExited(source=SOURCE, job="j", generation=0, rank=1, pid=1, local_rank=1,
                                local_world_size=2, exit_code=0), ctx(0.5, rec))  # fmt: skip
+    assert judge(hang, ctx(10, rec)) == []
+    hang.observe(started(0), ctx(10, rec))
     rec.generation = 1
-    assert hang.tick(ctx(10, rec)) == []
+    assert judge(hang, ctx(20, rec)) == []
 
 
 def test_straggler_needs_consecutive_slow_windows_and_reports_evidence() -> None:

@@ -1,21 +1,43 @@
-"""Hang detector: a rank that is alive but silent is a fault (pure logic, no I/O).
+"""Hang detector: a rank that is alive but makes no progress is a fault (pure logic, no I/O).
 
-Per (job, generation, rank), from the job's ``monitoring`` settings:
-- ``startupTimeoutSeconds``: the first progress report must come this soon after the
-  worker started;
-- ``heartbeatTimeoutSeconds``: after one, the next must come this soon.
+Per (job, generation, rank) it follows ``process_started``, ``progress``,
+``process_state`` and ``process_exited``. A rank is overdue when, from the job's
+``monitoring`` settings (defaults in :mod:`resurge.jobspec.monitoring`):
 
-Progress comes from ``resurge.worker`` (``progress`` events); for scripts that do not
-use it, a log rule with ``expectedRecurringFrequencyInSeconds`` plays the same part
-(see the log-rule detector). Times are this detector's own clock when an event arrives,
-so clock skew between nodes does not matter. A stopped (SIGSTOP) worker stays alive and
-silent, so it is caught the same way. Each hang is reported once.
+- it has not reported progress yet and ``startupTimeoutSeconds`` passed since it
+  started; unset, only ranks that reported progress in an earlier generation get a
+  learned start-up limit (``LEARNED_TIMEOUT_FACTOR`` times the longest start-up seen,
+  at least ``LEARNED_STARTUP_FLOOR_SECONDS``);
+- it has reported progress and ``heartbeatTimeoutSeconds`` passed since its last report;
+  unset, the limit is learned as NVRx learns it: ``LEARNED_TIMEOUT_FACTOR`` times the
+  longest gap between two reports of one rank seen in the job (any generation), at
+  least ``LEARNED_HEARTBEAT_FLOOR_SECONDS``;
+- its agent reported it stopped (``process_state``, ``stopped: true``: it runs no code)
+  and for ``STOPPED_RANK_SECONDS`` neither has it run again nor has any rank of its
+  generation reported progress. This needs no timeout: a stopped process cannot be slow.
+
+A script that never reports progress is never judged by the heartbeat (log rules with
+``expectedRecurringFrequencyInSeconds`` do that); ``0`` turns a timeout off, and
+``heartbeatTimeoutSeconds: 0`` turns the stopped-rank check off too.
+
+Blame: a hang makes every peer wait on the culprit, so a job's generation gets one hang
+fault, naming one rank: a rank reported stopped (the one stopped longest), else the rank
+with the least progress (lowest last step, then the oldest last report) among those
+that reported progress or are overdue. ``evidence.blamed`` says how it was chosen. The
+fault id is ``hang:<job>:g<generation>:r<rank>`` (and the event id derives from it), so
+a redelivered input or a restarted detector that blames the same rank is de-duplicated.
+
+Times are this detector's own clock when an event arrives (``ctx.now``), never the
+agents', so clock skew between nodes does not matter. What is learned lives in memory:
+a restarted detector learns again from the floors up.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from resurge.detection import DetectorContext
 from resurge.events import (
@@ -23,13 +45,22 @@ from resurge.events import (
     FaultScope,
     ProcessExited,
     ProcessStarted,
+    ProcessStateChanged,
     Progress,
     RecoveryLevel,
 )
+from resurge.jobspec.monitoring import (
+    LEARNED_HEARTBEAT_FLOOR_SECONDS,
+    LEARNED_STARTUP_FLOOR_SECONDS,
+    LEARNED_TIMEOUT_FACTOR,
+    STOPPED_RANK_SECONDS,
+    MonitoringSpec,
+)
+from resurge.records import JobRecord
 
 __all__ = ["HangDetector"]
 
-_Key = tuple[str, int, int]  # job, generation, rank
+_Events = ProcessStarted | Progress | ProcessStateChanged | ProcessExited
 
 
 @dataclass
@@ -39,80 +70,248 @@ class _Rank:
     node: str | None
     last_progress: datetime | None = None
     last_step: int | None = None
+    stopped_since: datetime | None = None
+
+
+@dataclass
+class _Generation:
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    last_progress: datetime | None = None  # any rank's
     reported: bool = False
+
+
+@dataclass
+class _Learned:
+    """What one job has shown, across its generations."""
+
+    longest_gap: float = 0.0  # seconds between two progress reports of one rank
+    longest_startup: float = 0.0  # seconds from a rank's start to its first report
+    reporting_ranks: set[int] = field(default_factory=set)  # ranks that reported progress
+    first_reporting_generation: int | None = None
+
+
+@dataclass(frozen=True)
+class _Overdue:
+    rank: int
+    what: str  # startup, heartbeat or stopped
+    limit: float
+    limit_source: str  # explicit, learned or stopped
+    silent: float
 
 
 class HangDetector:
     name = "hang"
-    kinds = frozenset({"process_started", "progress", "process_exited"})
+    kinds = frozenset({"process_started", "progress", "process_state", "process_exited"})
 
     def __init__(self) -> None:
-        self._ranks: dict[_Key, _Rank] = {}
+        self._generations: dict[tuple[str, int], _Generation] = {}
+        self._newest: dict[str, int] = {}
+        self._learned: dict[str, _Learned] = {}
 
-    def observe(
-        self, event: ProcessStarted | Progress | ProcessExited, ctx: DetectorContext
-    ) -> list[Envelope]:
+    # -- events -------------------------------------------------------------------------
+
+    def observe(self, event: _Events, ctx: DetectorContext) -> list[Envelope]:
         if event.job is None or event.generation is None or event.rank is None:
             return []
-        key = (event.job, event.generation, event.rank)
+        generation = self._generation(event.job, event.generation)
+        if generation is None:
+            return []
+        now = ctx.now
         if isinstance(event, ProcessExited):
-            self._ranks.pop(key, None)
-        elif isinstance(event, ProcessStarted):
-            self._ranks[key] = _Rank(started=ctx.now, replica=event.replica, node=event.node)
-        else:
-            rank = self._ranks.get(key)
-            if rank is None:  # a start we did not see (detector restarted): count from now
-                rank = self._ranks[key] = _Rank(ctx.now, event.replica, event.node)
-            rank.last_progress = ctx.now
-            rank.last_step = event.step
+            generation.ranks.pop(event.rank, None)
+            return []
+        if isinstance(event, ProcessStarted):
+            generation.ranks[event.rank] = _Rank(now, event.replica, event.node)
+            return []
+        rank = generation.ranks.get(event.rank)
+        if rank is None:  # a start we did not see (the detector restarted): count from now
+            rank = generation.ranks[event.rank] = _Rank(now, event.replica, event.node)
+        if isinstance(event, ProcessStateChanged):
+            if not event.stopped:
+                rank.stopped_since = None
+            elif rank.stopped_since is None:
+                rank.stopped_since = now
+            return []
+        if isinstance(event, Progress):
+            self._progress(event.job, event.generation, event.rank, event.step, rank, now)
+            generation.last_progress = now
         return []
+
+    def _generation(self, job: str, number: int) -> _Generation | None:
+        """The state of ``job``'s generation ``number``; None for an older generation."""
+        newest = self._newest.get(job, -1)
+        if number < newest:
+            return None
+        if number > newest:
+            self._newest[job] = number
+            for key in [k for k in self._generations if k[0] == job and k[1] < number]:
+                del self._generations[key]
+        return self._generations.setdefault((job, number), _Generation())
+
+    def _progress(
+        self, job: str, generation: int, number: int, step: int, rank: _Rank, now: datetime
+    ) -> None:
+        learned = self._learned.setdefault(job, _Learned())
+        if rank.last_progress is None:
+            learned.longest_startup = max(
+                learned.longest_startup, (now - rank.started).total_seconds()
+            )
+        else:
+            learned.longest_gap = max(
+                learned.longest_gap, (now - rank.last_progress).total_seconds()
+            )
+        learned.reporting_ranks.add(number)
+        if learned.first_reporting_generation is None:
+            learned.first_reporting_generation = generation
+        rank.last_progress, rank.last_step = now, step
+
+    # -- timeouts -----------------------------------------------------------------------
 
     def tick(self, ctx: DetectorContext) -> list[Envelope]:
         faults: list[Envelope] = []
-        for key, rank in list(self._ranks.items()):
-            job_name, generation, global_rank = key
-            record = ctx.job(job_name)
-            if record is None or record.phase.finished or generation < record.generation:
-                del self._ranks[key]
+        for key, generation in list(self._generations.items()):
+            job, number = key
+            record = ctx.job(job)
+            if record is None or record.phase.finished or number < record.generation:
+                del self._generations[key]
+                if record is None or record.phase.finished:
+                    self._learned.pop(job, None)
+                    self._newest.pop(job, None)
                 continue
-            if rank.reported:
+            if generation.reported or not generation.ranks:
                 continue
-            monitoring = record.spec.spec.monitoring
+            overdue = self._overdue(record, number, generation, ctx.now)
+            if overdue:
+                generation.reported = True
+                faults.append(self._fault(ctx, record, number, generation, overdue))
+        return faults
+
+    def _overdue(
+        self, record: JobRecord, number: int, generation: _Generation, now: datetime
+    ) -> list[_Overdue]:
+        monitoring = record.spec.spec.monitoring
+        learned = self._learned.get(record.name, _Learned())
+        heartbeat = _heartbeat_limit(monitoring, learned)
+        out: list[_Overdue] = []
+        judge_stopped = (
+            monitoring.heartbeat_timeout_seconds != 0
+            and learned.first_reporting_generation is not None
+        )
+        for rank_number, rank in generation.ranks.items():
+            if rank.stopped_since is not None and judge_stopped:
+                quiet_since = max(rank.stopped_since, generation.last_progress or rank.started)
+                quiet = (now - quiet_since).total_seconds()
+                if quiet >= STOPPED_RANK_SECONDS:
+                    out.append(
+                        _Overdue(rank_number, "stopped", STOPPED_RANK_SECONDS, "stopped", quiet)
+                    )
+                    continue
             if rank.last_progress is None:
-                limit, since, what = monitoring.startup_timeout_seconds, rank.started, "startup"
+                limit = _startup_limit(monitoring, learned, number, rank_number)
+                since, what = rank.started, "startup"
             else:
-                limit, since, what = (
-                    monitoring.heartbeat_timeout_seconds,
-                    rank.last_progress,
-                    "heartbeat",
-                )
+                limit, since, what = heartbeat, rank.last_progress, "heartbeat"
             if limit is None:
                 continue
-            silent = (ctx.now - since).total_seconds()
-            if silent <= limit:
-                continue
-            rank.reported = True
-            faults.append(
-                ctx.fault(
-                    fault_id=f"hang:{job_name}:g{generation}:r{global_rank}:{what}",
-                    reason="hang",
-                    scope=FaultScope.PROCESS,
-                    message=(
-                        f"rank {global_rank} sent no progress for {silent:.1f} s "
-                        f"({what} timeout {limit:g} s)"
-                    ),
-                    evidence={
-                        "timeout": what,
-                        "limit_seconds": limit,
-                        "silent_seconds": round(silent, 3),
-                        "last_step": rank.last_step,
-                    },
-                    suggested_level=RecoveryLevel.PROCESS,
-                    job=job_name,
-                    generation=generation,
-                    rank=global_rank,
-                    replica=rank.replica,
-                    node=rank.node,
-                )
+            silent = (now - since).total_seconds()
+            if silent > limit[0]:
+                out.append(_Overdue(rank_number, what, limit[0], limit[1], silent))
+        return out
+
+    # -- output -------------------------------------------------------------------------
+
+    def _fault(
+        self,
+        ctx: DetectorContext,
+        record: JobRecord,
+        number: int,
+        generation: _Generation,
+        overdue: list[_Overdue],
+    ) -> Envelope:
+        stopped = [o for o in overdue if o.what == "stopped"]
+        ranks = generation.ranks
+        if stopped:
+            culprit = min(stopped, key=lambda o: (ranks[o.rank].stopped_since, o.rank))
+            blamed, how = "stopped", "its agent reported it stopped"
+        else:
+            late = {o.rank: o for o in overdue}
+            judged = [n for n, r in ranks.items() if r.last_progress is not None or n in late]
+            chosen = min(judged, key=lambda n: _least_progress(n, ranks[n]))
+            # The chosen rank may not be overdue itself (its peers ran on a little, then
+            # waited on it): it is judged by the timeout its longest-silent peer passed.
+            tripped = late.get(chosen) or max(overdue, key=lambda o: o.silent)
+            silent = (ctx.now - _last_sign(ranks[chosen])).total_seconds()
+            culprit = _Overdue(chosen, tripped.what, tripped.limit, tripped.limit_source, silent)
+            blamed, how = "least_progress", "it made the least progress of the ranks judged"
+        rank = ranks[culprit.rank]
+        fault_id = f"hang:{record.name}:g{number}:r{culprit.rank}"
+        if culprit.what == "stopped":
+            message = (
+                f"rank {culprit.rank} is stopped and its job made no progress for "
+                f"{culprit.silent:.1f} s"
             )
-        return faults
+        else:
+            message = (
+                f"rank {culprit.rank} sent no progress for {culprit.silent:.1f} s "
+                f"({culprit.what} timeout {culprit.limit:g} s, {culprit.limit_source})"
+            )
+        message += f"; blamed because {how}"
+        evidence: dict[str, Any] = {
+            "timeout": culprit.what,
+            "limit_seconds": culprit.limit,
+            "limit_source": culprit.limit_source,
+            "silent_seconds": round(culprit.silent, 3),
+            "last_step": rank.last_step,
+            "blamed": blamed,
+            "overdue_ranks": ",".join(str(o.rank) for o in sorted(overdue, key=lambda o: o.rank)),
+            "stopped": rank.stopped_since is not None,
+        }
+        return ctx.fault(
+            fault_id=fault_id,
+            reason="hang",
+            scope=FaultScope.PROCESS,
+            message=message,
+            evidence=evidence,
+            suggested_level=RecoveryLevel.PROCESS,
+            id="hang-" + hashlib.sha256(fault_id.encode()).hexdigest()[:40],
+            job=record.name,
+            generation=number,
+            rank=culprit.rank,
+            replica=rank.replica,
+            node=rank.node,
+        )
+
+
+def _heartbeat_limit(monitoring: MonitoringSpec, learned: _Learned) -> tuple[float, str] | None:
+    """(seconds, where they come from) for a rank that has reported progress; None: off."""
+    explicit = monitoring.heartbeat_timeout_seconds
+    if explicit is not None:
+        return None if explicit == 0 else (explicit, "explicit")
+    return max(LEARNED_HEARTBEAT_FLOOR_SECONDS, LEARNED_TIMEOUT_FACTOR * learned.longest_gap), (
+        "learned"
+    )
+
+
+def _startup_limit(
+    monitoring: MonitoringSpec, learned: _Learned, generation: int, rank: int
+) -> tuple[float, str] | None:
+    explicit = monitoring.startup_timeout_seconds
+    if explicit is not None:
+        return None if explicit == 0 else (explicit, "explicit")
+    first = learned.first_reporting_generation
+    if first is None or generation <= first or rank not in learned.reporting_ranks:
+        return None
+    if monitoring.heartbeat_timeout_seconds == 0:
+        return None
+    seconds = max(LEARNED_STARTUP_FLOOR_SECONDS, LEARNED_TIMEOUT_FACTOR * learned.longest_startup)
+    return seconds, "learned"
+
+
+def _last_sign(rank: _Rank) -> datetime:
+    return rank.last_progress or rank.started
+
+
+def _least_progress(number: int, rank: _Rank) -> tuple[int, datetime, int]:
+    """Sort key: lowest last step first (none yet counts lowest), then the oldest report."""
+    step = -1 if rank.last_step is None else rank.last_step
+    return step, _last_sign(rank), number

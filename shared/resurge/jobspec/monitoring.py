@@ -2,6 +2,27 @@
 
 Log rules take HyperPod's ``logMonitoringConfiguration`` fields as they are, plus an
 ``action`` and the ``ranks`` a rule watches.
+
+Hang detection is on by default. The constants below are its defaults (the hang
+detector reads them from here, and docs/jobspec.md explains them):
+
+- with ``heartbeatTimeoutSeconds`` unset, a rank that has reported progress is judged
+  by a learned timeout, as NVIDIA's NVRx learns its heartbeat timeouts:
+  :data:`LEARNED_TIMEOUT_FACTOR` times the longest gap between two progress reports
+  of one rank seen in the job, and never less than :data:`LEARNED_HEARTBEAT_FLOOR_SECONDS`
+  (real jobs have slow steps, evaluations and checkpoint saves that report nothing;
+  the floor is PyTorch's default NCCL collective timeout, so resurge is never quicker
+  to give up than torch itself);
+- with ``startupTimeoutSeconds`` unset, the ranks that reported progress in an earlier
+  generation must report again in a later one within :data:`LEARNED_TIMEOUT_FACTOR`
+  times the longest start-up (process start to first progress) seen in the job, and
+  never less than :data:`LEARNED_STARTUP_FLOOR_SECONDS`; the first generation (data
+  downloads, compilation) has no start-up limit;
+- a rank its agent reports stopped (SIGSTOP, a debugger: it runs no code) while its job
+  makes no progress is a hang after :data:`STOPPED_RANK_SECONDS`, whatever the timeouts.
+
+``0`` turns a timeout off; ``heartbeatTimeoutSeconds: 0`` turns hang detection of
+progressing ranks off altogether, the stopped-rank check included.
 """
 
 from __future__ import annotations
@@ -21,7 +42,21 @@ from pydantic.alias_generators import to_camel
 
 from resurge.jobspec._base import SpecModel
 
-__all__ = ["GpuPolicy", "LogRule", "MonitoringSpec", "StragglerSpec"]
+__all__ = [
+    "LEARNED_HEARTBEAT_FLOOR_SECONDS",
+    "LEARNED_STARTUP_FLOOR_SECONDS",
+    "LEARNED_TIMEOUT_FACTOR",
+    "STOPPED_RANK_SECONDS",
+    "GpuPolicy",
+    "LogRule",
+    "MonitoringSpec",
+    "StragglerSpec",
+]
+
+LEARNED_TIMEOUT_FACTOR = 5.0  # NVRx's default safety factor over the longest interval seen
+LEARNED_HEARTBEAT_FLOOR_SECONDS = 600.0
+LEARNED_STARTUP_FLOOR_SECONDS = 600.0
+STOPPED_RANK_SECONDS = 2.0
 
 Operator = Literal["gt", "lt", "eq", "gteq", "lteq"]
 Action = Literal["restart", "alert"]
@@ -164,16 +199,21 @@ class GpuPolicy(SpecModel):
 class MonitoringSpec(SpecModel):
     startup_timeout_seconds: float | None = Field(
         default=None,
-        gt=0,
+        ge=0,
         description="Longest wait for a generation's first progress report before it counts "
-        "as hung. Unset: no limit (a script that never reports progress is never judged).",
+        "as hung. Unset: no limit in the first generation; in later ones, ranks that "
+        f"reported progress before get {LEARNED_TIMEOUT_FACTOR:g} times the longest "
+        f"start-up seen, at least {LEARNED_STARTUP_FLOOR_SECONDS:g} s. 0: no limit. A "
+        "script that never reports progress is never judged by it.",
         examples=[900.0],
     )
     heartbeat_timeout_seconds: float | None = Field(
         default=None,
-        gt=0,
+        ge=0,
         description="Longest gap between two progress reports of a rank once it has reported "
-        "one. Unset: no limit.",
+        f"one. Unset: learned, {LEARNED_TIMEOUT_FACTOR:g} times the longest gap seen in the "
+        f"job, at least {LEARNED_HEARTBEAT_FLOOR_SECONDS:g} s. 0: hang detection off "
+        "(neither timeouts of progressing ranks nor stopped ranks are reported).",
         examples=[300.0],
     )
     log_rules: list[LogRule] = Field(
