@@ -13,6 +13,7 @@ from resurge.events import (
     FaultScope,
     LogLine,
     ProcessStarted,
+    ProcessStateChanged,
     RecoveryLevel,
     Severity,
     Source,
@@ -69,6 +70,11 @@ def started(*, rank: int = 0, generation: int = 0, at: float = 0.0) -> ProcessSt
     )
 
 
+def state(*, rank: int, stopped: bool = True, generation: int = 0) -> ProcessStateChanged:
+    return ProcessStateChanged(pid=100 + rank, local_rank=rank % 2, stopped=stopped, since=T0,
+                               **where(rank, generation, 0))  # fmt: skip
+
+
 def faults(out: list[Envelope]) -> list[FaultDetected]:
     assert all(isinstance(event, FaultDetected) for event in out)
     return [event for event in out if isinstance(event, FaultDetected)]
@@ -94,7 +100,7 @@ def test_it_is_a_detector_built_without_arguments() -> None:
     detector = LogRuleDetector()
     assert isinstance(detector, Detector)
     assert detector.name == "log_rules"
-    assert detector.kinds == {"log_line", "process_started"}
+    assert detector.kinds == {"log_line", "process_started", "process_state"}
 
 
 def test_fault_on_match_fires_once() -> None:
@@ -231,6 +237,47 @@ def test_recurring_frequency() -> None:
     assert fault.evidence["waited_seconds"] == 31.0
     assert fault.evidence["timeout"] == "recurring"
     assert detector.tick(ctx(job, 90)) == []
+
+
+def test_deadlines_use_the_detectors_clock_not_the_agents() -> None:
+    detector, job = LogRuleDetector(), record(HEARTBEAT)
+    # The agent's clock is an hour ahead; the events arrive at 0, 5 and 30 s.
+    detector.observe(started(at=3600), ctx(job, 0))
+    detector.observe(line("step 1", at=3605), ctx(job, 5))
+    assert detector.observe(line("step 2", at=3606), ctx(job, 30)) == []  # 25 s apart here
+    assert detector.tick(ctx(job, 60)) == []  # 30 s after the last match's arrival
+    [fault] = faults(detector.tick(ctx(job, 61)))
+    assert fault.evidence["waited_seconds"] == 31.0
+    assert fault.evidence["since"] == (T0 + timedelta(seconds=30)).isoformat()
+    behind, job = LogRuleDetector(), record(HEARTBEAT)  # an hour behind: the start still counts
+    behind.observe(started(at=-3600), ctx(job, 0))
+    assert behind.tick(ctx(job, 59)) == []
+    assert len(behind.tick(ctx(job, 61))) == 1
+
+
+def test_a_late_rank_blames_a_stopped_rank_of_its_job_once() -> None:
+    rule = {**HEARTBEAT, "expectedStartCutOffInSeconds": None}
+    detector, job = LogRuleDetector(), record(rule)
+    for rank in range(4):
+        detector.observe(started(rank=rank), ctx(job))
+        detector.observe(line("step 1", rank=rank), ctx(job, 1))
+    detector.observe(state(rank=3), ctx(job, 2))  # rank 3 stopped; the others wait on it
+    detector.observe(state(rank=2), ctx(job, 3))  # stopped later: not the one blamed
+    [fault] = faults(detector.tick(ctx(job, 32)))  # every rank's output is late
+    assert fault.reason == "log_hang" and fault.rank == 3 and fault.node == "n1"
+    assert fault.fault_id == "log_rule:j:g0:r3:steps:recurring"
+    assert fault.evidence["blamed"] == "stopped" and fault.evidence["late_rank"] == 0
+    assert detector.tick(ctx(job, 100)) == []
+
+
+def test_a_stopped_rank_that_runs_again_is_not_blamed() -> None:
+    rule = {**HEARTBEAT, "expectedStartCutOffInSeconds": None, "ranks": [0]}
+    detector, job = LogRuleDetector(), record(rule)
+    detector.observe(line("step 1", rank=0), ctx(job, 1))
+    detector.observe(state(rank=1), ctx(job, 2))
+    detector.observe(state(rank=1, stopped=False), ctx(job, 3))
+    [fault] = faults(detector.tick(ctx(job, 32)))
+    assert fault.rank == 0 and fault.evidence["blamed"] == "late_rank"
 
 
 def test_no_recurring_check_before_the_first_match() -> None:

@@ -19,9 +19,19 @@ For each line of a rank a rule watches (``ranks``; unset: every rank), cut to
   the next must come this soon. A miss fires ``log_hang``: in :meth:`tick` when
   ``ctx.now`` passes the deadline, or on the late match itself.
 
-Times are the events' own (the agent's clock). Each condition fires once per rank and
-generation, with a stable ``fault_id`` (``log_rule:<job>:g<gen>:r<rank>:<rule>:<what>``)
-and an event id derived from it. ``action: alert`` marks the fault ``alert_only``.
+One clock: every time here (a rank's start, a rule's matches, the deadlines and the
+evidence) is this detector's own clock when the event arrived (``ctx.now``), never the
+agent's ``event.time`` (a skewed node clock would otherwise move every deadline).
+
+Blame: a ``log_hang`` of a rank while another rank of the job's generation is known
+stopped (``process_state``, ``stopped: true``: it runs no code, and its peers wait on
+it) names the stopped rank (the one stopped longest), as the hang detector does;
+``evidence.blamed`` is ``stopped`` and ``evidence.late_rank`` the rank whose output was
+late; otherwise the late rank itself (``blamed: late_rank``).
+
+Each condition fires once per rank and generation, with a stable ``fault_id``
+(``log_rule:<job>:g<gen>:r<rank>:<rule>:<what>``, the blamed rank) and an event id
+derived from it. ``action: alert`` marks the fault ``alert_only``.
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ from resurge.events import (
     FaultScope,
     LogLine,
     ProcessStarted,
+    ProcessStateChanged,
     RecoveryLevel,
 )
 from resurge.jobspec import LogRule
@@ -87,8 +98,8 @@ class _Rank:
     replica: int | None = None
     node: str | None = None
     started: datetime | None = None
+    stopped_since: datetime | None = None
     rules: dict[str, _Seen] = field(default_factory=dict)
-    fired: set[str] = field(default_factory=set)
 
     def seen(self, rule: LogRule) -> _Seen:
         """This rule's state; a changed definition starts it over (what fired stays fired)."""
@@ -102,6 +113,12 @@ class _Rank:
 class _Job:
     generation: int
     ranks: dict[int, _Rank] = field(default_factory=dict)
+    fired: set[str] = field(default_factory=set)
+
+    def stopped(self) -> tuple[int, _Rank] | None:
+        """The rank stopped longest (lowest number first), if any is stopped."""
+        stopped = [(r.stopped_since, n, r) for n, r in self.ranks.items() if r.stopped_since]
+        return min(stopped, key=lambda s: (s[0], s[1]))[1:] if stopped else None
 
 
 @dataclass(frozen=True)
@@ -113,7 +130,7 @@ class _Where:
 
 class LogRuleDetector:
     name = "log_rules"
-    kinds = frozenset({"log_line", "process_started"})
+    kinds = frozenset({"log_line", "process_started", "process_state"})
 
     def __init__(self) -> None:
         self._jobs: dict[str, _Job] = {}
@@ -124,7 +141,9 @@ class LogRuleDetector:
 
     # -- events -------------------------------------------------------------------------
 
-    def observe(self, event: LogLine | ProcessStarted, ctx: DetectorContext) -> list[Envelope]:
+    def observe(
+        self, event: LogLine | ProcessStarted | ProcessStateChanged, ctx: DetectorContext
+    ) -> list[Envelope]:
         if event.job is None or event.generation is None or event.rank is None:
             return []
         record = ctx.job(event.job)
@@ -136,13 +155,19 @@ class LogRuleDetector:
         rank = job.ranks.setdefault(event.rank, _Rank())
         rank.replica, rank.node = event.replica, event.node
         if isinstance(event, ProcessStarted):
-            if rank.started is None or event.time > rank.started:
-                rank.started = event.time
+            rank.started = ctx.now
+            rank.stopped_since = None
+            return []
+        if isinstance(event, ProcessStateChanged):
+            if not event.stopped:
+                rank.stopped_since = None
+            elif rank.stopped_since is None:
+                rank.stopped_since = ctx.now
             return []
         if not isinstance(event, LogLine):
             return []
         where = _Where(event.job, event.generation, event.rank)
-        return self._line(event, record, where, rank, ctx)
+        return self._line(event, record, job, where, rank, ctx)
 
     def _job(self, name: str, generation: int) -> _Job | None:
         job = self._jobs.get(name)
@@ -151,7 +176,13 @@ class LogRuleDetector:
         return job if generation == job.generation else None
 
     def _line(
-        self, event: LogLine, record: JobRecord, where: _Where, rank: _Rank, ctx: DetectorContext
+        self,
+        event: LogLine,
+        record: JobRecord,
+        job: _Job,
+        where: _Where,
+        rank: _Rank,
+        ctx: DetectorContext,
     ) -> list[Envelope]:
         rules = record.spec.spec.monitoring.log_rules
         text = event.line[:MAX_LINE_CHARS]
@@ -162,7 +193,7 @@ class LogRuleDetector:
             if rule.ranks is not None and where.rank not in rule.ranks:
                 continue
             try:
-                faults += self._apply(rule, event, text, budget, where, rank, ctx)
+                faults += self._apply(rule, event, text, budget, job, where, rank, ctx)
             except MatchTimeout as error:
                 timed_out = True
                 self._slow.warning(
@@ -182,6 +213,7 @@ class LogRuleDetector:
         event: LogLine,
         text: str,
         budget: LineBudget,
+        job: _Job,
         where: _Where,
         rank: _Rank,
         ctx: DetectorContext,
@@ -199,16 +231,18 @@ class LogRuleDetector:
         match = budget.search(pattern, text)
         if match is None:
             return []
-        faults = self._late(rule, seen, where, rank, event.time, ctx)
-        seen.first_match = seen.first_match or event.time
-        seen.last_match = max(seen.last_match or event.time, event.time)
+        faults = self._late(rule, seen, job, where, rank, ctx)
+        seen.first_match = seen.first_match or ctx.now
+        seen.last_match = ctx.now
         line = text[:EVIDENCE_LINE_CHARS]
         if rule.fault_on_match:
             evidence = {"rule": rule.name, "line": line, "stream": event.stream}
             message = f"rank {where.rank}: log rule {rule.name!r} matched: {line[:200]}"
-            faults += self._fire(rule, where, rank, ctx, "match", "log_rule", message, evidence)
+            faults += self._fire(
+                rule, job, where, rank, ctx, "match", "log_rule", message, evidence
+            )
         elif rule.metric_threshold is not None and rule.operator is not None:
-            faults += self._metric(rule, seen, match, line, where, rank, ctx)
+            faults += self._metric(rule, seen, match, line, job, where, rank, ctx)
         return faults
 
     def _compiled(self, rule: LogRule) -> tuple[Pattern, Pattern | None] | None:
@@ -227,6 +261,7 @@ class LogRuleDetector:
         seen: _Seen,
         match: Match,
         line: str,
+        job: _Job,
         where: _Where,
         rank: _Rank,
         ctx: DetectorContext,
@@ -253,7 +288,7 @@ class LogRuleDetector:
             f"rank {where.rank}: log rule {rule.name!r}: value {value:g} {how} {threshold:g} "
             f"for {seen.streak} value(s) in a row"
         )
-        return self._fire(rule, where, rank, ctx, "metric", "log_metric", message, evidence)
+        return self._fire(rule, job, where, rank, ctx, "metric", "log_metric", message, evidence)
 
     # -- timeouts -----------------------------------------------------------------------
 
@@ -276,19 +311,19 @@ class LogRuleDetector:
                         continue
                     if self._compiled(rule) is None:
                         continue
-                    faults += self._late(rule, rank.seen(rule), where, rank, ctx.now, ctx)
+                    faults += self._late(rule, rank.seen(rule), job, where, rank, ctx)
         return faults
 
     def _late(
         self,
         rule: LogRule,
         seen: _Seen,
+        job: _Job,
         where: _Where,
         rank: _Rank,
-        now: datetime,
         ctx: DetectorContext,
     ) -> list[Envelope]:
-        """A hang if, at ``now``, the rule's next match is overdue."""
+        """A hang if, at ``ctx.now``, the rule's next match is overdue."""
         if seen.stopped:
             return []
         if seen.first_match is None:
@@ -301,7 +336,7 @@ class LogRuleDetector:
             )
         if limit is None or since is None:
             return []
-        waited = (now - since).total_seconds()
+        waited = (ctx.now - since).total_seconds()
         if waited <= limit:
             return []
         evidence = {
@@ -316,13 +351,22 @@ class LogRuleDetector:
             f"rank {where.rank}: log rule {rule.name!r} saw no match for {waited:.1f} s "
             f"after {after} (limit {limit:g} s)"
         )
-        return self._fire(rule, where, rank, ctx, what, "log_hang", message, evidence)
+        stopped = job.stopped()
+        if stopped is None:
+            evidence["blamed"] = "late_rank"
+        else:
+            number, rank = stopped
+            evidence.update(blamed="stopped", late_rank=where.rank)
+            message = f"rank {number} is stopped; " + message
+            where = _Where(where.job, where.generation, number)
+        return self._fire(rule, job, where, rank, ctx, what, "log_hang", message, evidence)
 
     # -- output -------------------------------------------------------------------------
 
     def _fire(
         self,
         rule: LogRule,
+        job: _Job,
         where: _Where,
         rank: _Rank,
         ctx: DetectorContext,
@@ -332,9 +376,9 @@ class LogRuleDetector:
         evidence: dict[str, Any],
     ) -> list[Envelope]:
         fault_id = f"log_rule:{where.job}:g{where.generation}:r{where.rank}:{rule.name}:{what}"
-        if fault_id in rank.fired:
+        if fault_id in job.fired:
             return []
-        rank.fired.add(fault_id)
+        job.fired.add(fault_id)
         fault: FaultDetected = ctx.fault(
             fault_id=fault_id,
             reason=reason,
