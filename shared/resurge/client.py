@@ -21,6 +21,7 @@ from resurge.events import (
     encode_event,
 )
 from resurge.jobspec import TrainingJob
+from resurge.kv_keys import bucket_keys
 from resurge.records import JobStore, status_view
 from resurge.settings import Settings
 from resurge.subjects import escape_token, unescape_token
@@ -118,10 +119,7 @@ async def _node_record(bus: Bus, node: str) -> NodeInfo | None:
     except nats.js.errors.KeyNotFoundError:
         entry = None
     if entry is None or not entry.value:
-        try:
-            known = ", ".join(sorted(unescape_token(key) for key in await kv.keys()))
-        except nats.js.errors.NoKeysError:
-            known = ""
+        known = ", ".join(sorted(unescape_token(key) for key in await bucket_keys(kv)))
         raise LookupError(f"no node named {node!r} (nodes: {known or 'none'})")
     return NodeInfo.model_validate_json(entry.value)
 

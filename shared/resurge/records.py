@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from resurge.events import JobPhase, RecoveryLevel
 from resurge.jobspec import TrainingJob
+from resurge.kv_keys import bucket_keys
 from resurge.subjects import escape_token, unescape_token
 
 __all__ = [
@@ -225,12 +226,8 @@ class JobStore:
         return escape_token(name)
 
     async def all(self) -> list[JobRecord]:
-        try:
-            keys = await self.kv.keys()
-        except nats.js.errors.NoKeysError:
-            return []
         records = []
-        for key in keys:
+        for key in await bucket_keys(self.kv):
             found = await self.get(unescape_token(key))
             if found is not None:
                 records.append(found[0])

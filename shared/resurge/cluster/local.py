@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from resurge.bus import Bus
 from resurge.cluster.protocol import NodeInfo, WorkerGroupSpec
+from resurge.kv_keys import bucket_keys
 from resurge.subjects import escape_token
 
 __all__ = ["NODE_TIMEOUT_SECONDS", "Cordon", "LocalBackend", "worker_group_key"]
@@ -48,12 +49,8 @@ async def _bucket(bus: Bus, name: str) -> KeyValue:
 
 
 async def _values(kv: KeyValue) -> list[bytes]:
-    try:
-        keys = await kv.keys()
-    except nats.js.errors.NoKeysError:
-        return []
     values = []
-    for key in keys:
+    for key in await bucket_keys(kv):
         try:
             entry = await kv.get(key)
         except nats.js.errors.KeyNotFoundError:
@@ -86,6 +83,7 @@ class LocalBackend:
             if node.name in cordons:
                 node.cordoned = True
                 node.healthy = False
+                node.cordon_reason = cordons[node.name].reason
         return nodes
 
     async def live_nodes(self) -> list[NodeInfo]:

@@ -25,6 +25,7 @@ class NodeInfo(BaseModel):
     slots: int = Field(ge=0, description="GPUs (or simulated GPUs) a worker group can use.")
     healthy: bool = Field(default=True, description="False when the node should get no work.")
     cordoned: bool = Field(default=False, description="True when no new work may be placed.")
+    cordon_reason: str = Field(default="", description="Why it was cordoned, in words.")
     address: str = Field(default="127.0.0.1", description="Address workers on it are reached at.")
     labels: dict[str, str] = Field(default_factory=dict, description="Node labels.")
     heartbeat: datetime = Field(
