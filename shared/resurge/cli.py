@@ -88,6 +88,20 @@ def _parser() -> argparse.ArgumentParser:
         "demo",
         help="the whole story: up, a DDP job, a worker killed and recovered, a summary, down",
     )
+    node = commands.add_parser(
+        "node",
+        help="list nodes, cordon or uncordon one",
+        description="Nodes of the cluster: their slots, health and cordons. A cordoned "
+        "node gets no new work; resurge cordons a node after a fatal GPU fault.",
+    )
+    node_commands = node.add_subparsers(dest="node_command", required=True)
+    node_list = node_commands.add_parser(
+        "list", help="every node: slots, free slots, health, cordon and why, jobs on it"
+    )
+    node_list.add_argument("--json", action="store_true", help="print JSON")
+    for verb, what in (("cordon", "give it no new work"), ("uncordon", "let it take work again")):
+        change = node_commands.add_parser(verb, help=f"{verb} a node: {what}")
+        change.add_argument("name", help="node name, as `resurge node list` shows it")
     schema = commands.add_parser("schema", help="write the JSON Schema of every event kind")
     schema.add_argument(
         "--out",

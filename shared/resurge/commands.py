@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from resurge.bus import Bus
 from resurge.client import (
     connected,
     delete_job,
@@ -18,6 +19,8 @@ from resurge.client import (
     submit_job,
     watch_events,
 )
+from resurge.cluster.local import LocalBackend
+from resurge.cluster.nodes import node_views, set_cordon
 from resurge.events import Event
 from resurge.jobspec import JobSpecError, load_job
 from resurge.settings import Settings
@@ -44,6 +47,33 @@ def _say(views: list[dict[str, object]], as_json: bool, one: bool) -> None:
             f"{view['name']:<24} {view['phase']:<11} gen={view['generation']} "
             f"restarts={{{counts}}}{recovered} {view['message']}"
         )
+
+
+async def _node(bus: Bus, args: argparse.Namespace) -> int:
+    backend = await LocalBackend.open(bus)
+    if args.node_command == "list":
+        views = await node_views(backend)
+        if args.json:
+            print(json.dumps(views, indent=2))
+            return 0
+        if not views:
+            print("no nodes")
+        for v in views:
+            state = "cordoned" if v["cordoned"] else "ready" if v["healthy"] else "unhealthy"
+            if not v["reporting"]:
+                state = "not reporting"
+            why = f" ({v['cordonReason']})" if v["cordonReason"] else ""
+            jobs = v["jobs"]
+            names = ",".join(jobs) if isinstance(jobs, list) and jobs else "-"
+            print(f"{v['name']:<16} {v['free']}/{v['slots']} free  {state}{why}  jobs: {names}")
+        return 0
+    try:
+        await set_cordon(bus, backend, args.name, cordoned=args.node_command == "cordon")
+    except LookupError as error:
+        print(f"resurge node {args.node_command}: {error}", file=sys.stderr)
+        return 1
+    print(f"node {args.name} {args.node_command}ed")
+    return 0
 
 
 async def run_command(args: argparse.Namespace, settings: Settings, *, local: bool) -> int:
@@ -87,6 +117,8 @@ async def run_command(args: argparse.Namespace, settings: Settings, *, local: bo
                 print(f"resurge inject: {error}", file=sys.stderr)
                 return 1
             print(f"injected {args.fault} into rank {args.rank} of {args.job} ({where})")
+        elif command == "node":
+            return await _node(bus, args)
         elif command == "events":
 
             async def show(event: Event, subject: str) -> None:

@@ -10,6 +10,8 @@ from resurge_scaler.admission import (
     place,
     start,
     update_live,
+    wait_reason,
+    why_waiting,
 )
 
 
@@ -127,3 +129,31 @@ def test_resubmitting_a_running_job_updates_only_its_monitoring() -> None:
     assert record.spec.spec.monitoring.heartbeat_timeout_seconds == 30
     assert record.spec.spec.command == ["x"]
     assert not update_live(record, changed)
+
+
+def test_a_waiting_job_says_which_nodes_are_cordoned_avoided_or_too_small() -> None:
+    cluster = nodes(2, 2, 2)
+    cluster[0].cordoned, cluster[0].cordon_reason = True, "gpu_xid_79 (xid:node-0:79)"
+    cluster[2].healthy = False
+    why = why_waiting(job(replicas=2), cluster, {"n1": 1}, avoid=["n0"])
+    assert why.startswith("waiting for capacity: needs 2 node(s) with 2 free slot(s)")
+    assert "n0 avoided by this job" in why
+    assert "n1 has 1 of 2 slot(s) free" in why and "n2 unhealthy" in why
+    why = why_waiting(job(replicas=2), cluster, {})
+    assert "n0 cordoned: gpu_xid_79 (xid:node-0:79) (`resurge node uncordon n0`)" in why
+    assert "no node is reporting" in why_waiting(job(), [], {})
+
+
+def test_the_wait_reason_keeps_what_a_requeue_said_and_changes_only_when_new() -> None:
+    record = new_record(job(), None)
+    assert wait_reason(record, "waiting for capacity: n0 cordoned")
+    assert record.message == "waiting for capacity: n0 cordoned"
+    assert not wait_reason(record, "waiting for capacity: n0 cordoned")
+    record.message = "gpu_xid_79 on n0: no node to move to"
+    assert wait_reason(record, "waiting for capacity: n1 full")
+    assert wait_reason(record, "waiting for capacity: n1 has 0 of 2 slot(s) free")
+    assert record.message == (
+        "gpu_xid_79 on n0: no node to move to | waiting for capacity: n1 has 0 of 2 slot(s) free"
+    )
+    record.phase = JobPhase.RUNNING
+    assert not wait_reason(record, "anything")

@@ -25,6 +25,8 @@ __all__ = [
     "place",
     "start",
     "update_live",
+    "wait_reason",
+    "why_waiting",
 ]
 
 
@@ -86,6 +88,51 @@ def place(
     for name in spares:
         used[name] = used.get(name, 0) + nproc
     return placements, spares
+
+
+def why_waiting(
+    job: TrainingJob,
+    nodes: list[NodeInfo],
+    used: dict[str, int],
+    avoid: list[str] | tuple[str, ...] = (),
+) -> str:
+    """Why ``job`` does not fit now, node by node, in words (for a Pending job's status)."""
+    nproc = job.spec.nproc_per_node
+    needs = f"needs {job.spec.replicas.min} node(s) with {nproc} free slot(s)"
+    if job.spec.recovery.spares:
+        needs += f" and {job.spec.recovery.spares} spare(s)"
+    notes = []
+    for node in sorted(nodes, key=lambda n: n.name):
+        free = node.slots - used.get(node.name, 0)
+        if node.name in avoid:
+            notes.append(
+                f"{node.name} avoided by this job: it faulted there "
+                f"(`resurge node uncordon {node.name}` once it is fit)"
+            )
+        elif node.cordoned:
+            why = f": {node.cordon_reason}" if node.cordon_reason else ""
+            notes.append(f"{node.name} cordoned{why} (`resurge node uncordon {node.name}`)")
+        elif not node.healthy:
+            notes.append(f"{node.name} unhealthy")
+        elif free < nproc:
+            notes.append(f"{node.name} has {max(free, 0)} of {node.slots} slot(s) free")
+    if not nodes:
+        notes.append("no node is reporting")
+    return f"waiting for capacity: {needs}; " + "; ".join(notes)
+
+
+def wait_reason(record: JobRecord, reason: str) -> bool:
+    """Say why a Pending job waits, keeping what an earlier step said (a requeue's why)."""
+    if record.phase is not JobPhase.PENDING:
+        return False
+    head = record.message.split(" | ")[0] if " | " in record.message else record.message
+    if head.startswith("waiting for capacity"):
+        head = ""
+    message = f"{head} | {reason}" if head else reason
+    if message == record.message:
+        return False
+    record.message = message
+    return True
 
 
 def start(record: JobRecord, placements: list[Placement], spares: list[str] | None = None) -> bool:

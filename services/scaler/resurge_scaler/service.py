@@ -34,6 +34,8 @@ from resurge_scaler.admission import (
     place,
     start,
     update_live,
+    wait_reason,
+    why_waiting,
 )
 
 __all__ = ["setup"]
@@ -59,8 +61,11 @@ async def setup(ctx: ServiceContext) -> None:
                     for node in held.spare_nodes:
                         used[node] = used.get(node, 0) + held.spec.spec.nproc_per_node
             for record in pending:
+                snapshot = dict(used)
                 fit = place(record.spec, nodes, used, record.avoid_nodes)
                 if fit is None:
+                    why = why_waiting(record.spec, nodes, snapshot, record.avoid_nodes)
+                    await store.mutate(record.name, partial(wait_reason, reason=why))
                     continue
                 placements, spares = fit
                 result = await store.mutate(

@@ -3,7 +3,9 @@
 :class:`Supervisor` starts an embedded nats-server (unless given a URL), the three
 control-plane services and one node monitor per virtual node, each as a child process
 with its output in ``<state_dir>/logs/<name>.log``. It is ready once every node has
-registered and every service has bound its consumers. Like a Deployment, it starts
+registered and every service has bound its consumers. Before any service starts, the
+jobs of an earlier run of the cluster go back to Pending (:mod:`resurge.local.restore`),
+to resume from their checkpoints. Like a Deployment, it starts
 again any child that dies, and says so in its log. ``python -m
 resurge.local.supervisor`` is what ``resurge up`` runs in the background.
 """
@@ -26,6 +28,7 @@ import nats.js.errors
 from resurge.bus import Bus
 from resurge.cluster.local import LocalBackend
 from resurge.local.nats_server import NatsServer
+from resurge.local.restore import restore
 from resurge.local.state import ClusterState, StateLock
 from resurge.logs import configure_logging
 from resurge.settings import Settings
@@ -99,6 +102,7 @@ class Supervisor:
         if self.nats_url is None:
             self.server = NatsServer(self.state_dir / "nats", port=self.nats_port).start()
             self.nats_url = self.server.url
+        asyncio.run(self._restore())
         python = sys.executable
         for name, args in SERVICES.items():
             self.children[name] = _Child(name, [python, *args])
@@ -126,6 +130,17 @@ class Supervisor:
                 cwd=self.cwd,
                 start_new_session=True,
             )
+
+    async def _restore(self) -> None:
+        """Before any service runs: jobs of an earlier run go back to Pending."""
+        assert self.nats_url is not None
+        bus = await Bus.connect(Settings(nats_url=self.nats_url, namespace=self.namespace),
+                                "supervisor")  # fmt: skip
+        try:
+            await bus.ensure_streams()
+            await restore(bus)
+        finally:
+            await bus.close()
 
     async def _wait_ready(self, wait_seconds: float) -> None:
         assert self.nats_url is not None
