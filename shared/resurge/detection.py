@@ -20,6 +20,12 @@ returns the detector. The detector service calls ``observe`` and ``tick`` from o
 thread, so a detector needs no locks; both must return quickly (bound the work per
 event). Context objects may gain fields: read them by name.
 
+A detector whose state must survive a restart of the detector service (a count that
+no later event could rebuild) also implements :class:`DurableState`: the service
+stores what ``state_changes`` returns in its JetStream KV bucket before it acks the
+raw events that caused it, and hands every stored entry of the jobs it judges to
+``restore_state`` before it reads any raw event. Detectors without it are unchanged.
+
 Detectors in other languages need none of this: subscribe to
 ``resurge.v1.raw.>`` and publish ``fault_detected`` events (see docs/detectors.md).
 """
@@ -39,6 +45,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Detector",
     "DetectorContext",
+    "DurableState",
     "UnknownDetectorError",
     "available_detectors",
     "load_detectors",
@@ -112,6 +119,24 @@ class Detector(Protocol):
     def observe(self, event: Any, ctx: DetectorContext) -> Iterable[Envelope]: ...
 
     def tick(self, ctx: DetectorContext) -> Iterable[Envelope]: ...
+
+
+@runtime_checkable
+class DurableState(Protocol):
+    """Optional: a detector's state that the service keeps where a restart finds it.
+
+    State is a set of entries ``(job, key) -> bytes``; ``key`` is a short name of the
+    detector's choosing (letters, digits, ``-``, ``_``). An entry lives until the
+    detector deletes it, or for at most 7 days after its last write.
+    """
+
+    def state_changes(self) -> Mapping[tuple[str, str], bytes | None]:
+        """Entries changed since the last call: the new value, or None to delete it."""
+        ...
+
+    def restore_state(self, job: str, key: str, value: bytes) -> None:
+        """One stored entry, given back at start, before any event."""
+        ...
 
 
 class UnknownDetectorError(LookupError):

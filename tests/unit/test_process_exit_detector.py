@@ -1,7 +1,29 @@
-from resurge.events import FaultDetected, ProcessExited, RecoveryLevel, ReplicaFinished, Source
+from datetime import UTC, datetime
+
+from resurge.detection import DetectorContext
+from resurge.events import (
+    FaultDetected,
+    JobPhase,
+    ProcessExited,
+    RecoveryLevel,
+    ReplicaFinished,
+    Source,
+)
+from resurge.jobspec import parse_job
+from resurge.records import JobRecord, Placement
 from resurge_detector.process_exit import ProcessExitDetector
 
 SOURCE = Source(service="detector", instance="here:1")
+
+
+def record(generation: int, phase: JobPhase = JobPhase.RUNNING) -> JobRecord:
+    spec = parse_job({"metadata": {"name": "j"}, "spec": {"command": ["x"], "nprocPerNode": 2}})
+    return JobRecord(name="j", spec=spec, phase=phase, generation=generation,
+                     placements=[Placement(replica=0, node="n")])  # fmt: skip
+
+
+def ctx(job: JobRecord) -> DetectorContext:
+    return DetectorContext(now=datetime(2026, 1, 1, tzinfo=UTC), source=SOURCE, jobs={"j": job})
 
 
 def exited(
@@ -68,3 +90,42 @@ def test_older_generation_success_does_not_finish_a_newer_one() -> None:
     assert detector.observe(exited(1, 0, generation=0)) == []
     [done] = detector.observe(exited(1, 0, generation=1))
     assert done.generation == 1
+
+
+def test_a_restarted_detector_given_the_stored_state_still_finishes_the_replica() -> None:
+    before = ProcessExitDetector(SOURCE)
+    assert before.observe(exited(0, 0, generation=2)) == []
+    stored = dict(before.state_changes())
+    assert list(stored) == [("j", "r0")] and stored[("j", "r0")] is not None
+    assert before.state_changes() == {}  # only what changed since the last call
+    after = ProcessExitDetector(SOURCE)  # the service restarted: its memory is gone
+    for (job, key), value in stored.items():
+        assert value is not None
+        after.restore_state(job, key, value)
+    [done] = after.observe(exited(1, 0, generation=2))
+    assert isinstance(done, ReplicaFinished) and (done.replica, done.generation) == (0, 2)
+    assert after.state_changes() == {("j", "r0"): None}  # finished: the entry is deleted
+
+
+def test_a_redelivered_finishing_exit_concludes_again_with_the_same_id() -> None:
+    detector = ProcessExitDetector(SOURCE)
+    detector.observe(exited(0, 0))
+    last = exited(1, 0)
+    [first] = detector.observe(last)
+    [again] = detector.observe(last)  # e.g. publishing it failed and the batch came again
+    assert first.id == again.id
+    assert detector.observe(exited(1, 0)) == []  # another event of an exit already counted
+
+
+def test_state_of_a_finished_job_or_an_older_generation_is_dropped() -> None:
+    detector = ProcessExitDetector(SOURCE)
+    running = record(generation=1)
+    assert detector.observe(exited(0, 0, generation=0), ctx(running)) == []  # older: ignored
+    assert detector.state_changes() == {}
+    detector.observe(exited(0, 0, generation=1), ctx(running))
+    assert detector.state_changes() != {}
+    detector.tick(ctx(running))
+    assert detector.state_changes() == {}
+    over = record(generation=1, phase=JobPhase.FAILED)
+    detector.tick(ctx(over))
+    assert detector.state_changes() == {("j", "r0"): None}

@@ -6,9 +6,24 @@
 
 Outputs carry ids derived from the input event's id, so a redelivered input yields
 events JetStream de-duplicates.
+
+Which workers of a replica have exited 0 is durable state (:class:`DurableState`): the
+workers of a replica rarely exit together, and a detector restarted between their exits
+would otherwise wait forever for exits it already consumed, and the job would never
+end. The service keeps the entry ``(job, "r<replica>")`` (JSON: generation, local
+ranks) in its own KV bucket, written before the raw events are acked, and gives it
+back at start. Not derived from the job record: the record says which replicas
+finished, not which of a replica's workers did, and the restarter and scaler own it.
+An entry is deleted when its replica finishes, and when its job's record says the
+job is over; a newer generation replaces it. Exits of a generation older than the
+job record's are ignored.
 """
 
 from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from resurge.detection import DetectorContext
 from resurge.events import (
@@ -24,7 +39,20 @@ from resurge.events import (
 
 __all__ = ["ProcessExitDetector"]
 
-_Key = tuple[str, int, int]  # job, replica, generation
+_Key = tuple[str, int]  # job, replica
+
+
+@dataclass
+class _Replica:
+    """The workers of one replica that exited 0 in its newest generation seen."""
+
+    generation: int
+    succeeded: set[int] = field(default_factory=set)
+    finished_by: str | None = None  # the id of the exit that completed it
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_by is not None
 
 
 class ProcessExitDetector:
@@ -33,8 +61,8 @@ class ProcessExitDetector:
 
     def __init__(self, source: Source | None = None) -> None:
         self.source = source or Source(service="detector", instance="-")
-        self._succeeded: dict[_Key, set[int]] = {}
-        self._newest: dict[tuple[str, int], int] = {}
+        self._replicas: dict[_Key, _Replica] = {}
+        self._changed: set[_Key] = set()
 
     def observe(self, event: ProcessExited, ctx: DetectorContext | None = None) -> list[Envelope]:
         if ctx is not None:
@@ -50,36 +78,74 @@ class ProcessExitDetector:
             return []
         if not event.succeeded:
             return [self._fault(event)]
+        record = None if ctx is None else ctx.job(event.job)
+        if record is not None and event.generation < record.generation:
+            return []
         return self._success(event, event.job, event.replica, event.generation)
 
     def tick(self, ctx: DetectorContext) -> list[Envelope]:
+        for key in list(self._replicas):
+            record = ctx.job(key[0])
+            if record is not None and record.phase.finished:
+                del self._replicas[key]
+                self._changed.add(key)
         return []
+
+    # -- durable state ------------------------------------------------------------------
+
+    def state_changes(self) -> Mapping[tuple[str, str], bytes | None]:
+        changes: dict[tuple[str, str], bytes | None] = {}
+        for job, replica in self._changed:
+            state = self._replicas.get((job, replica))
+            value = None
+            if state is not None and not state.finished:
+                body = {"generation": state.generation, "succeeded": sorted(state.succeeded)}
+                value = json.dumps(body).encode()
+            changes[(job, f"r{replica}")] = value
+        self._changed.clear()
+        return changes
+
+    def restore_state(self, job: str, key: str, value: bytes) -> None:
+        body = json.loads(value)
+        replica = int(key.removeprefix("r"))
+        known = self._replicas.get((job, replica))
+        if known is None or known.generation <= body["generation"]:
+            self._replicas[(job, replica)] = _Replica(
+                generation=int(body["generation"]), succeeded={int(r) for r in body["succeeded"]}
+            )
+
+    # -- conclusions --------------------------------------------------------------------
 
     def _success(
         self, event: ProcessExited, job: str, replica: int, generation: int
     ) -> list[Envelope]:
-        newest = self._newest.get((job, replica), -1)
-        if generation < newest:
+        state = self._replicas.get((job, replica))
+        if state is not None and generation < state.generation:
             return []
-        if generation > newest:
-            self._newest[(job, replica)] = generation
-            self._succeeded.pop((job, replica, newest), None)
-        done = self._succeeded.setdefault((job, replica, generation), set())
-        if event.local_rank in done:
+        if state is None or generation > state.generation:
+            state = self._replicas[(job, replica)] = _Replica(generation)
+        if state.finished_by == event.id:  # redelivered, its conclusion maybe unpublished
+            return [self._finished(event, job, replica, generation)]
+        if state.finished or event.local_rank in state.succeeded:
             return []
-        done.add(event.local_rank)
-        if len(done) < event.local_world_size:
+        state.succeeded.add(event.local_rank)
+        self._changed.add((job, replica))
+        if len(state.succeeded) < event.local_world_size:
             return []
-        return [
-            ReplicaFinished(
-                id=f"finished-{event.id}",
-                source=self.source,
-                job=job,
-                replica=replica,
-                node=event.node,
-                generation=generation,
-            )
-        ]
+        state.finished_by = event.id
+        return [self._finished(event, job, replica, generation)]
+
+    def _finished(
+        self, event: ProcessExited, job: str, replica: int, generation: int
+    ) -> ReplicaFinished:
+        return ReplicaFinished(
+            id=f"finished-{event.id}",
+            source=self.source,
+            job=job,
+            replica=replica,
+            node=event.node,
+            generation=generation,
+        )
 
     def _fault(self, event: ProcessExited) -> FaultDetected:
         killed = event.signal is not None

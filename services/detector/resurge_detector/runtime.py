@@ -10,6 +10,11 @@ whose name hashes (BLAKE2b, stable across processes) to ``index`` modulo ``repli
 so each job, and each of its ranks, is judged by exactly one replica. Node-level
 events go to every replica (each judges them for its own jobs); node capacity is
 published by replica 0 only.
+
+Durable state (detectors that implement :class:`~resurge.detection.DurableState`):
+:meth:`DetectorRuntime.state_changes` collects what changed as
+``(detector, job, key) -> value or None``, and :meth:`DetectorRuntime.restore_state`
+hands a stored entry back to its detector when this replica judges the job.
 """
 
 from __future__ import annotations
@@ -21,13 +26,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from resurge.detection import Detector, DetectorContext
+from resurge.detection import Detector, DetectorContext, DurableState
 from resurge.events import CapacityChanged, Envelope, Source
 from resurge.logs import RateLimitedLog
 from resurge.records import JobRecord
 from resurge.subjects import NODE_LEVEL_JOB
 
-__all__ = ["DetectorRuntime", "Partition"]
+__all__ = ["DetectorRuntime", "Partition", "StateKey"]
+
+StateKey = tuple[str, str, str]  # detector, job, key
 
 log = logging.getLogger("resurge.detector")
 
@@ -101,6 +108,29 @@ class DetectorRuntime:
             except Exception as error:
                 self._failed(detector, error)
         return self._keep(out)
+
+    def state_changes(self) -> dict[StateKey, bytes | None]:
+        """What the durable detectors changed since the last call (None: delete)."""
+        changes: dict[StateKey, bytes | None] = {}
+        for detector in self.detectors:
+            if isinstance(detector, DurableState):
+                for (job, key), value in detector.state_changes().items():
+                    changes[(detector.name, job, key)] = value
+        return changes
+
+    def restore_state(self, detector_name: str, job: str, key: str, value: bytes) -> bool:
+        """Give a stored entry back to its detector; False when no detector here takes it."""
+        if not self.partition.owns(job):
+            return False
+        for detector in self.detectors:
+            if detector.name == detector_name and isinstance(detector, DurableState):
+                try:
+                    detector.restore_state(job, key, value)
+                except Exception as error:
+                    self._failed(detector, error)
+                    return False
+                return True
+        return False
 
     def _failed(self, detector: Detector, error: Exception) -> None:
         self.failures[detector.name] += 1

@@ -6,6 +6,14 @@ job spec (log rules, timeouts) takes effect on the next event; a tick every
 ``RESURGE_DETECTOR_TICK_SECONDS`` lets detectors judge silences and windows. The
 detectors come from the entry-point group ``resurge.detectors`` (``RESURGE_DETECTORS``:
 ``all`` or a comma-separated list).
+
+Durable detector state lives in the KV bucket ``<namespace>_detector_state``, which this
+service owns (keys ``<detector>.<job>.<key>``, each part escaped as one subject token;
+entries expire 7 days after their last write). At start, before its consumer reads a
+raw event, the service gives the entries of the jobs it judges back to their detectors;
+after each batch of raw events (and each tick) it publishes what the detectors
+concluded, then writes what their state changed, and only then acks the batch, so a
+restart or a failed write redelivers the batch rather than losing a change.
 """
 
 from __future__ import annotations
@@ -14,6 +22,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
+import nats.js.errors
+from nats.js.api import KeyValueConfig
+from nats.js.kv import KeyValue
 from prometheus_client import Counter
 from pydantic import Field
 
@@ -22,10 +33,18 @@ from resurge.events import CapacityChanged, Envelope, Event, FaultDetected, Repl
 from resurge.records import JobRecord
 from resurge.service import ServiceContext
 from resurge.settings import Settings
-from resurge.subjects import RAW_KIND_TOKEN, unescape_token
-from resurge_detector.runtime import DetectorRuntime, Partition
+from resurge.subjects import RAW_KIND_TOKEN, escape_token, unescape_token
+from resurge_detector.runtime import DetectorRuntime, Partition, StateKey
 
-__all__ = ["DetectorSettings", "make_setup"]
+__all__ = ["STATE_BUCKET", "DetectorSettings", "make_setup", "state_entry_key"]
+
+STATE_BUCKET = "detector_state"
+_STATE_MAX_AGE_SECONDS = 7 * 24 * 3600.0
+
+
+def state_entry_key(detector: str, job: str, key: str) -> str:
+    """The KV key of one durable state entry."""
+    return ".".join(escape_token(part) for part in (detector, job, key))
 
 
 class DetectorSettings(Settings):
@@ -74,6 +93,29 @@ def make_setup(settings: DetectorSettings) -> Callable[[ServiceContext], Awaitab
                 elif isinstance(event, CapacityChanged) and event.node is not None:
                     await bus.publish(bus.subjects.capacity(event.node), event)
 
+        state = await bus.js.create_key_value(
+            KeyValueConfig(
+                bucket=bus.subjects.kv_bucket(STATE_BUCKET),
+                history=1,
+                ttl=_STATE_MAX_AGE_SECONDS,
+            )
+        )
+        restored = await _restore(state, runtime)
+        if restored:
+            ctx.log.info("restored %d detector state entries", restored)
+        unsaved: dict[StateKey, bytes | None] = {}
+
+        async def save_state() -> None:
+            """Write what the detectors' state changed; what fails is retried next time."""
+            unsaved.update(runtime.state_changes())
+            for where, value in list(unsaved.items()):
+                key = state_entry_key(*where)
+                if value is None:
+                    await state.delete(key)
+                else:
+                    await state.put(key, value)
+                del unsaved[where]
+
         kv = await bus.jobs_bucket()
         watcher = await kv.watch(">")
 
@@ -91,11 +133,16 @@ def make_setup(settings: DetectorSettings) -> Callable[[ServiceContext], Awaitab
             while True:
                 await asyncio.sleep(settings.detector_tick_seconds)
                 await publish(runtime.tick(datetime.now(UTC)))
+                try:
+                    await save_state()
+                except Exception as error:  # the next batch or tick tries again
+                    ctx.log.warning("could not save detector state: %r", error)
 
         async def on_raw(events: list[Event]) -> None:
             now = datetime.now(UTC)
             seen.inc(len(events))
             await publish(runtime.observe_all(events, now))
+            await save_state()  # before the batch is acked: a failure redelivers it
 
         ctx.spawn(follow_jobs())
         ctx.spawn(tick())
@@ -108,3 +155,24 @@ def make_setup(settings: DetectorSettings) -> Callable[[ServiceContext], Awaitab
         )
 
     return setup
+
+
+async def _restore(state: KeyValue, runtime: DetectorRuntime) -> int:
+    """Hand every stored entry of the jobs this replica judges back to its detector."""
+    try:
+        keys = await state.keys()
+    except nats.js.errors.NoKeysError:
+        return 0
+    restored = 0
+    for name in keys:
+        parts = name.split(".")
+        if len(parts) != 3:
+            continue
+        try:
+            entry = await state.get(name)
+        except nats.js.errors.KeyNotFoundError:  # deleted or expired meanwhile
+            continue
+        if entry.value:
+            detector, job, key = (unescape_token(part) for part in parts)
+            restored += runtime.restore_state(detector, job, key, entry.value)
+    return restored
