@@ -1,12 +1,14 @@
 """Detectors with real workers on the local cluster: hangs, log rules, stragglers, XIDs.
 
 Workers are real processes (tests/e2e/workers/progress_worker.py, no torch) that report
-progress through resurge.worker; faults are injected with `resurge inject`'s commands.
+progress through resurge.worker, or the DDP example (torch, gloo); faults are injected
+with `resurge inject`'s commands.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +16,10 @@ import pytest
 
 from resurge.bus import Bus
 from resurge.client import inject_fault, inject_xid
-from resurge.events import Assign, JobPhase, Progress, RecoveryFinished
+from resurge.demo import demo_job, final_step, total_steps
+from resurge.events import Assign, JobPhase, ProcessStateChanged, Progress, RecoveryFinished
 from resurge.jobspec import TrainingJob, parse_job
+from resurge.jobspec.monitoring import STOPPED_RANK_SECONDS, MonitoringSpec
 from resurge.local.story import Observed, Watch, run_job
 
 WORKER = str(Path(__file__).parent / "workers" / "progress_worker.py")
@@ -70,6 +74,33 @@ async def test_a_stopped_worker_is_a_hang_detected_within_its_timeout(
     waited = (fault.time - last).total_seconds()
     assert timeout < waited <= timeout + 0.5, waited
     assert len(result.events(RecoveryFinished)) == 1
+
+
+async def test_a_stopped_ddp_rank_under_default_monitoring_is_blamed_in_seconds_and_trains_again(
+    nats_url: str, namespace: str, tmp_path: Path
+) -> None:
+    spec = demo_job(tmp_path)  # examples/ddp/job.yaml: 2 replicas x 2 ranks, steps of ~0.05 s
+    assert spec.spec.monitoring == MonitoringSpec()  # default monitoring
+    stopped_at: list[float] = []
+
+    async def stop_rank_1(bus: Bus, watch: Watch) -> None:
+        await watch.wait_for(progressed(0, 1, 15), 120)  # past the checkpoint of step 10
+        stopped_at.append(time.time())  # no later than the SIGSTOP itself
+        await inject_fault(bus, spec.name, 1, "hang")  # SIGSTOP: alive, silent, no exit
+
+    result = await run_job(spec, state_dir=tmp_path, nats_url=nats_url, namespace=namespace,
+                           nodes=2, gpus_per_node=2, wait_seconds=180,
+                           during=stop_rank_1)  # fmt: skip
+    states = [o.event for o in result.observed if isinstance(o.event, ProcessStateChanged)]
+    assert any(s.rank == 1 and s.stopped for s in states), "the agent reported no stopped rank"
+    [fault] = result.faults  # one fault: the peers waiting on rank 1 are not faults of their own
+    assert (fault.reason, fault.rank, fault.generation) == ("hang", 1, 0), fault
+    assert fault.evidence["blamed"] == "stopped"
+    waited = fault.time.timestamp() - stopped_at[0]
+    assert STOPPED_RANK_SECONDS <= waited <= STOPPED_RANK_SECONDS + 3, waited
+    assert progressed(1, 0, 1)(result.observed)  # the next generation trains
+    assert result.phase is JobPhase.SUCCEEDED
+    assert final_step(result) == total_steps(spec)
 
 
 async def test_log_rules_restart_alert_and_count_metric_points(
@@ -149,5 +180,5 @@ async def test_an_injected_fatal_xid_is_a_node_scoped_fault_and_recovered(
     (recovered,) = result.events(RecoveryFinished)
     assert recovered.level.value == "node"  # type: ignore[union-attr]
     moved = [a for a in result.events(Assign) if a.generation == 1]
-    assert [a.node for a in moved] == [good]  # type: ignore[union-attr]
+    assert [a.node for a in moved] == [good]
     assert result.phase is JobPhase.SUCCEEDED
