@@ -24,7 +24,8 @@ JOB = "state.job"  # a dot: job names are escaped in subjects and state keys
 
 def start_detector(settings: Settings) -> subprocess.Popen[bytes]:
     env = {**os.environ, "RESURGE_NATS_URL": settings.nats_url,
-           "RESURGE_NAMESPACE": settings.namespace, "RESURGE_DETECTORS": "process_exit"}  # fmt: skip
+           "RESURGE_NAMESPACE": settings.namespace,
+           "RESURGE_DETECTORS": "process_exit"}  # fmt: skip
     return subprocess.Popen([sys.executable, "-m", "resurge_detector"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
 
