@@ -11,17 +11,23 @@ first completed step of the next generation:
       any restart that recreates agents or pods (bench/recovery_baselines.py);
   (e) resurge in-process restart: an exception raised in a worker's training function
       (``resurge inject exception``), recovery.levels [in_process]: no process exits;
-  (f) the same exception with recovery.levels [process]: a fork-server process restart.
+  (f) the same exception with recovery.levels [process]: a fork-server process restart;
+  (g) resurge with the job's default recovery policy (every level, default backoff):
+      independent kills of rotating ranks, each after the job trained again, as a long
+      job meets them; each must stay a process restart with no backoff, as fast as (a);
+  (h) a SIGSTOPped worker (``resurge inject hang``) under a log rule that expects a
+      step line every 3 s, default policy: timed from the stop; the goal is the rule's
+      3 s plus at most 1.5 s (a stopped worker is killed at once, not after a grace).
 
-(a) to (d) SIGKILL the worker and are timed from the kill (the moment its agent saw the
-worker die); (e) and (f) are timed from the moment the agent received the worker's
+(a) to (d) and (g) SIGKILL the worker and are timed from the kill (the moment its agent
+saw the worker die); (e) and (f) are timed from the moment the agent received the worker's
 exception report (the fault's ``reported_at``). Each resurge variant allows one
 recovery level and no backoff, so every recovery is at that level and the mechanism is
 measured, not the ladder's escalation or crash-loop delays.
 
 Prints the medians and each one as a ratio to (a), measured in the same run.
 
-    .venv/bin/python bench/recovery.py [--kills 5] [--skip-baselines] [--only a,e,f]
+    .venv/bin/python bench/recovery.py [--kills 5] [--skip-baselines] [--only a,g,h]
 """
 
 from __future__ import annotations
@@ -31,22 +37,30 @@ import asyncio
 import statistics
 import sys
 import tempfile
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 from resurge.bus import Bus
 from resurge.client import inject_fault
 from resurge.events import FaultDetected, Progress, RecoveryLevel
-from resurge.jobspec import BackoffSpec, EnvVar, TrainingJob, load_job
+from resurge.jobspec import BackoffSpec, EnvVar, LogRule, TrainingJob, load_job
 from resurge.local.story import Observed, StoryResult, Watch, run_job
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS_BEFORE_KILL = 12
 
 
+HANG_RULE_SECONDS = 3.0
+
+
 def bench_job(
-    kills: int, fork_server: bool, checkpoints: Path, level: RecoveryLevel = RecoveryLevel.PROCESS
+    kills: int,
+    fork_server: bool,
+    checkpoints: Path,
+    level: RecoveryLevel | None = RecoveryLevel.PROCESS,
+    hang_rule: bool = False,
 ) -> TrainingJob:
+    """The DDP example; ``level`` None keeps the job's default recovery policy."""
     job = load_job(REPO / "examples" / "ddp" / "job.yaml")
     steps = 20 + kills * (STEPS_BEFORE_KILL + 10) + 10
     command = [
@@ -54,27 +68,37 @@ def bench_job(
         "--step-seconds", "0.02",
     ]  # fmt: skip
     env = [*job.spec.env, EnvVar(name="RESURGE_CHECKPOINT_DIR", value=str(checkpoints))]
+    recovery = job.spec.recovery
+    if level is not None:
+        recovery = recovery.model_copy(
+            update={
+                "max_restarts": kills + 1,
+                "levels": [level],
+                "backoff": BackoffSpec(initial_seconds=0.0, max_seconds=0.0),
+            }
+        )
+    monitoring = job.spec.monitoring
+    if hang_rule:
+        rule = LogRule(name="steps", log_pattern=r"^step \d+ loss",
+                       expected_recurring_frequency_in_seconds=HANG_RULE_SECONDS)  # fmt: skip
+        monitoring = monitoring.model_copy(update={"log_rules": [rule]})
     spec = job.spec.model_copy(
         update={
             "command": command,
             "env": env,
             "working_dir": str(REPO),
             "fork_server": fork_server,
-            "recovery": job.spec.recovery.model_copy(
-                update={
-                    "max_restarts": kills + 1,
-                    "levels": [level],
-                    "backoff": BackoffSpec(initial_seconds=0.0, max_seconds=0.0),
-                }
-            ),
+            "recovery": recovery,
+            "monitoring": monitoring,
         }
     )
     return job.model_copy(update={"spec": spec})
 
 
 async def break_repeatedly(
-    bus: Bus, watch: Watch, job: str, kills: int, fault: str = "crash"
-) -> None:
+    bus: Bus, watch: Watch, job: str, kills: int, fault: str = "crash",
+    broken_at: list[datetime] | None = None,
+) -> None:  # fmt: skip
     for generation in range(kills):
 
         def ready(seen: list[Observed], generation: int = generation) -> bool:
@@ -86,7 +110,23 @@ async def break_repeatedly(
             return len(set(steps)) >= STEPS_BEFORE_KILL
 
         await watch.wait_for(ready, wait_seconds=120)
+        if broken_at is not None:
+            broken_at.append(datetime.now(UTC))
         await inject_fault(bus, job, 1 + generation % 3, fault)
+
+
+def latencies_after(result: StoryResult, broken_at: list[datetime]) -> list[float]:
+    """Seconds from each break (generation g) to the first step of generation g + 1."""
+    latencies = []
+    for generation, at in enumerate(broken_at):
+        after = [
+            o.event.time
+            for o in result.observed
+            if isinstance(o.event, Progress) and o.event.generation == generation + 1
+        ]
+        if after:
+            latencies.append((min(after) - at).total_seconds())
+    return latencies
 
 
 def latencies_after_report(result: StoryResult) -> list[float]:
@@ -119,9 +159,10 @@ async def resurge_recoveries(
     fork_server: bool,
     workdir: Path,
     fault: str = "crash",
-    level: RecoveryLevel = RecoveryLevel.PROCESS,
+    level: RecoveryLevel | None = RecoveryLevel.PROCESS,
 ) -> list[float]:
-    job = bench_job(kills, fork_server, workdir / "ckpt", level)
+    job = bench_job(kills, fork_server, workdir / "ckpt", level, hang_rule=fault == "hang")
+    broken_at: list[datetime] = []
     result = await run_job(
         job,
         state_dir=workdir,
@@ -129,7 +170,7 @@ async def resurge_recoveries(
         nodes=2,
         gpus_per_node=2,
         wait_seconds=300,
-        during=lambda bus, watch: break_repeatedly(bus, watch, job.name, kills, fault),
+        during=lambda bus, watch: break_repeatedly(bus, watch, job.name, kills, fault, broken_at),
     )
     faults = [e for e in result.events(FaultDetected)]
     levels = sorted({str(r.level) for r in result.recoveries})
@@ -137,6 +178,8 @@ async def resurge_recoveries(
           f"at {', '.join(levels) or '-'}", flush=True)  # fmt: skip
     if fault == "exception":
         return latencies_after_report(result)
+    if fault == "hang":
+        return latencies_after(result, broken_at)
     return result.latencies_after_exit(Progress)
 
 
@@ -154,7 +197,7 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--skip-baselines", action="store_true")
     parser.add_argument(
-        "--only", default="a,b,c,d,e,f", help="comma-separated variants to run (default all)"
+        "--only", default="a,b,c,d,e,f,g,h", help="comma-separated variants to run (default all)"
     )
     args = parser.parse_args()
     only = set(args.only.split(","))
@@ -169,6 +212,8 @@ def main() -> int:
              RecoveryLevel.IN_PROCESS),
             ("f", "(f) resurge, fork server (exception)", True, "exception",
              RecoveryLevel.PROCESS),
+            ("g", "(g) resurge, default policy, independent", True, "crash", None),
+            ("h", "(h) SIGSTOP, 3 s log rule, from the stop", True, "hang", None),
         ]  # fmt: skip
         for key, name, fork_server, fault, level in resurge_variants:
             if key in only:
@@ -202,6 +247,11 @@ def main() -> int:
         speedup = statistics.median(process) / statistics.median(in_process)
         print(f"in-process restart is {speedup:.1f}x faster than the fork-server process "
               "restart after the same exception ((f) / (e))")  # fmt: skip
+    stopped = results.get("(h) SIGSTOP, 3 s log rule, from the stop")
+    if stopped:
+        over = statistics.median(stopped) - HANG_RULE_SECONDS
+        print(f"SIGSTOP -> next generation's first step: the rule's {HANG_RULE_SECONDS:g} s "
+              f"+ {over:.2f} s (goal: + at most 1.5 s; max {max(stopped):.2f} s)")  # fmt: skip
     for note in notes:
         print(note)
     return 0
