@@ -30,6 +30,7 @@ from pydantic import Field
 
 from resurge.detection import available_detectors, load_detectors
 from resurge.events import CapacityChanged, Envelope, Event, FaultDetected, ReplicaFinished
+from resurge.kv_keys import bucket_keys
 from resurge.records import JobRecord
 from resurge.service import ServiceContext
 from resurge.settings import Settings
@@ -159,12 +160,8 @@ def make_setup(settings: DetectorSettings) -> Callable[[ServiceContext], Awaitab
 
 async def _restore(state: KeyValue, runtime: DetectorRuntime) -> int:
     """Hand every stored entry of the jobs this replica judges back to its detector."""
-    try:
-        keys = await state.keys()
-    except nats.js.errors.NoKeysError:
-        return 0
     restored = 0
-    for name in keys:
+    for name in await bucket_keys(state):  # not state.keys(): see resurge.kv_keys
         parts = name.split(".")
         if len(parts) != 3:
             continue
