@@ -77,7 +77,7 @@ __all__ = [
 SETTLE_SECONDS = 30.0
 
 # Reasons of faults that judge a rank hung: its workers are stopped without a grace period.
-HANG_REASONS = frozenset({"hang", "log_rule_timeout"})
+HANG_REASONS = frozenset({"hang", "log_hang"})
 
 _CHECKPOINT_STEPS_KEPT = 8
 LADDER = list(RecoveryLevel)
