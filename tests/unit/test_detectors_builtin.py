@@ -189,12 +189,15 @@ def test_the_learned_heartbeat_timeout_follows_the_longest_gap_with_a_floor() ->
     assert fault.evidence["limit_seconds"] == LEARNED_TIMEOUT_FACTOR * 200
 
 
-def test_scripts_that_never_report_progress_are_not_judged_and_zero_turns_hangs_off() -> None:
+def test_scripts_without_progress_are_judged_only_when_stopped_and_zero_turns_hangs_off() -> None:
     hang = HangDetector()
     for rank in range(2):
         hang.observe(started(rank), ctx(0, record()))
-    hang.observe(stopped(1), ctx(1, record()))
-    assert judge(hang, ctx(100_000, record())) == []
+    assert judge(hang, ctx(100_000, record())) == []  # silent is not hung: no heartbeat
+    hang.observe(stopped(1), ctx(100_001, record()))
+    assert judge(hang, ctx(100_002, record())) == []
+    [fault] = judge(hang, ctx(100_001 + STOPPED_RANK_SECONDS, record()))
+    assert fault.rank == 1 and fault.evidence["blamed"] == "stopped"
     off = record(monitoring={"heartbeatTimeoutSeconds": 0, "startupTimeoutSeconds": 0})
     hang = HangDetector()
     last = train(hang, off, range(2), range(1, 5), 0.1)

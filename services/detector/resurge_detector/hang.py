@@ -16,8 +16,9 @@ Per (job, generation, rank) it follows ``process_started``, ``progress``,
   and for ``STOPPED_RANK_SECONDS`` neither has it run again nor has any rank of its
   generation reported progress. This needs no timeout: a stopped process cannot be slow.
 
-A script that never reports progress is never judged by the heartbeat (log rules with
-``expectedRecurringFrequencyInSeconds`` do that); ``0`` turns a timeout off, and
+A script that never reports progress (an unmodified torchrun script) is never judged by
+the heartbeat (log rules with ``expectedRecurringFrequencyInSeconds`` do that), but a
+stopped rank of it is a hang all the same; ``0`` turns a timeout off, and
 ``heartbeatTimeoutSeconds: 0`` turns the stopped-rank check off too.
 
 Blame: a hang makes every peer wait on the culprit, so a job's generation gets one hang
@@ -193,10 +194,7 @@ class HangDetector:
         learned = self._learned.get(record.name, _Learned())
         heartbeat = _heartbeat_limit(monitoring, learned)
         out: list[_Overdue] = []
-        judge_stopped = (
-            monitoring.heartbeat_timeout_seconds != 0
-            and learned.first_reporting_generation is not None
-        )
+        judge_stopped = monitoring.heartbeat_timeout_seconds != 0
         for rank_number, rank in generation.ranks.items():
             if rank.stopped_since is not None and judge_stopped:
                 quiet_since = max(rank.stopped_since, generation.last_progress or rank.started)
