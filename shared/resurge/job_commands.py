@@ -22,9 +22,10 @@ async def send_stops(
     *,
     final: bool = False,
     placements: list[Placement] | None = None,
+    hung_ranks: list[int] | None = None,
 ) -> None:
     """Stop(generation) to every replica of ``record`` (or of ``placements``); ``final``
-    also ends the agents."""
+    also ends the agents; ``hung_ranks`` are SIGKILLed without a grace period."""
     for placement in record.placements if placements is None else placements:
         kind = "stop-final" if final else "stop"
         stop = Stop(
@@ -35,6 +36,7 @@ async def send_stops(
             generation=generation,
             final=final,
             timeout_seconds=record.spec.spec.recovery.stop_grace_seconds,
+            hung_ranks=hung_ranks or [],
             reason=reason,
         )
         await bus.publish(bus.subjects.cmd(record.name, placement.replica), stop)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import atexit
 import builtins
 import contextlib
-import ctypes
 import errno
 import gc
 import importlib
@@ -48,6 +47,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from resurge_node_agent.parent_death import die_with_parent
+
 __all__ = ["HEADER", "decode_frames", "encode_frame", "main", "run_child"]
 
 HEADER = struct.Struct(">I")
@@ -58,11 +59,11 @@ _RECV_BYTES = 1 << 16
 # Dispositions this interpreter started with (SIGINT -> KeyboardInterrupt, SIGPIPE
 # ignored, ...): a child gets these back, as a freshly started interpreter would have.
 _INITIAL_HANDLERS: dict[int, Any] = {}
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 # The environment the server was started with; a child's thread settings are compared
 # with it.
 _SERVER_ENV: dict[str, str] = {}
+_SERVER_PID = 0
 
 
 def encode_frame(message: Mapping[str, Any]) -> bytes:
@@ -82,22 +83,15 @@ def decode_frames(buffer: bytearray) -> list[dict[str, Any]]:
     return frames
 
 
-def _die_with_parent() -> None:
-    """SIGKILL this server when the agent that started it dies, however it dies: a
-    server left behind would hold its preloaded memory (and any CUDA context) forever."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:  # the agent died before the line above ran
-        os._exit(1)
-
-
 def main(argv: Sequence[str]) -> int:
-    _die_with_parent()
+    # A server left behind would hold its preloaded memory (and any CUDA context) forever.
+    die_with_parent()
     for signum in signal.valid_signals():
         with contextlib.suppress(OSError, ValueError):
             _INITIAL_HANDLERS[signum] = signal.getsignal(signum)
     _SERVER_ENV.update(os.environ)
+    global _SERVER_PID
+    _SERVER_PID = os.getpid()
     conn = socket.socket(fileno=int(argv[0]))
     conn.set_inheritable(False)
     preloaded, failed = _preload(argv[1:])
@@ -228,6 +222,7 @@ def run_child(request: dict[str, Any], fds: list[int], private_fds: tuple[int, .
 
 
 def _become(request: dict[str, Any], fds: list[int], private_fds: tuple[int, ...]) -> None:
+    die_with_parent(_SERVER_PID)  # the server dies with the agent, so a worker does too
     os.setsid()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)

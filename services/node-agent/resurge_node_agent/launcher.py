@@ -12,8 +12,14 @@
   restart in-process, or does not confirm in time, or exits meanwhile, the agent
   escalates by itself: it says so (AgentStateChanged ``stopping``, detail "escalated to
   a process restart: ..."), stops the workers and starts new ones for the same Assign.
-- Stop(g): stops workers of generation g or older; ``final`` ends the agent once its
-  workers are down.
+- Stop(g): stops workers of generation g or older: SIGTERM, then SIGKILL after
+  ``timeout_seconds`` (at once when ``graceful`` is false); workers that cannot act on
+  SIGTERM are SIGKILLed at once: the ranks in ``hung_ranks`` and any worker that is
+  stopped (state T), also one that stops during the grace. The grace ends as soon as
+  every worker has exited. ``final`` ends the agent once its workers are down.
+- Workers die with their agent (parent-death signal), however the agent dies.
+- A worker that stops without exiting (SIGSTOP, a debugger), or runs again, is
+  reported (ProcessStateChanged), sampled every ``STATE_SAMPLE_SECONDS``.
 - A new agent (one per node and incarnation of its worker group) starts from the
   newest command on its subject (older ones are superseded), and ignores a final Stop
   issued before it started while it has had no Assign: that Stop ended an earlier run
@@ -29,6 +35,7 @@ worker raise inside its training function; other workers are left alone.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from collections.abc import Sequence
@@ -46,6 +53,7 @@ from resurge.events import (
     LogLine,
     ProcessExited,
     ProcessStarted,
+    ProcessStateChanged,
     Progress,
     RecoveryLevel,
     Stop,
@@ -65,6 +73,7 @@ from resurge.worker.protocol import (
 from resurge.worker_env import worker_environment
 from resurge_node_agent.forkserver import ForkServerError, ForkServerSpawner
 from resurge_node_agent.in_process import Rejoins, restartable_workers
+from resurge_node_agent.process_state import is_stopped
 from resurge_node_agent.spawners import PlainSpawner, Spawner
 from resurge_node_agent.worker_channel import Report, WorkerChannel, socket_path_for
 from resurge_node_agent.workers import Stream, WorkerExit, WorkerGroup
@@ -73,6 +82,8 @@ __all__ = ["LaunchAgent", "LaunchConfig"]
 
 # The server deletes an agent's command consumer this long after its agent went away.
 AGENT_CONSUMER_INACTIVE_SECONDS = 3600.0
+# How often the agent reads its workers' process states (a /proc read per worker).
+STATE_SAMPLE_SECONDS = 0.25
 
 
 @dataclass(frozen=True)
@@ -228,6 +239,7 @@ class LaunchAgent:
         await self.group.start()
         await self._state(AgentState.RUNNING, f"generation {assign.generation} running")
         self.ctx.spawn(self._await_idle(self.group, running))
+        self.ctx.spawn(self._watch_states(self.group, running))
 
     async def _restart_in_process(self, assign: Assign) -> str | None:
         """Move the running workers to ``assign``'s generation in-process; None once every
@@ -269,6 +281,24 @@ class LaunchAgent:
             )
         return failure
 
+    async def _watch_states(self, group: WorkerGroup, running: _Running) -> None:
+        """Publish ProcessStateChanged when a worker stops (state T) or runs again."""
+        stopped: dict[int, bool] = {}
+        while self.group is group and group.running:
+            for local_rank, pid in group.running_pids().items():
+                now = is_stopped(pid)
+                if now is None or now == stopped.get(local_rank, False):
+                    continue
+                stopped[local_rank] = now
+                self.ctx.log.warning("local rank %d (pid %d) %s", local_rank, pid,
+                                     "is stopped" if now else "runs again")  # fmt: skip
+                event = ProcessStateChanged(
+                    pid=pid, stopped=now, since=datetime.now(UTC),
+                    **self._envelope(running.assign, local_rank),
+                )  # fmt: skip
+                await self._publish(event)
+            await asyncio.sleep(STATE_SAMPLE_SECONDS)
+
     async def _await_idle(self, group: WorkerGroup, running: _Running) -> None:
         await group.wait()
         if self.group is group:
@@ -281,18 +311,32 @@ class LaunchAgent:
             self.ctx.log.info("ignoring a final stop of an earlier run (%s)", stop.reason)
             return
         if self.generation is None or self.generation <= stop.generation:
-            await self._stop_workers(stop.reason or f"stop generation {stop.generation}")
+            hung = set()
+            if self.assign is not None:
+                first = self._rank(self.assign, 0)
+                hung = {r - first for r in stop.hung_ranks
+                        if 0 <= r - first < self.config.nproc_per_node}  # fmt: skip
+            await self._stop_workers(
+                stop.reason or f"stop generation {stop.generation}",
+                grace=stop.timeout_seconds if stop.graceful else 0.0,
+                kill_now=hung,
+            )
         if stop.final:
             await self._state(AgentState.EXITING, stop.reason or "job over")
             self.ctx.stopping.set()
 
-    async def _stop_workers(self, why: str) -> None:
+    async def _stop_workers(
+        self, why: str, grace: float | None = None, kill_now: set[int] | None = None
+    ) -> None:
+        """Stop the running workers: hung ones (``kill_now``, or stopped) at once, the
+        rest after SIGTERM and ``grace`` (default: the job's stopGraceSeconds)."""
         if self.group is None or not self.group.running:
             return
         if self.generation is not None:
             await self.channel.notify_stop_pending(self.generation, why)
         await self._state(AgentState.STOPPING, why)
-        await self.group.stop(self.config.stop_grace_seconds)
+        grace = self.config.stop_grace_seconds if grace is None else grace
+        await self.group.stop(grace, kill_now or set())
 
     async def _shutdown(self) -> None:
         await self._stop_workers("agent shutting down")

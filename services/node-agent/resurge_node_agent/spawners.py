@@ -4,8 +4,9 @@ A spawner starts ``argv`` with exactly the environment ``env`` (the caller merge
 ``os.environ`` in itself) in ``cwd``, with stdin on /dev/null and stdout/stderr on pipes
 the agent reads as :class:`asyncio.StreamReader` (lines up to :data:`READ_LIMIT`). The
 child leads its own session and process group, so ``os.killpg(pid, sig)`` reaches it
-and everything it forked. ``wait()`` gives asyncio's return code: the exit status, or
-the negative signal number when a signal ended the process.
+and everything it forked, and it is SIGKILLed when the agent dies, however the agent
+dies (:mod:`resurge_node_agent.parent_death`). ``wait()`` gives asyncio's return
+code: the exit status, or the negative signal number when a signal ended the process.
 
 ``close()`` ends what the spawner still runs: a process that has not exited gets SIGKILL
 on its process group and is waited for. Stop workers gracefully before closing.
@@ -22,6 +23,8 @@ import os
 import signal
 from collections.abc import Mapping, Sequence
 from typing import Protocol
+
+from resurge_node_agent.parent_death import die_with_parent
 
 __all__ = ["READ_LIMIT", "PlainSpawner", "SpawnedProcess", "Spawner"]
 
@@ -91,8 +94,10 @@ class PlainSpawner:
     async def spawn(
         self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None
     ) -> PlainProcess:
+        agent = os.getpid()
         process = await asyncio.create_subprocess_exec(
             *argv,
+            preexec_fn=lambda: die_with_parent(agent),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             stdin=asyncio.subprocess.DEVNULL,

@@ -15,10 +15,11 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from resurge_node_agent.process_state import is_stopped
 from resurge_node_agent.spawners import READ_LIMIT, SpawnedProcess, Spawner
 
 __all__ = ["WorkerExit", "WorkerGroup"]
@@ -35,6 +36,10 @@ class WorkerExit:
     exit_code: int | None
     signal: str | None
     expected: bool
+
+
+def _is_stopped(proc: SpawnedProcess) -> bool:
+    return proc.returncode is None and is_stopped(proc.pid) is True
 
 
 class WorkerGroup:
@@ -75,6 +80,10 @@ class WorkerGroup:
         """Report ``line`` as if worker ``local_rank`` had printed it (fault injection)."""
         await self._on_line(local_rank, stream, line[:MAX_LINE_CHARS])
 
+    def running_pids(self) -> dict[int, int]:
+        """Local rank -> pid of every worker still running."""
+        return {r: p.pid for r, p in self._procs.items() if p.returncode is None}
+
     @property
     def running(self) -> bool:
         return any(proc.returncode is None for proc in self._procs.values())
@@ -92,18 +101,42 @@ class WorkerGroup:
         if self._watchers:
             await asyncio.gather(*self._watchers, return_exceptions=True)
 
-    async def stop(self, grace_seconds: float) -> None:
-        """SIGTERM every worker's session, SIGKILL what is left after the grace period."""
+    async def stop(self, grace_seconds: float, kill_now: Collection[int] = ()) -> None:
+        """Stop every worker: SIGKILL at once for the local ranks in ``kill_now`` and for
+        any worker that is stopped (state T: it cannot act on SIGTERM), SIGTERM for the
+        rest, and SIGKILL for what is left after ``grace_seconds`` (0: no grace). The
+        grace ends as soon as every worker has exited; a worker stopped during it is
+        killed then."""
         self._stopping = True
-        self._signal_all(signal.SIGTERM)
+        killed = set(kill_now) | {r for r, p in self._procs.items() if _is_stopped(p)}
+        if grace_seconds <= 0:
+            killed = set(self._procs)
+        self._signal(killed, signal.SIGKILL)
+        self._signal(set(self._procs) - killed, signal.SIGTERM)
         if not self._watchers:
             return
         # asyncio.wait, not wait_for: a timeout must not cancel the watchers, which
         # still have to report each exit.
-        _, pending = await asyncio.wait(self._watchers, timeout=grace_seconds)
-        if pending:
-            self._signal_all(signal.SIGKILL)
-            await self.wait()
+        deadline = asyncio.get_running_loop().time() + grace_seconds
+        while True:
+            left = deadline - asyncio.get_running_loop().time()
+            _, pending = await asyncio.wait(self._watchers, timeout=min(max(left, 0), 0.2))
+            if not pending:
+                return
+            if left <= 0:
+                break
+            stopped = {r for r, p in self._procs.items() if r not in killed and _is_stopped(p)}
+            self._signal(stopped, signal.SIGKILL)
+            killed |= stopped
+        self._signal_all(signal.SIGKILL)
+        await self.wait()
+
+    def _signal(self, local_ranks: Collection[int], signum: signal.Signals) -> None:
+        for local_rank in local_ranks:
+            proc = self._procs.get(local_rank)
+            if proc is not None and proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signum)
 
     def _signal_all(self, signum: signal.Signals) -> None:
         for proc in self._procs.values():

@@ -84,8 +84,9 @@ class Dispatcher:
         if plan.level is not RecoveryLevel.IN_PROCESS:
             why = f"{plan.level.value} restart after {plan.fault_id}"
             await send_stops(
-                bus, record, plan.from_generation, why, placements=plan.stop_placements
-            )
+                bus, record, plan.from_generation, why, placements=plan.stop_placements,
+                hung_ranks=plan.hung_ranks,
+            )  # fmt: skip
         for node in plan.cordon:
             await self.backend.cordon(node, reason=f"{plan.reason} ({plan.fault_id})")
         placements = {p.replica: p for p in record.placements}

@@ -1,0 +1,35 @@
+"""Dying with one's parent: Linux's parent-death signal, without its start-up race.
+
+:func:`die_with_parent` asks the kernel to SIGKILL the calling process when the thread
+that forked it ends (``prctl(PR_SET_PDEATHSIG)``), then checks that the parent it was
+forked by is still the parent: one that died before the request took effect would
+never send the signal. Used by the fork server (it dies with its agent) and by every
+worker (it dies with whoever started it: the agent, or the fork server that dies with
+the agent), so SIGKILLing an agent ends its workers at once instead of leaving them to
+train alone until their collectives fail. Standard library only: the fork server and
+a worker's pre-exec hook run it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+
+__all__ = ["die_with_parent"]
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """SIGKILL this process when its parent dies; exit at once if it already has.
+
+    ``parent``: the pid that forked this process (read before the fork); without it,
+    only adoption by init is noticed.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1 or (parent is not None and os.getppid() != parent):
+        os._exit(1)

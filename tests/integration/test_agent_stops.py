@@ -1,0 +1,162 @@
+"""How a real agent stops real workers: hung ones at once, the rest with their grace;
+stopped workers are reported; workers die with their agent.
+
+Every worker here is a real process started by a real `resurge-node-agent launch`
+against a real nats-server; SIGSTOP, SIGCONT and SIGKILL are real signals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from resurge.bus import Bus
+from resurge.events import ProcessExited, ProcessStarted, ProcessStateChanged, Stop
+from resurge.settings import Settings
+from tests.collect import Events
+from tests.integration.test_node_agent import assign
+
+# Says it is ready, then, on SIGTERM, takes half a second to "save" and exits 3.
+SAVES_ON_TERM = (
+    "import signal, sys, time\n"
+    "def term(*_):\n"
+    "    time.sleep(0.5); print('saved', flush=True); sys.exit(3)\n"
+    "signal.signal(signal.SIGTERM, term)\n"
+    "print('ready', flush=True)\n"
+    "while True: time.sleep(0.05)\n"
+)
+IGNORES_TERM = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "print('ready', flush=True); time.sleep(120)"
+)
+LONG_GRACE = 30.0  # every stop below must end far sooner: nothing waits for it
+
+
+def start_agent(
+    settings: Settings, code: str, tmp_path: Path, *, fork_server: bool = True
+) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "RESURGE_NATS_URL": settings.nats_url,
+           "RESURGE_NAMESPACE": settings.namespace, "RESURGE_LOG_FORMAT": "text"}  # fmt: skip
+    argv = [sys.executable, "-m", "resurge_node_agent", "launch", "--job", "j.x",
+            "--replica", "0", "--nproc-per-node", "2", "--node", "n1",
+            "--stop-grace-seconds", str(LONG_GRACE), "--preload", "json"]  # fmt: skip
+    if not fork_server:
+        argv.append("--no-fork-server")
+    log = (tmp_path / "agent.log").open("wb")
+    return subprocess.Popen([*argv, "--", sys.executable, "-c", code], env=env,
+                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+async def running_workers(bus: Bus, raw: Events) -> dict[int, int]:
+    """Assign generation 0 and wait for both workers to say they are ready."""
+    await bus.publish(bus.subjects.cmd("j.x", 0), assign(bus, 0))
+    await raw.wait_for(lambda items: sum(getattr(e, "line", "") == "ready" for e in items) == 2)
+    return {e.local_rank: e.pid for e in raw.of(ProcessStarted)}
+
+
+async def exits(raw: Events, seconds: float = 10) -> dict[int, ProcessExited]:
+    """Both workers' exits; ``seconds`` stays far below LONG_GRACE."""
+    await raw.wait_for(lambda items: len([e for e in items if isinstance(e, ProcessExited)]) == 2,
+                       seconds)  # fmt: skip
+    return {e.local_rank: e for e in raw.of(ProcessExited)}
+
+
+def stop(bus: Bus, **fields: object) -> Stop:
+    return Stop(source=bus.source, job="j.x", replica=0, generation=0,
+                timeout_seconds=LONG_GRACE, **fields)  # type: ignore[arg-type]  # fmt: skip
+
+
+async def test_a_stopped_worker_is_reported_and_killed_at_once_the_other_keeps_its_grace(
+    bus: Bus, settings: Settings, raw_events: Events, tmp_path: Path
+) -> None:
+    agent = start_agent(settings, SAVES_ON_TERM, tmp_path)
+    try:
+        pids = await running_workers(bus, raw_events)
+        os.kill(pids[1], signal.SIGSTOP)
+        [state] = await raw_events.wait_for(lambda items: [
+            e for e in items if isinstance(e, ProcessStateChanged) and e.stopped])  # fmt: skip
+        assert (state.local_rank, state.pid, state.rank, state.generation) == (1, pids[1], 1, 0)
+        await bus.publish(bus.subjects.cmd("j.x", 0), stop(bus))
+        done = await exits(raw_events)
+        assert done[1].signal == "SIGKILL" and done[1].expected
+        assert done[0].exit_code == 3 and done[0].expected  # it saved and exited by itself
+        lines = [getattr(e, "line", "") for e in raw_events.items]
+        assert "saved" in lines
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+async def test_a_worker_that_runs_again_is_reported_running(
+    bus: Bus, settings: Settings, raw_events: Events, tmp_path: Path
+) -> None:
+    agent = start_agent(settings, SAVES_ON_TERM, tmp_path)
+    try:
+        pids = await running_workers(bus, raw_events)
+        os.kill(pids[0], signal.SIGSTOP)
+        await raw_events.wait_for(lambda items: any(
+            isinstance(e, ProcessStateChanged) and e.stopped for e in items))  # fmt: skip
+        os.kill(pids[0], signal.SIGCONT)
+        changes = await raw_events.wait_for(
+            lambda items: (
+                [(e.local_rank, e.stopped) for e in items if isinstance(e, ProcessStateChanged)]
+                if any(isinstance(e, ProcessStateChanged) and not e.stopped for e in items)
+                else None
+            )
+        )
+        assert changes == [(0, True), (0, False)]
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+@pytest.mark.parametrize("how", ["not_graceful", "hung_ranks"])
+async def test_hung_ranks_and_non_graceful_stops_kill_without_the_grace(
+    bus: Bus, settings: Settings, raw_events: Events, tmp_path: Path, how: str
+) -> None:
+    code = IGNORES_TERM if how == "not_graceful" else SAVES_ON_TERM
+    agent = start_agent(settings, code, tmp_path)
+    try:
+        await running_workers(bus, raw_events)
+        fields = {"graceful": False} if how == "not_graceful" else {"hung_ranks": [1]}
+        await bus.publish(bus.subjects.cmd("j.x", 0), stop(bus, **fields))
+        done = await exits(raw_events)
+        assert done[1].signal == "SIGKILL" and done[1].expected
+        if how == "not_graceful":
+            assert done[0].signal == "SIGKILL"
+        else:
+            assert done[0].exit_code == 3  # not hung: SIGTERM and its grace
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
+
+
+@pytest.mark.parametrize("fork_server", [True, False])
+async def test_workers_die_with_a_sigkilled_agent(
+    bus: Bus, settings: Settings, raw_events: Events, tmp_path: Path, fork_server: bool
+) -> None:
+    agent = start_agent(settings, IGNORES_TERM, tmp_path, fork_server=fork_server)
+    try:
+        pids = await running_workers(bus, raw_events)
+    finally:
+        agent.kill()
+        agent.wait()
+    for _ in range(100):  # the kernel's signals to other processes: polled, bounded (10 s)
+        if all(_gone(pid) for pid in pids.values()):
+            break
+        await asyncio.sleep(0.1)
+    assert all(_gone(pid) for pid in pids.values()), f"workers outlived their agent: {pids}"
