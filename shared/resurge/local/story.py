@@ -37,8 +37,8 @@ from resurge.settings import Settings
 
 __all__ = ["Observed", "StoryResult", "Watch", "run_job"]
 
-_WATCHED_RAW_KINDS = ("process_started", "process_exited", "progress", "checkpoint_saved",
-                      "agent_state")  # fmt: skip
+_WATCHED_RAW_KINDS = ("process_started", "process_exited", "process_state", "progress",
+                      "checkpoint_saved", "agent_state")  # fmt: skip
 
 
 @dataclass(frozen=True)
