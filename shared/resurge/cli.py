@@ -109,7 +109,23 @@ def _parser() -> argparse.ArgumentParser:
         default=Path("docs/schemas"),
         help="folder to write into (default docs/schemas)",
     )
+    _state_dir_everywhere(parser)
     return parser
+
+
+def _state_dir_everywhere(parser: argparse.ArgumentParser) -> None:
+    """Accept ``--state-dir`` after any subcommand too (DESIGN section 7); given there, it
+    wins over one given before the subcommand."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                sub.add_argument(
+                    "--state-dir",
+                    type=Path,
+                    default=argparse.SUPPRESS,
+                    help="local cluster folder (default: $RESURGE_STATE_DIR or ./.resurge)",
+                )
+                _state_dir_everywhere(sub)
 
 
 def _count(text: str) -> int:
@@ -145,16 +161,34 @@ def _check_inject(args: argparse.Namespace) -> None:
         parser.error(f"inject {args.fault} does not take {', '.join(stray)}")
 
 
+class NoClusterError(Exception):
+    """No cluster to talk to: the message says where resurge looked and what to do."""
+
+
 def _settings(state_dir: Path | None) -> tuple[Settings, bool]:
-    """Settings for the cluster to talk to, and whether it is a local one."""
-    from resurge.local.state import ClusterState, resolve_state_dir
+    """Settings for the cluster to talk to, and whether it is a local one.
+
+    With ``RESURGE_NATS_URL`` set, that server; else the local cluster recorded in the
+    state folder, which must be running (:class:`NoClusterError` at once otherwise)."""
+    from resurge.local.state import ClusterState, StateLock, resolve_state_dir
     from resurge.settings import Settings
 
-    if "RESURGE_NATS_URL" not in os.environ:
-        state = ClusterState.load(resolve_state_dir(state_dir))
-        if state is not None:
-            return Settings(nats_url=state.nats_url, namespace=state.namespace), True
-    return Settings(), False
+    if "RESURGE_NATS_URL" in os.environ:
+        return Settings(), False
+    folder = resolve_state_dir(state_dir)
+    how = (
+        "start one there with `resurge up`, point at another with --state-dir DIR or "
+        "RESURGE_STATE_DIR, or at a NATS server with RESURGE_NATS_URL"
+    )
+    state = ClusterState.load(folder)
+    if state is None:
+        raise NoClusterError(f"no local cluster found in {folder}: {how}")
+    if not StateLock(folder).held_elsewhere():
+        raise NoClusterError(
+            f"the local cluster recorded in {folder} is not running (its supervisor, pid "
+            f"{state.pid}, is gone): `resurge up` starts it again; or {how.split(', ', 1)[1]}"
+        )
+    return Settings(nats_url=state.nats_url, namespace=state.namespace), True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings, local = _settings(args.state_dir)
         return asyncio.run(run_command(args, settings, local=local))
+    except NoClusterError as error:
+        print(f"resurge {args.command}: {error}", file=sys.stderr)
+        return 2
     except ConnectionError as error:
         print(f"resurge {args.command}: {error}", file=sys.stderr)
         return 2

@@ -99,3 +99,54 @@ def test_demo_passes() -> None:
     assert "detected: process_killed" in result.stdout
     assert "recovered: level process" in result.stdout
     assert "final step 60 of 60" in result.stdout
+
+
+def without_cluster_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("RESURGE_")}
+
+
+def resurge_in(folder: Path, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "resurge"), *argv], capture_output=True, text=True,
+                          timeout=timeout, env=without_cluster_env(), cwd=folder)  # fmt: skip
+
+
+@pytest.mark.parametrize("command", [["status"], ["node", "list"], ["delete", "j"]])
+def test_away_from_any_cluster_a_command_says_so_at_once(
+    tmp_path: Path, command: list[str]
+) -> None:
+    result = resurge_in(tmp_path, *command, timeout=10)  # it used to wait 30 s
+    assert result.returncode == 2
+    assert f"no local cluster found in {tmp_path / '.resurge'}" in result.stderr
+    for hint in ("resurge up", "--state-dir", "RESURGE_STATE_DIR", "RESURGE_NATS_URL"):
+        assert hint in result.stderr
+
+
+def test_a_cluster_whose_supervisor_is_gone_is_named_stale(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    recorded = {"nats_url": "nats://127.0.0.1:1", "namespace": "resurge", "pid": 999999,
+                "nodes": ["node-0"], "gpus_per_node": 1}  # fmt: skip
+    (state / "cluster.json").write_text(json.dumps(recorded))
+    result = resurge_in(tmp_path, "status", "--state-dir", str(state), timeout=10)
+    assert result.returncode == 2
+    assert f"the local cluster recorded in {state} is not running" in result.stderr
+    assert "pid 999999" in result.stderr and "resurge up" in result.stderr
+
+
+@pytest.mark.e2e
+def test_state_dir_goes_before_or_after_the_subcommand(tmp_path: Path) -> None:
+    state = tmp_path / "elsewhere"
+    up = resurge_in(tmp_path, "up", "--state-dir", str(state), "--nodes", "1", timeout=120)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert (state / "cluster.json").is_file()
+        after = resurge_in(tmp_path, "status", "--json", "--state-dir", str(state))
+        before = resurge_in(tmp_path, "--state-dir", str(state), "status", "--json")
+        assert after.returncode == before.returncode == 0, after.stderr + before.stderr
+        assert json.loads(after.stdout) == json.loads(before.stdout) == []
+        nodes = resurge_in(tmp_path, "node", "list", "--json", "--state-dir", str(state))
+        assert [n["name"] for n in json.loads(nodes.stdout)] == ["node-0"]
+    finally:
+        down = resurge_in(tmp_path, "down", "--state-dir", str(state))
+    assert down.returncode == 0 and "resurge is down" in down.stdout
+    assert not (state / "cluster.json").exists()
