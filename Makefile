@@ -4,12 +4,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
+TORCH_SPEC ?= torch>=2.4,<3
 
 .PHONY: install demo test lint typecheck pytest bench schemas clean
 
-$(INSTALLED): pyproject.toml
+# torch first, so the project's `train` extra finds it installed: the CPU build on a
+# machine without an NVIDIA GPU (see scripts/install-torch).
+$(INSTALLED): pyproject.toml scripts/install-torch
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	TORCH_SPEC="$(TORCH_SPEC)" sh scripts/install-torch $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[test,lint,train]"
 	touch $(INSTALLED)
 
