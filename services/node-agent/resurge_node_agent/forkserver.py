@@ -21,6 +21,8 @@ Which argv are forked (everything else goes to a :class:`PlainSpawner`, unchange
   ``PYTHONUNBUFFERED`` and a positive ``OMP_NUM_THREADS`` (applied with
   ``torch.set_num_threads``), which the child applies itself.
 
+The server dies with the agent and every forked worker with the server (parent-death
+signals, :mod:`resurge_node_agent.parent_death`), so no worker outlives its agent.
 If the server dies, every worker it had not reported yet gets SIGKILL on its process
 group (nobody could reap it or learn its exit status any more) and its ``wait()``
 returns ``-SIGKILL`` once it is gone. The next Python spawn starts a new server (paying
@@ -233,7 +235,8 @@ class _Connection:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             process = await asyncio.create_subprocess_exec(
-                *(sys.executable, "-m", SERVER_MODULE, str(theirs.fileno()), *preload),
+                *(sys.executable, "-m", SERVER_MODULE, str(theirs.fileno())),
+                *(str(os.getpid()), *preload),
                 stdin=asyncio.subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
                 start_new_session=True,

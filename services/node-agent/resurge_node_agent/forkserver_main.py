@@ -1,9 +1,11 @@
 """The fork server process: import the heavy modules once, then fork a worker per request.
 
 Started by :class:`resurge_node_agent.forkserver.ForkServerSpawner` as
-``python -m resurge_node_agent.forkserver_main FD [MODULE ...]``, never by hand. FD is
-its end of a unix stream socket pair; every message either way is one frame: a 4-byte
-big-endian length, then UTF-8 JSON.
+``python -m resurge_node_agent.forkserver_main FD AGENT_PID [MODULE ...]``, never by
+hand. FD is its end of a unix stream socket pair; every message either way is one
+frame: a 4-byte big-endian length, then UTF-8 JSON. AGENT_PID is the process that
+started it: the server dies with it (SIGKILL, its parent-death signal), and exits at
+once if it is already gone.
 
 - It imports each MODULE once. One that fails is reported in the ``ready`` frame, not
   fatal. It never starts threads of its own and never touches ``torch.cuda``; the
@@ -12,11 +14,12 @@ big-endian length, then UTF-8 JSON.
 - ``spawn`` request (with three fds by SCM_RIGHTS: stdin, stdout, stderr): it forks; the
   child (``run_child``) becomes a session leader, takes the fds as 0/1/2, the request's
   environment (all of it, nothing else), cwd, argv and default signal dispositions, and
-  runs the Python program in-process. The answer is ``spawned`` with the pid, or with
+  runs the Python program in-process; it dies with the server (parent-death signal),
+  so every worker dies with the agent. The answer is ``spawned`` with the pid, or with
   ``errno``/``strerror``/``filename`` when the cwd is unusable (nothing is forked then).
 - It is the children's parent: it reaps each one and sends ``exited`` with the pid and
   the return code (negative signal number when a signal ended it).
-- It exits when the connection closes; children still running are left alone.
+- It exits when the connection closes; children still running then get SIGKILL.
 
 Only the standard library is imported here, so the agent can share the framing helpers.
 """
@@ -85,7 +88,7 @@ def decode_frames(buffer: bytearray) -> list[dict[str, Any]]:
 
 def main(argv: Sequence[str]) -> int:
     # A server left behind would hold its preloaded memory (and any CUDA context) forever.
-    die_with_parent()
+    die_with_parent(int(argv[1]))
     for signum in signal.valid_signals():
         with contextlib.suppress(OSError, ValueError):
             _INITIAL_HANDLERS[signum] = signal.getsignal(signum)
@@ -94,7 +97,7 @@ def main(argv: Sequence[str]) -> int:
     _SERVER_PID = os.getpid()
     conn = socket.socket(fileno=int(argv[0]))
     conn.set_inheritable(False)
-    preloaded, failed = _preload(argv[1:])
+    preloaded, failed = _preload(argv[2:])
     # Everything imported so far is shared with every child: keep the collector from
     # touching (and so copying) those pages in them.
     gc.freeze()

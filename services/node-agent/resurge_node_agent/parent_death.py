@@ -8,6 +8,10 @@ worker (it dies with whoever started it: the agent, or the fork server that dies
 the agent), so SIGKILLing an agent ends its workers at once instead of leaving them to
 train alone until their collectives fail. Standard library only: the fork server and
 a worker's pre-exec hook run it.
+
+``prctl`` is looked up when this module is imported, not in the forked child: loading
+a library after ``fork()`` in a process whose other threads may hold the loader's lock
+(a resolver thread, say) could deadlock the child. Elsewhere than Linux it does nothing.
 """
 
 from __future__ import annotations
@@ -16,20 +20,30 @@ import contextlib
 import ctypes
 import os
 import signal
+from collections.abc import Callable
 
 __all__ = ["die_with_parent"]
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
+def _find_prctl() -> Callable[[int, int], int] | None:
+    with contextlib.suppress(OSError, AttributeError):
+        prctl: Callable[[int, int], int] = ctypes.CDLL(None, use_errno=True).prctl
+        return prctl
+    return None
+
+
+_PRCTL = _find_prctl()
+
+
 def die_with_parent(parent: int | None = None) -> None:
     """SIGKILL this process when its parent dies; exit at once if it already has.
 
     ``parent``: the pid that forked this process (read before the fork); without it,
-    only adoption by init is noticed.
+    only adoption by init is noticed (an orphan adopted by a subreaper is not).
     """
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() == 1 or (parent is not None and os.getppid() != parent):
         os._exit(1)
