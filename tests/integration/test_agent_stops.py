@@ -17,7 +17,14 @@ from pathlib import Path
 import pytest
 
 from resurge.bus import Bus
-from resurge.events import ProcessExited, ProcessStarted, ProcessStateChanged, Stop
+from resurge.events import (
+    AgentState,
+    AgentStateChanged,
+    ProcessExited,
+    ProcessStarted,
+    ProcessStateChanged,
+    Stop,
+)
 from resurge.settings import Settings
 from tests.collect import Events
 from tests.integration.test_node_agent import assign
@@ -28,6 +35,16 @@ SAVES_ON_TERM = (
     "def term(*_):\n"
     "    time.sleep(0.5); print('saved', flush=True); sys.exit(3)\n"
     "signal.signal(signal.SIGTERM, term)\n"
+    "print('ready', flush=True)\n"
+    "while True: time.sleep(0.05)\n"
+)
+# Local rank 0 exits on SIGTERM; local rank 1 starts a "save" that never ends.
+RANK_1_SAVES_FOREVER = (
+    "import os, signal, sys, time\n"
+    "if os.environ['LOCAL_RANK'] == '0':\n"
+    "    signal.signal(signal.SIGTERM, lambda *_: sys.exit(3))\n"
+    "else:\n"
+    "    signal.signal(signal.SIGTERM, lambda *_: print('saving', flush=True))\n"
     "print('ready', flush=True)\n"
     "while True: time.sleep(0.05)\n"
 )
@@ -69,7 +86,7 @@ async def exits(raw: Events, seconds: float = 10) -> dict[int, ProcessExited]:
 
 def stop(bus: Bus, **fields: object) -> Stop:
     return Stop(source=bus.source, job="j.x", replica=0, generation=0,
-                timeout_seconds=LONG_GRACE, **fields)  # type: ignore[arg-type]  # fmt: skip
+                timeout_seconds=LONG_GRACE, **fields)  # fmt: skip
 
 
 async def test_a_stopped_worker_is_reported_and_killed_at_once_the_other_keeps_its_grace(
@@ -82,12 +99,59 @@ async def test_a_stopped_worker_is_reported_and_killed_at_once_the_other_keeps_i
         [state] = await raw_events.wait_for(lambda items: [
             e for e in items if isinstance(e, ProcessStateChanged) and e.stopped])  # fmt: skip
         assert (state.local_rank, state.pid, state.rank, state.generation) == (1, pids[1], 1, 0)
-        await bus.publish(bus.subjects.cmd("j.x", 0), stop(bus))
+        await bus.publish(bus.subjects.cmd("j.x", 0), stop(bus, final=True))
         done = await exits(raw_events)
         assert done[1].signal == "SIGKILL" and done[1].expected
         assert done[0].exit_code == 3 and done[0].expected  # it saved and exited by itself
         lines = [getattr(e, "line", "") for e in raw_events.items]
         assert "saved" in lines
+        # The stop returned (a final stop's agent says it exits once its workers are
+        # down) long before the grace would have ended.
+        await raw_events.wait_for(lambda items: any(
+            isinstance(e, AgentStateChanged) and e.state is AgentState.EXITING
+            for e in items), 10)  # fmt: skip
+        assert await asyncio.to_thread(agent.wait, 10) == 0
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+async def test_a_worker_stopped_during_the_grace_is_killed_then(
+    bus: Bus, settings: Settings, raw_events: Events, tmp_path: Path
+) -> None:
+    agent = start_agent(settings, RANK_1_SAVES_FOREVER, tmp_path)
+    try:
+        pids = await running_workers(bus, raw_events)
+        await bus.publish(bus.subjects.cmd("j.x", 0), stop(bus))
+        # The grace has begun: rank 0 is gone, rank 1 took its SIGTERM and is saving.
+        await raw_events.wait_for(lambda items: any(
+            isinstance(e, ProcessExited) for e in items) and any(
+            getattr(e, "line", "") == "saving" for e in items))  # fmt: skip
+        os.kill(pids[1], signal.SIGSTOP)
+        done = await exits(raw_events)
+        assert done[0].exit_code == 3 and done[0].expected
+        assert done[1].signal == "SIGKILL" and done[1].expected
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+async def test_an_assign_that_replaces_a_stopped_worker_kills_it_at_once(
+    bus: Bus, settings: Settings, raw_events: Events, tmp_path: Path
+) -> None:
+    agent = start_agent(settings, SAVES_ON_TERM, tmp_path)
+    try:
+        pids = await running_workers(bus, raw_events)
+        os.kill(pids[1], signal.SIGSTOP)
+        await raw_events.wait_for(lambda items: any(
+            isinstance(e, ProcessStateChanged) and e.stopped for e in items))  # fmt: skip
+        await bus.publish(bus.subjects.cmd("j.x", 0), assign(bus, 1))
+        done = await exits(raw_events)
+        assert done[1].signal == "SIGKILL" and done[1].expected
+        assert done[0].exit_code == 3 and done[0].expected  # the configured grace, used
+        await raw_events.wait_for(lambda items: len([
+            e for e in items if isinstance(e, ProcessStarted) and e.generation == 1]) == 2,
+            10)  # fmt: skip
     finally:
         agent.kill()
         agent.wait()
