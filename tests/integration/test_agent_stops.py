@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -53,10 +54,18 @@ IGNORES_TERM = (
     "print('ready', flush=True); time.sleep(120)"
 )
 LONG_GRACE = 30.0  # every stop below must end far sooner: nothing waits for it
+# The agent as pid 1 of its own PID namespace, as a container's entrypoint is.
+AS_PID_1 = ("unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc",
+            "--kill-child")  # fmt: skip
 
 
 def start_agent(
-    settings: Settings, code: str, tmp_path: Path, *, fork_server: bool = True
+    settings: Settings,
+    code: str,
+    tmp_path: Path,
+    *,
+    fork_server: bool = True,
+    wrapper: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     env = {**os.environ, "RESURGE_NATS_URL": settings.nats_url,
            "RESURGE_NAMESPACE": settings.namespace, "RESURGE_LOG_FORMAT": "text"}  # fmt: skip
@@ -66,7 +75,7 @@ def start_agent(
     if not fork_server:
         argv.append("--no-fork-server")
     log = (tmp_path / "agent.log").open("wb")
-    return subprocess.Popen([*argv, "--", sys.executable, "-c", code], env=env,
+    return subprocess.Popen([*wrapper, *argv, "--", sys.executable, "-c", code], env=env,
                             stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
 
 
@@ -224,3 +233,36 @@ async def test_workers_die_with_a_sigkilled_agent(
             break
         await asyncio.sleep(0.1)
     assert all(_gone(pid) for pid in pids.values()), f"workers outlived their agent: {pids}"
+
+
+@pytest.fixture
+def pid_namespaces() -> None:
+    """Skipped, and said why, where this machine cannot make user and PID namespaces."""
+    probe = subprocess.run([*AS_PID_1, "true"], capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"no user and PID namespaces here: {probe.stderr.strip()}")
+
+
+@pytest.mark.parametrize("fork_server", [True, False])
+async def test_an_agent_that_is_pid_1_keeps_its_workers(
+    bus: Bus,
+    settings: Settings,
+    raw_events: Events,
+    tmp_path: Path,
+    fork_server: bool,
+    pid_namespaces: None,
+) -> None:
+    """Its workers' parent is pid 1 (the agent, or the fork server's parent): that is not
+    the mark of an orphan here."""
+    agent = start_agent(settings, SAVES_ON_TERM, tmp_path, fork_server=fork_server,
+                        wrapper=AS_PID_1)  # fmt: skip
+    try:
+        await running_workers(bus, raw_events)
+        await bus.publish(bus.subjects.cmd("j.x", 0), stop(bus))
+        done = await exits(raw_events)
+        assert (done[0].exit_code, done[1].exit_code) == (3, 3)
+        log = (tmp_path / "agent.log").read_text()
+        assert ("fork server ready" in log) is fork_server, log
+    finally:
+        agent.kill()
+        agent.wait()

@@ -37,13 +37,14 @@ def _find_prctl() -> Callable[[int, int], int] | None:
 _PRCTL = _find_prctl()
 
 
-def die_with_parent(parent: int | None = None) -> None:
+def die_with_parent(parent: int) -> None:
     """SIGKILL this process when its parent dies; exit at once if it already has.
 
-    ``parent``: the pid that forked this process (read before the fork); without it,
-    only adoption by init is noticed (an orphan adopted by a subreaper is not).
+    ``parent``: the pid of the process that forked this one, read before the fork. The
+    check is against that pid, not against init's: the parent may itself be pid 1 (an
+    agent that is a container's entrypoint), and an orphan may be adopted by a subreaper.
     """
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1 or (parent is not None and os.getppid() != parent):
+    if os.getppid() != parent:
         os._exit(1)
