@@ -1,8 +1,9 @@
 """``launch`` mode: one agent per replica, driven by commands on ``cmd.<job>.<replica>``.
 
 - Assign(g): a generation older than the one running is ignored, the one running is
-  kept; a newer one stops the running workers (reported as expected exits) and starts
-  ``nproc`` workers with torchrun's environment for generation g.
+  kept; a newer one stops the running workers as a Stop does, with the configured
+  ``stop_grace_seconds`` (reported as expected exits), and starts ``nproc`` workers with
+  torchrun's environment for generation g.
 - Assign(g, level ``in_process``): where every running worker is alive, connected and
   runs under ``resurge.worker.restartable``, no process stops: each gets ``restart``
   with its complete environment for generation g, and the agent waits up to
@@ -17,7 +18,8 @@
   SIGTERM are SIGKILLed at once: the ranks in ``hung_ranks`` and any worker that is
   stopped (state T), also one that stops during the grace. The grace ends as soon as
   every worker has exited. ``final`` ends the agent once its workers are down.
-- Workers die with their agent (parent-death signal), however the agent dies.
+- Workers die with their agent, however the agent dies: a parent-death signal on each
+  worker and on the fork server that forks them (:mod:`.parent_death`).
 - A worker that stops without exiting (SIGSTOP, a debugger), or runs again, is
   reported (ProcessStateChanged), sampled every ``STATE_SAMPLE_SECONDS``.
 - A new agent (one per node and incarnation of its worker group) starts from the
