@@ -23,9 +23,12 @@ async def send_stops(
     final: bool = False,
     placements: list[Placement] | None = None,
     hung_ranks: list[int] | None = None,
+    graceful: bool = True,
 ) -> None:
     """Stop(generation) to every replica of ``record`` (or of ``placements``); ``final``
-    also ends the agents; ``hung_ranks`` are SIGKILLed without a grace period."""
+    also ends the agents. Workers get SIGTERM and the job's ``stopGraceSeconds``, except
+    the global ranks in ``hung_ranks`` (SIGKILLed at once), or every worker at once when
+    ``graceful`` is false."""
     for placement in record.placements if placements is None else placements:
         kind = "stop-final" if final else "stop"
         stop = Stop(
@@ -35,6 +38,7 @@ async def send_stops(
             replica=placement.replica,
             generation=generation,
             final=final,
+            graceful=graceful,
             timeout_seconds=record.spec.spec.recovery.stop_grace_seconds,
             hung_ranks=hung_ranks or [],
             reason=reason,
