@@ -215,6 +215,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from resurge.commands import run_command
 
+    if args.command == "submit":  # a bad spec is an error before any cluster is looked for
+        from resurge.jobspec import JobSpecError, load_job
+
+        try:
+            load_job(args.file)
+        except (JobSpecError, OSError) as error:
+            print(f"resurge submit: {error}", file=sys.stderr)
+            return 2
     try:
         settings, local = _settings(args.state_dir)
         return asyncio.run(run_command(args, settings, local=local))
