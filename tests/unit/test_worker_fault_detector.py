@@ -70,3 +70,25 @@ def test_it_signs_with_the_context_source_and_is_registered() -> None:
     [fault] = detector.observe(worker_fault(), ctx)
     assert fault.source == SOURCE
     assert detector.kinds == frozenset({"worker_fault"}) and list(detector.tick(ctx)) == []
+
+
+def test_a_lost_agent_is_a_fault_about_its_replica_that_asks_for_a_new_agent() -> None:
+    from resurge.events import AgentState, AgentStateChanged, JobPhase
+    from resurge.jobspec import parse_job
+    from resurge.records import JobRecord
+    from resurge_detector.agent_lost import AgentLostDetector
+
+    spec = {"command": ["x"], "nprocPerNode": 2, "replicas": {"min": 2}}
+    record = JobRecord(name="j", spec=parse_job({"metadata": {"name": "j"}, "spec": spec}),
+                       phase=JobPhase.RUNNING, generation=4)  # fmt: skip
+    ctx = DetectorContext(now=datetime.now(UTC), source=SOURCE, jobs={"j": record})
+    lost = AgentStateChanged(source=SOURCE, job="j", replica=1, node="node-1",
+                             state=AgentState.LOST, detail="exited with -9")  # fmt: skip
+    [fault] = AgentLostDetector().observe(lost, ctx)
+    assert isinstance(fault, FaultDetected)
+    assert (fault.reason, fault.replica, fault.generation) == ("agent_lost", 1, 4)
+    assert fault.suggested_level is RecoveryLevel.POD and fault.id == f"fault-{lost.id}"
+    running = lost.model_copy(update={"state": AgentState.RUNNING})
+    assert AgentLostDetector().observe(running, ctx) == []
+    record.phase = JobPhase.SUCCEEDED
+    assert AgentLostDetector().observe(lost, ctx) == []

@@ -37,7 +37,14 @@ from pathlib import Path
 from resurge.bus import PermanentError
 from resurge.cluster.local import LocalBackend
 from resurge.cluster.protocol import NodeInfo, WorkerGroupSpec
-from resurge.events import GpuError, GpuSample, InjectGpuError, NodeReport
+from resurge.events import (
+    AgentState,
+    AgentStateChanged,
+    GpuError,
+    GpuSample,
+    InjectGpuError,
+    NodeReport,
+)
 from resurge.service import ServiceContext
 from resurge.subjects import NODE_LEVEL_JOB, escape_token
 from resurge_node_agent.gpus import GpuErrorReport, GpuSource, SimulatedGpus, select_gpus
@@ -290,6 +297,17 @@ class NodeMonitor:
             "worker group %s exited with %d; starting it again", key, code,
             extra={"job": spec.job, "replica": spec.replica},
         )  # fmt: skip
+        # Its workers died with it: say so, so the job gets a new generation at once.
+        lost = AgentStateChanged(
+            source=self.ctx.bus.source, job=spec.job, replica=spec.replica,
+            node=self.config.node, state=AgentState.LOST,
+            detail=f"the agent (pid {process.pid}, incarnation {spec.incarnation}) exited "
+            f"with {code} without being stopped",
+        )  # fmt: skip
+        with contextlib.suppress(Exception):  # the restart below matters more
+            await self.ctx.bus.publish(
+                self.ctx.bus.subjects.raw(spec.job, lost.kind, self.config.node), lost
+            )
         await asyncio.sleep(_RESTART_BACKOFF_SECONDS)
         if self.groups.get(key) is running:
             await self._launch(key, spec)

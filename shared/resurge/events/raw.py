@@ -83,6 +83,7 @@ class AgentState(StrEnum):
     STOPPING = "stopping"
     IDLE = "idle"
     EXITING = "exiting"
+    LOST = "lost"  # published by the node's monitor: the agent died without being told to
 
 
 class AgentStateChanged(Envelope):
