@@ -55,6 +55,9 @@ from resurge.subjects import Subjects
 
 __all__ = ["Bus", "Handler", "PermanentError", "TransientError"]
 
+# Tries at binding a durable consumer another instance may be creating at the same time.
+_BIND_ATTEMPTS = 5
+
 log = logging.getLogger("resurge.bus")
 
 Handler = Callable[[Any], Awaitable[None]]
@@ -247,18 +250,31 @@ class Bus:
         config: ConsumerConfig,
         **options: Any,
     ) -> None:
-        """Bind durable push consumer ``durable`` (a queue group of that name)."""
-        sub = await self.js.subscribe(
-            subject,
-            queue=durable,
-            durable=durable,
-            stream=self.subjects.stream(subject.split(".")[2]),
-            cb=on_message,
-            manual_ack=True,
-            config=config,
-            **options,
-        )
-        self._subscriptions.append(sub)
+        """Bind durable push consumer ``durable`` (a queue group of that name).
+
+        Two instances binding a new consumer at once both find it missing and both create
+        it, each with its own deliver subject; the server refuses the second (a
+        BadRequestError). Binding again then finds the consumer and joins its group.
+        """
+        for attempt in range(_BIND_ATTEMPTS):
+            try:
+                sub = await self.js.subscribe(
+                    subject,
+                    queue=durable,
+                    durable=durable,
+                    stream=self.subjects.stream(subject.split(".")[2]),
+                    cb=on_message,
+                    manual_ack=True,
+                    config=config,
+                    **options,
+                )
+            except nats.js.errors.BadRequestError:
+                if attempt == _BIND_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(0.05 * (attempt + 1))
+                continue
+            self._subscriptions.append(sub)
+            return
 
     async def consume_batches(
         self,

@@ -134,3 +134,28 @@ async def test_connect_to_nothing_names_the_url() -> None:
     settings = Settings(nats_url="nats://127.0.0.1:1")
     with pytest.raises(ConnectionError, match=r"127\.0\.0\.1:1"):
         await Bus.connect(settings, "test", connect_timeout=0.5)
+
+
+async def test_instances_binding_one_new_durable_at_once_all_join_it(settings: Settings) -> None:
+    """Two replicas of a service start together: both create the consumer; one is refused
+    by the server and must bind to the one that won (this crashed a restarter in CI)."""
+    got: asyncio.Queue[str] = asyncio.Queue()
+    buses = [await Bus.connect(settings, f"replica-{i}") for i in range(2)]
+    await buses[0].ensure_streams()
+    try:
+        for round_ in range(12):  # the race is lost only now and then: try it a few times
+            durable = f"shared-{round_}"
+
+            async def handler(event: FaultDetected, durable: str = durable) -> None:
+                await got.put(f"{durable}:{event.fault_id}")
+
+            await asyncio.gather(*(
+                b.consume(b.subjects.all("fault"), durable, handler, expects=(FaultDetected,))
+                for b in buses
+            ))  # fmt: skip
+        await buses[0].publish(buses[0].subjects.fault("j.1", "process"), fault(buses[0], "x"))
+        received = sorted([await asyncio.wait_for(got.get(), 10) for _ in range(12)])
+        assert received == [f"shared-{r}:x" for r in range(12)]  # each durable got it once
+    finally:
+        for b in buses:
+            await b.close()
