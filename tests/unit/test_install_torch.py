@@ -53,11 +53,28 @@ def test_a_local_wheel_is_taken_without_asking_any_index(tmp_path: Path) -> None
 
 
 def test_without_a_local_wheel_a_gpu_less_machine_gets_the_cpu_build(tmp_path: Path) -> None:
+    """From PyTorch's CPU index alone (no other index can hand over a CUDA build), and
+    with short network timeouts, so an unreachable index fails fast."""
     out = plan(tmp_path, TORCH_GPU="0")
-    assert "--index-url https://download.pytorch.org/whl/cpu" in out
-    assert "--extra-index-url https://pypi.org/simple" in out
-    own = plan(tmp_path, TORCH_GPU="0", TORCH_INDEX_URL="https://mirror.example/cpu")
-    assert "--index-url https://mirror.example/cpu" in own
+    cpu = (
+        "pip install --quiet --no-index --no-deps --timeout 20 --retries 2 "
+        "--find-links https://download.pytorch.org/whl/cpu/torch/ torch>=2.99"
+    )
+    assert cpu in out.splitlines()[1]
+    assert out.splitlines()[2].endswith("pip install --quiet torch>=2.99")  # its dependencies
+    own = plan(tmp_path, TORCH_GPU="0", TORCH_INDEX_URL="https://mirror.example/cpu/")
+    assert "--find-links https://mirror.example/cpu/torch/ " in own
+
+
+def test_make_installs_torch_first_with_the_train_extras_range() -> None:
+    """One range everywhere: the extra, what `make` asks the script for, its default."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    [torch] = [r for r in project["optional-dependencies"]["train"] if r.startswith("torch")]
+    makefile = (REPO / "Makefile").read_text()
+    assert f"TORCH_SPEC ?= {torch}\n" in makefile
+    assert f"spec=${{TORCH_SPEC:-{torch}}}\n" in SCRIPT.read_text()
+    recipe = makefile.split("$(INSTALLED):", 1)[1].split("\n\n", 1)[0]
+    assert recipe.index("scripts/install-torch $(BIN)/python") < recipe.index('-e ".[')
 
 
 def test_a_machine_with_a_gpu_gets_the_default_build(tmp_path: Path) -> None:
