@@ -1,7 +1,10 @@
 """``resurge``: the user's command line (DESIGN section 7).
 
 Commands that talk to a cluster use ``RESURGE_NATS_URL`` and ``RESURGE_NAMESPACE`` when
-set, else the local cluster recorded in the state folder by ``resurge up``.
+set, else the local cluster recorded in the state folder by ``resurge up``; with none
+recorded there, or one whose supervisor or NATS server is gone, they fail at once, naming
+the folder and how to point at a cluster. ``--state-dir`` goes before or after any
+subcommand (:func:`_state_dir_everywhere` gives it to every subparser).
 """
 
 from __future__ import annotations
@@ -183,10 +186,18 @@ def _settings(state_dir: Path | None) -> tuple[Settings, bool]:
     state = ClusterState.load(folder)
     if state is None:
         raise NoClusterError(f"no local cluster found in {folder}: {how}")
+    elsewhere = how.split(", ", 1)[1]
     if not StateLock(folder).held_elsewhere():
         raise NoClusterError(
             f"the local cluster recorded in {folder} is not running (its supervisor, pid "
-            f"{state.pid}, is gone): `resurge up` starts it again; or {how.split(', ', 1)[1]}"
+            f"{state.pid}, is gone): `resurge up` starts it again; or {elsewhere}"
+        )
+    if not state.nats_answers():
+        raise NoClusterError(
+            f"the local cluster recorded in {folder} is broken: its supervisor (pid "
+            f"{state.pid}) runs but its NATS server at {state.nats_url} does not answer (see "
+            f"{folder / 'logs'}): `resurge down` then `resurge up` starts it again; or "
+            f"{elsewhere}"
         )
     return Settings(nats_url=state.nats_url, namespace=state.namespace), True
 

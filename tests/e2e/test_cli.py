@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -114,7 +115,9 @@ def resurge_in(folder: Path, *argv: str, timeout: float = 60) -> subprocess.Comp
 def test_away_from_any_cluster_a_command_says_so_at_once(
     tmp_path: Path, command: list[str]
 ) -> None:
+    started = time.monotonic()
     result = resurge_in(tmp_path, *command, timeout=10)  # it used to wait 30 s
+    assert time.monotonic() - started < 5, "the command waited for a cluster"
     assert result.returncode == 2
     assert f"no local cluster found in {tmp_path / '.resurge'}" in result.stderr
     for hint in ("resurge up", "--state-dir", "RESURGE_STATE_DIR", "RESURGE_NATS_URL"):
@@ -131,6 +134,34 @@ def test_a_cluster_whose_supervisor_is_gone_is_named_stale(tmp_path: Path) -> No
     assert result.returncode == 2
     assert f"the local cluster recorded in {state} is not running" in result.stderr
     assert "pid 999999" in result.stderr and "resurge up" in result.stderr
+
+
+def test_a_cluster_whose_nats_server_is_gone_is_named_broken(tmp_path: Path) -> None:
+    """The supervisor (here a process holding the folder's lock) runs; NATS does not."""
+    state = tmp_path / "state"
+    state.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'a'); "
+         "fcntl.flock(f, fcntl.LOCK_EX); print('locked', flush=True); sys.stdin.read()",
+         str(state / "lock")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        recorded = {"nats_url": "nats://127.0.0.1:1", "namespace": "resurge",
+                    "pid": holder.pid, "nodes": ["node-0"], "gpus_per_node": 1}  # fmt: skip
+        (state / "cluster.json").write_text(json.dumps(recorded))
+        started = time.monotonic()
+        result = resurge_in(tmp_path, "--state-dir", str(state), "status", timeout=10)
+        assert time.monotonic() - started < 5, "the command waited for the dead server"
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=10)
+    assert result.returncode == 2
+    assert f"the local cluster recorded in {state} is broken" in result.stderr
+    assert "nats://127.0.0.1:1 does not answer" in result.stderr
+    assert "resurge down" in result.stderr and "RESURGE_NATS_URL" in result.stderr
 
 
 @pytest.mark.e2e

@@ -11,9 +11,11 @@ import contextlib
 import fcntl
 import json
 import os
+import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
+from urllib.parse import urlsplit
 
 __all__ = ["ClusterState", "StateLock", "resolve_state_dir"]
 
@@ -50,6 +52,16 @@ class ClusterState:
             return cls(**json.loads(cls.path(state_dir).read_text()))
         except (OSError, ValueError, TypeError):
             return None
+
+    def nats_answers(self, timeout: float = 1.0) -> bool:
+        """Whether the recorded NATS server (first URL) accepts a TCP connection."""
+        try:
+            address = urlsplit(self.nats_url.split(",")[0].strip())
+            host, port = address.hostname or "127.0.0.1", address.port or 4222
+            with socket.create_connection((host, port), timeout=timeout):
+                return True
+        except (OSError, ValueError):
+            return False
 
 
 class StateLock:
