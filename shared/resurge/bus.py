@@ -55,6 +55,11 @@ from resurge.subjects import Subjects
 
 __all__ = ["Bus", "Handler", "PermanentError", "TransientError"]
 
+# A stopping service waits this long for its subscriptions' handlers to finish (nats.py:
+# 30 s); what is left unacked is delivered again to whoever takes over. Seen in CI: a
+# detector took over 20 s to stop after SIGTERM.
+DRAIN_TIMEOUT_SECONDS = 5
+
 # Tries at binding a durable consumer another instance may be creating at the same time.
 _BIND_ATTEMPTS = 5
 
@@ -157,6 +162,7 @@ class Bus:
                     reconnect_time_wait=0.2,  # type: ignore[arg-type]  # typed int, takes float
                     connect_timeout=2,
                     allow_reconnect=True,
+                    drain_timeout=DRAIN_TIMEOUT_SECONDS,
                 ),
                 timeout=connect_timeout,
             )

@@ -159,3 +159,25 @@ async def test_instances_binding_one_new_durable_at_once_all_join_it(settings: S
     finally:
         for b in buses:
             await b.close()
+
+
+async def test_closing_does_not_wait_forever_for_a_stuck_handler(settings: Settings) -> None:
+    """A handler that never returns holds the drain at most DRAIN_TIMEOUT_SECONDS; the
+    message stays unacked, for another instance to take."""
+    from resurge.bus import DRAIN_TIMEOUT_SECONDS
+
+    stuck = asyncio.Event()
+    bus = await Bus.connect(settings, "stuck")
+    await bus.ensure_streams()
+
+    async def handler(event: FaultDetected) -> None:
+        stuck.set()
+        await asyncio.Event().wait()  # never returns
+
+    await bus.consume(bus.subjects.all("fault"), "stuck", handler, expects=(FaultDetected,))
+    await bus.publish(bus.subjects.fault("j.1", "process"), fault(bus))
+    await asyncio.wait_for(stuck.wait(), 10)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await asyncio.wait_for(bus.close(), DRAIN_TIMEOUT_SECONDS + 10)
+    assert loop.time() - started >= DRAIN_TIMEOUT_SECONDS - 0.5  # it did wait for the handler
