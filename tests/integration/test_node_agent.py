@@ -137,7 +137,14 @@ async def test_stop_escalates_to_sigkill_and_new_assign_replaces_generation(
         await bus.publish(bus.subjects.cmd("j.x", 0), assign(bus, 0, nproc=1))
         await bus.publish(
             bus.subjects.cmd("j.x", 0),
-            Stop(source=bus.source, job="j.x", replica=0, generation=1, final=True),
+            Stop(
+                source=bus.source,
+                job="j.x",
+                replica=0,
+                generation=1,
+                final=True,
+                timeout_seconds=0.5,
+            ),
         )
         assert await asyncio.to_thread(agent.wait, 20) == 0
         assert [e.generation for e in raw_events.of(ProcessStarted)] == [0, 1]
@@ -233,7 +240,29 @@ async def test_injected_faults_hang_log_and_crash_a_worker(
         assert crashed.local_rank == 0 and crashed.signal == "SIGKILL" and not crashed.expected
         assert process_state(pids[1]) == "T"  # stopped, as a hung worker would be silent
         await bus.publish(subject, Stop(source=bus.source, job="j.x", replica=0, generation=0,
-                                        final=True))  # fmt: skip
+                                        final=True, timeout_seconds=0.5))  # fmt: skip
         assert await asyncio.to_thread(agent.wait, 20) == 0
     finally:
         agent.kill()
+
+
+async def test_an_assign_that_moved_the_replica_elsewhere_starts_nothing_here(
+    bus: Bus, settings: Settings, raw_events: Events, tmp_path: Path
+) -> None:
+    """A `node` recovery moves the replica; until the old agent is removed it still reads
+    the replica's commands and must not start workers that would join the new generation."""
+    agent = start_agent(settings, PRINT_ENV, tmp_path)
+    try:
+        moved = assign(bus, 1)
+        moved = moved.model_copy(
+            update={"rank_table": [ReplicaSlot(replica=0, node="n2", first_rank=0, nproc=2)]}
+        )
+        await bus.publish(bus.subjects.cmd("j.x", 0), moved)
+        await bus.publish(bus.subjects.cmd("j.x", 0), assign(bus, 2))  # placed here again
+        started = await raw_events.wait_for(lambda items: [
+            e for e in items if isinstance(e, ProcessStarted)] if len([
+            e for e in items if isinstance(e, ProcessStarted)]) >= 2 else None)  # fmt: skip
+        assert {e.generation for e in started} == {2}
+    finally:
+        agent.kill()
+        agent.wait()

@@ -13,6 +13,8 @@
   restart in-process, or does not confirm in time, or exits meanwhile, the agent
   escalates by itself: it says so (AgentStateChanged ``stopping``, detail "escalated to
   a process restart: ..."), stops the workers and starts new ones for the same Assign.
+- An Assign that places this replica on another node (it moved) is ignored: the agent
+  there runs it, and this one is being removed.
 - Stop(g): stops workers of generation g or older: SIGTERM, then SIGKILL after
   ``timeout_seconds`` (at once when ``graceful`` is false); workers that cannot act on
   SIGTERM are SIGKILLed at once: the ranks in ``hung_ranks`` and any worker that is
@@ -216,6 +218,13 @@ class LaunchAgent:
             return
         if assign.world_size != sum(slot.nproc for slot in assign.rank_table):
             self.ctx.log.error("assign %s has an inconsistent rank table; ignored", assign.id)
+            return
+        mine = [s for s in assign.rank_table if s.replica == self.config.replica]
+        if mine and mine[0].node != self.config.node:
+            # The replica moved (a `node` recovery): the agent on its new node runs it;
+            # this one is being removed and must not start workers that join it.
+            self.ctx.log.info("ignoring assign for generation %d: replica %d now runs on %s",
+                              assign.generation, self.config.replica, mine[0].node)  # fmt: skip
             return
         if assign.level is RecoveryLevel.IN_PROCESS and self.group is not None:
             failure = await self._restart_in_process(assign)
