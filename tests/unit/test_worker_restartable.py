@@ -377,6 +377,7 @@ def test_an_injected_exception_is_raised_inside_fn_and_reported(agent: FakeAgent
     proc = start_worker(agent, LOOPING, 30, 10, 1)
     try:
         agent.accept()
+        agent.next_of(ProgressReport)  # train runs: the raise lands inside it
         agent.send(raise_line(0))
         fault = agent.next_of(FaultReport)
         assert fault.exception == "resurge.worker.restart.InjectedFault"
@@ -390,10 +391,26 @@ def test_an_injected_exception_is_raised_inside_fn_and_reported(agent: FakeAgent
     assert code == 0, err
 
 
+def test_an_injection_before_the_function_runs_is_raised_as_it_begins(agent: FakeAgent) -> None:
+    proc = start_worker(agent, LOOPING, 30, 10, 1)
+    try:
+        hello = agent.accept()
+        agent.send(raise_line(hello.generation))  # may well come before train is entered
+        fault = agent.next_of(FaultReport)
+        assert fault.exception == "resurge.worker.restart.InjectedFault"
+        agent.send(restart_to(1))
+        assert agent.next_of(Rejoining).generation == 1
+        code, _, err = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, err
+
+
 def test_an_injection_for_another_generation_is_ignored(agent: FakeAgent) -> None:
     proc = start_worker(agent, LOOPING, 30, 10, 1)
     try:
         agent.accept()
+        agent.next_of(ProgressReport)
         agent.send(raise_line(5))
         agent.send(restart_to(1))
         assert agent.next_of(Rejoining).generation == 1  # no fault came before it

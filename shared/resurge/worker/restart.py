@@ -147,8 +147,14 @@ class _Session(Generic[P, R]):
         self.interrupter = Interrupter()
         self._changed = threading.Condition()
         self._restart: RestartCommand | None = None  # accepted, not yet entered
+        # An injected fault that came while no training function ran (before the first
+        # one, or between generations): raised as the function is entered.
+        self._raise_pending: int | None = None
+        # The link thread may hand over a message before WorkerRun below has returned.
+        self._constructed = threading.Event()
         self.worker = WorkerRun(socket_path, in_process=True, on_message=self._on_message)
         self._newest = self.worker.generation  # newest generation accepted
+        self._constructed.set()
 
     def run(self, *args: P.args, **kwargs: P.kwargs) -> R:
         _package._restartable_run = self.worker
@@ -173,11 +179,15 @@ class _Session(Generic[P, R]):
         with self._changed:
             if self._restart is not None:
                 raise RestartRequested
+            pending, self._raise_pending = self._raise_pending, None
+        if pending is not None and pending == self.worker.generation:
+            raise InjectedFault("resurge inject exception: raised as the training function began")
         return self.owner.fn(self.worker, *args, **kwargs)
 
     # -- the link thread --
 
     def _on_message(self, message: AgentMessage) -> None:
+        self._constructed.wait()
         if isinstance(message, RestartCommand):
             with self._changed:
                 if message.generation <= self._newest:
@@ -189,8 +199,12 @@ class _Session(Generic[P, R]):
         elif isinstance(message, RaiseCommand):
             with self._changed:
                 current = self._restart is None and message.generation == self.worker.generation
-            if current:
-                self.interrupter.interrupt(InjectedFault)
+                if current and not self.interrupter.armed:
+                    self._raise_pending = message.generation
+                    return
+            if current and not self.interrupter.interrupt(InjectedFault):
+                with self._changed:
+                    self._raise_pending = message.generation
         elif isinstance(message, StopPending):
             with self._changed:
                 self._changed.notify_all()
