@@ -40,12 +40,12 @@ from pathlib import Path
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from resurge.bus import Bus
+from resurge.control.records import JobRecord, JobStore, Placement
 from resurge.events import Event, FaultDetected, JobPhase, Source
 from resurge.jobspec import parse_job
 from resurge.local.nats_server import NatsServer
-from resurge.records import JobRecord, JobStore, Placement
-from resurge.settings import Settings
+from resurge.runtime.bus import Bus
+from resurge.runtime.settings import Settings
 
 NAMESPACE = "dtb"
 HEARTBEAT_TIMEOUT = 2.0

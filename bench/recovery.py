@@ -40,11 +40,11 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from resurge.bus import Bus
-from resurge.client import inject_fault
+from resurge.control.client import inject_fault
 from resurge.events import FaultDetected, Progress, RecoveryLevel
 from resurge.jobspec import BackoffSpec, EnvVar, LogRule, TrainingJob, load_job
 from resurge.local.story import Observed, StoryResult, Watch, run_job
+from resurge.runtime.bus import Bus
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS_BEFORE_KILL = 12

@@ -20,12 +20,12 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from resurge.bus import Bus
 from resurge.events import Assign, FaultDetected, FaultScope, RecoveryFinished
 from resurge.jobspec import parse_job
 from resurge.local.nats_server import NatsServer
 from resurge.local.story import run_job
-from resurge.settings import Settings
+from resurge.runtime.bus import Bus
+from resurge.runtime.settings import Settings
 
 
 def crash_job(name: str):  # type: ignore[no-untyped-def]

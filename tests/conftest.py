@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from resurge.bus import Bus
 from resurge.local.nats_server import NatsServer
-from resurge.settings import Settings
+from resurge.runtime.bus import Bus
+from resurge.runtime.settings import Settings
 
 # Which nats-server the tests use: unset or "binary" (default), or "container".
 TEST_NATS = "RESURGE_TEST_NATS"

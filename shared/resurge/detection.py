@@ -38,8 +38,8 @@ from datetime import datetime
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
+from resurge.control.records import JobRecord
 from resurge.events import Envelope, FaultDetected, FaultScope, RecoveryLevel, Severity, Source
-from resurge.records import JobRecord
 
 __all__ = [
     "ENTRY_POINT_GROUP",

@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from resurge.bus import Bus
-from resurge.demo import demo_job, final_step, total_steps
 from resurge.events import (
     AgentState,
     AgentStateChanged,
@@ -25,7 +23,9 @@ from resurge.events import (
     RecoveryFinished,
     RecoveryLevel,
 )
+from resurge.local.demo import demo_job, final_step, total_steps
 from resurge.local.story import Observed, Watch, run_job
+from resurge.runtime.bus import Bus
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from resurge.bus import Bus
 from resurge.events import (
     AgentStateChanged,
     DeadLetter,
@@ -20,6 +19,7 @@ from resurge.events import (
 )
 from resurge.jobspec import parse_job
 from resurge.local.story import Watch, run_job
+from resurge.runtime.bus import Bus
 
 JOB = "garbage-proof"
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from resurge.contract.subjects import Subjects
 from resurge.events import (
     AgentState,
     Assign,
@@ -24,7 +25,6 @@ from resurge.events import (
 )
 from resurge.jobspec import load_job, parse_job
 from resurge.local.story import run_job
-from resurge.subjects import Subjects
 
 REPO = Path(__file__).resolve().parents[2]
 

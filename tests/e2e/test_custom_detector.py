@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from resurge.contract.subjects import Subjects
 from resurge.detection import ENTRY_POINT_GROUP
 from resurge.events import (
     FaultDetected,
@@ -28,7 +29,6 @@ from resurge.events import (
 )
 from resurge.jobspec import parse_job
 from resurge.local.story import run_job
-from resurge.subjects import Subjects
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "custom-detector"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from resurge.demo import (
+from resurge.events import Assign, JobPhase, RecoveryFinished, RecoveryLevel
+from resurge.local.demo import (
     KILL_AFTER_STEP,
     demo_job,
     final_step,
@@ -18,7 +19,6 @@ from resurge.demo import (
     steps_lost,
     total_steps,
 )
-from resurge.events import Assign, JobPhase, RecoveryFinished, RecoveryLevel
 from resurge.local.story import run_job
 
 pytestmark = pytest.mark.e2e

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from resurge.bus import Bus
-from resurge.client import inject_fault, inject_xid
-from resurge.demo import demo_job, final_step, total_steps
+from resurge.control.client import inject_fault, inject_xid
 from resurge.events import Assign, JobPhase, ProcessStateChanged, Progress, RecoveryFinished
 from resurge.jobspec import TrainingJob, parse_job
 from resurge.jobspec.monitoring import STOPPED_RANK_SECONDS, MonitoringSpec
+from resurge.local.demo import demo_job, final_step, total_steps
 from resurge.local.story import Observed, Watch, run_job
+from resurge.runtime.bus import Bus
 
 WORKER = str(Path(__file__).parent / "workers" / "progress_worker.py")
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from resurge.bus import Bus
-from resurge.client import inject_fault
-from resurge.demo import demo_job, final_step
+from resurge.control.client import inject_fault
 from resurge.events import JobPhase, Progress, RecoveryFinished, RecoveryLevel
+from resurge.local.demo import demo_job, final_step
 from resurge.local.story import Observed, Watch, run_job
+from resurge.runtime.bus import Bus
 
 pytestmark = pytest.mark.e2e
 

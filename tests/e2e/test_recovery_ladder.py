@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 
-from resurge.bus import Bus
-from resurge.client import inject_fault, inject_xid
 from resurge.cluster.local import LocalBackend
-from resurge.demo import KILL_AFTER_STEP, demo_job, final_step, steps_lost, total_steps
+from resurge.control.client import inject_fault, inject_xid
+from resurge.control.records import JobStore, status_view
 from resurge.events import (
     AgentStateChanged,
     Assign,
@@ -36,9 +35,10 @@ from resurge.events import (
     RecoveryStarted,
 )
 from resurge.jobspec import TrainingJob, parse_job
+from resurge.local.demo import KILL_AFTER_STEP, demo_job, final_step, steps_lost, total_steps
 from resurge.local.story import Observed, StoryResult, Watch, run_job
-from resurge.records import JobStore, status_view
-from resurge.settings import Settings
+from resurge.runtime.bus import Bus
+from resurge.runtime.settings import Settings
 
 WORKER = str(Path(__file__).parent / "workers" / "torch_worker.py")
 

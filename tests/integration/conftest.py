@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from resurge.bus import Bus
+from resurge.runtime.bus import Bus
 from tests.collect import Events
 
 

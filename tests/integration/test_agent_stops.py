@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from resurge.bus import Bus
 from resurge.events import (
     AgentState,
     AgentStateChanged,
@@ -26,7 +25,8 @@ from resurge.events import (
     ProcessStateChanged,
     Stop,
 )
-from resurge.settings import Settings
+from resurge.runtime.bus import Bus
+from resurge.runtime.settings import Settings
 from tests.collect import Events
 from tests.integration.test_node_agent import assign
 

@@ -4,7 +4,6 @@ import asyncio
 
 import pytest
 
-from resurge.bus import Bus, PermanentError, TransientError
 from resurge.events import (
     DeadLetter,
     DeadLetterReason,
@@ -14,7 +13,8 @@ from resurge.events import (
     FaultScope,
     JobDeleted,
 )
-from resurge.settings import Settings
+from resurge.runtime.bus import Bus, PermanentError, TransientError
+from resurge.runtime.settings import Settings
 
 
 def fault(bus: Bus, fault_id: str = "f1") -> FaultDetected:
@@ -164,7 +164,7 @@ async def test_instances_binding_one_new_durable_at_once_all_join_it(settings: S
 async def test_closing_does_not_wait_forever_for_a_stuck_handler(settings: Settings) -> None:
     """A handler that never returns holds the drain at most DRAIN_TIMEOUT_SECONDS; the
     message stays unacked, for another instance to take."""
-    from resurge.bus import DRAIN_TIMEOUT_SECONDS
+    from resurge.runtime.bus import DRAIN_TIMEOUT_SECONDS
 
     stuck = asyncio.Event()
     bus = await Bus.connect(settings, "stuck")

@@ -8,11 +8,11 @@ import subprocess
 import sys
 from collections import Counter
 
-from resurge.bus import Bus
+from resurge.control.records import JobRecord, JobStore, Placement
 from resurge.events import Event, FaultDetected, JobPhase, ProcessExited
 from resurge.jobspec import parse_job
-from resurge.records import JobRecord, JobStore, Placement
-from resurge.settings import Settings
+from resurge.runtime.bus import Bus
+from resurge.runtime.settings import Settings
 from resurge_detector.runtime import Partition
 
 JOBS = [f"job-{i}" for i in range(12)]

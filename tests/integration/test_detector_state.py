@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 from nats.aio.msg import Msg
 
-from resurge.bus import Bus
+from resurge.control.records import JobRecord, JobStore, Placement
 from resurge.events import Event, JobPhase, ProcessExited, ReplicaFinished
 from resurge.jobspec import parse_job
-from resurge.records import JobRecord, JobStore, Placement
-from resurge.settings import Settings
+from resurge.runtime.bus import Bus
+from resurge.runtime.settings import Settings
 from resurge_detector.service import STATE_BUCKET, state_entry_key
 from tests.collect import Events
 

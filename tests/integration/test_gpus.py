@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from resurge.bus import Bus
 from resurge.events import Event, GpuError, GpuSample, NodeReport
-from resurge.settings import Settings
+from resurge.runtime.bus import Bus
+from resurge.runtime.settings import Settings
 from resurge_node_agent.gpus import (
     SIMULATE_GPUS,
     GpuErrorReport,

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from resurge.bus import Bus
 from resurge.events import (
     AgentState,
     AgentStateChanged,
@@ -34,7 +33,8 @@ from resurge.events import (
     Stop,
     WorkerFault,
 )
-from resurge.settings import Settings
+from resurge.runtime.bus import Bus
+from resurge.runtime.settings import Settings
 from tests.collect import Events
 
 pytestmark = pytest.mark.slow

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from resurge.bus import Bus
+from resurge.control.job_messages import send_stops
+from resurge.control.records import JobRecord, Placement
 from resurge.events import Stop
-from resurge.job_commands import send_stops
 from resurge.jobspec import parse_job
-from resurge.records import JobRecord, Placement
+from resurge.runtime.bus import Bus
 from tests.collect import Events
 
 

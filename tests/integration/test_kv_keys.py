@@ -4,8 +4,8 @@ import nats.js.errors
 import pytest
 from nats.js.api import KeyValueConfig
 
-from resurge.bus import Bus
-from resurge.kv_keys import bucket_keys
+from resurge.runtime.bus import Bus
+from resurge.runtime.kv_keys import bucket_keys
 
 
 async def test_every_key_is_listed_and_a_deleted_one_reads_as_missing(bus: Bus) -> None:

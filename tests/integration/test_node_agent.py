@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from resurge.bus import Bus
 from resurge.events import (
     AgentState,
     AgentStateChanged,
@@ -21,7 +20,8 @@ from resurge.events import (
     ReplicaSlot,
     Stop,
 )
-from resurge.settings import Settings
+from resurge.runtime.bus import Bus
+from resurge.runtime.settings import Settings
 from tests.collect import Events
 
 PRINT_ENV = (

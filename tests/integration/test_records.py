@@ -2,10 +2,10 @@
 
 import asyncio
 
-from resurge.bus import Bus
+from resurge.control.records import JobRecord, JobStore
 from resurge.events import JobPhase
 from resurge.jobspec import parse_job
-from resurge.records import JobRecord, JobStore
+from resurge.runtime.bus import Bus
 
 
 def record(name: str = "team.job") -> JobRecord:

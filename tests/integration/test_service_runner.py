@@ -11,7 +11,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from resurge.settings import Settings
+from resurge.runtime.settings import Settings
 
 
 def free_port() -> int:

@@ -6,6 +6,7 @@ import hashlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from resurge.control.records import JobRecord, Placement
 from resurge.detection import DetectorContext
 from resurge.events import (
     CapacityChanged,
@@ -25,7 +26,6 @@ from resurge.jobspec.monitoring import (
     LEARNED_TIMEOUT_FACTOR,
     STOPPED_RANK_SECONDS,
 )
-from resurge.records import JobRecord, Placement
 from resurge_detector.hang import HangDetector
 from resurge_detector.node_health import NodeHealthDetector
 from resurge_detector.runtime import DetectorRuntime, Partition

@@ -3,6 +3,7 @@ from pathlib import Path
 
 import pytest
 
+from resurge.cli.schemas import all_schemas, write_schemas
 from resurge.events import (
     EVENT_KINDS,
     DeadLetterReason,
@@ -14,7 +15,6 @@ from resurge.events import (
     decode_event,
     encode_event,
 )
-from resurge.schemas import all_schemas, write_schemas
 
 SOURCE = Source(service="test", instance="here:1")
 

@@ -3,6 +3,8 @@
 from datetime import UTC, datetime
 from typing import Any
 
+from resurge.contract.xid import TABLE_VERSION
+from resurge.control.records import JobRecord, Placement
 from resurge.detection import DetectorContext
 from resurge.events import (
     FaultDetected,
@@ -14,8 +16,6 @@ from resurge.events import (
     Source,
 )
 from resurge.jobspec import parse_job
-from resurge.records import JobRecord, Placement
-from resurge.xid import TABLE_VERSION
 from resurge_detector.gpu_health import GpuHealthDetector
 
 SOURCE = Source(service="detector", instance="here:1")

@@ -327,7 +327,8 @@ def test_xid_overrides_and_status_list_allowed_values() -> None:
 
 @pytest.mark.parametrize("first", ["resurge.jobspec", "resurge.events"])
 def test_either_package_imports_first(first: str) -> None:
-    # resurge.events embeds TrainingJob; both take their shared enums from resurge.vocabulary.
+    # resurge.events embeds TrainingJob; both take their shared enums from
+    # resurge.contract.vocabulary.
     code = (
         f"import {first}\n"
         "from resurge.events import EVENT_ADAPTER\n"

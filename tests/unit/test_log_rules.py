@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from resurge.control.records import JobRecord, Placement
 from resurge.detection import Detector, DetectorContext
 from resurge.events import (
     Envelope,
@@ -19,7 +20,6 @@ from resurge.events import (
     Source,
 )
 from resurge.jobspec import parse_job
-from resurge.records import JobRecord, Placement
 from resurge_detector.bounded_regex import MAX_LINE_CHARS
 from resurge_detector.log_rules import EVIDENCE_LINE_CHARS, LogRuleDetector
 

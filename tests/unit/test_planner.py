@@ -1,8 +1,8 @@
+from resurge.control.planner import assignments, master_port_for
+from resurge.control.records import CheckpointRef, JobRecord, Placement
 from resurge.events import Source
 from resurge.jobspec import parse_job
-from resurge.planner import assignments, master_port_for
-from resurge.records import CheckpointRef, JobRecord, Placement
-from resurge.worker_env import worker_environment
+from resurge_node_agent.worker_env import worker_environment
 
 SOURCE = Source(service="test", instance="here:1")
 

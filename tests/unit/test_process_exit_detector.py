@@ -1,5 +1,6 @@
 from datetime import UTC, datetime
 
+from resurge.control.records import JobRecord, Placement
 from resurge.detection import DetectorContext
 from resurge.events import (
     FaultDetected,
@@ -10,7 +11,6 @@ from resurge.events import (
     Source,
 )
 from resurge.jobspec import parse_job
-from resurge.records import JobRecord, Placement
 from resurge_detector.process_exit import ProcessExitDetector
 
 SOURCE = Source(service="detector", instance="here:1")

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from resurge.cluster import NodeInfo
+from resurge.control.records import JobRecord, Placement, RestartEntry
 from resurge.events import FaultDetected, FaultScope, JobPhase, RecoveryLevel, Source
 from resurge.jobspec import parse_job
-from resurge.records import JobRecord, Placement, RestartEntry
 from resurge_restarter.policy import (
     SETTLE_SECONDS,
     ClusterView,

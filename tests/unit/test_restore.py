@@ -2,10 +2,10 @@
 
 from datetime import UTC, datetime
 
+from resurge.control.records import CheckpointRef, JobRecord, PendingRecovery, Placement
 from resurge.events import JobPhase, RecoveryLevel
 from resurge.jobspec import parse_job
 from resurge.local.restore import requeue_after_restart
-from resurge.records import CheckpointRef, JobRecord, PendingRecovery, Placement
 
 JOB_TIME = datetime(2026, 12, 3, tzinfo=UTC)
 SPEC = {"command": ["x"], "nprocPerNode": 2, "replicas": {"min": 2}}

@@ -1,6 +1,6 @@
 import pytest
 
-from resurge.subjects import Subjects, escape_token, unescape_token
+from resurge.contract.subjects import Subjects, escape_token, unescape_token
 
 TRICKY = [
     "train",

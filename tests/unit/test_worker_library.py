@@ -204,7 +204,6 @@ def test_library_imports_nothing_outside_the_standard_library() -> None:
         "resurge.worker.link",
         "resurge.worker.outbox",
         "resurge.worker.protocol",
-        "resurge.worker_env",
     }
 
 

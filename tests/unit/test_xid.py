@@ -5,9 +5,9 @@ from importlib.resources import files
 import pytest
 import yaml
 
-from resurge import xid
+from resurge.contract import xid
+from resurge.contract.xid import TABLE_VERSION, XidAction, action_for, lookup
 from resurge.jobspec import parse_job
-from resurge.xid import TABLE_VERSION, XidAction, action_for, lookup
 
 
 def test_table_loads_with_a_version_and_a_row_per_common_code() -> None:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from resurge.detection import ENTRY_POINT_GROUP, UnknownDetectorError
-from resurge.service import run_service
+from resurge.runtime.service import run_service
 from resurge_detector.service import DetectorSettings, make_setup
 
 __all__ = ["main"]

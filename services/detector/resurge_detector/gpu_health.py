@@ -4,7 +4,7 @@ For a GpuError on node N, every running job with a replica on N gets at most one
 decided by the error:
 
 - ``xid``: the XID's action, the job's ``spec.monitoring.gpu.xidOverrides`` first, then
-  resurge's XID table (:mod:`resurge.xid`). ``ignore``: nothing. ``restart_process``: a
+  resurge's XID table (:mod:`resurge.contract.xid`). ``ignore``: nothing. ``restart_process``: a
   process-scope fault, suggested level ``process``. ``reset_gpu`` or ``replace_node``: a
   node-scope fatal fault, suggested level ``node`` (the job leaves the node).
 - ``fell_off_bus``: a node-scope fatal fault, suggested level ``node``.
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import hashlib
 
+from resurge.contract.xid import TABLE_VERSION, XidAction, action_for, lookup
+from resurge.control.records import JobRecord
 from resurge.detection import DetectorContext
 from resurge.events import Envelope, FaultScope, GpuError, RecoveryLevel, Severity
-from resurge.records import JobRecord
-from resurge.xid import TABLE_VERSION, XidAction, action_for, lookup
 
 __all__ = ["GpuHealthDetector"]
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from resurge.control.records import JobRecord
 from resurge.detection import DetectorContext
 from resurge.events import (
     Envelope,
@@ -57,7 +58,6 @@ from resurge.jobspec.monitoring import (
     STOPPED_RANK_SECONDS,
     MonitoringSpec,
 )
-from resurge.records import JobRecord
 
 __all__ = ["HangDetector"]
 

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from resurge.control.records import JobRecord
 from resurge.detection import DetectorContext
 from resurge.events import (
     Envelope,
@@ -56,8 +57,7 @@ from resurge.events import (
     RecoveryLevel,
 )
 from resurge.jobspec import LogRule
-from resurge.logs import RateLimitedLog
-from resurge.records import JobRecord
+from resurge.runtime.logs import RateLimitedLog
 from resurge_detector.bounded_regex import (
     MAX_LINE_CHARS,
     LineBudget,

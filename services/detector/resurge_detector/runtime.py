@@ -26,11 +26,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from resurge.contract.subjects import NODE_LEVEL_JOB
+from resurge.control.records import JobRecord
 from resurge.detection import Detector, DetectorContext, DurableState
 from resurge.events import CapacityChanged, Envelope, Source
-from resurge.logs import RateLimitedLog
-from resurge.records import JobRecord
-from resurge.subjects import NODE_LEVEL_JOB
+from resurge.runtime.logs import RateLimitedLog
 
 __all__ = ["DetectorRuntime", "Partition", "StateKey"]
 

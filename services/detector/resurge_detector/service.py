@@ -28,13 +28,13 @@ from nats.js.kv import KeyValue
 from prometheus_client import Counter
 from pydantic import Field
 
+from resurge.contract.subjects import RAW_KIND_TOKEN, escape_token, unescape_token
+from resurge.control.records import JobRecord
 from resurge.detection import available_detectors, load_detectors
 from resurge.events import CapacityChanged, Envelope, Event, FaultDetected, ReplicaFinished
-from resurge.kv_keys import bucket_keys
-from resurge.records import JobRecord
-from resurge.service import ServiceContext
-from resurge.settings import Settings
-from resurge.subjects import RAW_KIND_TOKEN, escape_token, unescape_token
+from resurge.runtime.kv_keys import bucket_keys
+from resurge.runtime.service import ServiceContext
+from resurge.runtime.settings import Settings
 from resurge_detector.runtime import DetectorRuntime, Partition, StateKey
 
 __all__ = ["STATE_BUCKET", "DetectorSettings", "make_setup", "state_entry_key"]
@@ -161,7 +161,7 @@ def make_setup(settings: DetectorSettings) -> Callable[[ServiceContext], Awaitab
 async def _restore(state: KeyValue, runtime: DetectorRuntime) -> int:
     """Hand every stored entry of the jobs this replica judges back to its detector."""
     restored = 0
-    for name in await bucket_keys(state):  # not state.keys(): see resurge.kv_keys
+    for name in await bucket_keys(state):  # not state.keys(): see resurge.runtime.kv_keys
         parts = name.split(".")
         if len(parts) != 3:
             continue

@@ -8,8 +8,8 @@ import socket
 import sys
 from pathlib import Path
 
-from resurge.service import ServiceContext, run_service
-from resurge.settings import Settings
+from resurge.runtime.service import ServiceContext, run_service
+from resurge.runtime.settings import Settings
 from resurge_node_agent.launcher import LaunchAgent, LaunchConfig
 from resurge_node_agent.monitor import MonitorConfig, NodeMonitor
 

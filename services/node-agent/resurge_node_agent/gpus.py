@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from resurge.contract.xid import lookup
 from resurge.events import GpuReading
-from resurge.logs import RateLimitedLog
-from resurge.xid import lookup
+from resurge.runtime.logs import RateLimitedLog
 
 __all__ = [
     "SIMULATE_GPUS",

@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from resurge.bus import Bus
+from resurge.contract.subjects import escape_token
 from resurge.events import (
     AgentState,
     AgentStateChanged,
@@ -63,8 +63,8 @@ from resurge.events import (
     Stop,
     WorkerFault,
 )
-from resurge.service import ServiceContext
-from resurge.subjects import escape_token
+from resurge.runtime.bus import Bus
+from resurge.runtime.service import ServiceContext
 from resurge.worker.protocol import (
     CheckpointReport,
     FaultReport,
@@ -74,12 +74,12 @@ from resurge.worker.protocol import (
     raise_line,
     restart_line,
 )
-from resurge.worker_env import worker_environment
 from resurge_node_agent.forkserver import ForkServerError, ForkServerSpawner
 from resurge_node_agent.in_process import Rejoins, restartable_workers
 from resurge_node_agent.process_state import is_stopped
 from resurge_node_agent.spawners import PlainSpawner, Spawner
 from resurge_node_agent.worker_channel import Report, WorkerChannel, socket_path_for
+from resurge_node_agent.worker_env import worker_environment
 from resurge_node_agent.workers import Stream, WorkerExit, WorkerGroup
 
 __all__ = ["LaunchAgent", "LaunchConfig"]

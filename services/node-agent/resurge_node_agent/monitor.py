@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from resurge.bus import PermanentError
 from resurge.cluster.local import LocalBackend
 from resurge.cluster.protocol import NodeInfo, WorkerGroupSpec
+from resurge.contract.subjects import NODE_LEVEL_JOB, escape_token
 from resurge.events import (
     AgentState,
     AgentStateChanged,
@@ -45,8 +45,8 @@ from resurge.events import (
     InjectGpuError,
     NodeReport,
 )
-from resurge.service import ServiceContext
-from resurge.subjects import NODE_LEVEL_JOB, escape_token
+from resurge.runtime.bus import PermanentError
+from resurge.runtime.service import ServiceContext
 from resurge_node_agent.gpus import GpuErrorReport, GpuSource, SimulatedGpus, select_gpus
 
 __all__ = ["MonitorConfig", "NodeMonitor"]

@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
-from resurge.logs import RateLimitedLog
+from resurge.runtime.logs import RateLimitedLog
 from resurge.worker.protocol import (
     MAX_LINE_BYTES,
     CheckpointReport,

@@ -25,12 +25,12 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 from resurge.cluster.local import LocalBackend
+from resurge.control.job_messages import announce_phase, send_assignments, send_stops
+from resurge.control.planner import command_id
+from resurge.control.records import JobRecord, JobStore
+from resurge.control.worker_groups import worker_group
 from resurge.events import JobPhase, RecoveryLevel, RecoveryStarted
-from resurge.job_commands import announce_phase, send_assignments, send_stops
-from resurge.planner import command_id
-from resurge.records import JobRecord, JobStore
-from resurge.service import ServiceContext
-from resurge.worker_groups import worker_group
+from resurge.runtime.service import ServiceContext
 from resurge_restarter.policy import ClusterView, mark_dispatched
 
 __all__ = ["Dispatcher", "cluster_view"]

@@ -46,11 +46,8 @@ from datetime import datetime, timedelta
 from enum import Enum
 
 from resurge.cluster import NodeInfo
-from resurge.events import FaultDetected, FaultScope, JobPhase, RecoveryLevel
-from resurge.jobspec import TrainingJob
-from resurge.jobspec.recovery import TOP_RUNG_LIMIT
-from resurge.planner import master_port_for
-from resurge.records import (
+from resurge.control.planner import master_port_for
+from resurge.control.records import (
     CheckpointRef,
     JobRecord,
     LastFault,
@@ -60,6 +57,9 @@ from resurge.records import (
     Placement,
     RestartEntry,
 )
+from resurge.events import FaultDetected, FaultScope, JobPhase, RecoveryLevel
+from resurge.jobspec import TrainingJob
+from resurge.jobspec.recovery import TOP_RUNG_LIMIT
 
 __all__ = [
     "ClusterView",

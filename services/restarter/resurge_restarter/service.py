@@ -24,6 +24,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from resurge.cluster.local import LocalBackend
+from resurge.control.job_messages import announce_phase, send_stops
+from resurge.control.records import JobRecord, JobStore
 from resurge.events import (
     CheckpointSaved,
     FaultDetected,
@@ -32,9 +34,7 @@ from resurge.events import (
     Progress,
     RecoveryFinished,
 )
-from resurge.job_commands import announce_phase, send_stops
-from resurge.records import JobRecord, JobStore
-from resurge.service import ServiceContext
+from resurge.runtime.service import ServiceContext
 from resurge_restarter.dispatch import Dispatcher, cluster_view
 from resurge_restarter.policy import (
     ClusterView,

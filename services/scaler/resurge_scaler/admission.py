@@ -13,10 +13,10 @@ old run stay stale.
 from __future__ import annotations
 
 from resurge.cluster import NodeInfo
+from resurge.control.planner import master_port_for
+from resurge.control.records import JobRecord, Placement
 from resurge.events import JobPhase
 from resurge.jobspec import TrainingJob
-from resurge.planner import master_port_for
-from resurge.records import JobRecord, Placement
 
 __all__ = [
     "admission_order",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from resurge.service import run_service
-from resurge.settings import Settings
+from resurge.runtime.service import run_service
+from resurge.runtime.settings import Settings
 from resurge_scaler.service import setup
 
 __all__ = ["main"]

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 from functools import partial
 
-from resurge.bus import TransientError
 from resurge.cluster.local import LocalBackend
+from resurge.control.job_messages import announce_phase, send_assignments, send_stops
+from resurge.control.records import JobRecord, JobStore
+from resurge.control.worker_groups import worker_groups
 from resurge.events import (
     CapacityChanged,
     JobDeleted,
@@ -23,10 +25,8 @@ from resurge.events import (
     RecoveryStarted,
     ReplicaFinished,
 )
-from resurge.job_commands import announce_phase, send_assignments, send_stops
-from resurge.records import JobRecord, JobStore
-from resurge.service import ServiceContext
-from resurge.worker_groups import worker_groups
+from resurge.runtime.bus import TransientError
+from resurge.runtime.service import ServiceContext
 from resurge_scaler.admission import (
     admission_order,
     mark_replica_finished,

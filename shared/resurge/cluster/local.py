@@ -19,10 +19,10 @@ from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, Field
 
-from resurge.bus import Bus
 from resurge.cluster.protocol import NodeInfo, WorkerGroupSpec
-from resurge.kv_keys import bucket_keys
-from resurge.subjects import escape_token
+from resurge.contract.subjects import escape_token
+from resurge.runtime.bus import Bus
+from resurge.runtime.kv_keys import bucket_keys
 
 __all__ = ["NODE_TIMEOUT_SECONDS", "Cordon", "LocalBackend", "worker_group_key"]
 

@@ -1,23 +1,46 @@
 """The cluster-backend protocol (DESIGN section 6) and the records it trades in.
 
-Restarter and scaler call a backend to list nodes, create or delete the worker group
-of (job, replica) on a node, and cordon nodes. ``local`` keeps both as JetStream KV
-records that each virtual node's monitor agent reconciles, the way a kubelet
-reconciles pods; the Kubernetes backend will map them to pods and node objects.
+Every service and the CLI act on a cluster only through :class:`ClusterBackend`:
+they list nodes, create or delete the worker group of (job, replica) on a node, cordon
+and uncordon nodes, write a job's status, and learn of node and worker-group changes.
+``local`` keeps all of it as JetStream KV records that each virtual node's monitor
+reconciles, the way a kubelet reconciles pods; the Kubernetes backend maps worker
+groups to pods, nodes to Node objects and the status to the TrainingJob's status
+subresource. :func:`resurge.cluster.open_backend` picks one by settings.
+
+A backend that cannot reach its cluster raises :class:`BackendError` (or the client
+library's own error) from any method; callers retry as they retry a bus call.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ClusterBackend", "NodeInfo", "WorkerGroupSpec"]
+__all__ = [
+    "BackendError",
+    "ClusterBackend",
+    "ClusterChange",
+    "NodeInfo",
+    "UnknownNodeError",
+    "WorkerGroupSpec",
+]
+
+
+class BackendError(RuntimeError):
+    """The backend could not do what was asked (its cluster is unreachable, a write was
+    refused); the message says which call and why."""
+
+
+class UnknownNodeError(BackendError, LookupError):
+    """No node by that name; the message lists the nodes the backend knows."""
 
 
 class NodeInfo(BaseModel):
-    """A node as its monitor agent reports it."""
+    """A node as its monitor agent (or kubelet) reports it, cordons applied."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -33,15 +56,21 @@ class NodeInfo(BaseModel):
     )
 
     def alive(self, now: datetime, timeout_seconds: float) -> bool:
+        """Whether its monitor wrote within ``timeout_seconds`` of ``now``."""
         return (now - self.heartbeat).total_seconds() <= timeout_seconds
 
     @property
     def schedulable(self) -> bool:
+        """Healthy and not cordoned: new work may be placed on it."""
         return self.healthy and not self.cordoned
 
 
 class WorkerGroupSpec(BaseModel):
-    """What a node runs for one replica of one job: a ``resurge-node-agent launch``."""
+    """What a node runs for one replica of one job (a pod; locally one node agent).
+
+    The agent receives this document whole and starts one generation of ``nproc``
+    worker processes after another from it.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -62,15 +91,74 @@ class WorkerGroupSpec(BaseModel):
     )
 
 
+class ClusterChange(BaseModel):
+    """One change :meth:`ClusterBackend.watch` reports: a node or a worker group was
+    written (``deleted`` false, with its new value) or removed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["node", "worker_group"]
+    deleted: bool = False
+    node: str = Field(description="The node, or the node the worker group is on.")
+    job: str | None = Field(default=None, description="A worker group's job.")
+    replica: int | None = Field(default=None, description="A worker group's replica.")
+    node_info: NodeInfo | None = Field(default=None, description="A written node.")
+    worker_group: WorkerGroupSpec | None = Field(default=None, description="A written group.")
+
+
+@runtime_checkable
 class ClusterBackend(Protocol):
-    async def list_nodes(self) -> list[NodeInfo]: ...
+    """Where jobs run. Every method may raise :class:`BackendError` when the cluster
+    cannot be reached; each says below what else it raises."""
 
-    async def list_worker_groups(self) -> list[WorkerGroupSpec]: ...
+    name: str
+    """``local`` or ``kubernetes``: what ``RESURGE_CLUSTER`` chose."""
 
-    async def create_worker_group(self, spec: WorkerGroupSpec) -> None: ...
+    async def list_nodes(self) -> list[NodeInfo]:
+        """Every node known, with slots, health, labels and cordon. Read-only."""
+        ...
 
-    async def delete_worker_group(self, job: str, replica: int, node: str) -> None: ...
+    async def live_nodes(self) -> list[NodeInfo]:
+        """The nodes of :meth:`list_nodes` whose heartbeat is recent. Read-only."""
+        ...
 
-    async def cordon(self, node: str, cordoned: bool = True, reason: str = "") -> None:
-        """Mark ``node`` unschedulable (and unhealthy, with ``reason``), or undo that."""
+    async def report_node(self, info: NodeInfo) -> None:
+        """Write a node's own record (its monitor's heartbeat), keeping any cordon the
+        control plane set. Idempotent: the last write wins."""
+        ...
+
+    async def list_worker_groups(self, job: str | None = None) -> list[WorkerGroupSpec]:
+        """Every worker group, or only ``job``'s. Read-only."""
+        ...
+
+    async def create_worker_group(self, spec: WorkerGroupSpec) -> None:
+        """Create the group of (``spec.job``, ``spec.replica``) on ``spec.node``, or
+        replace it; a new ``incarnation`` recreates its processes. Idempotent."""
+        ...
+
+    async def delete_worker_group(self, job: str, replica: int, node: str) -> None:
+        """Remove that group and end its processes. Idempotent: an absent one is fine."""
+        ...
+
+    async def cordon(self, node: str, reason: str = "") -> None:
+        """Let no new work onto ``node`` (unschedulable, unhealthy, ``reason`` kept).
+        Idempotent: a second cordon keeps the first reason. Raises
+        :class:`UnknownNodeError`."""
+        ...
+
+    async def uncordon(self, node: str) -> None:
+        """Undo :meth:`cordon`. Idempotent. Raises :class:`UnknownNodeError`."""
+        ...
+
+    async def write_job_status(self, job: str, status: dict[str, object]) -> None:
+        """Replace ``job``'s status (the ``resurge status --json`` object). Idempotent."""
+        ...
+
+    async def read_job_status(self, job: str) -> dict[str, object] | None:
+        """The status last written for ``job``; None if none was. Read-only."""
+        ...
+
+    def watch(self, node: str | None = None) -> AsyncIterator[ClusterChange]:
+        """Every node and worker group as it is now, then each change as it happens;
+        with ``node``, only that node and the groups on it. Never ends by itself."""
         ...

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, TypeAdapter, ValidationError
 
+from resurge.contract.vocabulary import FaultScope, JobPhase, RecoveryLevel
 from resurge.events.actions import PhaseChanged, RecoveryFinished, RecoveryStarted
 from resurge.events.capacity import CapacityChanged
 from resurge.events.commands import Assign, InjectFault, InjectGpuError, ReplicaSlot, Stop
@@ -29,7 +30,6 @@ from resurge.events.raw import (
     ProcessStarted,
     ProcessStateChanged,
 )
-from resurge.vocabulary import FaultScope, JobPhase, RecoveryLevel
 
 __all__ = [
     "EVENT_KINDS",

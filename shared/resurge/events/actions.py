@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
+from resurge.contract.vocabulary import JobPhase, RecoveryLevel
 from resurge.events.envelope import Envelope
-from resurge.vocabulary import JobPhase, RecoveryLevel
 
 __all__ = ["PhaseChanged", "RecoveryFinished", "RecoveryStarted"]
 

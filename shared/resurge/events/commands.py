@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from resurge.contract.vocabulary import RecoveryLevel
 from resurge.events.envelope import Envelope
-from resurge.vocabulary import RecoveryLevel
 
 __all__ = ["Assign", "InjectFault", "InjectGpuError", "ReplicaSlot", "Stop"]
 

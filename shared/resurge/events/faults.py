@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import Field
 
+from resurge.contract.vocabulary import FaultScope, RecoveryLevel
 from resurge.events.envelope import Envelope
-from resurge.vocabulary import FaultScope, RecoveryLevel
 
 __all__ = ["FaultDetected", "Severity"]
 

@@ -5,7 +5,8 @@ fields are rejected with their dotted path named (``extra="forbid"``); HyperPod'
 are accepted where they mean the same thing. docs/jobspec.md describes every field.
 
 The enums it shares with the events (recovery levels, phases, fault scopes) come from
-:mod:`resurge.vocabulary`, so the spec never imports :mod:`resurge.events`, which embeds it.
+:mod:`resurge.contract.vocabulary`, so the spec never imports :mod:`resurge.events`,
+which embeds it.
 """
 
 from __future__ import annotations

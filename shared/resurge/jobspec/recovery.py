@@ -12,8 +12,8 @@ from typing import Any
 
 from pydantic import AliasChoices, Field, NonNegativeInt, field_validator, model_validator
 
+from resurge.contract.vocabulary import RecoveryLevel
 from resurge.jobspec._base import SpecModel
-from resurge.vocabulary import RecoveryLevel
 
 __all__ = ["TOP_RUNG_LIMIT", "BackoffSpec", "RecoverySpec"]
 

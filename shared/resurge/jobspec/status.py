@@ -6,8 +6,8 @@ from datetime import datetime
 
 from pydantic import Field, NonNegativeInt
 
+from resurge.contract.vocabulary import FaultScope, JobPhase, RecoveryLevel
 from resurge.jobspec._base import SpecModel
-from resurge.vocabulary import FaultScope, JobPhase, RecoveryLevel
 
 __all__ = ["CheckpointRef", "FaultSummary", "ReplicaCounts", "TrainingJobStatus"]
 

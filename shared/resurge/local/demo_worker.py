@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from resurge.worker_env import GENERATION
+from resurge.worker.environment import GENERATION
 
 
 def main(argv: list[str] | None = None) -> int:

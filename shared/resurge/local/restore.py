@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import logging
 
-from resurge.bus import Bus
 from resurge.cluster.local import LocalBackend
+from resurge.control.job_messages import announce_phase
+from resurge.control.records import JobRecord, JobStore
 from resurge.events import JobPhase
-from resurge.job_commands import announce_phase
-from resurge.records import JobRecord, JobStore
+from resurge.runtime.bus import Bus
 
 __all__ = ["requeue_after_restart", "restore"]
 

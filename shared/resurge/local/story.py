@@ -18,8 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from resurge.bus import Bus
-from resurge.client import submit_job
+from resurge.control.client import submit_job
 from resurge.events import (
     AgentState,
     AgentStateChanged,
@@ -33,7 +32,8 @@ from resurge.events import (
 )
 from resurge.jobspec import TrainingJob
 from resurge.local.supervisor import Supervisor
-from resurge.settings import Settings
+from resurge.runtime.bus import Bus
+from resurge.runtime.settings import Settings
 
 __all__ = ["Observed", "StoryResult", "Watch", "run_job"]
 

@@ -25,13 +25,13 @@ from pathlib import Path
 
 import nats.js.errors
 
-from resurge.bus import Bus
 from resurge.cluster.local import LocalBackend
 from resurge.local.nats_server import NatsServer
 from resurge.local.restore import restore
 from resurge.local.state import ClusterState, StateLock
-from resurge.logs import configure_logging
-from resurge.settings import Settings
+from resurge.runtime.bus import Bus
+from resurge.runtime.logs import configure_logging
+from resurge.runtime.settings import Settings
 
 __all__ = ["Supervisor"]
 

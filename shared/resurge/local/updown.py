@@ -18,7 +18,7 @@ from pathlib import Path
 
 from resurge.local.state import ClusterState, StateLock
 from resurge.local.supervisor import Supervisor, serve
-from resurge.logs import configure_logging
+from resurge.runtime.logs import configure_logging
 
 __all__ = ["down", "up"]
 

@@ -12,9 +12,22 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from resurge.worker_env import AGENT_SOCKET, GENERATION, RESUME_CHECKPOINT, RESUME_STEP
+__all__ = [
+    "AGENT_SOCKET",
+    "GENERATION",
+    "JOB",
+    "RESUME_CHECKPOINT",
+    "RESUME_STEP",
+    "WorkerEnvironment",
+    "read_environment",
+]
 
-__all__ = ["WorkerEnvironment", "read_environment"]
+# Names a worker reads to find its place in the current generation; the node agent sets them.
+GENERATION = "RESURGE_GENERATION"
+AGENT_SOCKET = "RESURGE_AGENT_SOCKET"
+RESUME_CHECKPOINT = "RESURGE_RESUME_CHECKPOINT"
+RESUME_STEP = "RESURGE_RESUME_STEP"
+JOB = "RESURGE_JOB"
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from nats.js.api import (
 from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Counter
 
-from resurge.dead_letters import DeadLetterOffice
+from resurge.contract.subjects import Subjects
 from resurge.events import (
     DeadLetterReason,
     DecodeError,
@@ -49,9 +49,9 @@ from resurge.events import (
     decode_event,
     encode_event,
 )
-from resurge.logs import RateLimitedLog
-from resurge.settings import Settings
-from resurge.subjects import Subjects
+from resurge.runtime.dead_letters import DeadLetterOffice
+from resurge.runtime.logs import RateLimitedLog
+from resurge.runtime.settings import Settings
 
 __all__ = ["Bus", "Handler", "PermanentError", "TransientError"]
 
@@ -63,7 +63,7 @@ DRAIN_TIMEOUT_SECONDS = 5
 # Tries at binding a durable consumer another instance may be creating at the same time.
 _BIND_ATTEMPTS = 5
 
-log = logging.getLogger("resurge.bus")
+log = logging.getLogger("resurge.runtime.bus")
 
 Handler = Callable[[Any], Awaitable[None]]
 

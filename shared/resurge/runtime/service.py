@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
-from resurge.bus import Bus
-from resurge.logs import configure_logging
-from resurge.observability import MetricsServer
-from resurge.settings import Settings
+from resurge.runtime.bus import Bus
+from resurge.runtime.logs import configure_logging
+from resurge.runtime.observability import MetricsServer
+from resurge.runtime.settings import Settings
 
 __all__ = ["ServiceContext", "run_service"]
 

@@ -8,8 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from resurge.bus import Bus
-from resurge.client import (
+from resurge.cluster.local import LocalBackend
+from resurge.control.client import (
     connected,
     delete_job,
     event_line,
@@ -19,11 +19,11 @@ from resurge.client import (
     submit_job,
     watch_events,
 )
-from resurge.cluster.local import LocalBackend
-from resurge.cluster.nodes import node_views, set_cordon
+from resurge.control.nodes import node_views, set_cordon
 from resurge.events import Event
 from resurge.jobspec import JobSpecError, load_job
-from resurge.settings import Settings
+from resurge.runtime.bus import Bus
+from resurge.runtime.settings import Settings
 
 __all__ = ["run_command"]
 

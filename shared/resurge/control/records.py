@@ -15,10 +15,10 @@ import nats.js.errors
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, Field
 
+from resurge.contract.subjects import escape_token, unescape_token
 from resurge.events import JobPhase, RecoveryLevel
 from resurge.jobspec import TrainingJob
-from resurge.kv_keys import bucket_keys
-from resurge.subjects import escape_token, unescape_token
+from resurge.runtime.kv_keys import bucket_keys
 
 __all__ = [
     "CheckpointRef",

@@ -10,8 +10,10 @@ from contextlib import asynccontextmanager
 
 import nats.js.errors
 
-from resurge.bus import Bus
 from resurge.cluster.protocol import NodeInfo
+from resurge.contract.subjects import escape_token, unescape_token
+from resurge.contract.xid import action_for, lookup
+from resurge.control.records import JobStore, status_view
 from resurge.events import (
     Event,
     InjectFault,
@@ -21,11 +23,9 @@ from resurge.events import (
     encode_event,
 )
 from resurge.jobspec import TrainingJob
-from resurge.kv_keys import bucket_keys
-from resurge.records import JobStore, status_view
-from resurge.settings import Settings
-from resurge.subjects import escape_token, unescape_token
-from resurge.xid import action_for, lookup
+from resurge.runtime.bus import Bus
+from resurge.runtime.kv_keys import bucket_keys
+from resurge.runtime.settings import Settings
 
 __all__ = [
     "connected",

@@ -13,10 +13,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from functools import partial
 
-from resurge.bus import Bus
 from resurge.cluster.local import NODE_TIMEOUT_SECONDS, LocalBackend
+from resurge.control.records import JobRecord, JobStore
 from resurge.events import CapacityChanged
-from resurge.records import JobRecord, JobStore
+from resurge.runtime.bus import Bus
 
 __all__ = ["node_views", "set_cordon"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from resurge.subjects import Subjects
+from resurge.contract.subjects import Subjects
 
 __all__ = ["Settings"]
 

@@ -9,7 +9,7 @@ writing the spec again recreates that replica's group (a `pod` or `job` recovery
 from __future__ import annotations
 
 from resurge.cluster import WorkerGroupSpec
-from resurge.records import JobRecord, Placement
+from resurge.control.records import JobRecord, Placement
 
 __all__ = ["worker_group", "worker_groups"]
 

@@ -6,10 +6,10 @@ are made and written (compare-and-set) before these are called.
 
 from __future__ import annotations
 
-from resurge.bus import Bus
+from resurge.control.planner import assignments, command_id
+from resurge.control.records import JobRecord, Placement
 from resurge.events import JobPhase, PhaseChanged, RecoveryLevel, Stop
-from resurge.planner import assignments, command_id
-from resurge.records import JobRecord, Placement
+from resurge.runtime.bus import Bus
 
 __all__ = ["announce_phase", "send_assignments", "send_stops"]
 

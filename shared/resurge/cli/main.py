@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from resurge.settings import Settings
+    from resurge.runtime.settings import Settings
 
 __all__ = ["main"]
 
@@ -174,7 +174,7 @@ def _settings(state_dir: Path | None) -> tuple[Settings, bool]:
     With ``RESURGE_NATS_URL`` set, that server; else the local cluster recorded in the
     state folder, which must be running (:class:`NoClusterError` at once otherwise)."""
     from resurge.local.state import ClusterState, StateLock, resolve_state_dir
-    from resurge.settings import Settings
+    from resurge.runtime.settings import Settings
 
     if "RESURGE_NATS_URL" in os.environ:
         return Settings(), False
@@ -215,16 +215,16 @@ def main(argv: list[str] | None = None) -> int:
             return down(state_dir)
         return up(state_dir, args.nodes, args.gpus_per_node, args.port, args.foreground)
     if args.command == "demo":
-        from resurge.demo import run_demo
+        from resurge.local.demo import run_demo
 
         return run_demo()
     if args.command == "schema":
-        from resurge.schemas import write_schemas
+        from resurge.cli.schemas import write_schemas
 
         for path in write_schemas(args.out):
             print(path)
         return 0
-    from resurge.commands import run_command
+    from resurge.cli.cluster_commands import run_command
 
     if args.command == "submit":  # a bad spec is an error before any cluster is looked for
         from resurge.jobspec import JobSpecError, load_job

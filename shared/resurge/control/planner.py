@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import hashlib
 
+from resurge.control.records import JobRecord
 from resurge.events import Assign, RecoveryLevel, ReplicaSlot, Source
-from resurge.records import JobRecord
 
 __all__ = ["assignments", "command_id", "master_port_for"]
 

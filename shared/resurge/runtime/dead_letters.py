@@ -12,16 +12,16 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client import CollectorRegistry, Counter
 
+from resurge.contract.subjects import Subjects
 from resurge.events import DeadLetter, DeadLetterReason, Envelope, Source
-from resurge.logs import RateLimitedLog
-from resurge.subjects import Subjects
+from resurge.runtime.logs import RateLimitedLog
 
 __all__ = ["DeadLetterOffice"]
 
 _MAX_PAYLOAD_CHARS = 4096
 _MAX_DETAIL_CHARS = 512
 
-log = logging.getLogger("resurge.dead_letters")
+log = logging.getLogger("resurge.runtime.dead_letters")
 
 
 class DeadLetterOffice:

@@ -1,32 +1,16 @@
-"""The environment a worker process gets: torchrun's variables plus resurge's own.
+"""The environment the agent gives a worker: torchrun's variables plus resurge's own.
 
 An unmodified torchrun script reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` ... and
 runs; a script that uses ``resurge.worker`` also finds its generation, its agent's
-socket and the checkpoint to resume from.
+socket and the checkpoint to resume from (names in :mod:`resurge.worker.environment`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from resurge.events import Assign
+from resurge.worker.environment import AGENT_SOCKET, GENERATION, JOB, RESUME_CHECKPOINT, RESUME_STEP
 
-if TYPE_CHECKING:  # this module stays standard-library only: workers import it
-    from resurge.events import Assign
-
-__all__ = [
-    "AGENT_SOCKET",
-    "GENERATION",
-    "JOB",
-    "RESUME_CHECKPOINT",
-    "RESUME_STEP",
-    "worker_environment",
-]
-
-# Names a worker reads to find its place in the current generation.
-GENERATION = "RESURGE_GENERATION"
-AGENT_SOCKET = "RESURGE_AGENT_SOCKET"
-RESUME_CHECKPOINT = "RESURGE_RESUME_CHECKPOINT"
-RESUME_STEP = "RESURGE_RESUME_STEP"
-JOB = "RESURGE_JOB"
+__all__ = ["worker_environment"]
 
 
 def worker_environment(

@@ -16,8 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from resurge.bus import Bus
-from resurge.client import event_line, inject_fault
+from resurge.control.client import event_line, inject_fault
 from resurge.events import (
     AgentState,
     Assign,
@@ -28,6 +27,7 @@ from resurge.events import (
 )
 from resurge.jobspec import EnvVar, TrainingJob, load_job
 from resurge.local.story import Observed, StoryResult, Watch, run_job
+from resurge.runtime.bus import Bus
 
 __all__ = ["demo_job", "run_demo", "summarize"]
 

@@ -1,0 +1,2 @@
+"""The service runtime: the bus, the service runner, settings, logs, metrics and dead
+letters."""
