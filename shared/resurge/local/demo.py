@@ -25,23 +25,20 @@ from resurge.events import (
     ProcessStarted,
     Progress,
 )
-from resurge.jobspec import EnvVar, TrainingJob, load_job
+from resurge.jobspec import TrainingJob
+from resurge.local.jobs import EXAMPLE, ddp_example_job
 from resurge.local.story import Observed, StoryResult, Watch, run_job
 from resurge.runtime.bus import Bus
 
 __all__ = ["demo_job", "run_demo", "summarize"]
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp"
 KILL_AFTER_STEP = 25
 KILLED_RANK = 1
 
 
 def demo_job(state_dir: Path) -> TrainingJob:
     """The DDP example, run from the checkout, checkpointing into ``state_dir``."""
-    job = load_job(EXAMPLE / "job.yaml")
-    env = [*job.spec.env, EnvVar(name="RESURGE_CHECKPOINT_DIR", value=str(state_dir / "ckpt"))]
-    spec = job.spec.model_copy(update={"env": env, "working_dir": str(EXAMPLE.parents[1])})
-    return job.model_copy(update={"spec": spec})
+    return ddp_example_job(state_dir / "ckpt")
 
 
 def total_steps(job: TrainingJob) -> int:
@@ -145,9 +142,11 @@ async def _demo(state_dir: Path) -> int:
 
 
 def run_demo() -> int:
-    if not (EXAMPLE / "job.yaml").is_file():
-        print(f"resurge demo needs the examples folder of a source checkout ({EXAMPLE})",
-              file=sys.stderr)  # fmt: skip
+    if not EXAMPLE.is_file():
+        print(
+            f"resurge demo needs the examples folder of a source checkout ({EXAMPLE.parent})",
+            file=sys.stderr,
+        )
         return 2
     state_dir = Path(tempfile.mkdtemp(prefix="resurge-demo-"))
     code = asyncio.run(_demo(state_dir))
