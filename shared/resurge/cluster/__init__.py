@@ -1,5 +1,27 @@
-"""Cluster backends: the one protocol restarter and scaler use to act on a cluster."""
+"""Cluster backends: the one protocol services and the CLI use to act on a cluster.
 
-from resurge.cluster.protocol import ClusterBackend, NodeInfo, WorkerGroupSpec
+Callers get a backend from :func:`open_backend` (chosen by ``RESURGE_CLUSTER``) and
+use only :class:`ClusterBackend` and the records and errors exported here.
+"""
 
-__all__ = ["ClusterBackend", "NodeInfo", "WorkerGroupSpec"]
+from resurge.cluster.protocol import (
+    NODE_TIMEOUT_SECONDS,
+    BackendError,
+    ClusterBackend,
+    ClusterChange,
+    NodeInfo,
+    UnknownNodeError,
+    WorkerGroupSpec,
+)
+from resurge.cluster.select import open_backend
+
+__all__ = [
+    "NODE_TIMEOUT_SECONDS",
+    "BackendError",
+    "ClusterBackend",
+    "ClusterChange",
+    "NodeInfo",
+    "UnknownNodeError",
+    "WorkerGroupSpec",
+    "open_backend",
+]

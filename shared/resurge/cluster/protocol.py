@@ -21,6 +21,7 @@ from typing import Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "NODE_TIMEOUT_SECONDS",
     "BackendError",
     "ClusterBackend",
     "ClusterChange",
@@ -28,6 +29,10 @@ __all__ = [
     "UnknownNodeError",
     "WorkerGroupSpec",
 ]
+
+# A node whose monitor (or kubelet) has not written for this long is not live: it gets
+# no new work (:meth:`ClusterBackend.live_nodes`).
+NODE_TIMEOUT_SECONDS = 15.0
 
 
 class BackendError(RuntimeError):
@@ -119,7 +124,8 @@ class ClusterBackend(Protocol):
         ...
 
     async def live_nodes(self) -> list[NodeInfo]:
-        """The nodes of :meth:`list_nodes` whose heartbeat is recent. Read-only."""
+        """The nodes of :meth:`list_nodes` whose heartbeat is at most
+        ``NODE_TIMEOUT_SECONDS`` old. Read-only."""
         ...
 
     async def report_node(self, info: NodeInfo) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -30,6 +32,13 @@ class Settings(BaseSettings):
         ge=0,
         le=65535,
         description="Port of /metrics and /healthz; 0 picks a free one, unset turns it off.",
+    )
+    cluster: Literal["local", "kubernetes"] = Field(
+        default="local",
+        description=(
+            "Cluster backend jobs run on: 'local' (virtual nodes as JetStream KV records) "
+            "or 'kubernetes' (not built yet)."
+        ),
     )
     log_level: str = Field(default="INFO", description="Root log level.")
     log_format: str = Field(default="json", description="'json' or 'text'.")

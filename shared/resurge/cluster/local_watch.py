@@ -1,0 +1,137 @@
+"""The local backend's change stream: its KV watchers turned into :class:`ClusterChange`.
+
+:func:`watch_changes` yields every node (cordon applied) and every worker group as it
+is now, then each change as it happens, until the caller stops iterating. It watches
+three buckets: a node's record (its monitor's writes), its cordon (the control plane's
+writes; reported as a change of the node) and the worker groups. A deleted group's
+entry carries only its key, which names the node, job and replica. With ``node``, only
+that node's record, cordon and groups are watched.
+
+nats.py's KV watcher yields None once its initial values are delivered; the initial
+values of each bucket are drained up to that marker before the live changes of all
+three are merged, so "as it is now" comes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from nats.js.kv import KeyValue
+
+from resurge.cluster.local_keys import node_key, parse_worker_group_key
+from resurge.cluster.protocol import ClusterChange, NodeInfo, WorkerGroupSpec
+from resurge.contract.subjects import unescape_token
+
+__all__ = ["ReadNode", "watch_changes"]
+
+ReadNode = Callable[[str], Awaitable[NodeInfo | None]]
+"""Reads one node as the backend lists it (cordon applied); None if it has no record."""
+
+_DELETES = ("DEL", "PURGE")
+
+
+async def _initial(watcher: KeyValue.KeyWatcher) -> list[KeyValue.Entry]:
+    """The watcher's entries up to its end-of-initial-values marker."""
+    entries = []
+    async for entry in watcher:
+        if entry is None:
+            break
+        entries.append(entry)
+    return entries
+
+
+async def _node_change(entry: KeyValue.Entry, read_node: ReadNode) -> ClusterChange | None:
+    name = unescape_token(entry.key)
+    if entry.operation in _DELETES:
+        return ClusterChange(kind="node", deleted=True, node=name)
+    info = await read_node(name)
+    if info is None:  # removed again since
+        return None
+    return ClusterChange(kind="node", node=name, node_info=info)
+
+
+async def _cordon_change(entry: KeyValue.Entry, read_node: ReadNode) -> ClusterChange | None:
+    name = unescape_token(entry.key)
+    info = await read_node(name)
+    if info is None:  # a cordon outlived its node's record
+        return None
+    return ClusterChange(kind="node", node=name, node_info=info)
+
+
+def _group_change(entry: KeyValue.Entry) -> ClusterChange | None:
+    if entry.operation in _DELETES or not entry.value:
+        try:
+            node, job, replica = parse_worker_group_key(entry.key)
+        except ValueError:
+            return None
+        return ClusterChange(kind="worker_group", deleted=True, node=node, job=job, replica=replica)
+    spec = WorkerGroupSpec.model_validate_json(entry.value)
+    return ClusterChange(
+        kind="worker_group", node=spec.node, job=spec.job, replica=spec.replica, worker_group=spec
+    )
+
+
+async def _pump(
+    source: str,
+    watcher: KeyValue.KeyWatcher,
+    queue: asyncio.Queue[tuple[str, KeyValue.Entry]],
+) -> None:
+    async for entry in watcher:
+        if entry is not None:
+            await queue.put((source, entry))
+
+
+async def watch_changes(
+    nodes: KeyValue,
+    cordons: KeyValue,
+    groups: KeyValue,
+    read_node: ReadNode,
+    node: str | None = None,
+) -> AsyncIterator[ClusterChange]:
+    """Every node and worker group now, then each change (see the module docstring)."""
+    node_filter = ">" if node is None else node_key(node)
+    group_filter = ">" if node is None else f"{node_key(node)}.>"
+    watchers: list[KeyValue.KeyWatcher] = []
+    pumps: list[asyncio.Task[None]] = []
+    try:
+        # Cordons first: a cordon set while the nodes are read arrives as a change.
+        cordon_watcher = await cordons.watch(node_filter)
+        watchers.append(cordon_watcher)
+        await _initial(cordon_watcher)
+        node_watcher = await nodes.watch(node_filter)
+        watchers.append(node_watcher)
+        for entry in await _initial(node_watcher):
+            change = await _node_change(entry, read_node)
+            if change is not None:
+                yield change
+        group_watcher = await groups.watch(group_filter)
+        watchers.append(group_watcher)
+        for entry in await _initial(group_watcher):
+            change = _group_change(entry)
+            if change is not None:
+                yield change
+        queue: asyncio.Queue[tuple[str, KeyValue.Entry]] = asyncio.Queue()
+        for source, watcher in (
+            ("cordon", cordon_watcher),
+            ("node", node_watcher),
+            ("group", group_watcher),
+        ):
+            pumps.append(asyncio.create_task(_pump(source, watcher, queue)))
+        while True:
+            source, entry = await queue.get()
+            if source == "node":
+                change = await _node_change(entry, read_node)
+            elif source == "cordon":
+                change = await _cordon_change(entry, read_node)
+            else:
+                change = _group_change(entry)
+            if change is not None:
+                yield change
+    finally:
+        for pump in pumps:
+            pump.cancel()
+        for watcher in watchers:
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]  # nats.py: untyped
