@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from resurge.cluster.local import LocalBackend
+from resurge.cluster import open_backend
 from resurge.control.client import inject_fault, inject_xid
 from resurge.control.records import JobStore, status_view
 from resurge.events import (
@@ -141,7 +141,7 @@ async def test_a_fatal_xid_moves_the_replica_off_its_node_to_the_spare(
         placed.update({f"replica-{a.replica}": str(a.node) for a in first})
         await inject_xid(bus, placed["replica-0"], 0, 79)
         await watch.wait_for(progressed(1))
-        backend = await LocalBackend.open(bus)
+        backend = await open_backend(bus, bus.settings)
         nodes = {n.name: n for n in await backend.list_nodes()}
         placed["cordoned"] = ",".join(sorted(n for n, info in nodes.items() if info.cordoned))
 

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from resurge.cluster.local import LocalBackend
+from resurge.cluster import open_backend
 from resurge.control.client import (
     connected,
     delete_job,
@@ -50,7 +50,7 @@ def _say(views: list[dict[str, object]], as_json: bool, one: bool) -> None:
 
 
 async def _node(bus: Bus, args: argparse.Namespace) -> int:
-    backend = await LocalBackend.open(bus)
+    backend = await open_backend(bus, bus.settings)
     if args.node_command == "list":
         views = await node_views(backend)
         if args.json:

@@ -8,10 +8,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
-import nats.js.errors
-
-from resurge.cluster.protocol import NodeInfo
-from resurge.contract.subjects import escape_token, unescape_token
+from resurge.cluster import ClusterBackend, NodeInfo, UnknownNodeError, open_backend
 from resurge.contract.xid import action_for, lookup
 from resurge.control.records import JobStore, status_view
 from resurge.events import (
@@ -24,7 +21,6 @@ from resurge.events import (
 )
 from resurge.jobspec import TrainingJob
 from resurge.runtime.bus import Bus
-from resurge.runtime.kv_keys import bucket_keys
 from resurge.runtime.settings import Settings
 
 __all__ = [
@@ -36,9 +32,6 @@ __all__ = [
     "submit_job",
     "watch_events",
 ]
-
-# The bucket where a local cluster's monitors write their nodes (resurge.cluster.local).
-_NODES_BUCKET = "nodes"
 
 
 @asynccontextmanager
@@ -97,31 +90,25 @@ async def inject_fault(bus: Bus, job: str, rank: int, fault: str, line: str = ""
 async def inject_xid(bus: Bus, node: str, gpu: int, xid: int) -> str:
     """Send InjectGpuError to ``node``'s monitor; says what the XID means.
 
-    Where the cluster keeps node records (a local cluster), an unknown node or a GPU
-    index beyond the node's slots is refused with :class:`LookupError`.
+    A node the cluster backend does not list, or a GPU index beyond the node's slots,
+    is refused with :class:`LookupError`.
     """
-    info = await _node_record(bus, node)
-    if info is not None and not 0 <= gpu < info.slots:
+    info = await _node_record(await open_backend(bus, bus.settings), node)
+    if not 0 <= gpu < info.slots:
         raise LookupError(f"node {node!r} has {info.slots} GPUs; there is no GPU {gpu}")
     event = InjectGpuError(source=bus.source, node=node, gpu=gpu, xid=xid)
     await bus.publish(bus.subjects.node_cmd(node), event)
     return f"{lookup(xid).description}; built-in action {action_for(xid).value}"
 
 
-async def _node_record(bus: Bus, node: str) -> NodeInfo | None:
-    """The node's record; None where the cluster keeps none (no local nodes bucket)."""
-    try:
-        kv = await bus.js.key_value(bus.subjects.kv_bucket(_NODES_BUCKET))
-    except nats.js.errors.BucketNotFoundError:
-        return None
-    try:
-        entry = await kv.get(escape_token(node))
-    except nats.js.errors.KeyNotFoundError:
-        entry = None
-    if entry is None or not entry.value:
-        known = ", ".join(sorted(unescape_token(key) for key in await bucket_keys(kv)))
-        raise LookupError(f"no node named {node!r} (nodes: {known or 'none'})")
-    return NodeInfo.model_validate_json(entry.value)
+async def _node_record(backend: ClusterBackend, node: str) -> NodeInfo:
+    """The node as the backend lists it; :class:`UnknownNodeError` (a
+    :class:`LookupError`) naming the known nodes if it lists none by that name."""
+    nodes = {info.name: info for info in await backend.list_nodes()}
+    if node not in nodes:
+        known = ", ".join(sorted(nodes)) or "none"
+        raise UnknownNodeError(f"no node named {node!r} (nodes: {known})")
+    return nodes[node]
 
 
 async def watch_events(

@@ -2,10 +2,11 @@
 
 :func:`node_views` lists every node a backend knows with the slots the worker groups
 on it take, its health, whether it is cordoned and why, and the jobs it runs.
-:func:`set_cordon` cordons or uncordons a node (idempotent; :class:`LookupError` for
-a node nobody reported) and publishes the node's CapacityChanged, so the scaler tries
-Pending jobs again at once. Uncordoning says the node is fit again, so jobs that
-avoided it since it faulted under them may use it again too.
+:func:`set_cordon` cordons or uncordons a node (idempotent; the backend's
+:class:`UnknownNodeError`, a :class:`LookupError`, for a node nobody reported) and
+publishes the node's CapacityChanged, so the scaler tries Pending jobs again at once.
+Uncordoning says the node is fit again, so jobs that avoided it since it faulted under
+them may use it again too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from functools import partial
 
-from resurge.cluster.local import NODE_TIMEOUT_SECONDS, LocalBackend
+from resurge.cluster import NODE_TIMEOUT_SECONDS, ClusterBackend
 from resurge.control.records import JobRecord, JobStore
 from resurge.events import CapacityChanged
 from resurge.runtime.bus import Bus
@@ -21,7 +22,7 @@ from resurge.runtime.bus import Bus
 __all__ = ["node_views", "set_cordon"]
 
 
-async def node_views(backend: LocalBackend) -> list[dict[str, object]]:
+async def node_views(backend: ClusterBackend) -> list[dict[str, object]]:
     """One object per node, sorted by name (``resurge node list --json``)."""
     used: dict[str, int] = {}
     jobs: dict[str, set[str]] = {}
@@ -52,12 +53,15 @@ def _stop_avoiding(record: JobRecord, node: str) -> bool:
     return True
 
 
-async def set_cordon(bus: Bus, backend: LocalBackend, name: str, cordoned: bool) -> None:
-    """Cordon (by hand) or uncordon ``name``, then announce its capacity."""
-    if name not in {node.name for node in await backend.list_nodes()}:
-        known = ", ".join(sorted(n.name for n in await backend.list_nodes())) or "none"
-        raise LookupError(f"no node named {name!r} (nodes: {known})")
-    await backend.cordon(name, cordoned=cordoned, reason="cordoned by hand")
+async def set_cordon(bus: Bus, backend: ClusterBackend, name: str, cordoned: bool) -> None:
+    """Cordon (by hand) or uncordon ``name``, then announce its capacity.
+
+    Raises :class:`~resurge.cluster.UnknownNodeError` (a :class:`LookupError`) for a
+    node the backend does not know."""
+    if cordoned:
+        await backend.cordon(name, reason="cordoned by hand")
+    else:
+        await backend.uncordon(name)
     if not cordoned:
         store = JobStore(await bus.jobs_bucket())
         for record in await store.all():

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from resurge.cluster.local import LocalBackend
+from resurge.cluster import open_backend
 from resurge.control.job_messages import announce_phase
 from resurge.control.records import JobRecord, JobStore
 from resurge.events import JobPhase
@@ -50,7 +50,7 @@ def requeue_after_restart(record: JobRecord) -> bool:
 async def restore(bus: Bus) -> list[str]:
     """Requeue every unfinished job and delete every worker group; the jobs requeued."""
     store = JobStore(await bus.jobs_bucket())
-    backend = await LocalBackend.open(bus)
+    backend = await open_backend(bus, bus.settings)
     for group in await backend.list_worker_groups():
         await backend.delete_worker_group(group.job, group.replica, group.node)
     requeued = []

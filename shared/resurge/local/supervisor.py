@@ -25,7 +25,7 @@ from pathlib import Path
 
 import nats.js.errors
 
-from resurge.cluster.local import LocalBackend
+from resurge.cluster import open_backend
 from resurge.local.nats_server import NatsServer
 from resurge.local.restore import restore
 from resurge.local.state import ClusterState, StateLock
@@ -148,7 +148,7 @@ class Supervisor:
         bus = await Bus.connect(settings, "supervisor")
         try:
             await bus.ensure_streams()
-            backend = await LocalBackend.open(bus)
+            backend = await open_backend(bus, settings)
             deadline = time.monotonic() + wait_seconds
             while True:
                 nodes = {n.name for n in await backend.live_nodes()}
