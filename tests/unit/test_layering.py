@@ -63,3 +63,28 @@ def test_control_plane_does_not_import_torch() -> None:
         if "torch" in names
     ]
     assert offences == []
+
+
+def test_no_service_names_the_local_backend() -> None:
+    """Services get their backend from resurge.cluster.open_backend, never by class."""
+    offences = []
+    for folder in SERVICES.values():
+        for path in folder.rglob("*.py"):
+            text = path.read_text()
+            where = str(path.relative_to(REPO))
+            if "LocalBackend" in text:
+                offences.append(f"{where} names LocalBackend")
+            for node in ast.walk(ast.parse(text, filename=str(path))):
+                if isinstance(node, ast.Import):
+                    modules = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    modules = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                else:
+                    continue
+                offences.extend(
+                    f"{where} imports {module}"
+                    for module in modules
+                    if module == "resurge.cluster.local"
+                    or module.startswith("resurge.cluster.local.")
+                )
+    assert offences == []

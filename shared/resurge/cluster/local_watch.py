@@ -132,6 +132,7 @@ async def watch_changes(
     finally:
         for pump in pumps:
             pump.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
         for watcher in watchers:
             with contextlib.suppress(Exception):
                 await watcher.stop()  # type: ignore[no-untyped-call]  # nats.py: untyped

@@ -1,0 +1,1 @@
+"""The backend contract suite: every ClusterBackend keeps the protocol's promises."""
