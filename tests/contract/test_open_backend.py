@@ -1,0 +1,31 @@
+"""open_backend: the backend RESURGE_CLUSTER names, or a clear refusal."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+
+from resurge.cluster import BackendError, open_backend
+from resurge.runtime.bus import Bus
+from resurge.runtime.settings import Settings
+
+
+async def test_local_is_the_default(bus: Bus, settings: Settings) -> None:
+    assert settings.cluster == "local"
+    assert (await open_backend(bus, settings)).name == "local"
+
+
+async def test_kubernetes_is_refused_until_it_is_built(
+    bus: Bus, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RESURGE_CLUSTER", "kubernetes")
+    chosen = Settings(nats_url=settings.nats_url, namespace=settings.namespace)
+    assert chosen.cluster == "kubernetes"
+    with pytest.raises(BackendError, match="Kubernetes backend is not built yet"):
+        await open_backend(bus, chosen)
+
+
+def test_an_unknown_cluster_is_a_settings_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RESURGE_CLUSTER", "nomad")
+    with pytest.raises(pydantic.ValidationError, match="cluster"):
+        Settings()
