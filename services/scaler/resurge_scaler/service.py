@@ -4,6 +4,11 @@
   worker groups are created through the cluster backend, and generation g is assigned.
 - capacity changed, job finished or deleted -> try the Pending jobs again.
 - every replica finished -> Succeeded; a finished job's worker groups are deleted.
+- any job record changed -> its status view is written through the backend (its own
+  task: :class:`~resurge_scaler.status.StatusWriter`).
+
+The backend comes from :func:`resurge.cluster.open_backend` (``RESURGE_CLUSTER``) and
+is used only through the :class:`~resurge.cluster.ClusterBackend` protocol.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from functools import partial
 
-from resurge.cluster.local import LocalBackend
+from resurge.cluster import ClusterBackend, open_backend
 from resurge.control.job_messages import announce_phase, send_assignments, send_stops
 from resurge.control.records import JobRecord, JobStore
 from resurge.control.worker_groups import worker_groups
@@ -37,26 +42,63 @@ from resurge_scaler.admission import (
     wait_reason,
     why_waiting,
 )
+from resurge_scaler.status import StatusWriter
 
-__all__ = ["setup"]
+__all__ = ["Scaler", "setup"]
 
 
-async def setup(ctx: ServiceContext) -> None:
-    bus = ctx.bus
-    store = JobStore(await bus.jobs_bucket())
-    backend = await LocalBackend.open(bus)
-    admitting = asyncio.Lock()
+class Scaler:
+    """The scaler's handlers over one bus, one job store and one cluster backend."""
 
-    async def admit_pending() -> None:
-        async with admitting:
-            pending = admission_order(await store.all())
+    def __init__(self, ctx: ServiceContext, store: JobStore, backend: ClusterBackend) -> None:
+        self.ctx = ctx
+        self.bus = ctx.bus
+        self.store = store
+        self.backend = backend
+        self._admitting = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, ctx: ServiceContext) -> Scaler:
+        """A scaler on ``ctx``'s bus with the backend its settings choose."""
+        store = JobStore(await ctx.bus.jobs_bucket())
+        return cls(ctx, store, await open_backend(ctx.bus, ctx.settings))
+
+    async def start(self) -> None:
+        """Write job statuses in the background and consume the scaler's subjects."""
+        self.ctx.spawn(StatusWriter(self.store.kv, self.backend).run())
+        bus = self.bus
+        await bus.consume(
+            bus.subjects.all("job"),
+            "scaler",
+            self.on_job_event,
+            expects=(JobSubmitted, ReplicaFinished, JobDeleted),
+        )
+        await bus.consume(
+            bus.subjects.action(None),
+            "scaler-phases",
+            self.on_action,
+            expects=(PhaseChanged, RecoveryStarted, RecoveryFinished),
+        )
+        await bus.consume(
+            bus.subjects.all("capacity"),
+            "scaler-capacity",
+            self.on_capacity,
+            expects=(CapacityChanged,),
+        )
+
+    # -- admission ----------------------------------------------------------------------
+
+    async def admit_pending(self) -> None:
+        """Start every Pending job that fits now, in admission order; say why the rest wait."""
+        async with self._admitting:
+            pending = admission_order(await self.store.all())
             if not pending:
                 return
-            nodes = await backend.live_nodes()
+            nodes = await self.backend.live_nodes()
             used: dict[str, int] = {}
-            for group in await backend.list_worker_groups():
+            for group in await self.backend.list_worker_groups():
                 used[group.node] = used.get(group.node, 0) + group.nproc
-            for held in await store.all():
+            for held in await self.store.all():
                 if not held.phase.finished:
                     for node in held.spare_nodes:
                         used[node] = used.get(node, 0) + held.spec.spec.nproc_per_node
@@ -65,104 +107,111 @@ async def setup(ctx: ServiceContext) -> None:
                 fit = place(record.spec, nodes, used, record.avoid_nodes)
                 if fit is None:
                     why = why_waiting(record.spec, nodes, snapshot, record.avoid_nodes)
-                    await store.mutate(record.name, partial(wait_reason, reason=why))
+                    await self.store.mutate(record.name, partial(wait_reason, reason=why))
                     continue
                 placements, spares = fit
-                result = await store.mutate(
+                result = await self.store.mutate(
                     record.name, partial(start, placements=placements, spares=spares)
                 )
                 if result is None or result[0] is result[1]:
                     continue
                 before, after = result
                 for group in worker_groups(after):
-                    await backend.create_worker_group(group)
-                await send_assignments(bus, after)
-                ctx.log.info("started %s: %s", after.name, after.message, extra={"job": after.name})
-                await announce_phase(bus, before.phase, after)
+                    await self.backend.create_worker_group(group)
+                await send_assignments(self.bus, after)
+                self.ctx.log.info(
+                    "started %s: %s", after.name, after.message, extra={"job": after.name}
+                )
+                await announce_phase(self.bus, before.phase, after)
 
-    async def release(record: JobRecord) -> None:
+    async def release(self, record: JobRecord) -> None:
+        """Delete the worker groups of ``record``'s placements."""
         for p in record.placements:
-            await backend.delete_worker_group(record.name, p.replica, p.node)
+            await self.backend.delete_worker_group(record.name, p.replica, p.node)
 
-    async def on_submitted(event: JobSubmitted) -> None:
+    # -- handlers -----------------------------------------------------------------------
+
+    async def on_job_event(self, event: JobSubmitted | ReplicaFinished | JobDeleted) -> None:
+        """One event of the job subjects, to its handler."""
+        if isinstance(event, JobSubmitted):
+            await self.on_submitted(event)
+        elif isinstance(event, ReplicaFinished):
+            await self.on_finished(event)
+        else:
+            await self.on_deleted(event)
+
+    async def on_submitted(self, event: JobSubmitted) -> None:
+        """A new job (or a finished one's name again) becomes Pending and is admitted if it
+        fits; a running job submitted again takes its new monitoring settings."""
         job = event.spec
-        found = await store.get(job.name)
+        found = await self.store.get(job.name)
         if found is not None and not found[0].phase.finished:
-            await store.mutate(job.name, partial(update_live, job=job))
-            ctx.log.info("%s is already %s: monitoring settings updated, the rest kept",
-                         job.name, found[0].phase.value)  # fmt: skip
+            await self.store.mutate(job.name, partial(update_live, job=job))
+            self.ctx.log.info(
+                "%s is already %s: monitoring settings updated, the rest kept",
+                job.name,
+                found[0].phase.value,
+            )
             return
         record = new_record(job, found[0] if found else None)
         written = (
-            await store.create(record) if found is None else await store.replace(record, found[1])
+            await self.store.create(record)
+            if found is None
+            else await self.store.replace(record, found[1])
         )
         if not written:
             raise TransientError(f"job record {job.name} changed while admitting it")
-        await announce_phase(bus, None, record)
-        await admit_pending()
+        await announce_phase(self.bus, None, record)
+        await self.admit_pending()
 
-    async def on_finished(event: ReplicaFinished) -> None:
+    async def on_finished(self, event: ReplicaFinished) -> None:
+        """A replica finished its generation; the job succeeds when every replica has."""
         if event.job is None or event.replica is None or event.generation is None:
             return
         replica, generation = event.replica, event.generation
-        result = await store.mutate(
+        result = await self.store.mutate(
             event.job, lambda r: mark_replica_finished(r, replica, generation)
         )
         if result is None or result[0] is result[1]:
             return
         before, after = result
         if after.phase is JobPhase.SUCCEEDED:
-            ctx.log.info("job %s succeeded", after.name, extra={"job": after.name})
-            await announce_phase(bus, before.phase, after)
-            await send_stops(bus, after, after.generation, "job succeeded", final=True)
+            self.ctx.log.info("job %s succeeded", after.name, extra={"job": after.name})
+            await announce_phase(self.bus, before.phase, after)
+            await send_stops(self.bus, after, after.generation, "job succeeded", final=True)
 
-    async def on_deleted(event: JobDeleted) -> None:
+    async def on_deleted(self, event: JobDeleted) -> None:
+        """A deleted job: stop its workers, free its nodes, forget its record."""
         if event.job is None:
             return
-        found = await store.get(event.job)
+        found = await self.store.get(event.job)
         if found is None:
             return
-        await send_stops(bus, found[0], found[0].generation, "job deleted", final=True)
-        await release(found[0])
-        await store.kv.delete(store.key(event.job))
-        await admit_pending()
+        await send_stops(self.bus, found[0], found[0].generation, "job deleted", final=True)
+        await self.release(found[0])
+        await self.store.kv.delete(self.store.key(event.job))
+        await self.admit_pending()
 
-    async def on_job_event(event: JobSubmitted | ReplicaFinished | JobDeleted) -> None:
-        if isinstance(event, JobSubmitted):
-            await on_submitted(event)
-        elif isinstance(event, ReplicaFinished):
-            await on_finished(event)
-        else:
-            await on_deleted(event)
-
-    async def on_action(event: PhaseChanged | RecoveryStarted | RecoveryFinished) -> None:
+    async def on_action(self, event: PhaseChanged | RecoveryStarted | RecoveryFinished) -> None:
+        """A requeued job is admitted again; a finished job's nodes are freed."""
         if not isinstance(event, PhaseChanged) or event.job is None:
             return
         if event.phase is JobPhase.PENDING and event.previous is not None:
-            await admit_pending()  # requeued by the restarter: no node to move a replica to
+            await self.admit_pending()  # requeued by the restarter: no node to move a replica to
             return
         if not event.phase.finished:
             return
-        found = await store.get(event.job)
+        found = await self.store.get(event.job)
         if found is not None and found[0].phase.finished:
-            await release(found[0])
-            await admit_pending()
+            await self.release(found[0])
+            await self.admit_pending()
 
-    async def on_capacity(event: CapacityChanged) -> None:
-        await admit_pending()
+    async def on_capacity(self, event: CapacityChanged) -> None:
+        """A node's capacity changed: try the Pending jobs again."""
+        await self.admit_pending()
 
-    await bus.consume(
-        bus.subjects.all("job"),
-        "scaler",
-        on_job_event,
-        expects=(JobSubmitted, ReplicaFinished, JobDeleted),
-    )
-    await bus.consume(
-        bus.subjects.action(None),
-        "scaler-phases",
-        on_action,
-        expects=(PhaseChanged, RecoveryStarted, RecoveryFinished),
-    )
-    await bus.consume(
-        bus.subjects.all("capacity"), "scaler-capacity", on_capacity, expects=(CapacityChanged,)
-    )
+
+async def setup(ctx: ServiceContext) -> None:
+    """The service runner's entry: open a :class:`Scaler` and start it."""
+    scaler = await Scaler.open(ctx)
+    await scaler.start()

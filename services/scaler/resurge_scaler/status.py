@@ -1,0 +1,75 @@
+"""Job status through the backend: each job record's status view, written as it changes.
+
+:class:`StatusWriter` watches the jobs KV bucket (every record as it is, then each
+change) and writes ``status_view(record)`` with ``backend.write_job_status``: the
+status subresource on Kubernetes, a KV entry locally. It runs as its own task, off the
+handlers' path, so a slow status write never delays an admission or a recovery.
+
+Writes are idempotent and skipped when the view did not change (most record changes,
+such as a checkpoint report, leave it as it was). A write that fails is kept and tried
+again on the next change of any record; a deleted job's status is left as last written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from nats.js.kv import KeyValue
+
+from resurge.cluster import ClusterBackend
+from resurge.contract.subjects import unescape_token
+from resurge.control.records import JobRecord, status_view
+
+__all__ = ["StatusWriter"]
+
+log = logging.getLogger("resurge.scaler.status")
+
+
+class StatusWriter:
+    """Follows the job records in ``jobs`` and writes each one's status to ``backend``."""
+
+    def __init__(self, jobs: KeyValue, backend: ClusterBackend) -> None:
+        self.jobs = jobs
+        self.backend = backend
+        self._written: dict[str, dict[str, object]] = {}
+        self._unwritten: dict[str, dict[str, object]] = {}
+
+    async def run(self) -> None:
+        """Write statuses until cancelled: every record's now, then each change."""
+        watcher = await self.jobs.watch(">")
+        try:
+            async for entry in watcher:
+                if entry is None:  # the end of the records as they were: changes follow
+                    continue
+                name = unescape_token(entry.key)
+                if entry.operation in ("DEL", "PURGE") or not entry.value:
+                    self._written.pop(name, None)
+                    self._unwritten.pop(name, None)
+                    continue
+                self.saw(JobRecord.model_validate_json(entry.value))
+                await self.flush()
+        finally:
+            with contextlib.suppress(Exception):  # the connection may be closing
+                await watcher.stop()  # type: ignore[no-untyped-call]  # nats.py: untyped
+
+    def saw(self, record: JobRecord) -> None:
+        """Queue ``record``'s status view unless it is the one last written."""
+        view = status_view(record)
+        if self._written.get(record.name) == view:
+            self._unwritten.pop(record.name, None)
+        else:
+            self._unwritten[record.name] = view
+
+    async def flush(self) -> None:
+        """Write every queued status; one that fails stays queued for the next change."""
+        for name, view in list(self._unwritten.items()):
+            try:
+                await self.backend.write_job_status(name, view)
+            except Exception as error:  # the cluster may be unreachable for a while
+                log.warning(
+                    "could not write the status of %s: %r", name, error, extra={"job": name}
+                )
+                continue
+            self._written[name] = view
+            del self._unwritten[name]
