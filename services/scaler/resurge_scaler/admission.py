@@ -31,6 +31,8 @@ __all__ = [
 
 
 def new_record(job: TrainingJob, previous: JobRecord | None) -> JobRecord:
+    """A Pending record of ``job``, one generation past ``previous`` (a finished job
+    of that name), if any."""
     generation = 0 if previous is None else previous.generation + 1
     return JobRecord(
         name=job.name,
@@ -42,6 +44,7 @@ def new_record(job: TrainingJob, previous: JobRecord | None) -> JobRecord:
 
 
 def admission_order(records: list[JobRecord]) -> list[JobRecord]:
+    """The Pending records, highest priority first, then oldest submission, then name."""
     pending = [r for r in records if r.phase is JobPhase.PENDING]
     return sorted(
         pending, key=lambda r: (-getattr(r.spec.spec, "priority", 0), r.submitted, r.name)
