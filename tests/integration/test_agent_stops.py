@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from resurge.cluster.protocol import WorkerGroupSpec
 from resurge.events import (
     AgentState,
     AgentStateChanged,
@@ -27,6 +28,7 @@ from resurge.events import (
 )
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
+from resurge_node_agent.group_spec import spec_environment
 from tests.collect import Events
 from tests.integration.test_node_agent import assign
 
@@ -55,8 +57,15 @@ IGNORES_TERM = (
 )
 LONG_GRACE = 30.0  # every stop below must end far sooner: nothing waits for it
 # The agent as pid 1 of its own PID namespace, as a container's entrypoint is.
-AS_PID_1 = ("unshare", "--user", "--map-root-user", "--pid", "--fork", "--mount-proc",
-            "--kill-child")  # fmt: skip
+AS_PID_1 = (
+    "unshare",
+    "--user",
+    "--map-root-user",
+    "--pid",
+    "--fork",
+    "--mount-proc",
+    "--kill-child",
+)
 
 
 def start_agent(
@@ -67,16 +76,26 @@ def start_agent(
     fork_server: bool = True,
     wrapper: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "RESURGE_NATS_URL": settings.nats_url,
-           "RESURGE_NAMESPACE": settings.namespace, "RESURGE_LOG_FORMAT": "text"}  # fmt: skip
-    argv = [sys.executable, "-m", "resurge_node_agent", "launch", "--job", "j.x",
-            "--replica", "0", "--nproc-per-node", "2", "--node", "n1",
-            "--stop-grace-seconds", str(LONG_GRACE), "--preload", "json"]  # fmt: skip
-    if not fork_server:
-        argv.append("--no-fork-server")
+    spec = WorkerGroupSpec(
+        job="j.x",
+        replica=0,
+        node="n1",
+        nproc=2,
+        command=[sys.executable, "-c", code],
+        stop_grace_seconds=LONG_GRACE,
+        fork_server=fork_server,
+        preload=["json"],
+    )
+    env = {
+        **os.environ,
+        "RESURGE_NATS_URL": settings.nats_url,
+        "RESURGE_NAMESPACE": settings.namespace,
+        "RESURGE_LOG_FORMAT": "text",
+        **spec_environment(spec),
+    }
+    argv = [sys.executable, "-m", "resurge_node_agent", "launch"]
     log = (tmp_path / "agent.log").open("wb")
-    return subprocess.Popen([*wrapper, *argv, "--", sys.executable, "-c", code], env=env,
-                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    return subprocess.Popen([*wrapper, *argv], env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
 async def running_workers(bus: Bus, raw: Events) -> dict[int, int]:
@@ -88,14 +107,16 @@ async def running_workers(bus: Bus, raw: Events) -> dict[int, int]:
 
 async def exits(raw: Events, seconds: float = 10) -> dict[int, ProcessExited]:
     """Both workers' exits; ``seconds`` stays far below LONG_GRACE."""
-    await raw.wait_for(lambda items: len([e for e in items if isinstance(e, ProcessExited)]) == 2,
-                       seconds)  # fmt: skip
+    await raw.wait_for(
+        lambda items: len([e for e in items if isinstance(e, ProcessExited)]) == 2, seconds
+    )
     return {e.local_rank: e for e in raw.of(ProcessExited)}
 
 
 def stop(bus: Bus, **fields: object) -> Stop:
-    return Stop(source=bus.source, job="j.x", replica=0, generation=0,
-                timeout_seconds=LONG_GRACE, **fields)  # fmt: skip
+    return Stop(
+        source=bus.source, job="j.x", replica=0, generation=0, timeout_seconds=LONG_GRACE, **fields
+    )
 
 
 async def test_a_stopped_worker_is_reported_and_killed_at_once_the_other_keeps_its_grace(
@@ -105,8 +126,9 @@ async def test_a_stopped_worker_is_reported_and_killed_at_once_the_other_keeps_i
     try:
         pids = await running_workers(bus, raw_events)
         os.kill(pids[1], signal.SIGSTOP)
-        [state] = await raw_events.wait_for(lambda items: [
-            e for e in items if isinstance(e, ProcessStateChanged) and e.stopped])  # fmt: skip
+        [state] = await raw_events.wait_for(
+            lambda items: [e for e in items if isinstance(e, ProcessStateChanged) and e.stopped]
+        )
         assert (state.local_rank, state.pid, state.rank, state.generation) == (1, pids[1], 1, 0)
         await bus.publish(bus.subjects.cmd("j.x", 0), stop(bus, final=True))
         done = await exits(raw_events)
@@ -116,9 +138,12 @@ async def test_a_stopped_worker_is_reported_and_killed_at_once_the_other_keeps_i
         assert "saved" in lines
         # The stop returned (a final stop's agent says it exits once its workers are
         # down) long before the grace would have ended.
-        await raw_events.wait_for(lambda items: any(
-            isinstance(e, AgentStateChanged) and e.state is AgentState.EXITING
-            for e in items), 10)  # fmt: skip
+        await raw_events.wait_for(
+            lambda items: any(
+                isinstance(e, AgentStateChanged) and e.state is AgentState.EXITING for e in items
+            ),
+            10,
+        )
         assert await asyncio.to_thread(agent.wait, 10) == 0
     finally:
         agent.kill()
@@ -133,9 +158,12 @@ async def test_a_worker_stopped_during_the_grace_is_killed_then(
         pids = await running_workers(bus, raw_events)
         await bus.publish(bus.subjects.cmd("j.x", 0), stop(bus))
         # The grace has begun: rank 0 is gone, rank 1 took its SIGTERM and is saving.
-        await raw_events.wait_for(lambda items: any(
-            isinstance(e, ProcessExited) for e in items) and any(
-            getattr(e, "line", "") == "saving" for e in items))  # fmt: skip
+        await raw_events.wait_for(
+            lambda items: (
+                any(isinstance(e, ProcessExited) for e in items)
+                and any(getattr(e, "line", "") == "saving" for e in items)
+            )
+        )
         os.kill(pids[1], signal.SIGSTOP)
         done = await exits(raw_events)
         assert done[0].exit_code == 3 and done[0].expected
@@ -152,15 +180,19 @@ async def test_an_assign_that_replaces_a_stopped_worker_kills_it_at_once(
     try:
         pids = await running_workers(bus, raw_events)
         os.kill(pids[1], signal.SIGSTOP)
-        await raw_events.wait_for(lambda items: any(
-            isinstance(e, ProcessStateChanged) and e.stopped for e in items))  # fmt: skip
+        await raw_events.wait_for(
+            lambda items: any(isinstance(e, ProcessStateChanged) and e.stopped for e in items)
+        )
         await bus.publish(bus.subjects.cmd("j.x", 0), assign(bus, 1))
         done = await exits(raw_events)
         assert done[1].signal == "SIGKILL" and done[1].expected
         assert done[0].exit_code == 3 and done[0].expected  # the configured grace, used
-        await raw_events.wait_for(lambda items: len([
-            e for e in items if isinstance(e, ProcessStarted) and e.generation == 1]) == 2,
-            10)  # fmt: skip
+        await raw_events.wait_for(
+            lambda items: (
+                len([e for e in items if isinstance(e, ProcessStarted) and e.generation == 1]) == 2
+            ),
+            10,
+        )
     finally:
         agent.kill()
         agent.wait()
@@ -173,8 +205,9 @@ async def test_a_worker_that_runs_again_is_reported_running(
     try:
         pids = await running_workers(bus, raw_events)
         os.kill(pids[0], signal.SIGSTOP)
-        await raw_events.wait_for(lambda items: any(
-            isinstance(e, ProcessStateChanged) and e.stopped for e in items))  # fmt: skip
+        await raw_events.wait_for(
+            lambda items: any(isinstance(e, ProcessStateChanged) and e.stopped for e in items)
+        )
         os.kill(pids[0], signal.SIGCONT)
         changes = await raw_events.wait_for(
             lambda items: (
@@ -254,8 +287,9 @@ async def test_an_agent_that_is_pid_1_keeps_its_workers(
 ) -> None:
     """Its workers' parent is pid 1 (the agent, or the fork server's parent): that is not
     the mark of an orphan here."""
-    agent = start_agent(settings, SAVES_ON_TERM, tmp_path, fork_server=fork_server,
-                        wrapper=AS_PID_1)  # fmt: skip
+    agent = start_agent(
+        settings, SAVES_ON_TERM, tmp_path, fork_server=fork_server, wrapper=AS_PID_1
+    )
     try:
         await running_workers(bus, raw_events)
         await bus.publish(bus.subjects.cmd("j.x", 0), stop(bus))

@@ -376,9 +376,13 @@ async def test_a_fork_server_dies_with_the_agent_that_started_it(tmp_path: Path)
         "asyncio.run(main())\n"
     )
     agent = await asyncio.create_subprocess_exec(
-        PY, "-c", agent_code, stdout=asyncio.subprocess.PIPE, env=worker_env(),
+        PY,
+        "-c",
+        agent_code,
+        stdout=asyncio.subprocess.PIPE,
+        env=worker_env(),
         start_new_session=True,
-    )  # fmt: skip
+    )
     assert agent.stdout is not None
     server_pid = int(await asyncio.wait_for(agent.stdout.readline(), SECONDS))
     server = os.pidfd_open(server_pid)

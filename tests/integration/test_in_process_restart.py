@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from resurge.cluster.protocol import WorkerGroupSpec
 from resurge.events import (
     AgentState,
     AgentStateChanged,
@@ -35,6 +36,7 @@ from resurge.events import (
 )
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
+from resurge_node_agent.group_spec import spec_environment
 from tests.collect import Events
 
 pytestmark = pytest.mark.slow
@@ -76,11 +78,18 @@ def agent(settings: Settings, tmp_path: Path) -> Iterator[subprocess.Popen[bytes
         "RESURGE_NAMESPACE": settings.namespace,
         "RESURGE_LOG_FORMAT": "text",
     }
-    argv = [
-        sys.executable, "-m", "resurge_node_agent", "launch", "--job", JOB, "--replica", "0",
-        "--nproc-per-node", "2", "--node", "n1", "--stop-grace-seconds", "1",
-        "--env", "OMP_NUM_THREADS=1", "--preload", "torch", "--", sys.executable, "-c", TRAIN,
-    ]  # fmt: skip
+    spec = WorkerGroupSpec(
+        job=JOB,
+        replica=0,
+        node="n1",
+        nproc=2,
+        command=[sys.executable, "-c", TRAIN],
+        env={"OMP_NUM_THREADS": "1"},
+        stop_grace_seconds=1,
+        preload=["torch"],
+    )
+    env |= spec_environment(spec)
+    argv = [sys.executable, "-m", "resurge_node_agent", "launch"]
     with (tmp_path / "agent.log").open("wb") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     yield proc
@@ -173,8 +182,12 @@ async def test_in_process_restart_keeps_every_worker_process(
     # each worker is reported started in generation 1, in the same process
     assert [
         (e.generation, e.local_rank, e.pid, e.in_process) for e in raw_events.of(ProcessStarted)
-    ] == [(0, 0, pids[0], False), (0, 1, pids[1], False), (1, 0, pids[0], True),
-          (1, 1, pids[1], True)]  # fmt: skip
+    ] == [
+        (0, 0, pids[0], False),
+        (0, 1, pids[1], False),
+        (1, 0, pids[0], True),
+        (1, 1, pids[1], True),
+    ]
     # reports carry the generation their worker is in: never back to 0 once in 1
     for local_rank in (0, 1):
         seen = [e.generation for e in raw_events.of(Progress) if e.local_rank == local_rank]

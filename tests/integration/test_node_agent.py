@@ -9,24 +9,29 @@ import subprocess
 import sys
 from pathlib import Path
 
+from resurge.cluster.protocol import WorkerGroupSpec
 from resurge.events import (
     AgentState,
     AgentStateChanged,
     Assign,
+    Event,
     InjectFault,
     LogLine,
     ProcessExited,
     ProcessStarted,
+    ProcessStateChanged,
     ReplicaSlot,
     Stop,
 )
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
+from resurge_node_agent.group_spec import WORKER_GROUP_ENV, spec_environment
 from tests.collect import Events
 
 PRINT_ENV = (
     "import json, os; print(json.dumps({k: os.environ[k] for k in "
-    "('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_PORT', 'RESURGE_GENERATION', 'EXTRA')}))"
+    "('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_PORT', 'RESURGE_GENERATION', 'EXTRA')} "
+    "| {'GROUP_DOC': 'RESURGE_WORKER_GROUP' in os.environ}))"
 )
 IGNORE_TERM_AND_WAIT = (
     "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -37,38 +42,26 @@ IGNORE_TERM_AND_WAIT = (
 def start_agent(
     settings: Settings, code: str, tmp_path: Path, nproc: int = 2, grace: float = 1.0
 ) -> subprocess.Popen[bytes]:
+    spec = WorkerGroupSpec(
+        job="j.x",
+        replica=0,
+        node="n1",
+        nproc=nproc,
+        command=[sys.executable, "-c", code],
+        env={"EXTRA": "yes"},
+        stop_grace_seconds=grace,
+        preload=["json"],
+    )
     env = {
         **os.environ,
         "RESURGE_NATS_URL": settings.nats_url,
         "RESURGE_NAMESPACE": settings.namespace,
         "RESURGE_LOG_FORMAT": "text",
+        **spec_environment(spec),
     }
     log = (tmp_path / "agent.log").open("wb")
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "resurge_node_agent",
-            "launch",
-            "--job",
-            "j.x",
-            "--replica",
-            "0",
-            "--nproc-per-node",
-            str(nproc),
-            "--node",
-            "n1",
-            "--stop-grace-seconds",
-            str(grace),
-            "--env",
-            "EXTRA=yes",
-            "--preload",
-            "json",
-            "--",
-            sys.executable,
-            "-c",
-            code,
-        ],
+        [sys.executable, "-m", "resurge_node_agent", "launch"],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -109,6 +102,7 @@ async def test_assign_runs_workers_with_torchrun_env_and_reports(
         assert {env["MASTER_PORT"] for env in envs} == {"23456"}
         assert {env["RESURGE_GENERATION"] for env in envs} == {"0"}
         assert {env["EXTRA"] for env in envs} == {"yes"}
+        assert {env["GROUP_DOC"] for env in envs} == {False}  # the agent's, not theirs
         await bus.publish(
             bus.subjects.cmd("j.x", 0),
             Stop(source=bus.source, job="j.x", replica=0, generation=0, final=True),
@@ -152,15 +146,47 @@ async def test_stop_escalates_to_sigkill_and_new_assign_replaces_generation(
         agent.kill()
 
 
-def test_launch_without_command_is_an_error() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "resurge_node_agent", "launch", "--job", "j", "--replica", "0"],
+def launch(
+    env: dict[str, str], *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``resurge-node-agent launch`` that ends before it connects (a bad worker group)."""
+    return subprocess.run(
+        [sys.executable, "-m", "resurge_node_agent", "launch", *args],
+        env={key: value for key, value in os.environ.items() if key != WORKER_GROUP_ENV} | env,
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=30,
     )
+
+
+def test_launch_without_command_is_an_error() -> None:
+    result = launch({WORKER_GROUP_ENV: '{"job": "j", "replica": 0, "node": "n1", "nproc": 1}'})
     assert result.returncode == 2
     assert "needs the worker command" in result.stderr
+    assert "field 'command'" in result.stderr
+
+
+def test_launch_names_the_bad_field_wherever_the_document_comes_from(tmp_path: Path) -> None:
+    bad = '{"job": "j", "replica": -1, "node": "n1", "nproc": 1, "command": ["true"]}'
+    (tmp_path / "group.json").write_text(bad)
+    for result in (
+        launch({WORKER_GROUP_ENV: bad}),
+        launch({}, "--spec", str(tmp_path / "group.json")),
+        launch({}, "--spec", "-", stdin=bad),
+    ):
+        assert result.returncode == 2
+        assert "field 'replica'" in result.stderr
+    unknown = launch({WORKER_GROUP_ENV: bad.replace('"replica": -1', '"replica": 0, "gpus": 2')})
+    assert unknown.returncode == 2 and "field 'gpus'" in unknown.stderr
+    missing = launch({})
+    assert missing.returncode == 2 and WORKER_GROUP_ENV in missing.stderr
+
+
+def test_launch_help_describes_the_worker_group_document() -> None:
+    result = launch({}, "--help")
+    assert result.returncode == 0
+    assert WORKER_GROUP_ENV in result.stdout and "--spec" in result.stdout
 
 
 async def test_new_agent_skips_an_earlier_runs_commands(
@@ -238,9 +264,26 @@ async def test_injected_faults_hang_log_and_crash_a_worker(
         await raw_events.wait_for(lambda items: any(isinstance(e, ProcessExited) for e in items))
         [crashed] = raw_events.of(ProcessExited)
         assert crashed.local_rank == 0 and crashed.signal == "SIGKILL" and not crashed.expected
+        # SIGSTOP takes effect when the worker next runs, which on a busy machine can be
+        # after rank 0's exit is reported: the agent says when it sees it stopped.
+        await raw_events.wait_for(
+            lambda items: any(
+                isinstance(e, ProcessStateChanged) and e.local_rank == 1 and e.stopped
+                for e in items
+            )
+        )
         assert process_state(pids[1]) == "T"  # stopped, as a hung worker would be silent
-        await bus.publish(subject, Stop(source=bus.source, job="j.x", replica=0, generation=0,
-                                        final=True, timeout_seconds=0.5))  # fmt: skip
+        await bus.publish(
+            subject,
+            Stop(
+                source=bus.source,
+                job="j.x",
+                replica=0,
+                generation=0,
+                final=True,
+                timeout_seconds=0.5,
+            ),
+        )
         assert await asyncio.to_thread(agent.wait, 20) == 0
     finally:
         agent.kill()
@@ -259,9 +302,12 @@ async def test_an_assign_that_moved_the_replica_elsewhere_starts_nothing_here(
         )
         await bus.publish(bus.subjects.cmd("j.x", 0), moved)
         await bus.publish(bus.subjects.cmd("j.x", 0), assign(bus, 2))  # placed here again
-        started = await raw_events.wait_for(lambda items: [
-            e for e in items if isinstance(e, ProcessStarted)] if len([
-            e for e in items if isinstance(e, ProcessStarted)]) >= 2 else None)  # fmt: skip
+
+        def two_started(items: list[Event]) -> list[ProcessStarted] | None:
+            started = [e for e in items if isinstance(e, ProcessStarted)]
+            return started if len(started) >= 2 else None
+
+        started = await raw_events.wait_for(two_started)
         assert {e.generation for e in started} == {2}
     finally:
         agent.kill()

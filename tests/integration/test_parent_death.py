@@ -23,8 +23,9 @@ def reaped_pid() -> int:
 
 
 def run(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=SECONDS)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=SECONDS
+    )
 
 
 def test_a_process_whose_parent_is_alive_lives_on() -> None:

@@ -1,4 +1,10 @@
-"""``resurge-node-agent``: command line of the node agent."""
+"""``resurge-node-agent``: command line of the node agent.
+
+``launch`` takes its replica's worker group as one JSON document (see
+:mod:`resurge_node_agent.group_spec`); a missing or invalid one exits with status 2 and
+a message naming the field. ``monitor`` takes the node's own flags. Connection settings
+come from ``RESURGE_*`` variables for both.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +16,18 @@ from pathlib import Path
 
 from resurge.runtime.service import ServiceContext, run_service
 from resurge.runtime.settings import Settings
-from resurge_node_agent.launcher import LaunchAgent, LaunchConfig
+from resurge_node_agent.group_spec import WORKER_GROUP_ENV, SpecError, read_spec
+from resurge_node_agent.launcher import LaunchAgent
 from resurge_node_agent.monitor import MonitorConfig, NodeMonitor
 
 __all__ = ["main"]
 
 # Kubernetes passes the node name through the downward API under this name.
 NODE_NAME = "NODE_NAME"
+
+_SPEC_EXAMPLE = (
+    '{"job": "J", "replica": 0, "node": "N", "nproc": 2, "command": ["python", "train.py"]}'
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,52 +47,26 @@ def _parser() -> argparse.ArgumentParser:
     launch = modes.add_parser(
         "launch",
         help="run one replica's workers",
-        description="Run one replica's workers: resurge-node-agent launch --job J "
-        "--replica R --nproc-per-node N -- python train.py ...",
-    )
-    launch.add_argument("--job", required=True, help="training job name")
-    launch.add_argument("--replica", type=int, required=True, help="replica index (0-based)")
-    launch.add_argument(
-        "--nproc-per-node", type=int, default=1, help="worker processes to start (default 1)"
-    )
-    launch.add_argument(
-        "--node",
-        default=os.environ.get(NODE_NAME) or socket.gethostname(),
-        help="node name reported in events (default: $NODE_NAME or the host name)",
-    )
-    launch.add_argument("--working-dir", default=None, help="folder the workers start in")
-    launch.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="extra worker environment variable (repeatable)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Run one replica's workers, as its worker group says. The worker group is one "
+            f"JSON document, read from ${WORKER_GROUP_ENV} or from the file given by "
+            "--spec:\n\n"
+            f"  {WORKER_GROUP_ENV}='{_SPEC_EXAMPLE}' resurge-node-agent launch\n\n"
+            "Fields: job, replica, node, nproc (worker processes), command (worker argv), "
+            "env (extra worker environment), working_dir, stop_grace_seconds (SIGTERM to "
+            "SIGKILL), fork_server (fork workers from a pre-warmed server), preload "
+            "(modules the fork server imports), incarnation. An invalid document exits "
+            "with status 2 and names the field."
+        ),
     )
     launch.add_argument(
-        "--stop-grace-seconds",
-        type=float,
-        default=10.0,
-        help="seconds between SIGTERM and SIGKILL when stopping workers (default 10)",
+        "--spec",
+        metavar="PATH",
+        default=None,
+        help=f"read the worker group from this JSON file ('-': standard input) instead of "
+        f"${WORKER_GROUP_ENV}",
     )
-    launch.add_argument(
-        "--no-fork-server",
-        action="store_true",
-        help="start every worker as a new process instead of forking a pre-warmed server",
-    )
-    launch.add_argument(
-        "--preload",
-        default="torch,torch._dynamo,torch.distributed.checkpoint",
-        metavar="MODULES",
-        help="comma-separated modules the fork server imports once (default: torch, "
-        "torch._dynamo, torch.distributed.checkpoint)",
-    )
-    launch.add_argument(
-        "--incarnation",
-        type=int,
-        default=0,
-        help="how many times this replica's worker group was recreated (default 0)",
-    )
-    launch.add_argument("command", nargs=argparse.REMAINDER, help="-- then the worker's argv")
     monitor = modes.add_parser(
         "monitor",
         help="report one node and run the worker groups placed on it",
@@ -106,40 +91,27 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Run the agent in the mode ``argv`` names; its exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.mode == "monitor":
-        return _monitor(args)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        _parser().error("launch needs the worker command after --")
-    if args.replica < 0 or args.nproc_per_node < 1:
-        _parser().error("--replica must be >= 0 and --nproc-per-node >= 1")
-    bad = [item for item in args.env if "=" not in item or item.startswith("=")]
-    if bad:
-        _parser().error(f"--env takes NAME=VALUE, got {bad[0]!r}")
-    config = LaunchConfig(
-        job=args.job,
-        replica=args.replica,
-        node=args.node,
-        nproc_per_node=args.nproc_per_node,
-        command=command,
-        working_dir=args.working_dir,
-        env=dict(item.split("=", 1) for item in args.env),
-        fork_server=not args.no_fork_server,
-        preload=tuple(m.strip() for m in args.preload.split(",") if m.strip()),
-        stop_grace_seconds=args.stop_grace_seconds,
-        incarnation=args.incarnation,
-    )
+        return _monitor(parser, args)
+    try:
+        spec = read_spec(args.spec, os.environ, sys.stdin)
+    except SpecError as error:
+        parser.exit(2, f"resurge-node-agent launch: error: {error}\n")
+    # Workers inherit the agent's environment; the document is the agent's, not theirs.
+    os.environ.pop(WORKER_GROUP_ENV, None)
 
     async def setup(ctx: ServiceContext) -> None:
-        await LaunchAgent(ctx, config).start()
+        await LaunchAgent(ctx, spec).start()
 
     return run_service("node-agent", Settings(), setup)
 
 
-def _monitor(args: argparse.Namespace) -> int:
+def _monitor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.gpus < 0:
-        _parser().error("--gpus must be >= 0")
+        parser.error("--gpus must be >= 0")
     config = MonitorConfig(
         node=args.node, slots=args.gpus, address=args.address, log_dir=args.log_dir
     )

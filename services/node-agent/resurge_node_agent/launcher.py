@@ -1,5 +1,8 @@
 """``launch`` mode: one agent per replica, driven by commands on ``cmd.<job>.<replica>``.
 
+The agent runs what its :class:`~resurge.cluster.protocol.WorkerGroupSpec` says: ``nproc``
+workers of ``command`` with ``env`` in ``working_dir``, on ``node``.
+
 - Assign(g): a generation older than the one running is ignored, the one running is
   kept; a newer one stops the running workers as a Stop does, with the configured
   ``stop_grace_seconds`` (reported as expected exits), and starts ``nproc`` workers with
@@ -42,10 +45,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from resurge.cluster.protocol import WorkerGroupSpec
 from resurge.contract.subjects import escape_token
 from resurge.events import (
     AgentState,
@@ -80,9 +83,9 @@ from resurge_node_agent.process_state import is_stopped
 from resurge_node_agent.spawners import PlainSpawner, Spawner
 from resurge_node_agent.worker_channel import Report, WorkerChannel, socket_path_for
 from resurge_node_agent.worker_env import worker_environment
-from resurge_node_agent.workers import Stream, WorkerExit, WorkerGroup
+from resurge_node_agent.workers import Stream, WorkerExit, WorkerProcesses
 
-__all__ = ["LaunchAgent", "LaunchConfig"]
+__all__ = ["LaunchAgent"]
 
 # The server deletes an agent's command consumer this long after its agent went away.
 AGENT_CONSUMER_INACTIVE_SECONDS = 3600.0
@@ -90,46 +93,36 @@ AGENT_CONSUMER_INACTIVE_SECONDS = 3600.0
 STATE_SAMPLE_SECONDS = 0.25
 
 
-@dataclass(frozen=True)
-class LaunchConfig:
-    job: str
-    replica: int
-    node: str
-    nproc_per_node: int
-    command: Sequence[str]
-    working_dir: str | None
-    env: dict[str, str]
-    stop_grace_seconds: float
-    fork_server: bool = True
-    preload: tuple[str, ...] = ("torch",)
-    incarnation: int = 0
-
-
 @dataclass
 class _Running:
-    """A worker group and the Assign it now runs (in-process restarts move it on)."""
+    """The running workers' Assign (in-process restarts move it on) and environments."""
 
     assign: Assign
     environments: list[dict[str, str]]
 
 
 class LaunchAgent:
-    def __init__(self, ctx: ServiceContext, config: LaunchConfig) -> None:
+    """One replica's agent: runs the workers ``spec`` describes, one generation after
+    another, as the commands on ``cmd.<job>.<replica>`` say (see the module docstring)."""
+
+    def __init__(self, ctx: ServiceContext, spec: WorkerGroupSpec) -> None:
         self.ctx = ctx
         self.bus: Bus = ctx.bus
-        self.config = config
+        self.spec = spec
         self.generation: int | None = None
-        self.group: WorkerGroup | None = None
+        self.workers: WorkerProcesses | None = None
         self.running: _Running | None = None
         self.started_at = datetime.now(UTC)
         self.assign: Assign | None = None
         self.spawner: Spawner | None = None
         self.rejoins: Rejoins | None = None
         self.channel = WorkerChannel(
-            socket_path_for(config.job, config.replica), on_report=self._report, logger=ctx.log
+            socket_path_for(spec.job, spec.replica), on_report=self._report, logger=ctx.log
         )
 
     async def start(self) -> None:
+        """Open the worker socket and the fork server, then take commands; the service's
+        exit stack stops the workers and closes both."""
         await self.channel.start()
         self.ctx.exit_stack.push_async_callback(self.channel.close)
         self.spawner = await self._make_spawner()
@@ -138,13 +131,13 @@ class LaunchAgent:
         # One consumer per (node, incarnation): an agent started again after a crash goes
         # on where it stopped; a recreated or moved one starts from the newest command,
         # and never shares a consumer with the agent it replaces while that one exits.
-        config = self.config
+        spec = self.spec
         durable = (
-            f"agent-{escape_token(config.job)}-{config.replica}-"
-            f"{escape_token(config.node)}-{config.incarnation}"
+            f"agent-{escape_token(spec.job)}-{spec.replica}-"
+            f"{escape_token(spec.node)}-{spec.incarnation}"
         )
         await self.bus.consume(
-            self.bus.subjects.cmd(config.job, config.replica),
+            self.bus.subjects.cmd(spec.job, spec.replica),
             durable,
             self.on_command,
             expects=(Assign, Stop, InjectFault),
@@ -155,17 +148,18 @@ class LaunchAgent:
             await self._state(AgentState.WAITING, "waiting for an assignment")
 
     async def _make_spawner(self) -> Spawner:
-        if not self.config.fork_server:
+        if not self.spec.fork_server:
             return PlainSpawner()
         try:
-            spawner = await ForkServerSpawner.start(self.config.preload)
+            spawner = await ForkServerSpawner.start(self.spec.preload)
         except ForkServerError as error:
             self.ctx.log.warning("no fork server (%s); starting workers as new processes", error)
             return PlainSpawner()
-        self.ctx.log.info("fork server ready with %s preloaded", ", ".join(self.config.preload))
+        self.ctx.log.info("fork server ready with %s preloaded", ", ".join(self.spec.preload))
         return spawner
 
     async def on_command(self, command: Assign | Stop | InjectFault) -> None:
+        """Act on one command to this replica."""
         if isinstance(command, Assign):
             await self._assign(command)
         elif isinstance(command, Stop):
@@ -175,19 +169,21 @@ class LaunchAgent:
 
     async def _inject(self, inject: InjectFault) -> None:
         """Break a worker on purpose; ignored unless it targets the running generation."""
-        group = self.group
-        if group is None or inject.generation != self.generation or inject.time < self.started_at:
-            self.ctx.log.info("ignoring %s injection for generation %s", inject.fault,
-                              inject.generation)  # fmt: skip
+        workers = self.workers
+        if workers is None or inject.generation != self.generation or inject.time < self.started_at:
+            self.ctx.log.info(
+                "ignoring %s injection for generation %s", inject.fault, inject.generation
+            )
             return
-        pid = group.pid_of(inject.local_rank)
+        pid = workers.pid_of(inject.local_rank)
         if inject.fault == "exception":
             self._inject_exception(inject, pid)
             return
-        self.ctx.log.warning("injecting %s into local rank %d (pid %s)", inject.fault,
-                             inject.local_rank, pid)  # fmt: skip
+        self.ctx.log.warning(
+            "injecting %s into local rank %d (pid %s)", inject.fault, inject.local_rank, pid
+        )
         if inject.fault == "log":
-            await group.emit_line(inject.local_rank, "stderr", inject.line)
+            await workers.emit_line(inject.local_rank, "stderr", inject.line)
         elif pid is not None:
             os.kill(pid, signal.SIGKILL if inject.fault == "crash" else signal.SIGSTOP)
 
@@ -200,14 +196,15 @@ class LaunchAgent:
                 inject.local_rank,
             )
             return
-        self.ctx.log.warning("injecting an exception into local rank %d (pid %s)",
-                             inject.local_rank, pid)  # fmt: skip
+        self.ctx.log.warning(
+            "injecting an exception into local rank %d (pid %s)", inject.local_rank, pid
+        )
         self.channel.send(inject.local_rank, raise_line(hello.generation), pid=pid)
 
     def _environments(self, assign: Assign) -> list[dict[str, str]]:
         return [
-            {**self.config.env, **worker_environment(assign, local_rank, self.channel.path)}
-            for local_rank in range(self.config.nproc_per_node)
+            {**self.spec.env, **worker_environment(assign, local_rank, self.channel.path)}
+            for local_rank in range(self.spec.nproc)
         ]
 
     async def _assign(self, assign: Assign) -> None:
@@ -219,14 +216,18 @@ class LaunchAgent:
         if assign.world_size != sum(slot.nproc for slot in assign.rank_table):
             self.ctx.log.error("assign %s has an inconsistent rank table; ignored", assign.id)
             return
-        mine = [s for s in assign.rank_table if s.replica == self.config.replica]
-        if mine and mine[0].node != self.config.node:
+        mine = [s for s in assign.rank_table if s.replica == self.spec.replica]
+        if mine and mine[0].node != self.spec.node:
             # The replica moved (a `node` recovery): the agent on its new node runs it;
             # this one is being removed and must not start workers that join it.
-            self.ctx.log.info("ignoring assign for generation %d: replica %d now runs on %s",
-                              assign.generation, self.config.replica, mine[0].node)  # fmt: skip
+            self.ctx.log.info(
+                "ignoring assign for generation %d: replica %d now runs on %s",
+                assign.generation,
+                self.spec.replica,
+                mine[0].node,
+            )
             return
-        if assign.level is RecoveryLevel.IN_PROCESS and self.group is not None:
+        if assign.level is RecoveryLevel.IN_PROCESS and self.workers is not None:
             failure = await self._restart_in_process(assign)
             if failure is None:
                 return
@@ -237,28 +238,28 @@ class LaunchAgent:
         self.generation = assign.generation
         self.assign = assign
         running = self.running = _Running(assign, self._environments(assign))
-        self.group = WorkerGroup(
-            self.config.command,
+        self.workers = WorkerProcesses(
+            self.spec.command,
             running.environments,
-            cwd=self.config.working_dir,
+            cwd=self.spec.working_dir,
             on_start=lambda lr, pid: self._started(running.assign, lr, pid),
             on_line=lambda lr, stream, line: self._line(running.assign, lr, stream, line),
             on_exit=lambda exit_: self._exited(running.assign, exit_),
             echo_prefix=lambda lr: f"[{self._rank(running.assign, lr)}]:",
             spawner=self.spawner or PlainSpawner(),
         )
-        await self.group.start()
+        await self.workers.start()
         await self._state(AgentState.RUNNING, f"generation {assign.generation} running")
-        self.ctx.spawn(self._await_idle(self.group, running))
-        self.ctx.spawn(self._watch_states(self.group, running))
+        self.ctx.spawn(self._await_idle(self.workers, running))
+        self.ctx.spawn(self._watch_states(self.workers, running))
 
     async def _restart_in_process(self, assign: Assign) -> str | None:
         """Move the running workers to ``assign``'s generation in-process; None once every
         one confirmed, else why not (the workers are then still to be stopped)."""
-        group, running = self.group, self.running
-        if group is None or running is None or not group.running:
+        workers, running = self.workers, self.running
+        if workers is None or running is None or not workers.running:
             return "no workers running"
-        pids = restartable_workers(self.config.nproc_per_node, group.pid_of, self.channel.worker)
+        pids = restartable_workers(self.spec.nproc, workers.pid_of, self.channel.worker)
         if isinstance(pids, str):
             return pids
         environments = self._environments(assign)
@@ -292,27 +293,33 @@ class LaunchAgent:
             )
         return failure
 
-    async def _watch_states(self, group: WorkerGroup, running: _Running) -> None:
+    async def _watch_states(self, workers: WorkerProcesses, running: _Running) -> None:
         """Publish ProcessStateChanged when a worker stops (state T) or runs again."""
         stopped: dict[int, bool] = {}
-        while self.group is group and group.running:
-            for local_rank, pid in group.running_pids().items():
+        while self.workers is workers and workers.running:
+            for local_rank, pid in workers.running_pids().items():
                 now = is_stopped(pid)
                 if now is None or now == stopped.get(local_rank, False):
                     continue
                 stopped[local_rank] = now
-                self.ctx.log.warning("local rank %d (pid %d) %s", local_rank, pid,
-                                     "is stopped" if now else "runs again")  # fmt: skip
+                self.ctx.log.warning(
+                    "local rank %d (pid %d) %s",
+                    local_rank,
+                    pid,
+                    "is stopped" if now else "runs again",
+                )
                 event = ProcessStateChanged(
-                    pid=pid, stopped=now, since=datetime.now(UTC),
+                    pid=pid,
+                    stopped=now,
+                    since=datetime.now(UTC),
                     **self._envelope(running.assign, local_rank),
-                )  # fmt: skip
+                )
                 await self._publish(event)
             await asyncio.sleep(STATE_SAMPLE_SECONDS)
 
-    async def _await_idle(self, group: WorkerGroup, running: _Running) -> None:
-        await group.wait()
-        if self.group is group:
+    async def _await_idle(self, workers: WorkerProcesses, running: _Running) -> None:
+        await workers.wait()
+        if self.workers is workers:
             await self._state(
                 AgentState.IDLE, f"generation {running.assign.generation} workers exited"
             )
@@ -325,8 +332,7 @@ class LaunchAgent:
             hung = set()
             if self.assign is not None:
                 first = self._rank(self.assign, 0)
-                hung = {r - first for r in stop.hung_ranks
-                        if 0 <= r - first < self.config.nproc_per_node}  # fmt: skip
+                hung = {r - first for r in stop.hung_ranks if 0 <= r - first < self.spec.nproc}
             await self._stop_workers(
                 stop.reason or f"stop generation {stop.generation}",
                 grace=stop.timeout_seconds if stop.graceful else 0.0,
@@ -341,27 +347,27 @@ class LaunchAgent:
     ) -> None:
         """Stop the running workers: hung ones (``kill_now``, or stopped) at once, the
         rest after SIGTERM and ``grace`` (default: the job's stopGraceSeconds)."""
-        if self.group is None or not self.group.running:
+        if self.workers is None or not self.workers.running:
             return
         if self.generation is not None:
             await self.channel.notify_stop_pending(self.generation, why)
         await self._state(AgentState.STOPPING, why)
-        grace = self.config.stop_grace_seconds if grace is None else grace
-        await self.group.stop(grace, kill_now or set())
+        grace = self.spec.stop_grace_seconds if grace is None else grace
+        await self.workers.stop(grace, kill_now or set())
 
     async def _shutdown(self) -> None:
         await self._stop_workers("agent shutting down")
 
     def _rank(self, assign: Assign, local_rank: int) -> int:
-        slot = next(s for s in assign.rank_table if s.replica == self.config.replica)
+        slot = next(s for s in assign.rank_table if s.replica == self.spec.replica)
         return slot.first_rank + local_rank
 
     def _envelope(self, assign: Assign, local_rank: int) -> dict[str, object]:
         return {
             "source": self.bus.source,
-            "job": self.config.job,
-            "replica": self.config.replica,
-            "node": self.config.node,
+            "job": self.spec.job,
+            "replica": self.spec.replica,
+            "node": self.spec.node,
             "generation": assign.generation,
             "rank": self._rank(assign, local_rank),
             "local_rank": local_rank,
@@ -371,9 +377,9 @@ class LaunchAgent:
         """For a worker's report: the generation and rank the worker says it is in."""
         return {
             "source": self.bus.source,
-            "job": self.config.job,
-            "replica": self.config.replica,
-            "node": self.config.node,
+            "job": self.spec.job,
+            "replica": self.spec.replica,
+            "node": self.spec.node,
             "generation": hello.generation,
             "rank": hello.rank,
             "local_rank": hello.local_rank,
@@ -384,7 +390,7 @@ class LaunchAgent:
     ) -> None:
         event = ProcessStarted(
             pid=pid,
-            local_world_size=self.config.nproc_per_node,
+            local_world_size=self.spec.nproc,
             in_process=in_process,
             **self._envelope(assign, local_rank),
         )
@@ -392,7 +398,7 @@ class LaunchAgent:
 
     async def _line(self, assign: Assign, local_rank: int, stream: Stream, line: str) -> None:
         event = LogLine(stream=stream, line=line, **self._envelope(assign, local_rank))
-        subject = self.bus.subjects.raw(self.config.job, event.kind, self.config.node)
+        subject = self.bus.subjects.raw(self.spec.job, event.kind, self.spec.node)
         await self.bus.publish_nowait(subject, event)
 
     async def _exited(self, assign: Assign, exit_: WorkerExit) -> None:
@@ -400,7 +406,7 @@ class LaunchAgent:
             self.rejoins.fail(f"local rank {exit_.local_rank} exited")
         event = ProcessExited(
             pid=exit_.pid,
-            local_world_size=self.config.nproc_per_node,
+            local_world_size=self.spec.nproc,
             exit_code=exit_.exit_code,
             signal=exit_.signal,
             expected=exit_.expected,
@@ -418,14 +424,15 @@ class LaunchAgent:
                 step=report.step, metrics=report.metrics, in_process=hello.in_process, **envelope
             )
             await self.bus.publish_nowait(
-                self.bus.subjects.raw(self.config.job, event.kind, self.config.node), event
+                self.bus.subjects.raw(self.spec.job, event.kind, self.spec.node), event
             )
         elif isinstance(report, CheckpointReport):
             await self._publish(CheckpointSaved(step=report.step, path=report.path, **envelope))
         elif isinstance(report, FaultReport):
             envelope["generation"] = report.generation
-            self.ctx.log.warning("rank %d raised %s: %s", hello.rank, report.exception,
-                                 report.message[:200])  # fmt: skip
+            self.ctx.log.warning(
+                "rank %d raised %s: %s", hello.rank, report.exception, report.message[:200]
+            )
             event = WorkerFault(
                 exception=report.exception,
                 message=report.message,
@@ -439,9 +446,9 @@ class LaunchAgent:
     async def _state(self, state: AgentState, detail: str) -> None:
         event = AgentStateChanged(
             source=self.bus.source,
-            job=self.config.job,
-            replica=self.config.replica,
-            node=self.config.node,
+            job=self.spec.job,
+            replica=self.spec.replica,
+            node=self.spec.node,
             generation=self.generation,
             state=state,
             detail=detail,
@@ -450,5 +457,5 @@ class LaunchAgent:
 
     async def _publish(self, event: Envelope) -> None:
         await self.bus.publish(
-            self.bus.subjects.raw(self.config.job, event.kind, self.config.node), event
+            self.bus.subjects.raw(self.spec.job, event.kind, self.spec.node), event
         )

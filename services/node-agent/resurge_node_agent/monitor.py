@@ -5,8 +5,8 @@
   simulated GPUs (:class:`~resurge_node_agent.gpus.SimulatedGpus`), which is what the local
   cluster's virtual nodes get. ``RESURGE_SIMULATE_GPUS=1`` simulates even where NVML
   finds GPUs. The node offers ``--gpus`` slots either way.
-- Every heartbeat (and whenever a worker group or a GPU's health changes) it writes the
-  node's record to the ``nodes`` bucket (``healthy`` false while a GPU is unhealthy),
+- Every heartbeat (and whenever a worker group or a GPU's health changes) it reports the
+  node to the cluster backend (``healthy`` false while a GPU is unhealthy),
   publishes a NodeReport on ``raw._.node_report.<node>`` (stored, acked) and a GpuSample
   on ``raw._.gpu_sample.<node>`` (not waited for). The detector's node-health detector
   turns these reports into CapacityChanged events (a node appearing, changing, lost).
@@ -17,10 +17,14 @@
 - Commands to the node arrive on ``cmd._.<node>`` (durable consumer
   ``monitor-<node>``, new messages only): InjectGpuError raises an XID on a simulated GPU
   and is ignored, with a log line, on NVML GPUs.
-- Watches the ``workergroups`` bucket for keys under this node, and reconciles them as a
-  kubelet reconciles pods: a new key starts a ``resurge-node-agent launch`` process, a
-  bumped ``incarnation`` recreates it, a deleted key stops it. A launch agent that exits
-  non-zero while its key still exists is started again (restartPolicy OnFailure).
+- Watches the cluster backend for the worker groups placed on this node, and reconciles
+  them as a kubelet reconciles pods: a new group starts a ``resurge-node-agent launch``
+  process, handed the group's spec whole in ``RESURGE_WORKER_GROUP``; a bumped
+  ``incarnation`` recreates it, a deleted group stops it. A launch agent that exits
+  non-zero while its group still exists is started again (restartPolicy OnFailure).
+
+It acts on the cluster only through :class:`~resurge.cluster.protocol.ClusterBackend`
+(:func:`resurge.cluster.open_backend`, chosen by ``RESURGE_CLUSTER``).
 """
 
 from __future__ import annotations
@@ -30,12 +34,14 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import IO
 
-from resurge.cluster.local import LocalBackend
-from resurge.cluster.protocol import NodeInfo, WorkerGroupSpec
+from resurge.cluster import open_backend
+from resurge.cluster.protocol import ClusterBackend, ClusterChange, NodeInfo, WorkerGroupSpec
 from resurge.contract.subjects import NODE_LEVEL_JOB, escape_token
 from resurge.events import (
     AgentState,
@@ -48,6 +54,7 @@ from resurge.events import (
 from resurge.runtime.bus import PermanentError
 from resurge.runtime.service import ServiceContext
 from resurge_node_agent.gpus import GpuErrorReport, GpuSource, SimulatedGpus, select_gpus
+from resurge_node_agent.group_spec import spec_environment
 
 __all__ = ["MonitorConfig", "NodeMonitor"]
 
@@ -56,8 +63,14 @@ _RESTART_BACKOFF_SECONDS = 1.0
 _PUBLISH_ATTEMPTS = 5
 
 
+# A worker group on this node: (job, replica).
+GroupKey = tuple[str, int]
+
+
 @dataclass(frozen=True)
 class MonitorConfig:
+    """The node's own settings: its name, slots, address, and where agents' output goes."""
+
     node: str
     slots: int
     address: str
@@ -66,35 +79,42 @@ class MonitorConfig:
 
 @dataclass
 class _Running:
+    """A launch agent this monitor started for a worker group."""
+
     spec: WorkerGroupSpec
     process: asyncio.subprocess.Process
     stopping: bool = False
 
 
 class NodeMonitor:
+    """One node's monitor agent (see the module docstring)."""
+
     def __init__(
         self, ctx: ServiceContext, config: MonitorConfig, gpus: GpuSource | None = None
     ) -> None:
         self.ctx = ctx
         self.config = config
-        self.groups: dict[str, _Running] = {}
-        self.backend: LocalBackend | None = None
+        self.groups: dict[GroupKey, _Running] = {}
+        self.backend: ClusterBackend | None = None
         self.gpus = gpus
         self._gpu_errors: asyncio.Queue[GpuErrorReport] = asyncio.Queue()
         self._reporting = asyncio.Lock()
 
     @property
     def free_slots(self) -> int:
+        """Slots no running worker group takes."""
         used = sum(r.spec.nproc for r in self.groups.values() if not r.stopping)
         return max(0, self.config.slots - used)
 
     @property
     def unhealthy_gpus(self) -> list[int]:
+        """Indexes of the GPUs that are unhealthy now."""
         return [] if self.gpus is None else self.gpus.unhealthy()
 
     async def start(self) -> None:
+        """Open the backend and the GPUs, report the node, then reconcile and beat."""
         bus = self.ctx.bus
-        self.backend = await LocalBackend.open(bus)
+        self.backend = await open_backend(bus, self.ctx.settings)
         self.ctx.exit_stack.push_async_callback(self._shutdown)
         if self.gpus is None:
             self.gpus = await asyncio.to_thread(select_gpus, self.config.slots, self.config.node)
@@ -122,8 +142,7 @@ class NodeMonitor:
             start="new",
         )
         await self._report()
-        watcher = await self.backend.groups.watch(f"{escape_token(self.config.node)}.>")
-        self.ctx.spawn(self._reconcile(watcher))
+        self.ctx.spawn(self._reconcile(self.backend.watch(node=self.config.node)))
         self.ctx.spawn(self._heartbeat())
 
     async def _heartbeat(self) -> None:
@@ -151,7 +170,7 @@ class NodeMonitor:
             address=self.config.address,
             heartbeat=datetime.now(UTC),
         )
-        await self.backend.put_node(info)
+        await self.backend.report_node(info)
         free = self.free_slots
         report = NodeReport(
             source=bus.source,
@@ -184,16 +203,26 @@ class NodeMonitor:
                 xid=report.xid,
                 message=report.message,
             )
-            self.ctx.log.warning("GPU %d error (%s): %s", report.gpu, report.error,
-                                 report.message, extra={"node": node})  # fmt: skip
+            self.ctx.log.warning(
+                "GPU %d error (%s): %s",
+                report.gpu,
+                report.error,
+                report.message,
+                extra={"node": node},
+            )
             subject = bus.subjects.raw(NODE_LEVEL_JOB, "gpu_error", node)
             for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
                 try:  # the same event id each time: the stream keeps one copy
                     await bus.publish(subject, event)
                     break
                 except Exception as error:
-                    self.ctx.log.warning("publishing GPU %d's error failed (%d of %d): %s",
-                                         report.gpu, attempt, _PUBLISH_ATTEMPTS, error)  # fmt: skip
+                    self.ctx.log.warning(
+                        "publishing GPU %d's error failed (%d of %d): %s",
+                        report.gpu,
+                        attempt,
+                        _PUBLISH_ATTEMPTS,
+                        error,
+                    )
                     await asyncio.sleep(_RESTART_BACKOFF_SECONDS)  # retry pace
             if report.gpu in self.unhealthy_gpus:
                 try:
@@ -206,30 +235,37 @@ class NodeMonitor:
         if not isinstance(gpus, SimulatedGpus):
             self.ctx.log.warning(
                 "ignoring injected XID %d for GPU %d: this node's GPUs are real (NVML)",
-                event.xid, event.gpu, extra={"event_id": event.id},
-            )  # fmt: skip
+                event.xid,
+                event.gpu,
+                extra={"event_id": event.id},
+            )
             return
         try:
             gpus.inject_xid(event.gpu, event.xid)
         except IndexError as error:
             raise PermanentError(f"node {self.config.node}: {error}") from None
-        self.ctx.log.info("injected XID %d into simulated GPU %d", event.xid, event.gpu,
-                          extra={"event_id": event.id})  # fmt: skip
+        self.ctx.log.info(
+            "injected XID %d into simulated GPU %d",
+            event.xid,
+            event.gpu,
+            extra={"event_id": event.id},
+        )
 
-    async def _reconcile(self, watcher: object) -> None:
-        async for entry in watcher:  # type: ignore[attr-defined]
-            if entry is None:  # end of the initial values
-                continue
+    async def _reconcile(self, changes: AsyncIterator[ClusterChange]) -> None:
+        async for change in changes:
+            if change.kind != "worker_group" or change.job is None or change.replica is None:
+                continue  # node changes: this monitor writes its own node
+            key = (change.job, change.replica)
             try:
-                if entry.operation in ("DEL", "PURGE"):
-                    await self._remove(entry.key)
-                else:
-                    await self._apply(entry.key, WorkerGroupSpec.model_validate_json(entry.value))
+                if change.deleted:
+                    await self._remove(key)
+                elif change.worker_group is not None:
+                    await self._apply(key, change.worker_group)
             except Exception:
-                self.ctx.log.exception("could not reconcile worker group %s", entry.key)
+                self.ctx.log.exception("could not reconcile worker group %s", _name(key))
             await self._report()
 
-    async def _apply(self, key: str, spec: WorkerGroupSpec) -> None:
+    async def _apply(self, key: GroupKey, spec: WorkerGroupSpec) -> None:
         running = self.groups.get(key)
         unchanged = running is not None and running.spec.incarnation == spec.incarnation
         if unchanged and running is not None and running.process.returncode is None:
@@ -238,25 +274,13 @@ class NodeMonitor:
             await self._remove(key)
         await self._launch(key, spec)
 
-    async def _launch(self, key: str, spec: WorkerGroupSpec) -> None:
-        argv = [
-            sys.executable, "-m", "resurge_node_agent", "launch",
-            "--job", spec.job,
-            "--replica", str(spec.replica),
-            "--nproc-per-node", str(spec.nproc),
-            "--node", self.config.node,
-            "--stop-grace-seconds", str(spec.stop_grace_seconds),
-            *(["--working-dir", spec.working_dir] if spec.working_dir else []),
-            *(f"--env={name}={value}" for name, value in spec.env.items()),
-            *([] if spec.fork_server else ["--no-fork-server"]),
-            f"--preload={','.join(spec.preload)}",
-            "--incarnation", str(spec.incarnation),
-            "--", *spec.command,
-        ]  # fmt: skip
+    async def _launch(self, key: GroupKey, spec: WorkerGroupSpec) -> None:
+        argv = [sys.executable, "-m", "resurge_node_agent", "launch"]
         output = self._log_file(spec)
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
+                env={**os.environ, **spec_environment(spec)},
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=output,
                 stderr=asyncio.subprocess.STDOUT,
@@ -268,14 +292,14 @@ class NodeMonitor:
         self.groups[key] = _Running(spec, process)
         self.ctx.log.info(
             "started worker group %s (pid %d, incarnation %d)",
-            key,
+            _name(key),
             process.pid,
             spec.incarnation,
             extra={"job": spec.job, "replica": spec.replica},
         )
         self.ctx.spawn(self._watch(key, spec, process))
 
-    def _log_file(self, spec: WorkerGroupSpec):  # type: ignore[no-untyped-def]
+    def _log_file(self, spec: WorkerGroupSpec) -> IO[bytes] | None:
         if self.config.log_dir is None:
             return None
         self.config.log_dir.mkdir(parents=True, exist_ok=True)
@@ -283,7 +307,7 @@ class NodeMonitor:
         return (self.config.log_dir / name).open("ab")
 
     async def _watch(
-        self, key: str, spec: WorkerGroupSpec, process: asyncio.subprocess.Process
+        self, key: GroupKey, spec: WorkerGroupSpec, process: asyncio.subprocess.Process
     ) -> None:
         code = await process.wait()
         running = self.groups.get(key)
@@ -294,16 +318,21 @@ class NodeMonitor:
             await self._report()
             return
         self.ctx.log.warning(
-            "worker group %s exited with %d; starting it again", key, code,
+            "worker group %s exited with %d; starting it again",
+            _name(key),
+            code,
             extra={"job": spec.job, "replica": spec.replica},
-        )  # fmt: skip
+        )
         # Its workers died with it: say so, so the job gets a new generation at once.
         lost = AgentStateChanged(
-            source=self.ctx.bus.source, job=spec.job, replica=spec.replica,
-            node=self.config.node, state=AgentState.LOST,
+            source=self.ctx.bus.source,
+            job=spec.job,
+            replica=spec.replica,
+            node=self.config.node,
+            state=AgentState.LOST,
             detail=f"the agent (pid {process.pid}, incarnation {spec.incarnation}) exited "
             f"with {code} without being stopped",
-        )  # fmt: skip
+        )
         with contextlib.suppress(Exception):  # the restart below matters more
             await self.ctx.bus.publish(
                 self.ctx.bus.subjects.raw(spec.job, lost.kind, self.config.node), lost
@@ -312,7 +341,7 @@ class NodeMonitor:
         if self.groups.get(key) is running:
             await self._launch(key, spec)
 
-    async def _remove(self, key: str) -> None:
+    async def _remove(self, key: GroupKey) -> None:
         running = self.groups.get(key)
         if running is None:
             return
@@ -323,6 +352,11 @@ class NodeMonitor:
 
     async def _shutdown(self) -> None:
         await asyncio.gather(*(self._remove(key) for key in list(self.groups)))
+
+
+def _name(key: GroupKey) -> str:
+    """A worker group as logs name it: ``job/replica``."""
+    return f"{key[0]}/{key[1]}"
 
 
 async def _terminate(process: asyncio.subprocess.Process, grace: float) -> None:

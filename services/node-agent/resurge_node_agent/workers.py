@@ -1,6 +1,6 @@
 """One generation's worker processes: start, stream output, watch exits, stop.
 
-A :class:`WorkerGroup` starts ``nproc`` processes through a spawner (a pre-warmed fork
+A :class:`WorkerProcesses` starts ``nproc`` processes through a spawner (a pre-warmed fork
 server or plain subprocesses), each in its own process session (so a
 stop reaches any children they forked), echoes every output line to the agent's own
 stdout/stderr with a ``[rank]:`` prefix as torchrun does, and reports through the
@@ -22,7 +22,7 @@ from typing import Literal
 from resurge_node_agent.process_state import is_stopped
 from resurge_node_agent.spawners import READ_LIMIT, SpawnedProcess, Spawner
 
-__all__ = ["WorkerExit", "WorkerGroup"]
+__all__ = ["WorkerExit", "WorkerProcesses"]
 
 MAX_LINE_CHARS = 4096
 
@@ -31,6 +31,8 @@ Stream = Literal["stdout", "stderr"]
 
 @dataclass(frozen=True)
 class WorkerExit:
+    """How one worker ended: an exit code or a signal name, and whether it was told to."""
+
     local_rank: int
     pid: int
     exit_code: int | None
@@ -42,7 +44,10 @@ def _is_stopped(proc: SpawnedProcess) -> bool:
     return proc.returncode is None and is_stopped(proc.pid) is True
 
 
-class WorkerGroup:
+class WorkerProcesses:
+    """The ``nproc`` worker processes of one generation (one environment each), not the
+    replica's worker group, which outlives them."""
+
     def __init__(
         self,
         command: Sequence[str],
@@ -69,6 +74,7 @@ class WorkerGroup:
 
     @property
     def size(self) -> int:
+        """How many workers (one per environment)."""
         return len(self.environments)
 
     def pid_of(self, local_rank: int) -> int | None:
@@ -86,9 +92,11 @@ class WorkerGroup:
 
     @property
     def running(self) -> bool:
+        """Whether any worker is still running."""
         return any(proc.returncode is None for proc in self._procs.values())
 
     async def start(self) -> None:
+        """Spawn every worker, then report each start and begin watching it."""
         for local_rank, extra in enumerate(self.environments):
             proc = await self._spawner.spawn(self.command, {**os.environ, **extra}, self.cwd)
             self._procs[local_rank] = proc
