@@ -29,7 +29,8 @@ fault id is ``hang:<job>:g<generation>:r<rank>`` (and the event id derives from 
 a redelivered input or a restarted detector that blames the same rank is de-duplicated.
 
 Times are this detector's own clock when an event arrives (``ctx.now``), never the
-agents', so clock skew between nodes does not matter. What is learned lives in memory:
+agents', so clock skew between nodes does not matter; each generation keeps its ranks'
+waits as :class:`~resurge_detector.deadlines.Deadlines`. What is learned lives in memory:
 a restarted detector learns again from the floors up.
 """
 
@@ -58,6 +59,7 @@ from resurge.jobspec.monitoring import (
     STOPPED_RANK_SECONDS,
     MonitoringSpec,
 )
+from resurge_detector.deadlines import Deadlines
 
 __all__ = ["HangDetector"]
 
@@ -79,6 +81,30 @@ class _Generation:
     ranks: dict[int, _Rank] = field(default_factory=dict)
     last_progress: datetime | None = None  # any rank's
     reported: bool = False
+    # Per rank: its start-up wait (since it started) or heartbeat wait (since its last report).
+    waits: Deadlines[int] = field(default_factory=Deadlines)
+    # Per stopped rank: quiet since it stopped or since any rank's last report, if later.
+    stopped: Deadlines[int] = field(default_factory=lambda: Deadlines(at_limit=True))
+
+    def start(self, number: int, rank: _Rank) -> _Rank:
+        """A rank (re)started at ``rank.started``: it waits for its first report."""
+        self.ranks[number] = rank
+        self.waits.arm(number, rank.started, "startup")
+        self.stopped.disarm(number)
+        return rank
+
+    def end(self, number: int) -> None:
+        """A rank exited: nothing is awaited of it."""
+        self.ranks.pop(number, None)
+        self.waits.disarm(number)
+        self.stopped.disarm(number)
+
+    def quiet(self, number: int, rank: _Rank) -> None:
+        """Arm the stopped rank's deadline: quiet since it stopped or since the
+        generation's last report, whichever is later."""
+        if rank.stopped_since is not None:
+            since = max(rank.stopped_since, self.last_progress or rank.started)
+            self.stopped.arm(number, since, "stopped")
 
 
 @dataclass
@@ -119,23 +145,28 @@ class HangDetector:
             return []
         now = ctx.now
         if isinstance(event, ProcessExited):
-            generation.ranks.pop(event.rank, None)
+            generation.end(event.rank)
             return []
         if isinstance(event, ProcessStarted):
-            generation.ranks[event.rank] = _Rank(now, event.replica, event.node)
+            generation.start(event.rank, _Rank(now, event.replica, event.node))
             return []
         rank = generation.ranks.get(event.rank)
         if rank is None:  # a start we did not see (the detector restarted): count from now
-            rank = generation.ranks[event.rank] = _Rank(now, event.replica, event.node)
+            rank = generation.start(event.rank, _Rank(now, event.replica, event.node))
         if isinstance(event, ProcessStateChanged):
             if not event.stopped:
                 rank.stopped_since = None
+                generation.stopped.disarm(event.rank)
             elif rank.stopped_since is None:
                 rank.stopped_since = now
+                generation.quiet(event.rank, rank)
             return []
         if isinstance(event, Progress):
             self._progress(event.job, event.generation, event.rank, event.step, rank, now)
+            generation.waits.arm(event.rank, now, "heartbeat")
             generation.last_progress = now
+            for number in generation.stopped:  # the job moved: the stopped ranks' quiet restarts
+                generation.quiet(number, generation.ranks[number])
         return []
 
     def _generation(self, job: str, number: int) -> _Generation | None:
@@ -190,30 +221,38 @@ class HangDetector:
     def _overdue(
         self, record: JobRecord, number: int, generation: _Generation, now: datetime
     ) -> list[_Overdue]:
+        """The overdue ranks, in the generation's rank order. A stopped rank quiet for
+        ``STOPPED_RANK_SECONDS`` is overdue as stopped; any other rank by its start-up or
+        heartbeat limit, which is read now (the spec may have changed, or been learned)."""
         monitoring = record.spec.spec.monitoring
         learned = self._learned.get(record.name, _Learned())
         heartbeat = _heartbeat_limit(monitoring, learned)
-        out: list[_Overdue] = []
         judge_stopped = monitoring.heartbeat_timeout_seconds != 0
-        for rank_number, rank in generation.ranks.items():
-            if rank.stopped_since is not None and judge_stopped:
-                quiet_since = max(rank.stopped_since, generation.last_progress or rank.started)
-                quiet = (now - quiet_since).total_seconds()
-                if quiet >= STOPPED_RANK_SECONDS:
-                    out.append(
-                        _Overdue(rank_number, "stopped", STOPPED_RANK_SECONDS, "stopped", quiet)
-                    )
-                    continue
-            if rank.last_progress is None:
-                limit = _startup_limit(monitoring, learned, number, rank_number)
-                since, what = rank.started, "startup"
+        stopped_limit = STOPPED_RANK_SECONDS if judge_stopped else None
+        stopped = {e.key: e for e in generation.stopped.expired(now, lambda _n, _w: stopped_limit)}
+        sources: dict[int, str] = {}
+
+        def limit(rank_number: int, what: str) -> float | None:
+            if rank_number in stopped:
+                return None
+            if what == "startup":
+                found = _startup_limit(monitoring, learned, number, rank_number)
             else:
-                limit, since, what = heartbeat, rank.last_progress, "heartbeat"
-            if limit is None:
-                continue
-            silent = (now - since).total_seconds()
-            if silent > limit[0]:
-                out.append(_Overdue(rank_number, what, limit[0], limit[1], silent))
+                found = heartbeat
+            if found is None:
+                return None
+            sources[rank_number] = found[1]
+            return found[0]
+
+        late = {e.key: e for e in generation.waits.expired(now, limit)}
+        out: list[_Overdue] = []
+        for rank_number in generation.ranks:
+            if rank_number in stopped:
+                quiet = stopped[rank_number].waited
+                out.append(_Overdue(rank_number, "stopped", STOPPED_RANK_SECONDS, "stopped", quiet))
+            elif rank_number in late:
+                e = late[rank_number]
+                out.append(_Overdue(rank_number, e.what, e.limit, sources[rank_number], e.waited))
         return out
 
     # -- output -------------------------------------------------------------------------

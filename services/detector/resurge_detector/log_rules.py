@@ -21,7 +21,8 @@ For each line of a rank a rule watches (``ranks``; unset: every rank), cut to
 
 One clock: every time here (a rank's start, a rule's matches, the deadlines and the
 evidence) is this detector's own clock when the event arrived (``ctx.now``), never the
-agent's ``event.time`` (a skewed node clock would otherwise move every deadline).
+agent's ``event.time`` (a skewed node clock would otherwise move every deadline). The
+waits are :class:`~resurge_detector.deadlines.Deadlines`, one per rank keyed by rule.
 
 Blame: a ``log_hang`` of a rank while another rank of the job's generation is known
 stopped (``process_state``, ``stopped: true``: it runs no code, and its peers wait on
@@ -66,6 +67,7 @@ from resurge_detector.bounded_regex import (
     Pattern,
     PatternCache,
 )
+from resurge_detector.deadlines import Deadlines
 
 __all__ = ["EVIDENCE_LINE_CHARS", "LogRuleDetector"]
 
@@ -100,13 +102,46 @@ class _Rank:
     started: datetime | None = None
     stopped_since: datetime | None = None
     rules: dict[str, _Seen] = field(default_factory=dict)
+    # Per rule: the first match awaited since the start, or the next since the last match.
+    waits: Deadlines[str] = field(default_factory=Deadlines)
 
     def seen(self, rule: LogRule) -> _Seen:
         """This rule's state; a changed definition starts it over (what fired stays fired)."""
         seen = self.rules.get(rule.name)
         if seen is None or (seen.rule is not rule and seen.rule != rule):
             seen = self.rules[rule.name] = _Seen(rule)
+            self._await_first(rule.name)
         return seen
+
+    def start(self, now: datetime) -> None:
+        """The rank (re)started: rules not matched yet await their first match from now."""
+        self.started = now
+        self.stopped_since = None
+        for name, seen in self.rules.items():
+            if seen.first_match is None and not seen.stopped:
+                self._await_first(name)
+
+    def matched(self, seen: _Seen, now: datetime) -> None:
+        """A rule matched: its next match is awaited from now."""
+        seen.first_match = seen.first_match or now
+        seen.last_match = now
+        self.waits.arm(seen.rule.name, now, "recurring")
+
+    def stop(self, seen: _Seen) -> None:
+        """A rule's stop pattern matched: nothing more is awaited of it."""
+        seen.stopped = True
+        self.waits.disarm(seen.rule.name)
+
+    def forget(self, name: str) -> None:
+        """A rule left the spec."""
+        del self.rules[name]
+        self.waits.disarm(name)
+
+    def _await_first(self, name: str) -> None:
+        if self.started is None:
+            self.waits.disarm(name)
+        else:
+            self.waits.arm(name, self.started, "start")
 
 
 @dataclass
@@ -155,8 +190,7 @@ class LogRuleDetector:
         rank = job.ranks.setdefault(event.rank, _Rank())
         rank.replica, rank.node = event.replica, event.node
         if isinstance(event, ProcessStarted):
-            rank.started = ctx.now
-            rank.stopped_since = None
+            rank.start(ctx.now)
             return []
         if isinstance(event, ProcessStateChanged):
             if not event.stopped:
@@ -226,14 +260,13 @@ class LogRuleDetector:
             return []
         pattern, stop = patterns
         if stop is not None and budget.search(stop, text) is not None:
-            seen.stopped = True
+            rank.stop(seen)
             return []
         match = budget.search(pattern, text)
         if match is None:
             return []
         faults = self._late(rule, seen, job, where, rank, ctx)
-        seen.first_match = seen.first_match or ctx.now
-        seen.last_match = ctx.now
+        rank.matched(seen, ctx.now)
         line = text[:EVIDENCE_LINE_CHARS]
         if rule.fault_on_match:
             evidence = {"rule": rule.name, "line": line, "stream": event.stream}
@@ -302,7 +335,7 @@ class LogRuleDetector:
             rules = {rule.name: rule for rule in record.spec.spec.monitoring.log_rules}
             for number, rank in job.ranks.items():
                 for gone in rank.rules.keys() - rules.keys():
-                    del rank.rules[gone]
+                    rank.forget(gone)
                 if rank.replica in record.finished_replicas:
                     continue
                 where = _Where(name, job.generation, number)
@@ -326,19 +359,16 @@ class LogRuleDetector:
         """A hang if, at ``ctx.now``, the rule's next match is overdue."""
         if seen.stopped:
             return []
-        if seen.first_match is None:
-            limit, since, what = rule.expected_start_cut_off_in_seconds, rank.started, "start"
-        else:
-            limit, since, what = (
-                rule.expected_recurring_frequency_in_seconds,
-                seen.last_match,
-                "recurring",
-            )
-        if limit is None or since is None:
+
+        def limit_of(what: str) -> float | None:
+            if what == "start":
+                return rule.expected_start_cut_off_in_seconds
+            return rule.expected_recurring_frequency_in_seconds
+
+        late = rank.waits.check(rule.name, ctx.now, limit_of)
+        if late is None:
             return []
-        waited = (ctx.now - since).total_seconds()
-        if waited <= limit:
-            return []
+        limit, since, what, waited = late.limit, late.since, late.what, late.waited
         evidence = {
             "rule": rule.name,
             "timeout": what,
