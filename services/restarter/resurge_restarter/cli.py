@@ -13,6 +13,7 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the restarter until SIGTERM or SIGINT; the exit status."""
     argparse.ArgumentParser(
         prog="resurge-restarter",
         description=(

@@ -14,7 +14,9 @@
 6. the plan marked dispatched (compare-and-set).
 
 A restarter that dies anywhere in there leaves the plan undispatched; the next
-restarter to look carries it out again from step 1 once the claim has lapsed.
+restarter to look carries it out again from step 1 once the claim has lapsed. The
+cluster is reached only through :class:`~resurge.cluster.ClusterBackend`, whose
+writes are idempotent too.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
-from resurge.cluster.local import LocalBackend
+from resurge.cluster import ClusterBackend
 from resurge.control.job_messages import announce_phase, send_assignments, send_stops
 from resurge.control.planner import command_id
 from resurge.control.records import JobRecord, JobStore
@@ -35,8 +37,11 @@ from resurge_restarter.policy import ClusterView, mark_dispatched
 
 __all__ = ["Dispatcher", "cluster_view"]
 
+Check = Callable[[str], Awaitable[None]]
+"""Called with a job's name: look at its record again."""
 
-async def cluster_view(backend: LocalBackend, exclude_job: str | None = None) -> ClusterView:
+
+async def cluster_view(backend: ClusterBackend, exclude_job: str | None = None) -> ClusterView:
     """Live nodes and the slots worker groups take on each (``exclude_job``'s not counted)."""
     used: dict[str, int] = {}
     for group in await backend.list_worker_groups():
@@ -46,25 +51,36 @@ async def cluster_view(backend: LocalBackend, exclude_job: str | None = None) ->
 
 
 class Dispatcher:
+    """Carries plans out for one restarter instance (``me``), and schedules re-checks.
+
+    ``retry`` is called with a job's name when carrying out its plan failed after the
+    backoff wait (the fault that led to it was acknowledged long before).
+    """
+
     def __init__(
         self,
         ctx: ServiceContext,
         store: JobStore,
-        backend: LocalBackend,
+        backend: ClusterBackend,
         me: str,
         lease_seconds: float,
+        retry: Check | None = None,
     ) -> None:
         self.ctx = ctx
         self.store = store
         self.backend = backend
         self.me = me
         self.lease_seconds = lease_seconds
+        self.retry = retry
         self._rechecks: dict[str, asyncio.Task[None]] = {}
-        # Called with a job's name when carrying out its plan failed part-way.
-        self.retry: Callable[[str], Awaitable[None]] | None = None
 
     async def carry_out(self, record: JobRecord, previous: JobPhase | None) -> None:
-        """Steps 1-3 now; 4-6 now or, after a backoff, in a background task."""
+        """Steps 1-3 now; 4-6 now or, after a backoff, in a background task.
+
+        ``previous`` is the phase before the decision (None when finishing a plan
+        decided earlier). Raises what the bus or the backend raises; the plan then
+        stays undispatched for a retry.
+        """
         plan = record.pending_recovery
         assert plan is not None
         bus = self.ctx.bus
@@ -84,9 +100,31 @@ class Dispatcher:
         if plan.level is not RecoveryLevel.IN_PROCESS:
             why = f"{plan.level.value} restart after {plan.fault_id}"
             await send_stops(
-                bus, record, plan.from_generation, why, placements=plan.stop_placements,
+                bus,
+                record,
+                plan.from_generation,
+                why,
+                placements=plan.stop_placements,
                 hung_ranks=plan.hung_ranks,
-            )  # fmt: skip
+            )
+        await self._change_cluster(record)
+        delay = (plan.start_at - datetime.now(UTC)).total_seconds()
+        if delay <= 0:
+            await self._start_generation(record)
+        else:
+            self.ctx.log.info(
+                "job %s: generation %d starts in %.1f s (backoff)",
+                record.name,
+                plan.to_generation,
+                delay,
+                extra={"job": record.name},
+            )
+            self.ctx.spawn(self._after(delay, record))
+
+    async def _change_cluster(self, record: JobRecord) -> None:
+        """Step 3: cordons, moves, recreations and a requeue's deletions."""
+        plan = record.pending_recovery
+        assert plan is not None
         for node in plan.cordon:
             await self.backend.cordon(node, reason=f"{plan.reason} ({plan.fault_id})")
         placements = {p.replica: p for p in record.placements}
@@ -99,26 +137,21 @@ class Dispatcher:
         if plan.requeue:
             for p in plan.stop_placements:
                 await self.backend.delete_worker_group(record.name, p.replica, p.node)
-        delay = (plan.start_at - datetime.now(UTC)).total_seconds()
-        if delay <= 0:
-            await self._start_generation(record)
-        else:
-            self.ctx.log.info("job %s: generation %d starts in %.1f s (backoff)", record.name,
-                              plan.to_generation, delay, extra={"job": record.name})  # fmt: skip
-            self.ctx.spawn(self._after(delay, record))
 
     async def _after(self, delay: float, record: JobRecord) -> None:
         await asyncio.sleep(delay)
         try:
             await self._start_generation(record)
         except Exception:
-            self.ctx.log.exception("starting the new generation of %s failed; retrying",
-                                   record.name)  # fmt: skip
+            self.ctx.log.exception(
+                "starting the new generation of %s failed; retrying", record.name
+            )
             if self.retry is not None:
                 when = datetime.now(UTC) + timedelta(seconds=self.lease_seconds)
                 self.recheck_at(record.name, when, self.retry)
 
     async def _start_generation(self, record: JobRecord) -> None:
+        """Steps 5 and 6: Assign to every replica (none for a requeue), then dispatched."""
         plan = record.pending_recovery
         assert plan is not None
         if not plan.requeue:
@@ -126,9 +159,7 @@ class Dispatcher:
             await send_assignments(self.ctx.bus, record, level)
         await self.store.mutate(record.name, lambda r: mark_dispatched(r, plan.to_generation))
 
-    def recheck_at(
-        self, name: str, when: datetime, check: Callable[[str], Awaitable[None]]
-    ) -> None:
+    def recheck_at(self, name: str, when: datetime, check: Check) -> None:
         """Call ``check(name)`` at ``when`` (one pending check per job; a later call wins)."""
         previous = self._rechecks.pop(name, None)
         if previous is not None:
@@ -145,7 +176,8 @@ class Dispatcher:
         task.add_done_callback(self.ctx.tasks.discard)
 
     async def watch_records(self, on_record: Callable[[JobRecord], Awaitable[None]]) -> None:
-        """Hand every job record written from now on to ``on_record`` (in a background task)."""
+        """Hand every job record written from now on whose plan is undispatched and
+        claimed by another instance to ``on_record`` (in a background task)."""
         watcher = await self.store.kv.watchall()
 
         async def pump() -> None:

@@ -62,14 +62,19 @@ from resurge.jobspec import TrainingJob
 from resurge.jobspec.recovery import TOP_RUNG_LIMIT
 
 __all__ = [
+    "SETTLE_SECONDS",
     "ClusterView",
     "Decision",
     "Verdict",
     "apply_checkpoint",
     "apply_fault",
+    "apply_progress_capability",
     "apply_sign_of_life",
     "backoff_seconds",
+    "claim",
     "fault_signature",
+    "generation_fixed",
+    "mark_dispatched",
 ]
 
 # A generation of a job whose workers report no progress counts as working (the restart
@@ -89,6 +94,8 @@ _SCOPE_FLOOR = {
 
 
 class Verdict(Enum):
+    """What :func:`apply_fault` decided: change nothing, restart, or fail the job."""
+
     IGNORE = "ignore"
     RESTART = "restart"
     FAIL = "fail"
@@ -96,6 +103,8 @@ class Verdict(Enum):
 
 @dataclass(frozen=True)
 class Decision:
+    """A verdict, why (in words), and the level of a restart."""
+
     verdict: Verdict
     why: str
     level: RecoveryLevel = RecoveryLevel.PROCESS
@@ -302,6 +311,9 @@ def apply_fault(
     claimant: str = "",
     lease_seconds: float = 5.0,
 ) -> Decision:
+    """Decide what ``fault`` calls for and edit ``record`` to match (the module's
+    ladder): on a restart, the next generation and its plan in ``pending_recovery``,
+    claimed by ``claimant`` until ``lease_seconds`` past its backoff."""
     if fault.alert_only:
         return Decision(Verdict.IGNORE, "an alert: reported, not acted on")
     if record.phase.finished:
@@ -434,6 +446,7 @@ def claim(record: JobRecord, claimant: str, now: datetime, lease_seconds: float)
 
 
 def mark_dispatched(record: JobRecord, to_generation: int) -> bool:
+    """Mark the plan to ``to_generation`` carried out. True if it was not yet."""
     plan = record.pending_recovery
     if plan is None or plan.to_generation != to_generation or plan.dispatched:
         return False

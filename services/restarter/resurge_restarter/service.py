@@ -17,13 +17,16 @@ compare-and-set lets one decision win, and the claim lets one instance carry it 
 The new generation's first completed step (its first worker start, for workers that
 report no progress) closes the recovery and records its duration. Checkpoint reports
 are counted into the job record.
+
+:func:`setup` is what the service runner calls: it opens the job store and the cluster
+backend (:func:`resurge.cluster.open_backend`) and starts a :class:`Restarter`.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from resurge.cluster.local import LocalBackend
+from resurge.cluster import ClusterBackend, open_backend
 from resurge.control.job_messages import announce_phase, send_stops
 from resurge.control.records import JobRecord, JobStore
 from resurge.events import (
@@ -47,61 +50,131 @@ from resurge_restarter.policy import (
     claim,
 )
 
-__all__ = ["setup"]
+__all__ = ["LEASE_SECONDS", "Restarter", "setup"]
 
+# How long past its backoff a plan stays claimed by the instance that decided it;
+# after that any restarter may carry it out.
 LEASE_SECONDS = 3.0
 
 
-async def setup(ctx: ServiceContext) -> None:
-    bus = ctx.bus
-    store = JobStore(await bus.jobs_bucket())
-    backend = await LocalBackend.open(bus)
-    me = bus.source.instance
-    dispatcher = Dispatcher(ctx, store, backend, me, LEASE_SECONDS)
+class Restarter:
+    """One restarter instance: its bus handlers and what it remembers between events.
 
-    async def on_fault(fault: FaultDetected) -> None:
+    ``me`` is the name it claims plans under (the bus's source instance unless given).
+    """
+
+    def __init__(
+        self,
+        ctx: ServiceContext,
+        backend: ClusterBackend,
+        store: JobStore,
+        *,
+        me: str | None = None,
+        lease_seconds: float = LEASE_SECONDS,
+    ) -> None:
+        self.ctx = ctx
+        self.bus = ctx.bus
+        self.backend = backend
+        self.store = store
+        self.me = me or ctx.bus.source.instance
+        self.lease_seconds = lease_seconds
+        self.dispatcher = Dispatcher(
+            ctx, store, backend, self.me, lease_seconds, retry=self.take_over_by_name
+        )
+        # Jobs with a recovery in flight (job -> generation being started), jobs known to
+        # report progress, and the newest generation of each seen past its resume point:
+        # other progress events need no record read.
+        self.pending: dict[str, int] = {}
+        self.reporting: set[str] = set()
+        self.progressed: dict[str, int] = {}
+
+    async def start(self) -> None:
+        """Finish the plans left undispatched, watch for others', then consume events."""
+        await self.resume_unfinished()
+        await self.dispatcher.watch_records(self.take_over)
+        bus = self.bus
+        await bus.consume(
+            bus.subjects.all("fault"), "restarter", self.on_fault, expects=(FaultDetected,)
+        )
+        await bus.consume(
+            bus.subjects.raw(None, "process_started", None),
+            "restarter-sign-of-life",
+            self.sign_of_life,
+            expects=(ProcessStarted,),
+        )
+        await bus.consume(
+            bus.subjects.raw(None, "progress", None),
+            "restarter-progress",
+            self.sign_of_life,
+            expects=(Progress,),
+            start="new",
+        )
+        await bus.consume(
+            bus.subjects.raw(None, "checkpoint_saved", None),
+            "restarter-checkpoints",
+            self.on_checkpoint,
+            expects=(CheckpointSaved,),
+        )
+
+    async def resume_unfinished(self) -> None:
+        """Look at every job record once: carry out (or schedule) undispatched plans."""
+        for record in await self.store.all():
+            await self.take_over(record)
+
+    async def on_fault(self, fault: FaultDetected) -> None:
+        """Decide, write the decision and its plan (compare-and-set), then carry it out.
+
+        A redelivered fault whose plan is still undispatched (an earlier attempt
+        stopped part-way) has the plan carried out again.
+        """
         if fault.job is None:
             return
-        found = await store.get(fault.job)
+        found = await self.store.get(fault.job)
         if found is None:
-            ctx.log.warning("fault for unknown job %s ignored", fault.job, extra={"job": fault.job})
+            self.ctx.log.warning(
+                "fault for unknown job %s ignored", fault.job, extra={"job": fault.job}
+            )
             return
         cluster: ClusterView | None = None
         if fault.scope is FaultScope.NODE or any(e.node_scoped for e in found[0].history):
-            cluster = await cluster_view(backend, exclude_job=fault.job)
-        decision: Decision | None = None
+            cluster = await cluster_view(self.backend, exclude_job=fault.job)
+        decisions: list[Decision] = []
 
         def change(record: JobRecord) -> bool:
-            nonlocal decision
-            decision = apply_fault(
-                record,
-                fault,
-                now=datetime.now(UTC),
-                cluster=cluster,
-                claimant=me,
-                lease_seconds=LEASE_SECONDS,
-            )
-            return decision.verdict is not Verdict.IGNORE
+            decisions[:] = [
+                apply_fault(
+                    record,
+                    fault,
+                    now=datetime.now(UTC),
+                    cluster=cluster,
+                    claimant=self.me,
+                    lease_seconds=self.lease_seconds,
+                )
+            ]
+            return decisions[0].verdict is not Verdict.IGNORE
 
-        result = await store.mutate(fault.job, change)
+        result = await self.store.mutate(fault.job, change)
         if result is None:
             return
         before, after = result
+        decision = decisions[0] if decisions else None
         if decision is None or decision.verdict is Verdict.IGNORE:
-            ctx.log.info("fault %s ignored: %s", fault.fault_id, decision and decision.why)
+            self.ctx.log.info("fault %s ignored: %s", fault.fault_id, decision and decision.why)
             plan = after.pending_recovery
             if plan is not None and plan.fault_id == fault.fault_id and not plan.dispatched:
-                await take_over(after)  # redelivered: an earlier attempt stopped part-way
+                await self.take_over(after)  # redelivered: an earlier attempt stopped part-way
             return
         if decision.verdict is Verdict.FAIL:
-            pending.pop(after.name, None)
-            ctx.log.error("job %s failed: %s", after.name, decision.why, extra={"job": after.name})
-            await send_stops(bus, after, after.generation, decision.why, final=True)
-            await announce_phase(bus, before.phase, after)
+            self.pending.pop(after.name, None)
+            self.ctx.log.error(
+                "job %s failed: %s", after.name, decision.why, extra={"job": after.name}
+            )
+            await send_stops(self.bus, after, after.generation, decision.why, final=True)
+            await announce_phase(self.bus, before.phase, after)
             return
         assert after.pending_recovery is not None
-        pending[after.name] = after.pending_recovery.to_generation
-        ctx.log.warning(
+        self.pending[after.name] = after.pending_recovery.to_generation
+        self.ctx.log.warning(
             "restarting %s at level %s: generation %d -> %d (%s)",
             after.name,
             decision.level.value,
@@ -110,24 +183,18 @@ async def setup(ctx: ServiceContext) -> None:
             fault.reason,
             extra={"job": after.name, "generation": after.generation},
         )
-        await dispatcher.carry_out(after, before.phase)
+        await self.dispatcher.carry_out(after, before.phase)
 
-    # Jobs with a recovery in flight (job -> generation being started), jobs known to
-    # report progress, and the newest generation of each seen past its resume point:
-    # other progress events need no record read.
-    pending: dict[str, int] = {}
-    reporting: set[str] = set()
-    progressed: dict[str, int] = {}
-
-    async def sign_of_life(event: ProcessStarted | Progress) -> None:
+    async def sign_of_life(self, event: ProcessStarted | Progress) -> None:
+        """Record a worker start or a step; the new generation's first closes its recovery."""
         if event.job is None or event.generation is None:
             return
         progress = isinstance(event, Progress)
         if (
             progress
-            and event.job in reporting
-            and pending.get(event.job) != event.generation
-            and progressed.get(event.job, -1) >= event.generation
+            and event.job in self.reporting
+            and self.pending.get(event.job) != event.generation
+            and self.progressed.get(event.job, -1) >= event.generation
         ):
             return
         generation = event.generation
@@ -139,94 +206,91 @@ async def setup(ctx: ServiceContext) -> None:
             alive = apply_sign_of_life(record, generation, event.time, progress=progress, step=step)
             return capable or alive
 
-        result = await store.mutate(event.job, change)
+        result = await self.store.mutate(event.job, change)
         if result is None:
             return
         before, after = result
         if after.reports_progress:
-            reporting.add(after.name)
+            self.reporting.add(after.name)
         if after.progressed_generation is not None:
-            progressed[after.name] = after.progressed_generation
+            self.progressed[after.name] = after.progressed_generation
         if before.pending_recovery is None or after.pending_recovery is not None:
             return
-        pending.pop(after.name, None)
-        assert after.last_recovery_seconds is not None
-        ctx.log.info(
+        self.pending.pop(after.name, None)
+        await self._finished(before, after)
+
+    async def _finished(self, before: JobRecord, after: JobRecord) -> None:
+        """Announce the recovery ``before`` had pending and ``after`` closed."""
+        plan = before.pending_recovery
+        assert plan is not None and after.last_recovery_seconds is not None
+        self.ctx.log.info(
             "job %s recovered in %.3f s",
             after.name,
             after.last_recovery_seconds,
             extra={"job": after.name, "generation": after.generation},
         )
         finished = RecoveryFinished(
-            source=bus.source,
+            source=self.bus.source,
             job=after.name,
             generation=after.generation,
-            fault_id=before.pending_recovery.fault_id,
-            level=before.pending_recovery.level,
-            reason=before.pending_recovery.reason,
+            fault_id=plan.fault_id,
+            level=plan.level,
+            reason=plan.reason,
             duration_seconds=after.last_recovery_seconds,
         )
-        await bus.publish(bus.subjects.action(after.name), finished)
-        await announce_phase(bus, before.phase, after)
+        await self.bus.publish(self.bus.subjects.action(after.name), finished)
+        await announce_phase(self.bus, before.phase, after)
 
-    async def on_checkpoint(event: CheckpointSaved) -> None:
+    async def on_checkpoint(self, event: CheckpointSaved) -> None:
+        """Count a rank's saved checkpoint into the job record."""
         if event.job is None or event.rank is None:
             return
         rank = event.rank
-        result = await store.mutate(
+        result = await self.store.mutate(
             event.job, lambda r: apply_checkpoint(r, rank, event.step, event.path)
         )
         if result is not None and result[0].latest_checkpoint != result[1].latest_checkpoint:
-            ctx.log.info("job %s: every rank saved step %d", event.job, event.step,
-                         extra={"job": event.job})  # fmt: skip
+            self.ctx.log.info(
+                "job %s: every rank saved step %d", event.job, event.step, extra={"job": event.job}
+            )
 
-    async def take_over(record: JobRecord) -> None:
-        """Carry out ``record``'s plan if it is undispatched and its claim has lapsed."""
+    async def take_over(self, record: JobRecord) -> None:
+        """Carry out ``record``'s plan if it is undispatched and its claim has lapsed (or
+        is ours); a claim another instance still holds is looked at again when it lapses."""
         plan = record.pending_recovery
         if plan is None or plan.dispatched:
             return
-        pending[record.name] = plan.to_generation
+        self.pending[record.name] = plan.to_generation
         now = datetime.now(UTC)
-        if plan.claimed_by != me and plan.claimed_until is not None and now < plan.claimed_until:
-            dispatcher.recheck_at(record.name, plan.claimed_until, take_over_by_name)
+        held = plan.claimed_until is not None and now < plan.claimed_until
+        if plan.claimed_by != self.me and held:
+            assert plan.claimed_until is not None
+            self.dispatcher.recheck_at(record.name, plan.claimed_until, self.take_over_by_name)
             return
-        result = await store.mutate(record.name, lambda r: claim(r, me, now, LEASE_SECONDS))
+        result = await self.store.mutate(
+            record.name, lambda r: claim(r, self.me, now, self.lease_seconds)
+        )
         if result is None or result[0] is result[1]:
             return
-        ctx.log.warning(
+        self.ctx.log.warning(
             "carrying out %s's unfinished recovery to generation %d (claimed by %s until %s)",
-            record.name, plan.to_generation, plan.claimed_by or "nobody",
-            plan.claimed_until, extra={"job": record.name},
-        )  # fmt: skip
-        await dispatcher.carry_out(result[1], None)
+            record.name,
+            plan.to_generation,
+            plan.claimed_by or "nobody",
+            plan.claimed_until,
+            extra={"job": record.name},
+        )
+        await self.dispatcher.carry_out(result[1], None)
 
-    async def take_over_by_name(name: str) -> None:
-        found = await store.get(name)
+    async def take_over_by_name(self, name: str) -> None:
+        """:meth:`take_over` for the record of job ``name`` as it is now."""
+        found = await self.store.get(name)
         if found is not None:
-            await take_over(found[0])
+            await self.take_over(found[0])
 
-    dispatcher.retry = take_over_by_name
-    for record in await store.all():
-        await take_over(record)
-    await dispatcher.watch_records(take_over)
 
-    await bus.consume(bus.subjects.all("fault"), "restarter", on_fault, expects=(FaultDetected,))
-    await bus.consume(
-        bus.subjects.raw(None, "process_started", None),
-        "restarter-sign-of-life",
-        sign_of_life,
-        expects=(ProcessStarted,),
-    )
-    await bus.consume(
-        bus.subjects.raw(None, "progress", None),
-        "restarter-progress",
-        sign_of_life,
-        expects=(Progress,),
-        start="new",
-    )
-    await bus.consume(
-        bus.subjects.raw(None, "checkpoint_saved", None),
-        "restarter-checkpoints",
-        on_checkpoint,
-        expects=(CheckpointSaved,),
-    )
+async def setup(ctx: ServiceContext) -> None:
+    """The service runner's entry point: open the store and backend, start a Restarter."""
+    store = JobStore(await ctx.bus.jobs_bucket())
+    backend = await open_backend(ctx.bus, ctx.settings)
+    await Restarter(ctx, backend, store).start()
