@@ -388,11 +388,15 @@ def apply_fault(
     record.history = [
         *window,
         RestartEntry(
-            time=now, level=level, signature=fault_signature(fault), node=node,
-            node_scoped=node_scoped, to_generation=record.generation + 1,
+            time=now,
+            level=level,
+            signature=fault_signature(fault),
+            node=node,
+            node_scoped=node_scoped,
+            to_generation=record.generation + 1,
             attempt=choice.attempt,
         ),
-    ]  # fmt: skip
+    ]
     start_at = now + timedelta(seconds=backoff_seconds(record.spec, choice.attempt - 1))
     from_generation = record.generation
     record.generation += 1
