@@ -6,15 +6,18 @@ INSTALLED := $(VENV)/.installed
 PYTEST_ARGS ?=
 TORCH_SPEC ?= torch>=2.4,<3
 
-.PHONY: install demo test lint typecheck pytest bench schemas clean
+.PHONY: install demo test test-fast lint typecheck pytest pytest-fast bench schemas clean
 
 # torch first, so the project's `train` extra finds it installed: the CPU build on a
-# machine without an NVIDIA GPU (see scripts/install-torch).
-$(INSTALLED): pyproject.toml scripts/install-torch
+# machine without an NVIDIA GPU (see scripts/install-torch). Then the project with every
+# extra the tests and checks need, and the custom-detector example, whose end-to-end test
+# expects it installed (tests never install packages themselves).
+$(INSTALLED): pyproject.toml scripts/install-torch examples/custom-detector/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	TORCH_SPEC="$(TORCH_SPEC)" sh scripts/install-torch $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[test,lint,train]"
+	$(BIN)/python -m pip install --quiet -e ".[test,lint,train,kubernetes]"
+	$(BIN)/python -m pip install --quiet --no-deps -e examples/custom-detector
 	touch $(INSTALLED)
 
 install: $(INSTALLED)
@@ -22,7 +25,12 @@ install: $(INSTALLED)
 demo: $(INSTALLED)
 	$(BIN)/resurge demo
 
+# Everything, as CI runs it.
 test: lint typecheck pytest
+
+# The edit loop: the same checks, and every test but the end-to-end ones (whole services
+# as processes); `make test` before pushing.
+test-fast: lint typecheck pytest-fast
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .
@@ -35,6 +43,9 @@ typecheck: $(INSTALLED)
 # pytest exits 5 when it collects no test; make treats that as a failure too.
 pytest: $(INSTALLED)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+pytest-fast: $(INSTALLED)
+	$(BIN)/pytest -m "not e2e" $(PYTEST_ARGS)
 
 bench: $(INSTALLED)
 	$(BIN)/python bench/restart_latency.py

@@ -143,14 +143,14 @@ def latencies_after_report(result: StoryResult) -> list[float]:
             time = datetime.fromisoformat(at)
             reported[fault.generation] = min(time, reported.get(fault.generation, time))
     latencies = []
-    for generation, at in sorted(reported.items()):
+    for generation, first in sorted(reported.items()):
         after = [
             o.event.time
             for o in result.observed
             if isinstance(o.event, Progress) and o.event.generation == generation + 1
         ]
         if after:
-            latencies.append((min(after) - at).total_seconds())
+            latencies.append((min(after) - first).total_seconds())
     return latencies
 
 

@@ -7,6 +7,7 @@ processes; workers are real processes that crash on purpose.
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -79,7 +80,7 @@ async def test_crash_once_example_finishes_after_exactly_one_restart(
 
     done = [o for o in result.observed if isinstance(o.event, ReplicaFinished)]
     # replica 1's workers may also finish generation 0 before rank 0's crash stops it
-    assert sorted(o.event.replica for o in done if o.event.generation == 1) == [0, 1]
+    assert Counter(o.event.replica for o in done if o.event.generation == 1) == Counter([0, 1])
     assert {o.subject for o in done} == {subjects.job("crash-once")}
     assert result.final_agent_states() == {0: AgentState.EXITING, 1: AgentState.EXITING}
     assert len(result.restart_latencies()) == 1

@@ -16,7 +16,7 @@ def running(**fields: object) -> JobRecord:
     return JobRecord(
         name="j", spec=JOB, phase=JobPhase.RUNNING, generation=3,
         placements=[Placement(replica=0, node="node-0"), Placement(replica=1, node="node-1")],
-        spare_nodes=["node-2"], incarnations={0: 2}, **fields,  # type: ignore[arg-type]
+        spare_nodes=["node-2"], incarnations={0: 2}, **fields,
     )  # fmt: skip
 
 

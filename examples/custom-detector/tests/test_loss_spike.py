@@ -9,7 +9,7 @@ from resurge_loss_spike import FACTOR_ENV, WARMUP_ENV, WINDOW_ENV, LossSpikeDete
 from resurge_loss_spike.detector import ALERT_ONLY_ENV, FORGET_AFTER, METRIC_ENV, PRUNE_EVERY
 
 from resurge.detection import Detector, DetectorContext
-from resurge.events import FaultScope, Progress, RecoveryLevel, Severity, Source
+from resurge.events import FaultDetected, FaultScope, Progress, RecoveryLevel, Severity, Source
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 SOURCE = Source(service="detector", instance="test:1")
@@ -42,10 +42,13 @@ def progress(
     )
 
 
-def feed(detector: LossSpikeDetector, losses: list[float], **where: int) -> list:
+def feed(
+    detector: LossSpikeDetector, losses: list[float], *, rank: int = 0, generation: int = 0
+) -> list[FaultDetected]:
     out = []
     for step, loss in enumerate(losses, start=1):
-        out.extend(detector.observe(progress(step, loss, **where), ctx(step)))
+        event = progress(step, loss, rank=rank, generation=generation)
+        out.extend(detector.observe(event, ctx(step)))
     return out
 
 

@@ -102,6 +102,7 @@ class Subjects:
 
     @property
     def root(self) -> str:
+        """The first two tokens of every subject: ``<namespace>.v1``."""
         return f"{self.namespace}.{VERSION}"
 
     def raw(self, job: str | None, kind: str | None, node: str | None) -> str:
@@ -111,12 +112,15 @@ class Subjects:
         return f"{self.root}.raw.{job_token}.{kind_token}.{_token_or_wildcard(node)}"
 
     def fault(self, job: str | None, scope: str | None) -> str:
+        """Faults the detector found in ``job``, by ``scope`` (process, node, job)."""
         return f"{self.root}.fault.{_token_or_wildcard(job)}.{_fixed_or_wildcard(scope)}"
 
     def capacity(self, node: str | None) -> str:
+        """One node's capacity as it changes: its slots, the free ones, its health."""
         return f"{self.root}.capacity.{_token_or_wildcard(node)}"
 
     def cmd(self, job: str | None, replica: int | None) -> str:
+        """Commands to the agent of one replica of ``job`` (``None``: every replica)."""
         replica_token = "*" if replica is None else str(replica)
         return f"{self.root}.cmd.{_token_or_wildcard(job)}.{replica_token}"
 
@@ -125,12 +129,15 @@ class Subjects:
         return f"{self.root}.cmd.{NODE_LEVEL_JOB}.{_token_or_wildcard(node)}"
 
     def action(self, job: str | None) -> str:
+        """What the control plane did to ``job``: recoveries begun and ended, phase changes."""
         return f"{self.root}.action.{_token_or_wildcard(job)}"
 
     def job(self, job: str | None) -> str:
+        """The life of ``job``: submitted, deleted, a replica finished."""
         return f"{self.root}.job.{_token_or_wildcard(job)}"
 
     def dlq(self, service: str | None) -> str:
+        """Messages ``service`` could not decode or handle, dead-lettered."""
         return f"{self.root}.dlq.{_token_or_wildcard(service)}"
 
     def all(self, family: str) -> str:
@@ -142,4 +149,5 @@ class Subjects:
         return f"{self.namespace}_{family}".upper().replace("-", "_")
 
     def kv_bucket(self, name: str) -> str:
+        """The JetStream KV bucket ``name`` of this namespace, e.g. ``resurge_jobs``."""
         return f"{self.namespace}_{name}".replace("-", "_")

@@ -22,6 +22,8 @@ class RecoveryLevel(StrEnum):
 
 
 class JobPhase(StrEnum):
+    """Where a job is in its life, as ``resurge status`` shows it."""
+
     PENDING = "Pending"
     RUNNING = "Running"
     RECOVERING = "Recovering"
@@ -31,10 +33,13 @@ class JobPhase(StrEnum):
 
     @property
     def finished(self) -> bool:
+        """Whether the job is over (Succeeded or Failed): nothing will restart it."""
         return self in (JobPhase.SUCCEEDED, JobPhase.FAILED)
 
 
 class FaultScope(StrEnum):
+    """How far a fault reaches: one process, one node, or the whole job."""
+
     PROCESS = "process"
     NODE = "node"
     JOB = "job"

@@ -36,6 +36,9 @@ def command_id(kind: str, job: str, replica: int, generation: int) -> str:
 def assignments(
     record: JobRecord, source: Source, level: RecoveryLevel | None = None
 ) -> list[Assign]:
+    """One Assign per replica for the record's current generation: the rank table, the
+    rendezvous on the first replica's address, the newest checkpoint every rank saved, and
+    ids that make a repeated send a no-op."""
     nproc = record.spec.spec.nproc_per_node
     placements = sorted(record.placements, key=lambda p: p.replica)
     table = [

@@ -38,6 +38,8 @@ _HANDLED_FAULTS_KEPT = 64
 
 
 class Placement(BaseModel):
+    """Where one replica of the job runs."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     replica: int = Field(ge=0, description="Replica index.")
@@ -46,6 +48,8 @@ class Placement(BaseModel):
 
 
 class LastFault(BaseModel):
+    """The newest fault the restarter acted on, in short."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     fault_id: str
@@ -136,6 +140,8 @@ class RestartEntry(BaseModel):
 
 
 class CheckpointRef(BaseModel):
+    """A checkpoint: its training step and where it lies."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     step: int = Field(ge=0)
@@ -143,6 +149,8 @@ class CheckpointRef(BaseModel):
 
 
 class JobRecord(BaseModel):
+    """One job's lasting state: what the control plane decided for it."""
+
     model_config = ConfigDict(extra="forbid")
 
     name: str
@@ -203,13 +211,16 @@ class JobRecord(BaseModel):
 
     @property
     def world_size(self) -> int:
+        """Worker processes in the current generation: replicas times nprocPerNode."""
         return self.spec.spec.nproc_per_node * len(self.placements)
 
     @property
     def total_restarts(self) -> int:
+        """Restarts so far, every level together."""
         return sum(self.restarts.values())
 
     def remember_fault(self, fault_id: str) -> None:
+        """Note ``fault_id`` as acted on; only the newest few are kept."""
         self.handled_faults = [*self.handled_faults, fault_id][-_HANDLED_FAULTS_KEPT:]
 
 
@@ -218,14 +229,18 @@ class ConflictError(Exception):
 
 
 class JobStore:
+    """Job records in their KV bucket, every write a compare-and-set."""
+
     def __init__(self, kv: KeyValue) -> None:
         self.kv = kv
 
     @staticmethod
     def key(name: str) -> str:
+        """The KV key of job ``name`` (escaped into one token)."""
         return escape_token(name)
 
     async def all(self) -> list[JobRecord]:
+        """Every job's record."""
         records = []
         for key in await bucket_keys(self.kv):
             found = await self.get(unescape_token(key))
@@ -234,6 +249,7 @@ class JobStore:
         return records
 
     async def get(self, name: str) -> tuple[JobRecord, int] | None:
+        """Job ``name``'s record and its revision, or None when there is none."""
         try:
             entry = await self.kv.get(self.key(name))
         except nats.js.errors.KeyNotFoundError:

@@ -15,6 +15,7 @@ __all__ = ["worker_group", "worker_groups"]
 
 
 def worker_group(record: JobRecord, placement: Placement) -> WorkerGroupSpec:
+    """The worker group of the replica at ``placement``, at its current incarnation."""
     spec = record.spec.spec
     return WorkerGroupSpec(
         job=record.name,
@@ -32,4 +33,5 @@ def worker_group(record: JobRecord, placement: Placement) -> WorkerGroupSpec:
 
 
 def worker_groups(record: JobRecord) -> list[WorkerGroupSpec]:
+    """The worker group of every replica the record places."""
     return [worker_group(record, p) for p in record.placements]

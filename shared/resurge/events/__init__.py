@@ -146,6 +146,7 @@ class DecodeError(ValueError):
 
 
 def encode_event(event: Envelope) -> bytes:
+    """The message body of ``event``: its JSON, field aliases as the schemas name them."""
     return event.model_dump_json(by_alias=True).encode()
 
 

@@ -13,6 +13,8 @@ __all__ = ["PhaseChanged", "RecoveryFinished", "RecoveryStarted"]
 
 
 class RecoveryStarted(Envelope):
+    """The restarter began recovering from a fault: a new generation at ``level``."""
+
     kind: Literal["recovery_started"] = "recovery_started"
     fault_id: str = Field(description="The fault being recovered from.")
     level: RecoveryLevel = Field(description="Recovery level chosen.")
@@ -22,6 +24,8 @@ class RecoveryStarted(Envelope):
 
 
 class RecoveryFinished(Envelope):
+    """A recovery ended: the new generation showed its first sign of life."""
+
     kind: Literal["recovery_finished"] = "recovery_finished"
     fault_id: str = Field(description="The fault recovered from.")
     level: RecoveryLevel = Field(description="Recovery level used.")
@@ -32,6 +36,8 @@ class RecoveryFinished(Envelope):
 
 
 class PhaseChanged(Envelope):
+    """A job moved to another phase (Pending, Running, Recovering, ...)."""
+
     kind: Literal["phase_changed"] = "phase_changed"
     phase: JobPhase = Field(description="The job's new phase.")
     previous: JobPhase | None = Field(default=None, description="The phase before.")

@@ -12,6 +12,8 @@ __all__ = ["CapacityChanged"]
 
 
 class CapacityChanged(Envelope):
+    """A node's slots, free slots or health changed."""
+
     kind: Literal["capacity_changed"] = "capacity_changed"
     slots_total: int = Field(ge=0, description="GPUs (or simulated GPUs) on the node.")
     slots_free: int = Field(ge=0, description="Of those, how many no worker group uses.")

@@ -13,6 +13,8 @@ __all__ = ["Assign", "InjectFault", "InjectGpuError", "ReplicaSlot", "Stop"]
 
 
 class ReplicaSlot(BaseModel):
+    """Where one replica of a generation runs and which global ranks it holds."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     replica: int = Field(ge=0, description="Replica index (torchrun's GROUP_RANK).")

@@ -22,6 +22,8 @@ class DeadLetterReason(StrEnum):
 
 
 class DeadLetter(Envelope):
+    """A message a service could not use, kept with why, for people to look at."""
+
     kind: Literal["dead_letter"] = "dead_letter"
     subject: str = Field(description="Subject the message arrived on.")
     reason: DeadLetterReason = Field(description="Why it could not be used.")

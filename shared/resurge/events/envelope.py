@@ -20,6 +20,8 @@ SCHEMA_VERSION = 1
 
 
 class Source(BaseModel):
+    """The service instance that published an event."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     service: str = Field(description="Service that published the event.", examples=["detector"])
@@ -30,6 +32,7 @@ class Source(BaseModel):
 
     @classmethod
     def here(cls, service: str) -> Source:
+        """This process as an instance of ``service``: host name and process id."""
         return cls(service=service, instance=f"{socket.gethostname()}:{os.getpid()}")
 
 

@@ -14,12 +14,16 @@ __all__ = ["FaultDetected", "Severity"]
 
 
 class Severity(StrEnum):
+    """How bad a fault is."""
+
     WARNING = "warning"
     ERROR = "error"
     FATAL = "fatal"
 
 
 class FaultDetected(Envelope):
+    """A detector found a fault, with its evidence and the cheapest fix it suggests."""
+
     kind: Literal["fault_detected"] = "fault_detected"
     fault_id: str = Field(
         description="Stable id of the fault: the same fault seen twice has the same id.",

@@ -12,6 +12,8 @@ __all__ = ["GpuError", "GpuReading", "GpuSample", "NodeReport"]
 
 
 class GpuReading(BaseModel):
+    """One GPU's readings at one moment; a field NVML cannot read is null."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     index: int = Field(ge=0, description="GPU index on the node.")

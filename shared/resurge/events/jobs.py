@@ -13,11 +13,15 @@ __all__ = ["JobDeleted", "JobSubmitted", "ReplicaFinished"]
 
 
 class JobSubmitted(Envelope):
+    """A TrainingJob was submitted (``resurge submit``)."""
+
     kind: Literal["job_submitted"] = "job_submitted"
     spec: TrainingJob = Field(description="The validated TrainingJob.")
 
 
 class JobDeleted(Envelope):
+    """A job was deleted: its workers stop and it is forgotten."""
+
     kind: Literal["job_deleted"] = "job_deleted"
 
 

@@ -21,6 +21,8 @@ __all__ = [
 
 
 class ProcessStarted(Envelope):
+    """A worker process of a replica started (or re-entered its training function)."""
+
     kind: Literal["process_started"] = "process_started"
     pid: int = Field(description="Operating-system process id of the worker.", examples=[4242])
     local_rank: int = Field(ge=0, description="Rank of the worker within its replica.")
@@ -33,6 +35,8 @@ class ProcessStarted(Envelope):
 
 
 class ProcessExited(Envelope):
+    """A worker process ended: its exit code or signal, and whether the agent ended it."""
+
     kind: Literal["process_exited"] = "process_exited"
     pid: int = Field(description="Operating-system process id of the worker.")
     local_rank: int = Field(ge=0, description="Rank of the worker within its replica.")
@@ -50,6 +54,7 @@ class ProcessExited(Envelope):
 
     @property
     def succeeded(self) -> bool:
+        """Whether the worker exited 0."""
         return self.exit_code == 0
 
 
@@ -71,6 +76,8 @@ class ProcessStateChanged(Envelope):
 
 
 class LogLine(Envelope):
+    """One line a worker wrote to its stdout or stderr."""
+
     kind: Literal["log_line"] = "log_line"
     local_rank: int = Field(ge=0, description="Rank of the worker within its replica.")
     stream: Literal["stdout", "stderr"] = Field(description="Which output stream.")
@@ -78,6 +85,8 @@ class LogLine(Envelope):
 
 
 class AgentState(StrEnum):
+    """What a replica's agent is doing."""
+
     WAITING = "waiting"
     RUNNING = "running"
     STOPPING = "stopping"
@@ -87,6 +96,8 @@ class AgentState(StrEnum):
 
 
 class AgentStateChanged(Envelope):
+    """A replica's agent changed state (``lost``: its node's monitor saw it die)."""
+
     kind: Literal["agent_state"] = "agent_state"
     state: AgentState = Field(description="What the agent is doing now.")
     detail: str = Field(default="", description="Why, in words.")

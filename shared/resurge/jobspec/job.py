@@ -31,6 +31,8 @@ _NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$"
 
 
 class EnvVar(SpecModel):
+    """One extra environment variable of the workers, as in a Kubernetes container."""
+
     name: str = Field(description="Environment variable name.", min_length=1)
     value: str = Field(default="", description="Its value.")
 
@@ -54,6 +56,8 @@ DEFAULT_PRELOAD = ("torch", "torch._dynamo", "torch.distributed.checkpoint")
 
 
 class TrainingJobSpec(SpecModel):
+    """What to run, on how many replicas, and how to detect and recover from faults."""
+
     command: list[str] = Field(
         min_length=1,
         description="Argv of the training script, run by the agent as torchrun would.",
@@ -109,12 +113,16 @@ class TrainingJobSpec(SpecModel):
 
 
 class Metadata(SpecModel):
+    """The job's name and labels, as a Kubernetes object's metadata."""
+
     name: str = Field(pattern=_NAME_PATTERN, description="Job name (a Kubernetes object name).")
     namespace: str = Field(default="default", description="Kubernetes namespace.")
     labels: dict[str, str] = Field(default_factory=dict, description="Labels.")
 
 
 class TrainingJob(SpecModel):
+    """A training job, the document ``resurge submit`` takes (docs/jobspec.md)."""
+
     api_version: Literal["resurge.dev/v1alpha1"] = Field(
         default="resurge.dev/v1alpha1",
         alias="apiVersion",
@@ -129,6 +137,7 @@ class TrainingJob(SpecModel):
 
     @property
     def name(self) -> str:
+        """The job's name (``metadata.name``)."""
         return self.metadata.name
 
 

@@ -189,6 +189,8 @@ class StragglerSpec(SpecModel):
 
 
 class GpuPolicy(SpecModel):
+    """What the job does about GPU errors: its own actions for chosen XID codes."""
+
     xid_overrides: dict[NonNegativeInt, XidAction] = Field(
         default_factory=dict,
         description="NVIDIA XID code to action, overriding resurge's built-in XID table.",
@@ -197,6 +199,8 @@ class GpuPolicy(SpecModel):
 
 
 class MonitoringSpec(SpecModel):
+    """How faults and hangs are detected: timeouts, log rules, stragglers, GPUs."""
+
     startup_timeout_seconds: float | None = Field(
         default=None,
         ge=0,

@@ -63,6 +63,8 @@ _RESTART_POLICY_FIELDS = (
 
 
 class RecoverySpec(SpecModel):
+    """The recovery ladder this job may use and the limits that end crash loops."""
+
     levels: list[RecoveryLevel] = Field(
         default_factory=_every_level,
         min_length=1,

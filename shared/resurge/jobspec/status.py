@@ -17,22 +17,30 @@ def _pending() -> JobPhase:
 
 
 class ReplicaCounts(SpecModel):
+    """Replicas running now, and how many the scaler wants."""
+
     current: int = Field(default=0, ge=0, description="Replicas running now.")
     target: int = Field(default=0, ge=0, description="Replicas the scaler wants.")
 
 
 class FaultSummary(SpecModel):
+    """The last fault, in short."""
+
     reason: str = Field(description="What went wrong.", examples=["exit code 1 on rank 0"])
     scope: FaultScope = Field(description="How much of the job the fault takes down.")
     time: datetime = Field(description="When the fault was detected.")
 
 
 class CheckpointRef(SpecModel):
+    """A checkpoint: its training step and where it lies."""
+
     step: int = Field(ge=0, description="Training step of the checkpoint.")
     path: str = Field(description="Where the checkpoint lies.")
 
 
 class TrainingJobStatus(SpecModel):
+    """What resurge reports about a job: phase, generation, restarts, last fault."""
+
     phase: JobPhase = Field(default_factory=_pending, description="Where the job is now.")
     generation: int = Field(
         default=0, ge=0, description="Current generation; every restart or resize adds one."

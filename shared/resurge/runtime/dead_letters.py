@@ -25,6 +25,8 @@ log = logging.getLogger("resurge.runtime.dead_letters")
 
 
 class DeadLetterOffice:
+    """Counts, logs (rate-limited) and publishes a service's dead letters."""
+
     def __init__(
         self,
         service: str,
@@ -47,9 +49,11 @@ class DeadLetterOffice:
             self.counter.labels(reason.value)
 
     def count(self, reason: DeadLetterReason) -> int:
+        """Messages dead-lettered so far for ``reason``."""
         return int(self.counter.labels(reason.value)._value.get())
 
     async def send(self, subject: str, data: bytes, reason: DeadLetterReason, detail: str) -> None:
+        """Dead-letter a message that arrived on ``subject``, on ``dlq.<service>``."""
         self.counter.labels(reason.value).inc()
         self._log.warning(
             reason.value,

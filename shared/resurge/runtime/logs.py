@@ -75,6 +75,7 @@ class RateLimitedLog:
         self._last: dict[str, float] = {}
 
     def warning(self, key: str, message: str, **extra: Any) -> bool:
+        """Log ``message`` unless ``key`` was logged within the interval; True if logged."""
         now = time.monotonic()
         last = self._last.get(key)
         if last is not None and now - last < self.interval:

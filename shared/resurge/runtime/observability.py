@@ -16,6 +16,8 @@ __all__ = ["MetricsServer"]
 
 
 class MetricsServer:
+    """Serves ``/metrics`` from ``registry`` and ``/healthz`` from ``healthy``."""
+
     def __init__(
         self, registry: CollectorRegistry, healthy: Callable[[], bool], host: str, port: int
     ) -> None:
@@ -49,12 +51,15 @@ class MetricsServer:
 
     @property
     def port(self) -> int:
+        """The port it listens on (the one picked when asked for 0)."""
         return int(self._server.server_address[1])
 
     def start(self) -> MetricsServer:
+        """Start serving in a daemon thread; returns itself."""
         self._thread.start()
         return self
 
     def close(self) -> None:
+        """Stop serving and close the socket."""
         self._server.shutdown()
         self._server.server_close()

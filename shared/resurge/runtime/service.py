@@ -31,6 +31,8 @@ S = TypeVar("S", bound=Settings)
 
 @dataclass
 class ServiceContext:
+    """What a service's setup gets: its settings, bus, metrics registry and exit stack."""
+
     name: str
     settings: Settings
     bus: Bus
@@ -41,6 +43,7 @@ class ServiceContext:
 
     @property
     def log(self) -> logging.Logger:
+        """The service's logger, ``resurge.<name>``."""
         return logging.getLogger(f"resurge.{self.name}")
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:

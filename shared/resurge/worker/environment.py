@@ -32,6 +32,8 @@ JOB = "RESURGE_JOB"
 
 @dataclass(frozen=True)
 class WorkerEnvironment:
+    """A worker's place in its job, as the agent set it (see :func:`read_environment`)."""
+
     socket_path: str | None
     generation: int
     rank: int

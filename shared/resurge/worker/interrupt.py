@@ -32,6 +32,8 @@ def _set_async_exc(thread_id: int, kind: type[BaseException] | None) -> None:
 
 
 class Interrupter:
+    """Interrupts the thread that made it, only while :meth:`call` runs there."""
+
     def __init__(self) -> None:
         self.thread_id = threading.get_ident()
         self._armed = False
@@ -40,6 +42,7 @@ class Interrupter:
 
     @property
     def armed(self) -> bool:
+        """Whether a guarded call runs now, so an interrupt would land in it."""
         return self._armed
 
     def interrupt(self, kind: type[BaseException]) -> bool:

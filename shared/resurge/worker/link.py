@@ -36,6 +36,8 @@ _SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
 
 
 class AgentLink:
+    """A worker's connection to its agent's unix socket, kept by a daemon thread."""
+
     def __init__(
         self,
         path: str,
@@ -76,6 +78,8 @@ class AgentLink:
         self._hello = hello
 
     def send(self, line: bytes, *, droppable: bool) -> None:
+        """Queue ``line`` and return at once; a ``droppable`` one may be dropped when too
+        many wait."""
         if self._closing.is_set():
             return
         self._outbox.put(line, droppable=droppable)
@@ -122,7 +126,7 @@ class AgentLink:
             delay = min(delay * 2, _RETRY_MAX)
             sock = self._connect()
 
-    def _exchange(self, sock: socket.socket) -> None:
+    def _exchange(self, sock: socket.socket) -> None:  # noqa: C901 — one select loop sharing its buffers
         """Talk on ``sock`` until it breaks, or until closing and flushed or past due."""
         hello = self._hello
         unsent: deque[Item] = deque([(True, hello)])  # lines in `buffer`, oldest first

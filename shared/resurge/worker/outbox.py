@@ -17,6 +17,8 @@ Item = tuple[bool, bytes]  # (droppable, line)
 
 
 class Outbox:
+    """Lines waiting to be sent, oldest first; at most ``max_droppable`` droppable ones."""
+
     def __init__(self, max_droppable: int = 1024) -> None:
         if max_droppable < 1:
             raise ValueError(f"max_droppable must be >= 1, not {max_droppable}")
@@ -31,6 +33,7 @@ class Outbox:
             return len(self._items)
 
     def put(self, line: bytes, *, droppable: bool) -> None:
+        """Queue ``line`` last; past the cap, the oldest droppable line is dropped."""
         with self._lock:
             self._items.append((droppable, line))
             self._droppable += droppable

@@ -109,6 +109,8 @@ class ProtocolError(ValueError):
 
 @dataclass(frozen=True)
 class Hello:
+    """``hello``: who the worker is; first on every connection."""
+
     local_rank: int
     rank: int
     pid: int
@@ -118,18 +120,24 @@ class Hello:
 
 @dataclass(frozen=True)
 class ProgressReport:
+    """``progress``: the worker finished ``step``, with its finite metrics."""
+
     step: int
     metrics: dict[str, float]
 
 
 @dataclass(frozen=True)
 class CheckpointReport:
+    """``checkpoint``: the worker saved the checkpoint of ``step`` at ``path``."""
+
     step: int
     path: str
 
 
 @dataclass(frozen=True)
 class FaultReport:
+    """``fault``: the worker's training function raised an exception."""
+
     generation: int
     exception: str
     message: str
@@ -138,18 +146,24 @@ class FaultReport:
 
 @dataclass(frozen=True)
 class Rejoining:
+    """``rejoining``: the worker left its generation and enters ``generation``."""
+
     generation: int
     rank: int
 
 
 @dataclass(frozen=True)
 class StopPending:
+    """``stop_pending``: workers of ``generation`` or older are about to be stopped."""
+
     generation: int
     reason: str
 
 
 @dataclass(frozen=True)
 class RestartCommand:
+    """``restart``: leave the generation, re-enter the training function as ``generation``."""
+
     generation: int
     environment: dict[str, str]
     unset: tuple[str, ...]
@@ -157,6 +171,8 @@ class RestartCommand:
 
 @dataclass(frozen=True)
 class RaiseCommand:
+    """``raise``: raise an injected exception in the training function at ``generation``."""
+
     generation: int
 
 
@@ -196,6 +212,7 @@ def _metric(name: str, value: object) -> float:
 def hello_line(
     *, local_rank: int, rank: int, pid: int, generation: int, in_process: bool = False
 ) -> bytes:
+    """The hello line; ValueError names the argument that is wrong."""
     message: dict[str, Any] = {
         "type": "hello",
         "local_rank": _count(local_rank, "local_rank"),
@@ -232,6 +249,7 @@ def checkpoint_line(step: object, path: object) -> bytes:
 
 
 def stop_pending_line(generation: int, reason: str) -> bytes:
+    """The stop_pending line for workers of ``generation`` or older."""
     return _encode(
         {"type": "stop_pending", "generation": _count(generation, "generation"), "reason": reason}
     )
@@ -258,6 +276,7 @@ def fault_line(generation: int, exception: str, message: str, traceback: str) ->
 
 
 def rejoining_line(generation: int, rank: int) -> bytes:
+    """The rejoining line: the new ``generation`` and the worker's new global ``rank``."""
     return _encode(
         {
             "type": "rejoining",
@@ -280,6 +299,7 @@ def restart_line(generation: int, environment: dict[str, str], unset: list[str])
 
 
 def raise_line(generation: int) -> bytes:
+    """The raise line for workers still at ``generation``."""
     return _encode({"type": "raise", "generation": _count(generation, "generation")})
 
 

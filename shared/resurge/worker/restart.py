@@ -129,6 +129,7 @@ class Restartable(Generic[P, R]):
         self.__name__ = getattr(fn, "__name__", type(self).__name__)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run the training function, again in each new generation under an agent; once without."""
         socket_path = read_environment().socket_path
         if socket_path is None:
             run = WorkerRun(None)
