@@ -63,6 +63,7 @@ class DetectorContext:
     jobs: Mapping[str, JobRecord] = field(default_factory=dict)
 
     def job(self, name: str | None) -> JobRecord | None:
+        """The record of job ``name`` if this detector replica judges it; else None."""
         return None if name is None else self.jobs.get(name)
 
     def jobs_on(self, node: str) -> list[JobRecord]:
@@ -113,12 +114,19 @@ class DetectorContext:
 
 @runtime_checkable
 class Detector(Protocol):
+    """A detector plugin: what it is called, which raw event kinds it takes, and what
+    it concludes from an event and from the passing of time."""
+
     name: str
     kinds: frozenset[str]
 
-    def observe(self, event: Any, ctx: DetectorContext) -> Iterable[Envelope]: ...
+    def observe(self, event: Any, ctx: DetectorContext) -> Iterable[Envelope]:
+        """What one raw event of a kind in ``kinds`` shows (faults, capacity, ...)."""
+        ...
 
-    def tick(self, ctx: DetectorContext) -> Iterable[Envelope]: ...
+    def tick(self, ctx: DetectorContext) -> Iterable[Envelope]:
+        """What the passing of time shows at ``ctx.now`` (timeouts, windows)."""
+        ...
 
 
 @runtime_checkable

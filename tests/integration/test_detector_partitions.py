@@ -19,11 +19,20 @@ JOBS = [f"job-{i}" for i in range(12)]
 
 
 def start_replica(settings: Settings, index: int) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "RESURGE_NATS_URL": settings.nats_url,
-           "RESURGE_NAMESPACE": settings.namespace, "RESURGE_DETECTOR_REPLICAS": "2",
-           "RESURGE_DETECTOR_INDEX": str(index), "RESURGE_DETECTORS": "process_exit"}  # fmt: skip
-    return subprocess.Popen([sys.executable, "-m", "resurge_detector"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    env = {
+        **os.environ,
+        "RESURGE_NATS_URL": settings.nats_url,
+        "RESURGE_NAMESPACE": settings.namespace,
+        "RESURGE_DETECTOR_REPLICAS": "2",
+        "RESURGE_DETECTOR_INDEX": str(index),
+        "RESURGE_DETECTORS": "process_exit",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "resurge_detector"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 async def test_two_replicas_judge_each_job_once(bus: Bus, settings: Settings) -> None:
@@ -32,8 +41,14 @@ async def test_two_replicas_judge_each_job_once(bus: Bus, settings: Settings) ->
     store = JobStore(await bus.jobs_bucket())
     for name in JOBS:
         spec = parse_job({"metadata": {"name": name}, "spec": {"command": ["x"]}})
-        await store.create(JobRecord(name=name, spec=spec, phase=JobPhase.RUNNING,
-                                     placements=[Placement(replica=0, node="n")]))  # fmt: skip
+        await store.create(
+            JobRecord(
+                name=name,
+                spec=spec,
+                phase=JobPhase.RUNNING,
+                placements=[Placement(replica=0, node="n")],
+            )
+        )
     faults: asyncio.Queue[FaultDetected] = asyncio.Queue()
 
     async def on_fault(event: Event, subject: str) -> None:
@@ -44,9 +59,18 @@ async def test_two_replicas_judge_each_job_once(bus: Bus, settings: Settings) ->
     replicas = [start_replica(settings, 0), start_replica(settings, 1)]
     try:
         for name in JOBS:
-            crash = ProcessExited(source=bus.source, job=name, replica=0, node="n", rank=0,
-                                  generation=0, pid=1, local_rank=0, local_world_size=1,
-                                  exit_code=1)  # fmt: skip
+            crash = ProcessExited(
+                source=bus.source,
+                job=name,
+                replica=0,
+                node="n",
+                rank=0,
+                generation=0,
+                pid=1,
+                local_rank=0,
+                local_world_size=1,
+                exit_code=1,
+            )
             await bus.publish(bus.subjects.raw(name, "process_exited", "n"), crash)
         got = [await asyncio.wait_for(faults.get(), 30) for _ in JOBS]
         await asyncio.sleep(0.5)  # bounded: any duplicate would have arrived by now

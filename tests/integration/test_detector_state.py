@@ -16,24 +16,40 @@ from resurge.events import Event, JobPhase, ProcessExited, ReplicaFinished
 from resurge.jobspec import parse_job
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
-from resurge_detector.service import STATE_BUCKET, state_entry_key
+from resurge_detector.state_store import STATE_BUCKET, state_entry_key
 from tests.collect import Events
 
 JOB = "state.job"  # a dot: job names are escaped in subjects and state keys
 
 
 def start_detector(settings: Settings) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "RESURGE_NATS_URL": settings.nats_url,
-           "RESURGE_NAMESPACE": settings.namespace,
-           "RESURGE_DETECTORS": "process_exit"}  # fmt: skip
-    return subprocess.Popen([sys.executable, "-m", "resurge_detector"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    env = {
+        **os.environ,
+        "RESURGE_NATS_URL": settings.nats_url,
+        "RESURGE_NAMESPACE": settings.namespace,
+        "RESURGE_DETECTORS": "process_exit",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "resurge_detector"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def success(bus: Bus, replica: int, local_rank: int) -> ProcessExited:
-    return ProcessExited(source=bus.source, job=JOB, replica=replica, node=f"n{replica}",
-                         rank=replica * 2 + local_rank, generation=0, pid=100 + local_rank,
-                         local_rank=local_rank, local_world_size=2, exit_code=0)  # fmt: skip
+    return ProcessExited(
+        source=bus.source,
+        job=JOB,
+        replica=replica,
+        node=f"n{replica}",
+        rank=replica * 2 + local_rank,
+        generation=0,
+        pid=100 + local_rank,
+        local_rank=local_rank,
+        local_world_size=2,
+        exit_code=0,
+    )
 
 
 class StateWrites:
@@ -60,9 +76,13 @@ async def test_a_detector_restarted_between_success_exits_still_finishes_both_re
 ) -> None:
     spec = parse_job({"metadata": {"name": JOB}, "spec": {"command": ["x"], "nprocPerNode": 2}})
     await JobStore(await bus.jobs_bucket()).create(
-        JobRecord(name=JOB, spec=spec, phase=JobPhase.RUNNING,
-                  placements=[Placement(replica=0, node="n0"), Placement(replica=1, node="n1")])
-    )  # fmt: skip
+        JobRecord(
+            name=JOB,
+            spec=spec,
+            phase=JobPhase.RUNNING,
+            placements=[Placement(replica=0, node="n0"), Placement(replica=1, node="n1")],
+        )
+    )
     state = StateWrites()
     bucket = bus.subjects.kv_bucket(STATE_BUCKET)
     sub = await bus.nc.subscribe(f"$KV.{bucket}.>", cb=state.add)

@@ -120,11 +120,17 @@ def test_resubmitted_name_starts_past_the_old_generation() -> None:
 
 def test_resubmitting_a_running_job_updates_only_its_monitoring() -> None:
     record = new_record(job(), None)
-    changed = parse_job({
-        "metadata": {"name": "j"},
-        "spec": {"command": ["other"], "nprocPerNode": 2, "replicas": {"min": 2},
-                 "monitoring": {"heartbeatTimeoutSeconds": 30}},
-    })  # fmt: skip
+    changed = parse_job(
+        {
+            "metadata": {"name": "j"},
+            "spec": {
+                "command": ["other"],
+                "nprocPerNode": 2,
+                "replicas": {"min": 2},
+                "monitoring": {"heartbeatTimeoutSeconds": 30},
+            },
+        }
+    )
     assert update_live(record, changed)
     assert record.spec.spec.monitoring.heartbeat_timeout_seconds == 30
     assert record.spec.spec.command == ["x"]

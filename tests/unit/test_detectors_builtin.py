@@ -36,9 +36,12 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def record(name: str = "j", monitoring: dict[str, Any] | None = None) -> JobRecord:
-    job = parse_job({"metadata": {"name": name},
-                     "spec": {"command": ["x"], "nprocPerNode": 2,
-                              "monitoring": monitoring or {}}})  # fmt: skip
+    job = parse_job(
+        {
+            "metadata": {"name": name},
+            "spec": {"command": ["x"], "nprocPerNode": 2, "monitoring": monitoring or {}},
+        }
+    )
     return JobRecord(
         name=name,
         spec=job,
@@ -48,19 +51,38 @@ def record(name: str = "j", monitoring: dict[str, Any] | None = None) -> JobReco
 
 
 def ctx(at: float, *records: JobRecord) -> DetectorContext:
-    return DetectorContext(now=T0 + timedelta(seconds=at), source=SOURCE,
-                           jobs={r.name: r for r in records})  # fmt: skip
+    return DetectorContext(
+        now=T0 + timedelta(seconds=at), source=SOURCE, jobs={r.name: r for r in records}
+    )
 
 
 def started(rank: int, generation: int = 0) -> ProcessStarted:
-    return ProcessStarted(source=SOURCE, job="j", generation=generation, rank=rank, replica=0,
-                          node="n0", pid=1, local_rank=rank, local_world_size=2)  # fmt: skip
+    return ProcessStarted(
+        source=SOURCE,
+        job="j",
+        generation=generation,
+        rank=rank,
+        replica=0,
+        node="n0",
+        pid=1,
+        local_rank=rank,
+        local_world_size=2,
+    )
 
 
 def progress(rank: int, step: int, at: float = 0.0, **metrics: float) -> Progress:
-    return Progress(source=SOURCE, job="j", generation=0, rank=rank, replica=rank // 2,
-                    node=f"n{rank // 2}", local_rank=rank % 2, step=step, metrics=metrics,
-                    time=T0 + timedelta(seconds=at))  # fmt: skip
+    return Progress(
+        source=SOURCE,
+        job="j",
+        generation=0,
+        rank=rank,
+        replica=rank // 2,
+        node=f"n{rank // 2}",
+        local_rank=rank % 2,
+        step=step,
+        metrics=metrics,
+        time=T0 + timedelta(seconds=at),
+    )
 
 
 def judge(hang: HangDetector, at: DetectorContext) -> list[FaultDetected]:
@@ -70,18 +92,41 @@ def judge(hang: HangDetector, at: DetectorContext) -> list[FaultDetected]:
 
 
 def stopped(rank: int, is_stopped: bool = True, generation: int = 0) -> ProcessStateChanged:
-    return ProcessStateChanged(source=SOURCE, job="j", generation=generation, rank=rank,
-                               replica=rank // 2, node=f"n{rank // 2}", pid=10 + rank,
-                               local_rank=rank % 2, stopped=is_stopped, since=T0)  # fmt: skip
+    return ProcessStateChanged(
+        source=SOURCE,
+        job="j",
+        generation=generation,
+        rank=rank,
+        replica=rank // 2,
+        node=f"n{rank // 2}",
+        pid=10 + rank,
+        local_rank=rank % 2,
+        stopped=is_stopped,
+        since=T0,
+    )
 
 
 def progress_at(rank: int, step: int, generation: int = 0) -> Progress:
-    return Progress(source=SOURCE, job="j", generation=generation, rank=rank, replica=rank // 2,
-                    node=f"n{rank // 2}", local_rank=rank % 2, step=step)  # fmt: skip
+    return Progress(
+        source=SOURCE,
+        job="j",
+        generation=generation,
+        rank=rank,
+        replica=rank // 2,
+        node=f"n{rank // 2}",
+        local_rank=rank % 2,
+        step=step,
+    )
 
 
-def train(hang: HangDetector, rec: JobRecord, ranks: range, steps: range, every: float,
-          generation: int = 0) -> float:  # fmt: skip
+def train(
+    hang: HangDetector,
+    rec: JobRecord,
+    ranks: range,
+    steps: range,
+    every: float,
+    generation: int = 0,
+) -> float:
     """Every rank reports each step, ``every`` seconds apart (detector clock); the last time."""
     at = 0.0
     for step in steps:
@@ -227,8 +272,19 @@ def test_exited_ranks_and_old_generations_are_not_hangs() -> None:
     rec = record(monitoring={"heartbeatTimeoutSeconds": 1, "startupTimeoutSeconds": 1})
     hang = HangDetector()
     hang.observe(started(1), ctx(0, rec))
-    hang.observe(ProcessExited(source=SOURCE, job="j", generation=0, rank=1, pid=1, local_rank=1,
-                               local_world_size=2, exit_code=0), ctx(0.5, rec))  # fmt: skip
+    hang.observe(
+        ProcessExited(
+            source=SOURCE,
+            job="j",
+            generation=0,
+            rank=1,
+            pid=1,
+            local_rank=1,
+            local_world_size=2,
+            exit_code=0,
+        ),
+        ctx(0.5, rec),
+    )
     assert judge(hang, ctx(10, rec)) == []
     hang.observe(started(0), ctx(10, rec))
     rec.generation = 1
@@ -236,8 +292,17 @@ def test_exited_ranks_and_old_generations_are_not_hangs() -> None:
 
 
 def test_straggler_needs_consecutive_slow_windows_and_reports_evidence() -> None:
-    rec = record(monitoring={"straggler": {"enabled": True, "windowSteps": 3, "slowFactor": 1.5,
-                                           "minSteps": 2, "consecutiveWindows": 2}})  # fmt: skip
+    rec = record(
+        monitoring={
+            "straggler": {
+                "enabled": True,
+                "windowSteps": 3,
+                "slowFactor": 1.5,
+                "minSteps": 2,
+                "consecutiveWindows": 2,
+            }
+        }
+    )
     detector = StragglerDetector()
     out: list[FaultDetected] = []
     for step in range(1, 15):
@@ -266,8 +331,9 @@ def test_node_health_publishes_capacity_changes_and_faults_jobs_on_a_lost_node()
     nodes = NodeHealthDetector(silence_seconds=5)
 
     def report(at: float, free: int, healthy: bool = True) -> list[Any]:
-        event = NodeReport(source=SOURCE, node="n1", slots_total=2, slots_free=free,
-                           healthy=healthy)  # fmt: skip
+        event = NodeReport(
+            source=SOURCE, node="n1", slots_total=2, slots_free=free, healthy=healthy
+        )
         return nodes.observe(event, ctx(at, rec))
 
     [first] = report(0, 2)
@@ -287,8 +353,9 @@ def test_node_health_publishes_capacity_changes_and_faults_jobs_on_a_lost_node()
 
 def test_partitions_split_jobs_between_replicas_exactly_once() -> None:
     names = [f"job-{i}" for i in range(200)]
-    owners = [[p.owns(n) for p in (Partition(3, 0), Partition(3, 1), Partition(3, 2))]
-              for n in names]  # fmt: skip
+    owners = [
+        [p.owns(n) for p in (Partition(3, 0), Partition(3, 1), Partition(3, 2))] for n in names
+    ]
     assert all(sum(o) == 1 for o in owners)
     assert all(sum(o[i] for o in owners) > 40 for i in range(3))
 

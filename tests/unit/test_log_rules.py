@@ -71,8 +71,9 @@ def started(*, rank: int = 0, generation: int = 0, at: float = 0.0) -> ProcessSt
 
 
 def state(*, rank: int, stopped: bool = True, generation: int = 0) -> ProcessStateChanged:
-    return ProcessStateChanged(pid=100 + rank, local_rank=rank % 2, stopped=stopped, since=T0,
-                               **where(rank, generation, 0))  # fmt: skip
+    return ProcessStateChanged(
+        pid=100 + rank, local_rank=rank % 2, stopped=stopped, since=T0, **where(rank, generation, 0)
+    )
 
 
 def faults(out: list[Envelope]) -> list[FaultDetected]:

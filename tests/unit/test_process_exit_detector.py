@@ -18,8 +18,13 @@ SOURCE = Source(service="detector", instance="here:1")
 
 def record(generation: int, phase: JobPhase = JobPhase.RUNNING) -> JobRecord:
     spec = parse_job({"metadata": {"name": "j"}, "spec": {"command": ["x"], "nprocPerNode": 2}})
-    return JobRecord(name="j", spec=spec, phase=phase, generation=generation,
-                     placements=[Placement(replica=0, node="n")])  # fmt: skip
+    return JobRecord(
+        name="j",
+        spec=spec,
+        phase=phase,
+        generation=generation,
+        placements=[Placement(replica=0, node="n")],
+    )
 
 
 def ctx(job: JobRecord) -> DetectorContext:

@@ -33,8 +33,12 @@ def test_an_exception_is_a_process_fault_suggesting_an_in_process_restart() -> N
     [fault] = WorkerFaultDetector(SOURCE).observe(event)
     assert isinstance(fault, FaultDetected)
     assert (fault.job, fault.replica, fault.node, fault.rank, fault.generation) == (
-        "j", 1, "n1", 3, 2,
-    )  # fmt: skip
+        "j",
+        1,
+        "n1",
+        3,
+        2,
+    )
     assert fault.scope is FaultScope.PROCESS and fault.severity is Severity.ERROR
     assert fault.reason == "worker_exception"
     assert fault.suggested_level is RecoveryLevel.IN_PROCESS
@@ -79,11 +83,21 @@ def test_a_lost_agent_is_a_fault_about_its_replica_that_asks_for_a_new_agent() -
     from resurge_detector.agent_lost import AgentLostDetector
 
     spec = {"command": ["x"], "nprocPerNode": 2, "replicas": {"min": 2}}
-    record = JobRecord(name="j", spec=parse_job({"metadata": {"name": "j"}, "spec": spec}),
-                       phase=JobPhase.RUNNING, generation=4)  # fmt: skip
+    record = JobRecord(
+        name="j",
+        spec=parse_job({"metadata": {"name": "j"}, "spec": spec}),
+        phase=JobPhase.RUNNING,
+        generation=4,
+    )
     ctx = DetectorContext(now=datetime.now(UTC), source=SOURCE, jobs={"j": record})
-    lost = AgentStateChanged(source=SOURCE, job="j", replica=1, node="node-1",
-                             state=AgentState.LOST, detail="exited with -9")  # fmt: skip
+    lost = AgentStateChanged(
+        source=SOURCE,
+        job="j",
+        replica=1,
+        node="node-1",
+        state=AgentState.LOST,
+        detail="exited with -9",
+    )
     [fault] = AgentLostDetector().observe(lost, ctx)
     assert isinstance(fault, FaultDetected)
     assert (fault.reason, fault.replica, fault.generation) == ("agent_lost", 1, 4)

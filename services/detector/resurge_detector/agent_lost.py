@@ -26,10 +26,13 @@ __all__ = ["AgentLostDetector"]
 
 
 class AgentLostDetector:
+    """A replica's agent reported lost: a fault asking for a new agent (pod level)."""
+
     name = "agent_lost"
     kinds = frozenset({"agent_state"})
 
     def observe(self, event: AgentStateChanged, ctx: DetectorContext) -> list[Envelope]:
+        """A fault for a lost agent of a running job's replica; none otherwise."""
         if not isinstance(event, AgentStateChanged) or event.state is not AgentState.LOST:
             return []
         record = ctx.job(event.job) if event.job is not None else None
@@ -53,4 +56,5 @@ class AgentLostDetector:
         ]
 
     def tick(self, ctx: DetectorContext) -> list[Envelope]:
+        """Nothing to judge over time."""
         return []

@@ -54,6 +54,7 @@ class PatternCache:
         self._compiled: dict[tuple[str, str], Pattern | None] = {}
 
     def get(self, rule: str, pattern: str) -> Pattern | None:
+        """``pattern`` compiled for ``rule``; None (logged once) when it does not compile."""
         key = (rule, pattern)
         if key in self._compiled:
             return self._compiled[key]

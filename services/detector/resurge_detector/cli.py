@@ -7,12 +7,14 @@ import sys
 
 from resurge.detection import ENTRY_POINT_GROUP, UnknownDetectorError
 from resurge.runtime.service import run_service
-from resurge_detector.service import DetectorSettings, make_setup
+from resurge_detector.service import make_setup
+from resurge_detector.settings import DetectorSettings
 
 __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the detector service until SIGTERM; 2 when a detector cannot be loaded."""
     argparse.ArgumentParser(
         prog="resurge-detector",
         description=(

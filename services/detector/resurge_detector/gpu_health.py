@@ -29,10 +29,14 @@ __all__ = ["GpuHealthDetector"]
 
 
 class GpuHealthDetector:
+    """GPU errors a node reports, judged for the jobs on that node."""
+
     name = "gpu_health"
     kinds = frozenset({"gpu_error"})
 
     def observe(self, event: GpuError, ctx: DetectorContext) -> list[Envelope]:
+        """A fault for each running job on the node, unless the XID table or the job's
+        overrides say the error is to be ignored."""
         if event.node is None:
             return []
         out: list[Envelope] = []
@@ -43,6 +47,7 @@ class GpuHealthDetector:
         return out
 
     def tick(self, ctx: DetectorContext) -> list[Envelope]:
+        """Nothing to judge over time."""
         return []
 
     def _fault(

@@ -127,6 +127,8 @@ class _Overdue:
 
 
 class HangDetector:
+    """Ranks alive but making no progress: one hang fault per job generation."""
+
     name = "hang"
     kinds = frozenset({"process_started", "progress", "process_state", "process_exited"})
 
@@ -138,6 +140,7 @@ class HangDetector:
     # -- events -------------------------------------------------------------------------
 
     def observe(self, event: _Events, ctx: DetectorContext) -> list[Envelope]:
+        """Follow a rank's start, progress, stopped state and exit; concludes nothing."""
         if event.job is None or event.generation is None or event.rank is None:
             return []
         generation = self._generation(event.job, event.generation)
@@ -200,6 +203,7 @@ class HangDetector:
     # -- timeouts -----------------------------------------------------------------------
 
     def tick(self, ctx: DetectorContext) -> list[Envelope]:
+        """One hang fault for each generation that has an overdue rank."""
         faults: list[Envelope] = []
         for key, generation in list(self._generations.items()):
             job, number = key

@@ -164,6 +164,8 @@ class _Where:
 
 
 class LogRuleDetector:
+    """A job's ``monitoring.logRules`` applied to its workers' output."""
+
     name = "log_rules"
     kinds = frozenset({"log_line", "process_started", "process_state"})
 
@@ -179,6 +181,7 @@ class LogRuleDetector:
     def observe(
         self, event: LogLine | ProcessStarted | ProcessStateChanged, ctx: DetectorContext
     ) -> list[Envelope]:
+        """A log line against the rules (a rank's start and stop are followed too)."""
         if event.job is None or event.generation is None or event.rank is None:
             return []
         record = ctx.job(event.job)
@@ -326,6 +329,7 @@ class LogRuleDetector:
     # -- timeouts -----------------------------------------------------------------------
 
     def tick(self, ctx: DetectorContext) -> list[Envelope]:
+        """``log_hang`` faults for the rules whose next match is overdue now."""
         faults: list[Envelope] = []
         for name, job in list(self._jobs.items()):
             record = ctx.job(name)

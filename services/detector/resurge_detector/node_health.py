@@ -32,6 +32,8 @@ class _Node:
 
 
 class NodeHealthDetector:
+    """Node reports to capacity changes; a node gone unhealthy or silent faults its jobs."""
+
     name = "node_health"
     kinds = frozenset({"node_report"})
 
@@ -40,6 +42,7 @@ class NodeHealthDetector:
         self._nodes: dict[str, _Node] = {}
 
     def observe(self, event: NodeReport, ctx: DetectorContext) -> list[Envelope]:
+        """A capacity change when the node's report changed; faults when it turned unhealthy."""
         if event.node is None:
             return []
         node = self._nodes.get(event.node)
@@ -65,6 +68,7 @@ class NodeHealthDetector:
         return out
 
     def tick(self, ctx: DetectorContext) -> list[Envelope]:
+        """A node silent for ``silence_seconds`` is lost: no capacity, and its jobs fault."""
         out: list[Envelope] = []
         for name, node in self._nodes.items():
             silent = (ctx.now - node.seen).total_seconds()
@@ -73,8 +77,8 @@ class NodeHealthDetector:
             node.lost = True
             node.incident += 1
             out.append(self._capacity(name, node, ctx))
-            out += self._faults(name, node, ctx, "node_lost",
-                                f"node {name} sent no report for {silent:.1f} s")  # fmt: skip
+            why = f"node {name} sent no report for {silent:.1f} s"
+            out += self._faults(name, node, ctx, "node_lost", why)
         return out
 
     def _capacity(self, name: str, node: _Node, ctx: DetectorContext) -> CapacityChanged:

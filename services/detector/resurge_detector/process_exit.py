@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from resurge.detection import DetectorContext
 from resurge.events import (
@@ -33,7 +34,6 @@ from resurge.events import (
     ProcessExited,
     RecoveryLevel,
     ReplicaFinished,
-    Severity,
     Source,
 )
 
@@ -56,6 +56,10 @@ class _Replica:
 
 
 class ProcessExitDetector:
+    """Crashes and success exits of workers (see the module docstring).
+
+    ``source`` signs what it concludes when ``observe`` is given no context."""
+
     name = "process_exit"
     kinds = frozenset({"process_exited"})
 
@@ -65,6 +69,7 @@ class ProcessExitDetector:
         self._changed: set[_Key] = set()
 
     def observe(self, event: ProcessExited, ctx: DetectorContext | None = None) -> list[Envelope]:
+        """A fault for a crash, a finished replica for the last of its success exits."""
         if ctx is not None:
             self.source = ctx.source
         if (
@@ -77,13 +82,14 @@ class ProcessExitDetector:
         if event.expected:
             return []
         if not event.succeeded:
-            return [self._fault(event)]
+            return [self._fault(event, ctx)]
         record = None if ctx is None else ctx.job(event.job)
         if record is not None and event.generation < record.generation:
             return []
         return self._success(event, event.job, event.replica, event.generation)
 
     def tick(self, ctx: DetectorContext) -> list[Envelope]:
+        """Forget the replicas of jobs that are over."""
         for key in list(self._replicas):
             record = ctx.job(key[0])
             if record is not None and record.phase.finished:
@@ -94,6 +100,7 @@ class ProcessExitDetector:
     # -- durable state ------------------------------------------------------------------
 
     def state_changes(self) -> Mapping[tuple[str, str], bytes | None]:
+        """The replicas whose success exits changed since the last call."""
         changes: dict[tuple[str, str], bytes | None] = {}
         for job, replica in self._changed:
             state = self._replicas.get((job, replica))
@@ -106,6 +113,7 @@ class ProcessExitDetector:
         return changes
 
     def restore_state(self, job: str, key: str, value: bytes) -> None:
+        """One replica's success exits, given back at start."""
         body = json.loads(value)
         replica = int(key.removeprefix("r"))
         known = self._replicas.get((job, replica))
@@ -147,21 +155,17 @@ class ProcessExitDetector:
             generation=generation,
         )
 
-    def _fault(self, event: ProcessExited) -> FaultDetected:
+    def _fault(self, event: ProcessExited, ctx: DetectorContext | None) -> FaultDetected:
+        if ctx is None:
+            ctx = DetectorContext(now=datetime.now(UTC), source=self.source)
         killed = event.signal is not None
         how = f"signal {event.signal}" if killed else f"exit code {event.exit_code}"
-        return FaultDetected(
+        return ctx.fault(
+            event,
             id=f"fault-{event.id}",
-            source=self.source,
-            job=event.job,
-            replica=event.replica,
-            node=event.node,
-            rank=event.rank,
-            generation=event.generation,
             fault_id=f"process_exit:{event.job}:g{event.generation}:r{event.rank}",
             scope=FaultScope.PROCESS,
             reason="process_killed" if killed else "process_crash",
-            severity=Severity.ERROR,
             message=f"rank {event.rank} (pid {event.pid}) on {event.node} ended with {how}",
             evidence={
                 "pid": event.pid,

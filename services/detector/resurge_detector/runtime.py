@@ -41,6 +41,8 @@ log = logging.getLogger("resurge.detector")
 
 @dataclass(frozen=True)
 class Partition:
+    """Which jobs this detector replica judges: those whose name hashes to ``index``."""
+
     replicas: int = 1
     index: int = 0
 
@@ -49,6 +51,7 @@ class Partition:
             raise ValueError(f"detector index {self.index} is not in 0..{self.replicas - 1}")
 
     def owns(self, job: str) -> bool:
+        """Whether this replica judges ``job``."""
         if self.replicas == 1:
             return True
         digest = hashlib.blake2b(job.encode(), digest_size=8).digest()
@@ -56,6 +59,8 @@ class Partition:
 
 
 class DetectorRuntime:
+    """The enabled detectors over raw events, for the jobs of one partition."""
+
     def __init__(self, detectors: Sequence[Detector], source: Source, partition: Partition) -> None:
         self.detectors = list(detectors)
         self.source = source
@@ -70,18 +75,22 @@ class DetectorRuntime:
 
     @property
     def kinds(self) -> set[str]:
+        """Every raw event kind some detector takes."""
         return set(self._by_kind)
 
     def set_job(self, name: str, record: JobRecord | None) -> None:
+        """Keep ``name``'s record if this replica judges it; None forgets it."""
         if record is None or not self.partition.owns(name):
             self.jobs.pop(name, None)
         else:
             self.jobs[name] = record
 
     def owns_event(self, event: Envelope) -> bool:
+        """Whether this replica judges ``event`` (node-level events: every replica)."""
         return event.job in (None, NODE_LEVEL_JOB) or self.partition.owns(event.job)
 
     def observe(self, event: Envelope, now: datetime) -> list[Envelope]:
+        """What the detectors conclude from one event."""
         return self.observe_all([event], now)
 
     def observe_all(self, events: Iterable[Envelope], now: datetime) -> list[Envelope]:
@@ -100,6 +109,7 @@ class DetectorRuntime:
         return self._keep(out)
 
     def tick(self, now: datetime) -> list[Envelope]:
+        """What the detectors conclude from the passing of time, at ``now``."""
         ctx = DetectorContext(now=now, source=self.source, jobs=self.jobs)
         out: list[Envelope] = []
         for detector in self.detectors:

@@ -7,169 +7,151 @@ job spec (log rules, timeouts) takes effect on the next event; a tick every
 detectors come from the entry-point group ``resurge.detectors`` (``RESURGE_DETECTORS``:
 ``all`` or a comma-separated list).
 
-Durable detector state lives in the KV bucket ``<namespace>_detector_state``, which this
-service owns (keys ``<detector>.<job>.<key>``, each part escaped as one subject token;
-entries expire 7 days after their last write). At start, before its consumer reads a
-raw event, the service gives the entries of the jobs it judges back to their detectors;
-after each batch of raw events (and each tick) it publishes what the detectors
-concluded, then writes what their state changed, and only then acks the batch, so a
-restart or a failed write redelivers the batch rather than losing a change.
+Durable detector state lives in the service's own KV bucket
+(:mod:`resurge_detector.state_store`). At start, before its consumer reads a raw event,
+the service gives the entries of the jobs it judges back to their detectors; after each
+batch of raw events (and each tick) it publishes what the detectors concluded, then
+writes what their state changed, and only then acks the batch, so a restart or a
+failed write redelivers the batch rather than losing a change.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 
-import nats.js.errors
-from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
 from prometheus_client import Counter
-from pydantic import Field
 
-from resurge.contract.subjects import RAW_KIND_TOKEN, escape_token, unescape_token
+from resurge.contract.subjects import RAW_KIND_TOKEN, unescape_token
 from resurge.control.records import JobRecord
-from resurge.detection import available_detectors, load_detectors
+from resurge.detection import Detector, load_detectors
 from resurge.events import CapacityChanged, Envelope, Event, FaultDetected, ReplicaFinished
-from resurge.runtime.kv_keys import bucket_keys
 from resurge.runtime.service import ServiceContext
-from resurge.runtime.settings import Settings
-from resurge_detector.runtime import DetectorRuntime, Partition, StateKey
+from resurge_detector.runtime import DetectorRuntime, Partition
+from resurge_detector.settings import DetectorSettings
+from resurge_detector.state_store import StateStore
 
-__all__ = ["STATE_BUCKET", "DetectorSettings", "make_setup", "state_entry_key"]
-
-STATE_BUCKET = "detector_state"
-_STATE_MAX_AGE_SECONDS = 7 * 24 * 3600.0
+__all__ = ["DetectorService", "make_setup"]
 
 
-def state_entry_key(detector: str, job: str, key: str) -> str:
-    """The KV key of one durable state entry."""
-    return ".".join(escape_token(part) for part in (detector, job, key))
+class DetectorService:
+    """The detector service's handlers over one bus, one runtime and its state store."""
 
+    def __init__(
+        self,
+        ctx: ServiceContext,
+        settings: DetectorSettings,
+        runtime: DetectorRuntime,
+        state: StateStore,
+    ) -> None:
+        self.ctx = ctx
+        self.bus = ctx.bus
+        self.settings = settings
+        self.runtime = runtime
+        self.state = state
+        self.published = Counter(
+            "resurge_detector_events_total",
+            "Events concluded, by kind.",
+            ["kind"],
+            registry=ctx.registry,
+        )
+        self.seen = Counter(
+            "resurge_detector_raw_events_total", "Raw events read.", registry=ctx.registry
+        )
 
-class DetectorSettings(Settings):
-    detectors: str = Field(
-        default="all", description="'all' registered detectors, or a comma-separated list."
-    )
-    detector_replicas: int = Field(default=1, ge=1, description="Detector replicas in all.")
-    detector_index: int = Field(default=0, ge=0, description="This replica's index.")
-    detector_tick_seconds: float = Field(
-        default=0.1, gt=0, description="How often detectors judge silences and windows."
-    )
+    @classmethod
+    async def open(
+        cls,
+        ctx: ServiceContext,
+        settings: DetectorSettings,
+        detectors: Sequence[Detector],
+        partition: Partition,
+    ) -> DetectorService:
+        """A service running ``detectors`` for ``partition``, its stored state restored."""
+        runtime = DetectorRuntime(detectors, ctx.bus.source, partition)
+        names = ", ".join(d.name for d in detectors)
+        ctx.log.info(
+            "detectors: %s; partition %d of %d", names, partition.index, partition.replicas
+        )
+        state = await StateStore.open(ctx.bus, runtime)
+        restored = await state.restore()
+        if restored:
+            ctx.log.info("restored %d detector state entries", restored)
+        return cls(ctx, settings, runtime, state)
 
-    def detector_names(self) -> list[str]:
-        if self.detectors.strip() == "all":
-            return sorted(available_detectors())
-        return [n.strip() for n in self.detectors.split(",") if n.strip()]
+    async def start(self) -> None:
+        """Follow the job records, tick, and consume the raw subjects."""
+        bus = self.bus
+        watcher = await (await bus.jobs_bucket()).watch(">")
+        self.ctx.spawn(self.follow_jobs(watcher))
+        self.ctx.spawn(self.tick())
+        self.ctx.exit_stack.push_async_callback(watcher.stop)
+        partition = self.runtime.partition
+        if partition.replicas == 1:
+            durable = "detector"
+        else:
+            durable = f"detector-{partition.index}-of-{partition.replicas}"
+        await bus.consume_batches(
+            bus.subjects.all("raw"), durable, self.on_raw, kind_token=RAW_KIND_TOKEN
+        )
+
+    async def publish(self, events: list[Envelope]) -> None:
+        """Publish what the detectors concluded, each on its subject."""
+        bus = self.bus
+        for event in events:
+            self.published.labels(event.kind).inc()
+            if isinstance(event, FaultDetected) and event.job is not None:
+                self.ctx.log.warning(
+                    "fault %s: %s",
+                    event.fault_id,
+                    event.message,
+                    extra={"job": event.job, "rank": event.rank},
+                )
+                await bus.publish(bus.subjects.fault(event.job, event.scope.value), event)
+            elif isinstance(event, ReplicaFinished) and event.job is not None:
+                await bus.publish(bus.subjects.job(event.job), event)
+            elif isinstance(event, CapacityChanged) and event.node is not None:
+                await bus.publish(bus.subjects.capacity(event.node), event)
+
+    async def follow_jobs(self, watcher: KeyValue.KeyWatcher) -> None:
+        """Keep the runtime's job records as the jobs bucket changes."""
+        async for entry in watcher:
+            if entry is None:
+                continue
+            name = unescape_token(entry.key)
+            deleted = entry.operation in ("DEL", "PURGE") or not entry.value
+            self.runtime.set_job(
+                name, None if deleted else JobRecord.model_validate_json(entry.value)
+            )
+
+    async def tick(self) -> None:
+        """Every tick: the detectors judge silences and windows; their state is saved."""
+        while True:
+            await asyncio.sleep(self.settings.detector_tick_seconds)
+            await self.publish(self.runtime.tick(datetime.now(UTC)))
+            try:
+                await self.state.save()
+            except Exception as error:  # the next batch or tick tries again
+                self.ctx.log.warning("could not save detector state: %r", error)
+
+    async def on_raw(self, events: list[Event]) -> None:
+        """One batch of raw events: publish the conclusions, save the state, then ack."""
+        now = datetime.now(UTC)
+        self.seen.inc(len(events))
+        await self.publish(self.runtime.observe_all(events, now))
+        await self.state.save()  # before the batch is acked: a failure redelivers it
 
 
 def make_setup(settings: DetectorSettings) -> Callable[[ServiceContext], Awaitable[None]]:
+    """The runner's entry for ``settings``. The detectors are loaded now, so an unknown
+    name fails before the service starts."""
     detectors = load_detectors(settings.detector_names())
     partition = Partition(settings.detector_replicas, settings.detector_index)
 
     async def setup(ctx: ServiceContext) -> None:
-        bus = ctx.bus
-        runtime = DetectorRuntime(detectors, bus.source, partition)
-        published = Counter(
-            "resurge_detector_events_total", "Events concluded, by kind.", ["kind"],
-            registry=ctx.registry,
-        )  # fmt: skip
-        seen = Counter(
-            "resurge_detector_raw_events_total", "Raw events read.", registry=ctx.registry
-        )
-        names = ", ".join(d.name for d in detectors)
-        ctx.log.info("detectors: %s; partition %d of %d", names, partition.index,
-                     partition.replicas)  # fmt: skip
-
-        async def publish(events: list[Envelope]) -> None:
-            for event in events:
-                published.labels(event.kind).inc()
-                if isinstance(event, FaultDetected) and event.job is not None:
-                    ctx.log.warning("fault %s: %s", event.fault_id, event.message,
-                                    extra={"job": event.job, "rank": event.rank})  # fmt: skip
-                    await bus.publish(bus.subjects.fault(event.job, event.scope.value), event)
-                elif isinstance(event, ReplicaFinished) and event.job is not None:
-                    await bus.publish(bus.subjects.job(event.job), event)
-                elif isinstance(event, CapacityChanged) and event.node is not None:
-                    await bus.publish(bus.subjects.capacity(event.node), event)
-
-        state = await bus.js.create_key_value(
-            KeyValueConfig(
-                bucket=bus.subjects.kv_bucket(STATE_BUCKET),
-                history=1,
-                ttl=_STATE_MAX_AGE_SECONDS,
-            )
-        )
-        restored = await _restore(state, runtime)
-        if restored:
-            ctx.log.info("restored %d detector state entries", restored)
-        unsaved: dict[StateKey, bytes | None] = {}
-
-        async def save_state() -> None:
-            """Write what the detectors' state changed; what fails is retried next time."""
-            unsaved.update(runtime.state_changes())
-            for where, value in list(unsaved.items()):
-                key = state_entry_key(*where)
-                if value is None:
-                    await state.delete(key)
-                else:
-                    await state.put(key, value)
-                del unsaved[where]
-
-        kv = await bus.jobs_bucket()
-        watcher = await kv.watch(">")
-
-        async def follow_jobs() -> None:
-            async for entry in watcher:
-                if entry is None:
-                    continue
-                name = unescape_token(entry.key)
-                deleted = entry.operation in ("DEL", "PURGE") or not entry.value
-                runtime.set_job(
-                    name, None if deleted else JobRecord.model_validate_json(entry.value)
-                )
-
-        async def tick() -> None:
-            while True:
-                await asyncio.sleep(settings.detector_tick_seconds)
-                await publish(runtime.tick(datetime.now(UTC)))
-                try:
-                    await save_state()
-                except Exception as error:  # the next batch or tick tries again
-                    ctx.log.warning("could not save detector state: %r", error)
-
-        async def on_raw(events: list[Event]) -> None:
-            now = datetime.now(UTC)
-            seen.inc(len(events))
-            await publish(runtime.observe_all(events, now))
-            await save_state()  # before the batch is acked: a failure redelivers it
-
-        ctx.spawn(follow_jobs())
-        ctx.spawn(tick())
-        ctx.exit_stack.push_async_callback(watcher.stop)
-        durable = "detector" if partition.replicas == 1 else (
-            f"detector-{partition.index}-of-{partition.replicas}"
-        )  # fmt: skip
-        await bus.consume_batches(
-            bus.subjects.all("raw"), durable, on_raw, kind_token=RAW_KIND_TOKEN
-        )
+        service = await DetectorService.open(ctx, settings, detectors, partition)
+        await service.start()
 
     return setup
-
-
-async def _restore(state: KeyValue, runtime: DetectorRuntime) -> int:
-    """Hand every stored entry of the jobs this replica judges back to its detector."""
-    restored = 0
-    for name in await bucket_keys(state):  # not state.keys(): see resurge.runtime.kv_keys
-        parts = name.split(".")
-        if len(parts) != 3:
-            continue
-        try:
-            entry = await state.get(name)
-        except nats.js.errors.KeyNotFoundError:  # deleted or expired meanwhile
-            continue
-        if entry.value:
-            detector, job, key = (unescape_token(part) for part in parts)
-            restored += runtime.restore_state(detector, job, key, entry.value)
-    return restored

@@ -36,6 +36,8 @@ class _Rank:
 
 
 class StragglerDetector:
+    """Ranks persistently slower than the job's median (see the module docstring)."""
+
     name = "straggler"
     kinds = frozenset({"progress"})
 
@@ -43,6 +45,7 @@ class StragglerDetector:
         self._jobs: dict[tuple[str, int], dict[int, _Rank]] = {}
 
     def observe(self, event: Progress, ctx: DetectorContext) -> list[Envelope]:
+        """A straggler fault once a rank's slow windows reach the job's limit."""
         record = ctx.job(event.job)
         if record is None or event.generation is None or event.rank is None:
             return []
@@ -111,6 +114,7 @@ class StragglerDetector:
         return (event.time - rank.last_time).total_seconds() / (event.step - rank.last_step)
 
     def tick(self, ctx: DetectorContext) -> list[Envelope]:
+        """Forget the jobs that are over."""
         for key in [k for k in self._jobs if (r := ctx.job(k[0])) is None or r.phase.finished]:
             del self._jobs[key]
         return []

@@ -14,16 +14,10 @@ event JetStream de-duplicates.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from resurge.detection import DetectorContext
-from resurge.events import (
-    Envelope,
-    FaultDetected,
-    FaultScope,
-    RecoveryLevel,
-    Severity,
-    Source,
-    WorkerFault,
-)
+from resurge.events import Envelope, FaultScope, RecoveryLevel, Source, WorkerFault
 
 __all__ = ["WorkerFaultDetector"]
 
@@ -31,6 +25,11 @@ TRACEBACK_TAIL_CHARS = 1024
 
 
 class WorkerFaultDetector:
+    """A worker's caught exception is an in-process fault (see the module docstring).
+
+    ``source`` signs what it concludes when ``observe`` is given no context.
+    """
+
     name = "worker_fault"
     kinds = frozenset({"worker_fault"})
 
@@ -38,24 +37,20 @@ class WorkerFaultDetector:
         self.source = source or Source(service="detector", instance="-")
 
     def observe(self, event: WorkerFault, ctx: DetectorContext | None = None) -> list[Envelope]:
-        if ctx is not None:
-            self.source = ctx.source
+        """The fault of one ``worker_fault`` event; none for an event of no job."""
+        if ctx is None:
+            ctx = DetectorContext(now=datetime.now(UTC), source=self.source)
+        self.source = ctx.source
         if not isinstance(event, WorkerFault) or event.job is None or event.generation is None:
             return []
         short = event.exception.rsplit(".", 1)[-1]
         detail = f"{short}: {event.message}" if event.message else short
-        fault = FaultDetected(
+        fault = ctx.fault(
+            event,
             id=f"fault-{event.id}",
-            source=self.source,
-            job=event.job,
-            replica=event.replica,
-            node=event.node,
-            rank=event.rank,
-            generation=event.generation,
             fault_id=f"worker_fault:{event.job}:g{event.generation}:r{event.rank}",
             scope=FaultScope.PROCESS,
             reason="worker_exception",
-            severity=Severity.ERROR,
             message=f"rank {event.rank} on {event.node} raised {detail[:300]}",
             evidence={
                 "exception": event.exception,
@@ -69,4 +64,5 @@ class WorkerFaultDetector:
         return [fault]
 
     def tick(self, ctx: DetectorContext) -> list[Envelope]:
+        """Nothing to judge over time."""
         return []

@@ -13,6 +13,7 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the scaler service until SIGTERM."""
     argparse.ArgumentParser(
         prog="resurge-scaler",
         description=(

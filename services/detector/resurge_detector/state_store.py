@@ -1,0 +1,76 @@
+"""Where durable detector state lives: the KV bucket ``<namespace>_detector_state``.
+
+The detector service owns the bucket. Keys are ``<detector>.<job>.<key>``, each part
+escaped as one subject token; entries expire 7 days after their last write.
+:class:`StateStore` writes what the detectors' state changed (what fails stays unsaved
+and is written next time) and, at start, gives every stored entry of the jobs this
+replica judges back to its detector.
+"""
+
+from __future__ import annotations
+
+import nats.js.errors
+from nats.js.api import KeyValueConfig
+from nats.js.kv import KeyValue
+
+from resurge.contract.subjects import escape_token, unescape_token
+from resurge.runtime.bus import Bus
+from resurge.runtime.kv_keys import bucket_keys
+from resurge_detector.runtime import DetectorRuntime, StateKey
+
+__all__ = ["STATE_BUCKET", "StateStore", "state_entry_key"]
+
+STATE_BUCKET = "detector_state"
+_STATE_MAX_AGE_SECONDS = 7 * 24 * 3600.0
+
+
+def state_entry_key(detector: str, job: str, key: str) -> str:
+    """The KV key of one durable state entry."""
+    return ".".join(escape_token(part) for part in (detector, job, key))
+
+
+class StateStore:
+    """The detectors' durable state in the bucket, for one :class:`DetectorRuntime`."""
+
+    def __init__(self, kv: KeyValue, runtime: DetectorRuntime) -> None:
+        self.kv = kv
+        self.runtime = runtime
+        self._unsaved: dict[StateKey, bytes | None] = {}
+
+    @classmethod
+    async def open(cls, bus: Bus, runtime: DetectorRuntime) -> StateStore:
+        """Create (or bind) the bucket on ``bus``'s server."""
+        kv = await bus.js.create_key_value(
+            KeyValueConfig(
+                bucket=bus.subjects.kv_bucket(STATE_BUCKET), history=1, ttl=_STATE_MAX_AGE_SECONDS
+            )
+        )
+        return cls(kv, runtime)
+
+    async def save(self) -> None:
+        """Write what the detectors' state changed; what fails is retried next time."""
+        self._unsaved.update(self.runtime.state_changes())
+        for where, value in list(self._unsaved.items()):
+            key = state_entry_key(*where)
+            if value is None:
+                await self.kv.delete(key)
+            else:
+                await self.kv.put(key, value)
+            del self._unsaved[where]
+
+    async def restore(self) -> int:
+        """Hand every stored entry of the jobs this replica judges back to its detector;
+        how many were taken."""
+        restored = 0
+        for name in await bucket_keys(self.kv):  # not kv.keys(): see resurge.runtime.kv_keys
+            parts = name.split(".")
+            if len(parts) != 3:
+                continue
+            try:
+                entry = await self.kv.get(name)
+            except nats.js.errors.KeyNotFoundError:  # deleted or expired meanwhile
+                continue
+            if entry.value:
+                detector, job, key = (unescape_token(part) for part in parts)
+                restored += self.runtime.restore_state(detector, job, key, entry.value)
+        return restored
