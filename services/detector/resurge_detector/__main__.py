@@ -1,3 +1,5 @@
+"""``python -m resurge_detector``: the detector service."""
+
 import sys
 
 from resurge_detector.cli import main

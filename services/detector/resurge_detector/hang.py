@@ -99,6 +99,23 @@ class _Generation:
         self.waits.disarm(number)
         self.stopped.disarm(number)
 
+    def stop(self, number: int, rank: _Rank, stopped: bool, now: datetime) -> None:
+        """Its agent reported the rank stopped (it runs no code) or running again."""
+        if not stopped:
+            rank.stopped_since = None
+            self.stopped.disarm(number)
+        elif rank.stopped_since is None:
+            rank.stopped_since = now
+            self.quiet(number, rank)
+
+    def progressed(self, number: int, now: datetime) -> None:
+        """The rank reported progress: its next report is awaited, and the stopped ranks'
+        quiet starts over (the job moved)."""
+        self.waits.arm(number, now, "heartbeat")
+        self.last_progress = now
+        for stopped in self.stopped:
+            self.quiet(stopped, self.ranks[stopped])
+
     def quiet(self, number: int, rank: _Rank) -> None:
         """Arm the stopped rank's deadline: quiet since it stopped or since the
         generation's last report, whichever is later."""
@@ -157,19 +174,10 @@ class HangDetector:
         if rank is None:  # a start we did not see (the detector restarted): count from now
             rank = generation.start(event.rank, _Rank(now, event.replica, event.node))
         if isinstance(event, ProcessStateChanged):
-            if not event.stopped:
-                rank.stopped_since = None
-                generation.stopped.disarm(event.rank)
-            elif rank.stopped_since is None:
-                rank.stopped_since = now
-                generation.quiet(event.rank, rank)
-            return []
-        if isinstance(event, Progress):
+            generation.stop(event.rank, rank, event.stopped, now)
+        elif isinstance(event, Progress):
             self._progress(event.job, event.generation, event.rank, event.step, rank, now)
-            generation.waits.arm(event.rank, now, "heartbeat")
-            generation.last_progress = now
-            for number in generation.stopped:  # the job moved: the stopped ranks' quiet restarts
-                generation.quiet(number, generation.ranks[number])
+            generation.progressed(event.rank, now)
         return []
 
     def _generation(self, job: str, number: int) -> _Generation | None:

@@ -52,12 +52,7 @@ class StragglerDetector:
         settings = record.spec.spec.monitoring.straggler
         if not settings.enabled or event.generation < record.generation:
             return []
-        job_key = (record.name, event.generation)
-        ranks = self._jobs.get(job_key)
-        if ranks is None:  # a new generation: forget the job's older ones
-            for old in [k for k in self._jobs if k[0] == record.name and k[1] < event.generation]:
-                del self._jobs[old]
-            ranks = self._jobs[job_key] = {}
+        ranks = self._ranks(record.name, event.generation)
         rank = ranks.setdefault(event.rank, _Rank(event.replica, event.node))
         seconds = self._step_seconds(rank, event)
         rank.last_time, rank.last_step = event.time, event.step
@@ -112,6 +107,15 @@ class StragglerDetector:
         if rank.last_time is None or rank.last_step is None or event.step <= rank.last_step:
             return None
         return (event.time - rank.last_time).total_seconds() / (event.step - rank.last_step)
+
+    def _ranks(self, job: str, generation: int) -> dict[int, _Rank]:
+        """The ranks of ``job``'s ``generation``; a new generation forgets the older ones."""
+        ranks = self._jobs.get((job, generation))
+        if ranks is None:
+            for old in [k for k in self._jobs if k[0] == job and k[1] < generation]:
+                del self._jobs[old]
+            ranks = self._jobs[(job, generation)] = {}
+        return ranks
 
     def tick(self, ctx: DetectorContext) -> list[Envelope]:
         """Forget the jobs that are over."""
