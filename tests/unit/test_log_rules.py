@@ -1,6 +1,5 @@
 """The log-rule detector: HyperPod's logMonitoringConfiguration semantics, pure logic."""
 
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -389,12 +388,10 @@ def test_pathological_pattern_is_bounded() -> None:
     evil = {"name": "evil", "logPattern": "(a+)+$", "faultOnMatch": True}
     detector, job = LogRuleDetector(), record(evil, ERROR)
     text = "a" * (MAX_LINE_CHARS - 1) + "b" + " CUDA out of memory"
-    began = time.perf_counter()
     out: list[Envelope] = []
     for rank in range(10):
         out += detector.observe(line(text, rank=rank % 4), ctx(job))
-    elapsed = time.perf_counter() - began
-    assert elapsed < 1.0
+    # every match was cut off by the regex timeout (how long it takes is a bench's matter)
     assert detector.lines_timed_out == 10
     assert out == []  # the memory error lies past the cut: the cut is applied before matching
     ok = faults(detector.observe(line("CUDA out of memory", rank=0), ctx(job)))
