@@ -251,6 +251,23 @@ def _gone(pid: int) -> bool:
     return state == "Z"
 
 
+async def test_a_sigtermed_agent_stops_its_workers_and_reports_their_exits(
+    bus: Bus, settings: Settings, raw_events: Events, tmp_path: Path
+) -> None:
+    """SIGTERM (its pod deleted, its worker group recreated) ends the agent as a Stop
+    would: every worker gets SIGTERM and its grace, and every exit is reported."""
+    agent = start_agent(settings, SAVES_ON_TERM, tmp_path)
+    try:
+        await running_workers(bus, raw_events)
+        agent.send_signal(signal.SIGTERM)
+        done = await exits(raw_events)
+        assert all(e.exit_code == 3 and e.expected for e in done.values())
+        assert await asyncio.to_thread(agent.wait, 10) == 0
+    finally:
+        agent.kill()
+        agent.wait()
+
+
 @pytest.mark.parametrize("fork_server", [True, False])
 async def test_workers_die_with_a_sigkilled_agent(
     bus: Bus, settings: Settings, raw_events: Events, tmp_path: Path, fork_server: bool

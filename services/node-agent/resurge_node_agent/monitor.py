@@ -253,6 +253,8 @@ class NodeMonitor:
 
     async def _reconcile(self, changes: AsyncIterator[ClusterChange]) -> None:
         async for change in changes:
+            if _cancelled():
+                raise asyncio.CancelledError  # see _cancelled
             if change.kind != "worker_group" or change.job is None or change.replica is None:
                 continue  # node changes: this monitor writes its own node
             key = (change.job, change.replica)
@@ -352,6 +354,18 @@ class NodeMonitor:
 
     async def _shutdown(self) -> None:
         await asyncio.gather(*(self._remove(key) for key in list(self.groups)))
+
+
+def _cancelled() -> bool:
+    """Whether this task was cancelled, though no CancelledError reached it.
+
+    On Python 3.11 ``asyncio.wait_for`` (inside nats.py's requests) drops a cancel that
+    comes as its reply arrives; the watch reads the node's record with such requests
+    after each heartbeat, and would then wait for the next change with the cancel lost,
+    keeping a stopping monitor alive.
+    """
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _name(key: GroupKey) -> str:

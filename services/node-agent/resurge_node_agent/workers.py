@@ -105,9 +105,11 @@ class WorkerProcesses:
             self._watchers.append(asyncio.create_task(self._watch(local_rank, proc)))
 
     async def wait(self) -> None:
-        """Until every worker has exited and been reported."""
+        """Until every worker has exited and been reported. Cancelling the wait leaves
+        the watchers running: a service that cancels its tasks as it stops still reports
+        the exits of the workers it then stops."""
         if self._watchers:
-            await asyncio.gather(*self._watchers, return_exceptions=True)
+            await asyncio.wait(self._watchers)
 
     async def stop(self, grace_seconds: float, kill_now: Collection[int] = ()) -> None:
         """Stop every worker: SIGKILL at once for the local ranks in ``kill_now`` and for
