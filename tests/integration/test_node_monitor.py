@@ -141,7 +141,9 @@ async def test_monitor_runs_creates_again_and_ends_the_groups_placed_on_its_node
     mark = len(raw_events.items)
     await backend.delete_worker_group(JOB, 0, "n1")
     await raw_events.wait_for(since(mark, slots_free(2)))
-    exits = of_job(ProcessExited, raw_events.items)
+    exits = await raw_events.wait_for(
+        lambda items: len(of_job(ProcessExited, items)) == 2 and of_job(ProcessExited, items)
+    )
     assert [e.pid for e in exits] == [first.pid, started[1].pid]
     assert all(e.expected for e in exits)
     assert not [e for e in raw_events.items if getattr(e, "job", None) == "j.elsewhere"]
