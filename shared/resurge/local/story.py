@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from resurge.control.client import submit_job
 from resurge.events import (
@@ -37,12 +37,22 @@ from resurge.runtime.settings import Settings
 
 __all__ = ["Observed", "StoryResult", "Watch", "run_job"]
 
-_WATCHED_RAW_KINDS = ("process_started", "process_exited", "process_state", "progress",
-                      "checkpoint_saved", "agent_state")  # fmt: skip
+_WATCHED_RAW_KINDS = (
+    "process_started",
+    "process_exited",
+    "process_state",
+    "progress",
+    "checkpoint_saved",
+    "agent_state",
+)
+
+E = TypeVar("E", bound=Envelope)
 
 
 @dataclass(frozen=True)
 class Observed:
+    """One event as the story saw it: the subject it came on and when it arrived."""
+
     subject: str
     event: Event
     received: float = field(default_factory=time.time)
@@ -58,6 +68,7 @@ class Watch:
         self._changed = asyncio.Condition()
 
     async def add(self, item: Observed) -> None:
+        """Record ``item`` and wake whoever waits in :meth:`wait_for`."""
         async with self._changed:
             self.observed.append(item)
             self._changed.notify_all()
@@ -65,6 +76,8 @@ class Watch:
     async def wait_for(
         self, test: Callable[[list[Observed]], bool], wait_seconds: float = 60
     ) -> None:
+        """Return once ``test`` holds for the events observed so far; raise
+        :class:`TimeoutError` if it does not within ``wait_seconds``."""
         async with self._changed:
             await asyncio.wait_for(
                 self._changed.wait_for(lambda: test(self.observed)), wait_seconds
@@ -73,6 +86,9 @@ class Watch:
 
 @dataclass
 class StoryResult:
+    """What one run of a job told: its final phase (None if it never finished), every
+    event observed, and how the local cluster's services fared."""
+
     job: str
     phase: JobPhase | None
     observed: list[Observed]
@@ -80,23 +96,23 @@ class StoryResult:
     service_restarts: dict[str, int]
     seconds: float
 
-    def events(self, kind: type[Event]) -> list[Event]:
+    def events(self, kind: type[E]) -> list[E]:
+        """The observed events of type ``kind``, in the order they arrived."""
         return [o.event for o in self.observed if isinstance(o.event, kind)]
 
     @property
     def faults(self) -> list[FaultDetected]:
-        return [o.event for o in self.observed if isinstance(o.event, FaultDetected)]
+        """Every FaultDetected, in the order it arrived."""
+        return self.events(FaultDetected)
 
     @property
     def recoveries(self) -> list[RecoveryFinished]:
-        return [o.event for o in self.observed if isinstance(o.event, RecoveryFinished)]
+        """Every RecoveryFinished, in the order it arrived."""
+        return self.events(RecoveryFinished)
 
     def final_agent_states(self) -> dict[int, AgentState]:
-        last: dict[int, AgentState] = {}
-        for o in self.observed:
-            if isinstance(o.event, AgentStateChanged) and o.event.replica is not None:
-                last[o.event.replica] = o.event.state
-        return last
+        """Replica -> the state its launch agent last reported."""
+        return _last_agent_states(self.observed)
 
     def restart_latencies(self) -> list[float]:
         """Seconds from each fault's worker exit to the first Assign of the next generation."""
@@ -141,57 +157,37 @@ async def run_job(
     As under ``resurge up``, a service that dies is started again (with backoff).
     """
     supervisor = Supervisor(
-        state_dir, nodes, gpus_per_node, namespace=namespace, nats_url=nats_url,
-        extra_env={"RESURGE_LOG_LEVEL": "INFO"}, restarters=restarters,
-    )  # fmt: skip
+        state_dir,
+        nodes,
+        gpus_per_node,
+        namespace=namespace,
+        nats_url=nats_url,
+        extra_env={"RESURGE_LOG_LEVEL": "INFO"},
+        restarters=restarters,
+    )
     if cwd is not None:
         supervisor.cwd = cwd
     watch = Watch(supervisor)
-    done = asyncio.Event()
-    final_phase: list[JobPhase] = []
+    recorder = _Recorder(watch, job.name, on_event)
     started = time.monotonic()
     await asyncio.to_thread(supervisor.start)
-    alive: dict[str, bool] = {}
     try:
         assert supervisor.nats_url is not None
-        settings = Settings(nats_url=supervisor.nats_url, namespace=namespace)
-        bus = await Bus.connect(settings, "story")
+        bus = await Bus.connect(
+            Settings(nats_url=supervisor.nats_url, namespace=namespace), "story"
+        )
         try:
-
-            async def record(event: Event, subject: str) -> None:
-                item = Observed(subject=subject, event=event)
-                await watch.add(item)
-                if on_event:
-                    on_event(item)
-                if (
-                    isinstance(event, PhaseChanged)
-                    and event.job == job.name
-                    and event.phase.finished
-                ):
-                    final_phase.append(event.phase)
-                    done.set()
-
-            for family in ("fault", "cmd", "action", "job", "dlq"):
-                await bus.subscribe(bus.subjects.all(family), record)
-            for kind in _WATCHED_RAW_KINDS:
-                await bus.subscribe(bus.subjects.raw(job.name, kind, None), record)
-            await bus.nc.flush()
+            await _subscribe(bus, job.name, recorder)
             if before_submit is not None:
                 await before_submit(bus)
             await submit_job(bus, job)
-            keeper = asyncio.create_task(_keep_alive(supervisor))
-            side = asyncio.create_task(during(bus, watch)) if during else None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), wait_seconds)
-            for task in (side, keeper):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-            if done.is_set():
+            await _until_finished(
+                supervisor, recorder, wait_seconds, during(bus, watch) if during else None
+            )
+            if recorder.done.is_set():
                 replicas = job.spec.replicas.min
                 with contextlib.suppress(TimeoutError):
-                    await watch.wait_for(lambda _: _all_exited(watch, replicas), 20)
+                    await watch.wait_for(lambda seen: _all_exited(seen, replicas), 20)
             alive = supervisor.alive()
         finally:
             await bus.close()
@@ -199,12 +195,62 @@ async def run_job(
         await asyncio.to_thread(supervisor.stop)
     return StoryResult(
         job=job.name,
-        phase=final_phase[0] if final_phase else None,
+        phase=recorder.phase,
         observed=watch.observed,
         services_alive=alive,
         service_restarts={name: child.restarts for name, child in supervisor.children.items()},
         seconds=time.monotonic() - started,
     )
+
+
+class _Recorder:
+    """Adds each event to the watch (and hands it to ``on_event``); notices the job's
+    first finished phase."""
+
+    def __init__(self, watch: Watch, job: str, on_event: Callable[[Observed], None] | None):
+        self.watch = watch
+        self.job = job
+        self.on_event = on_event
+        self.phase: JobPhase | None = None
+        self.done = asyncio.Event()
+
+    async def __call__(self, event: Event, subject: str) -> None:
+        item = Observed(subject=subject, event=event)
+        await self.watch.add(item)
+        if self.on_event:
+            self.on_event(item)
+        if isinstance(event, PhaseChanged) and event.job == self.job and event.phase.finished:
+            if self.phase is None:
+                self.phase = event.phase
+            self.done.set()
+
+
+async def _subscribe(bus: Bus, job: str, recorder: _Recorder) -> None:
+    """Every control-plane family and the job's raw events but log lines, all flushed."""
+    for family in ("fault", "cmd", "action", "job", "dlq"):
+        await bus.subscribe(bus.subjects.all(family), recorder)
+    for kind in _WATCHED_RAW_KINDS:
+        await bus.subscribe(bus.subjects.raw(job, kind, None), recorder)
+    await bus.nc.flush()
+
+
+async def _until_finished(
+    supervisor: Supervisor,
+    recorder: _Recorder,
+    wait_seconds: float,
+    during: Coroutine[Any, Any, None] | None,
+) -> None:
+    """Keep the services alive and run ``during`` until the job finishes or
+    ``wait_seconds`` pass; then stop both."""
+    keeper = asyncio.create_task(_keep_alive(supervisor))
+    side = asyncio.create_task(during) if during is not None else None
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(recorder.done.wait(), wait_seconds)
+    for task in (side, keeper):
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 async def _keep_alive(supervisor: Supervisor) -> None:
@@ -213,9 +259,14 @@ async def _keep_alive(supervisor: Supervisor) -> None:
         await asyncio.sleep(0.2)
 
 
-def _all_exited(watch: Watch, replicas: int) -> bool:
+def _last_agent_states(observed: list[Observed]) -> dict[int, AgentState]:
     last: dict[int, AgentState] = {}
-    for o in watch.observed:
+    for o in observed:
         if isinstance(o.event, AgentStateChanged) and o.event.replica is not None:
             last[o.event.replica] = o.event.state
+    return last
+
+
+def _all_exited(observed: list[Observed], replicas: int) -> bool:
+    last = _last_agent_states(observed)
     return len(last) >= replicas and all(s is AgentState.EXITING for s in last.values())
