@@ -17,13 +17,13 @@ from typing import TextIO
 
 from pydantic import ValidationError
 
-from resurge.cluster.protocol import WorkerGroupSpec
+from resurge.cluster import WORKER_GROUP_ENV, WorkerGroupSpec
 
 __all__ = ["WORKER_GROUP_ENV", "SpecError", "parse_spec", "read_spec", "spec_environment"]
 
-# A pod gets its worker group the way a container gets its configuration: this variable
-# (or a mounted file); the agent removes it from its own environment so workers never see it.
-WORKER_GROUP_ENV = "RESURGE_WORKER_GROUP"
+# A pod gets its worker group the way a container gets its configuration: the variable
+# WORKER_GROUP_ENV (or a mounted file); the agent removes it from its own environment so
+# workers never see it.
 
 
 class SpecError(ValueError):

@@ -6,6 +6,7 @@ use only :class:`ClusterBackend` and the records and errors exported here.
 
 from resurge.cluster.protocol import (
     NODE_TIMEOUT_SECONDS,
+    WORKER_GROUP_ENV,
     BackendError,
     ClusterBackend,
     ClusterChange,
@@ -17,6 +18,7 @@ from resurge.cluster.select import open_backend
 
 __all__ = [
     "NODE_TIMEOUT_SECONDS",
+    "WORKER_GROUP_ENV",
     "BackendError",
     "ClusterBackend",
     "ClusterChange",

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import nats.js.errors
 from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from resurge.cluster.local_keys import (
     CORDONS_BUCKET,
@@ -45,6 +46,8 @@ from resurge.cluster.protocol import (
 from resurge.contract.subjects import escape_token
 from resurge.runtime.bus import Bus
 from resurge.runtime.kv_keys import bucket_keys
+
+log = logging.getLogger("resurge.cluster.local")
 
 __all__ = ["NODE_TIMEOUT_SECONDS", "Cordon", "LocalBackend", "worker_group_key"]
 
@@ -80,6 +83,15 @@ async def _values(kv: KeyValue) -> list[bytes]:
         if value is not None:
             values.append(value)
     return values
+
+
+def _group(value: bytes) -> WorkerGroupSpec | None:
+    """The worker group a record holds; None, logged, for one that is not valid."""
+    try:
+        return WorkerGroupSpec.model_validate_json(value)
+    except ValidationError as error:
+        log.warning("skipping a worker group record that is not valid: %s", error)
+        return None
 
 
 def _with_cordon(node: NodeInfo, cordon: Cordon | None) -> NodeInfo:
@@ -150,7 +162,7 @@ class LocalBackend:
 
     async def list_worker_groups(self, job: str | None = None) -> list[WorkerGroupSpec]:
         """Every worker group, or only ``job``'s."""
-        groups = [WorkerGroupSpec.model_validate_json(v) for v in await _values(self.groups)]
+        groups = [spec for v in await _values(self.groups) if (spec := _group(v)) is not None]
         return [g for g in groups if job is None or g.job == job]
 
     async def create_worker_group(self, spec: WorkerGroupSpec) -> None:

@@ -9,16 +9,20 @@ that node's record, cordon and groups are watched.
 
 nats.py's KV watcher yields None once its initial values are delivered; the initial
 values of each bucket are drained up to that marker before the live changes of all
-three are merged, so "as it is now" comes first.
+three are merged, so "as it is now" comes first. A worker-group record that is not a
+valid :class:`WorkerGroupSpec` is logged and skipped: one bad record never ends the
+stream.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from nats.js.kv import KeyValue
+from pydantic import ValidationError
 
 from resurge.cluster.local_keys import node_key, parse_worker_group_key
 from resurge.cluster.protocol import ClusterChange, NodeInfo, WorkerGroupSpec
@@ -30,6 +34,8 @@ ReadNode = Callable[[str], Awaitable[NodeInfo | None]]
 """Reads one node as the backend lists it (cordon applied); None if it has no record."""
 
 _DELETES = ("DEL", "PURGE")
+
+log = logging.getLogger("resurge.cluster.local")
 
 
 async def _initial(watcher: KeyValue.KeyWatcher) -> list[KeyValue.Entry]:
@@ -67,7 +73,11 @@ def _group_change(entry: KeyValue.Entry) -> ClusterChange | None:
         except ValueError:
             return None
         return ClusterChange(kind="worker_group", deleted=True, node=node, job=job, replica=replica)
-    spec = WorkerGroupSpec.model_validate_json(entry.value)
+    try:
+        spec = WorkerGroupSpec.model_validate_json(entry.value)
+    except ValidationError as error:
+        log.warning("skipping worker group record %s: %s", entry.key, error)
+        return None
     return ClusterChange(
         kind="worker_group", node=spec.node, job=spec.job, replica=spec.replica, worker_group=spec
     )
@@ -83,6 +93,14 @@ async def _pump(
             await queue.put((source, entry))
 
 
+async def _change(source: str, entry: KeyValue.Entry, read_node: ReadNode) -> ClusterChange | None:
+    if source == "node":
+        return await _node_change(entry, read_node)
+    if source == "cordon":
+        return await _cordon_change(entry, read_node)
+    return _group_change(entry)
+
+
 async def watch_changes(
     nodes: KeyValue,
     cordons: KeyValue,
@@ -93,46 +111,32 @@ async def watch_changes(
     """Every node and worker group now, then each change (see the module docstring)."""
     node_filter = ">" if node is None else node_key(node)
     group_filter = ">" if node is None else f"{node_key(node)}.>"
-    watchers: list[KeyValue.KeyWatcher] = []
+    watchers: list[tuple[str, KeyValue.KeyWatcher]] = []
     pumps: list[asyncio.Task[None]] = []
     try:
         # Cordons first: a cordon set while the nodes are read arrives as a change.
-        cordon_watcher = await cordons.watch(node_filter)
-        watchers.append(cordon_watcher)
-        await _initial(cordon_watcher)
-        node_watcher = await nodes.watch(node_filter)
-        watchers.append(node_watcher)
-        for entry in await _initial(node_watcher):
-            change = await _node_change(entry, read_node)
-            if change is not None:
-                yield change
-        group_watcher = await groups.watch(group_filter)
-        watchers.append(group_watcher)
-        for entry in await _initial(group_watcher):
-            change = _group_change(entry)
-            if change is not None:
-                yield change
-        queue: asyncio.Queue[tuple[str, KeyValue.Entry]] = asyncio.Queue()
-        for source, watcher in (
-            ("cordon", cordon_watcher),
-            ("node", node_watcher),
-            ("group", group_watcher),
+        for source, bucket, key_filter in (
+            ("cordon", cordons, node_filter),
+            ("node", nodes, node_filter),
+            ("group", groups, group_filter),
         ):
-            pumps.append(asyncio.create_task(_pump(source, watcher, queue)))
+            watcher = await bucket.watch(key_filter)
+            watchers.append((source, watcher))
+            for entry in await _initial(watcher):
+                change = None if source == "cordon" else await _change(source, entry, read_node)
+                if change is not None:
+                    yield change
+        queue: asyncio.Queue[tuple[str, KeyValue.Entry]] = asyncio.Queue()
+        pumps.extend(asyncio.create_task(_pump(s, w, queue)) for s, w in watchers)
         while True:
             source, entry = await queue.get()
-            if source == "node":
-                change = await _node_change(entry, read_node)
-            elif source == "cordon":
-                change = await _cordon_change(entry, read_node)
-            else:
-                change = _group_change(entry)
+            change = await _change(source, entry, read_node)
             if change is not None:
                 yield change
     finally:
         for pump in pumps:
             pump.cancel()
         await asyncio.gather(*pumps, return_exceptions=True)
-        for watcher in watchers:
+        for _, watcher in watchers:
             with contextlib.suppress(Exception):
                 await watcher.stop()  # type: ignore[no-untyped-call]  # nats.py: untyped

@@ -35,6 +35,11 @@ __all__ = [
 NODE_TIMEOUT_SECONDS = 15.0
 
 
+WORKER_GROUP_ENV = "RESURGE_WORKER_GROUP"
+"""The variable that hands a worker group's agent its :class:`WorkerGroupSpec` as JSON
+(a pod's environment; the local monitor's launch)."""
+
+
 class BackendError(RuntimeError):
     """The backend could not do what was asked (its cluster is unreachable, a write was
     refused); the message says which call and why."""

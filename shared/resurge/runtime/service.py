@@ -28,6 +28,8 @@ __all__ = ["ServiceContext", "run_service"]
 
 S = TypeVar("S", bound=Settings)
 
+_RECANCEL_SECONDS = 1.0
+
 
 @dataclass
 class ServiceContext:
@@ -75,12 +77,21 @@ async def _serve(
         ctx.log.info("%s ready", name)
         await ctx.stopping.wait()
         ctx.log.info("%s stopping", name)
-        for task in list(ctx.tasks):
-            task.cancel()
-        for task in list(ctx.tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await _cancel_all(ctx.tasks)
     return 0
+
+
+async def _cancel_all(tasks: set[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait for them, cancelling again any that swallowed the
+    cancel (on Python 3.11 ``asyncio.wait_for``, inside nats.py's requests, can lose a
+    cancel that arrives with the reply)."""
+    while pending := [task for task in tasks if not task.done()]:
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=_RECANCEL_SECONDS)
+    for task in list(tasks):
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def run_service(name: str, settings: S, setup: Callable[[ServiceContext], Awaitable[None]]) -> int:
