@@ -178,7 +178,7 @@ async def test_an_injected_fatal_xid_is_a_node_scoped_fault_and_recovered(
     # one recovery, at node level: the replica moved to the other node; the second fault is of
     # the generation the first one already ended.
     (recovered,) = result.events(RecoveryFinished)
-    assert recovered.level.value == "node"  # type: ignore[union-attr]
+    assert recovered.level.value == "node"
     moved = [a for a in result.events(Assign) if a.generation == 1]
     assert [a.node for a in moved] == [good]
     assert result.phase is JobPhase.SUCCEEDED

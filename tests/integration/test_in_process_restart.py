@@ -14,7 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -127,7 +127,7 @@ def assign(
     )
 
 
-def progressed(generation: int, steps: int = 1) -> object:
+def progressed(generation: int, steps: int = 1) -> Callable[[list[Event]], bool]:
     """A test for Events.wait_for: both ranks reported ``steps`` steps of ``generation``."""
 
     def test(items: list[Event]) -> bool:
@@ -154,8 +154,8 @@ async def stop_final(bus: Bus, agent: subprocess.Popen[bytes], generation: int) 
     assert await asyncio.to_thread(agent.wait, WAIT) == 0
 
 
-def running_in_process(generation: int):  # type: ignore[no-untyped-def]
-    def test(items: list[object]) -> bool:
+def running_in_process(generation: int) -> Callable[[list[Event]], bool]:
+    def test(items: list[Event]) -> bool:
         detail = f"generation {generation} running (in-process)"
         return any(isinstance(e, AgentStateChanged) and e.detail == detail for e in items)
 

@@ -243,7 +243,7 @@ async def test_injected_faults_hang_log_and_crash_a_worker(
             fault=fault,
             local_rank=local_rank,
             line=line,
-        )  # type: ignore[arg-type]
+        )
 
     try:
         await bus.publish(subject, assign(bus, 0, nproc=2))

@@ -351,7 +351,7 @@ async def test_each_reason_is_logged_once_a_minute(
     await writer.drain()
     assert await agent.reports.next_progress() == (0, 1, {})
     assert agent.channel.rejected == {"not_json": 3, "not_object": 1}
-    reasons = [getattr(record, "reason", None) for record in caplog.records]
+    reasons = [getattr(record, "reason", "") for record in caplog.records]
     assert sorted(reasons) == ["not_json", "not_object"]
     await close_writer(writer)
 

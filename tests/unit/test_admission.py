@@ -1,6 +1,7 @@
 from datetime import UTC, datetime, timedelta
 
 from resurge.cluster import NodeInfo
+from resurge.control.records import JobRecord
 from resurge.events import JobPhase
 from resurge.jobspec import TrainingJob, parse_job
 from resurge_scaler.admission import (
@@ -99,17 +100,22 @@ def test_pending_jobs_are_admitted_by_priority_then_submission() -> None:
     assert [r.name for r in order] == ["c", "a", "b"]
 
 
+def phase(record: JobRecord) -> JobPhase:
+    """The phase now: start and mark_replica_finished change the record in place."""
+    return record.phase
+
+
 def test_start_and_finish() -> None:
     record = new_record(job(replicas=2), None)
-    assert record.phase is JobPhase.PENDING and record.generation == 0
+    assert phase(record) is JobPhase.PENDING and record.generation == 0
     fit = place(record.spec, nodes(2, 2), {})
     assert fit is not None and start(record, *fit)
-    assert record.phase is JobPhase.RUNNING and not start(record, *fit)
+    assert phase(record) is JobPhase.RUNNING and not start(record, *fit)
     assert not mark_replica_finished(record, 0, generation=1)  # not the current generation
     assert mark_replica_finished(record, 0, generation=0)
     assert not mark_replica_finished(record, 0, generation=0)
     assert mark_replica_finished(record, 1, generation=0)
-    assert record.phase is JobPhase.SUCCEEDED
+    assert phase(record) is JobPhase.SUCCEEDED
 
 
 def test_resubmitted_name_starts_past_the_old_generation() -> None:

@@ -11,7 +11,7 @@ from resurge_detector.worker_fault import WorkerFaultDetector
 SOURCE = Source(service="detector", instance="here:1")
 
 
-def worker_fault(rank: int = 3, generation: int = 2, **fields: object) -> WorkerFault:
+def worker_fault(rank: int = 3, generation: int | None = 2, **fields: object) -> WorkerFault:
     values: dict[str, object] = {
         "source": Source(service="node-agent", instance="n1:7"),
         "job": "j",
@@ -56,9 +56,11 @@ def test_ids_follow_the_input_so_a_redelivery_is_deduplicated() -> None:
     event = worker_fault()
     [first] = detector.observe(event)
     [again] = detector.observe(event)
+    assert isinstance(first, FaultDetected) and isinstance(again, FaultDetected)
     assert first.id == again.id == f"fault-{event.id}"
     assert first.fault_id == again.fault_id == "worker_fault:j:g2:r3"
     [other] = detector.observe(worker_fault(rank=4))
+    assert isinstance(other, FaultDetected)
     assert other.fault_id == "worker_fault:j:g2:r4" and other.id != first.id
 
 
