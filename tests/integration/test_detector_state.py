@@ -13,7 +13,7 @@ from nats.aio.msg import Msg
 
 from resurge.control.records import JobRecord, JobStore, Placement
 from resurge.events import Event, JobPhase, ProcessExited, ReplicaFinished
-from resurge.jobspec import parse_job
+from resurge.local.jobs import job
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 from resurge_detector.state_store import STATE_BUCKET, state_entry_key
@@ -74,7 +74,7 @@ class StateWrites:
 async def test_a_detector_restarted_between_success_exits_still_finishes_both_replicas(
     bus: Bus, settings: Settings
 ) -> None:
-    spec = parse_job({"metadata": {"name": JOB}, "spec": {"command": ["x"], "nprocPerNode": 2}})
+    spec = job(JOB, nproc=2, preload=None)
     await JobStore(await bus.jobs_bucket()).create(
         JobRecord(
             name=JOB,

@@ -4,14 +4,12 @@ import asyncio
 
 from resurge.control.records import JobRecord, JobStore
 from resurge.events import JobPhase
-from resurge.jobspec import parse_job
+from resurge.local import jobs
 from resurge.runtime.bus import Bus
 
 
 def record(name: str = "team.job") -> JobRecord:
-    return JobRecord(
-        name=name, spec=parse_job({"metadata": {"name": "j"}, "spec": {"command": ["x"]}})
-    )
+    return JobRecord(name=name, spec=jobs.job("j", preload=None))
 
 
 async def test_create_is_once_only(bus: Bus) -> None:

@@ -3,7 +3,8 @@ from datetime import UTC, datetime, timedelta
 from resurge.cluster import NodeInfo
 from resurge.control.records import JobRecord
 from resurge.events import JobPhase
-from resurge.jobspec import TrainingJob, parse_job
+from resurge.jobspec import TrainingJob
+from resurge.local import jobs
 from resurge_scaler.admission import (
     admission_order,
     mark_replica_finished,
@@ -17,12 +18,7 @@ from resurge_scaler.admission import (
 
 
 def job(name: str = "j", replicas: int = 2, nproc: int = 2) -> TrainingJob:
-    return parse_job(
-        {
-            "metadata": {"name": name},
-            "spec": {"command": ["x"], "nprocPerNode": nproc, "replicas": {"min": replicas}},
-        }
-    )
+    return jobs.job(name, nproc=nproc, replicas=replicas, preload=None)
 
 
 def nodes(*slots: int) -> list[NodeInfo]:
@@ -55,17 +51,7 @@ def test_cordoned_and_unhealthy_nodes_get_no_replicas() -> None:
 
 
 def job_with_spares(spares: int) -> TrainingJob:
-    return parse_job(
-        {
-            "metadata": {"name": "s"},
-            "spec": {
-                "command": ["x"],
-                "nprocPerNode": 2,
-                "replicas": {"min": 2},
-                "recovery": {"spares": spares},
-            },
-        }
-    )
+    return jobs.job("s", nproc=2, replicas=2, recovery={"spares": spares}, preload=None)
 
 
 def test_spares_are_held_on_nodes_without_a_replica_and_count_as_taken() -> None:
@@ -126,16 +112,13 @@ def test_resubmitted_name_starts_past_the_old_generation() -> None:
 
 def test_resubmitting_a_running_job_updates_only_its_monitoring() -> None:
     record = new_record(job(), None)
-    changed = parse_job(
-        {
-            "metadata": {"name": "j"},
-            "spec": {
-                "command": ["other"],
-                "nprocPerNode": 2,
-                "replicas": {"min": 2},
-                "monitoring": {"heartbeatTimeoutSeconds": 30},
-            },
-        }
+    changed = jobs.job(
+        "j",
+        ["other"],
+        nproc=2,
+        replicas=2,
+        monitoring={"heartbeatTimeoutSeconds": 30},
+        preload=None,
     )
     assert update_live(record, changed)
     assert record.spec.spec.monitoring.heartbeat_timeout_seconds == 30

@@ -19,13 +19,13 @@ from resurge.events import (
     Progress,
     Source,
 )
-from resurge.jobspec import parse_job
 from resurge.jobspec.monitoring import (
     LEARNED_HEARTBEAT_FLOOR_SECONDS,
     LEARNED_STARTUP_FLOOR_SECONDS,
     LEARNED_TIMEOUT_FACTOR,
     STOPPED_RANK_SECONDS,
 )
+from resurge.local import jobs
 from resurge_detector.hang import HangDetector
 from resurge_detector.node_health import NodeHealthDetector
 from resurge_detector.runtime import DetectorRuntime, Partition
@@ -36,12 +36,7 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def record(name: str = "j", monitoring: dict[str, Any] | None = None) -> JobRecord:
-    job = parse_job(
-        {
-            "metadata": {"name": name},
-            "spec": {"command": ["x"], "nprocPerNode": 2, "monitoring": monitoring or {}},
-        }
-    )
+    job = jobs.job(name, nproc=2, monitoring=monitoring, preload=None)
     return JobRecord(
         name=name,
         spec=job,

@@ -1,7 +1,6 @@
 """The GPU health detector: a GPU error on a node becomes each running job's fault there."""
 
 from datetime import UTC, datetime
-from typing import Any
 
 from resurge.contract.xid import TABLE_VERSION
 from resurge.control.records import JobRecord, Placement
@@ -15,7 +14,7 @@ from resurge.events import (
     Severity,
     Source,
 )
-from resurge.jobspec import parse_job
+from resurge.local import jobs
 from resurge_detector.gpu_health import GpuHealthDetector
 
 SOURCE = Source(service="detector", instance="here:1")
@@ -28,17 +27,8 @@ def record(
     overrides: dict[int, str] | None = None,
     phase: JobPhase = JobPhase.RUNNING,
 ) -> JobRecord:
-    spec: dict[str, Any] = {"command": ["python", "train.py"], "nprocPerNode": 2}
-    if overrides:
-        spec["monitoring"] = {"gpu": {"xidOverrides": overrides}}
-    job = parse_job(
-        {
-            "apiVersion": "resurge.dev/v1alpha1",
-            "kind": "TrainingJob",
-            "metadata": {"name": name},
-            "spec": spec,
-        }
-    )
+    monitoring = {"gpu": {"xidOverrides": overrides}} if overrides else None
+    job = jobs.job(name, ["python", "train.py"], nproc=2, monitoring=monitoring, preload=None)
     return JobRecord(
         name=name,
         spec=job,

@@ -18,7 +18,7 @@ from resurge.events import (
     Severity,
     Source,
 )
-from resurge.jobspec import parse_job
+from resurge.local import jobs
 from resurge_detector.bounded_regex import MAX_LINE_CHARS
 from resurge_detector.log_rules import EVIDENCE_LINE_CHARS, LogRuleDetector
 
@@ -27,17 +27,12 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def record(*rules: dict[str, object], generation: int = 0, name: str = "j") -> JobRecord:
-    spec = parse_job(
-        {
-            "apiVersion": "resurge.dev/v1alpha1",
-            "kind": "TrainingJob",
-            "metadata": {"name": name},
-            "spec": {
-                "command": ["python", "train.py"],
-                "nprocPerNode": 2,
-                "monitoring": {"logRules": list(rules)},
-            },
-        }
+    spec = jobs.job(
+        name,
+        ["python", "train.py"],
+        nproc=2,
+        monitoring={"logRules": list(rules)},
+        preload=None,
     )
     placements = [Placement(replica=0, node="n0"), Placement(replica=1, node="n1")]
     return JobRecord(name=name, spec=spec, generation=generation, placements=placements)

@@ -4,12 +4,11 @@ from datetime import UTC, datetime
 
 from resurge.control.records import CheckpointRef, JobRecord, PendingRecovery, Placement
 from resurge.events import JobPhase, RecoveryLevel
-from resurge.jobspec import parse_job
+from resurge.local import jobs
 from resurge.local.restore import requeue_after_restart
 
 JOB_TIME = datetime(2026, 12, 3, tzinfo=UTC)
-SPEC = {"command": ["x"], "nprocPerNode": 2, "replicas": {"min": 2}}
-JOB = parse_job({"metadata": {"name": "j"}, "spec": SPEC})
+JOB = jobs.job("j", nproc=2, replicas=2, preload=None)
 
 
 def running(**fields: object) -> JobRecord:

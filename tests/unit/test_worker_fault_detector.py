@@ -81,13 +81,12 @@ def test_it_signs_with_the_context_source_and_is_registered() -> None:
 def test_a_lost_agent_is_a_fault_about_its_replica_that_asks_for_a_new_agent() -> None:
     from resurge.control.records import JobRecord
     from resurge.events import AgentState, AgentStateChanged, JobPhase
-    from resurge.jobspec import parse_job
+    from resurge.local import jobs
     from resurge_detector.agent_lost import AgentLostDetector
 
-    spec = {"command": ["x"], "nprocPerNode": 2, "replicas": {"min": 2}}
     record = JobRecord(
         name="j",
-        spec=parse_job({"metadata": {"name": "j"}, "spec": spec}),
+        spec=jobs.job("j", nproc=2, replicas=2, preload=None),
         phase=JobPhase.RUNNING,
         generation=4,
     )

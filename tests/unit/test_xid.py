@@ -7,7 +7,7 @@ import yaml
 
 from resurge.contract import xid
 from resurge.contract.xid import TABLE_VERSION, XidAction, action_for, lookup
-from resurge.jobspec import parse_job
+from resurge.local import jobs
 
 
 def test_table_loads_with_a_version_and_a_row_per_common_code() -> None:
@@ -57,16 +57,11 @@ def test_unknown_code_gets_the_documented_default() -> None:
 
 
 def test_a_jobs_overrides_come_first() -> None:
-    job = parse_job(
-        {
-            "apiVersion": "resurge.dev/v1alpha1",
-            "kind": "TrainingJob",
-            "metadata": {"name": "j"},
-            "spec": {
-                "command": ["python", "train.py"],
-                "monitoring": {"gpu": {"xidOverrides": {13: "ignore", 9999: "replace_node"}}},
-            },
-        }
+    job = jobs.job(
+        "j",
+        ["python", "train.py"],
+        monitoring={"gpu": {"xidOverrides": {13: "ignore", 9999: "replace_node"}}},
+        preload=None,
     )
     overrides = job.spec.monitoring.gpu.xid_overrides
     assert action_for(13, overrides) is XidAction.IGNORE

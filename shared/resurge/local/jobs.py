@@ -25,8 +25,8 @@ def job(
     command: Sequence[str] = ("x",),
     *,
     nproc: int = 1,
-    replicas: int = 1,
-    preload: Sequence[str] = (),
+    replicas: int | dict[str, Any] = 1,
+    preload: Sequence[str] | None = (),
     env: dict[str, str] | None = None,
     recovery: dict[str, Any] | None = None,
     monitoring: dict[str, Any] | None = None,
@@ -34,17 +34,20 @@ def job(
 ) -> TrainingJob:
     """A job named ``name`` running ``command`` as ``replicas`` x ``nproc`` workers.
 
-    ``recovery``, ``monitoring`` and ``spec`` take the spec's camelCase fields as they
-    are written in YAML (``{"stopGraceSeconds": 2}``, ``fork_server=False`` is not a
-    field: write ``forkServer=False``). Workers preload nothing unless ``preload`` says.
+    ``replicas`` is ``replicas.min``, or the whole field as written (``{"min": 1, "max":
+    2}``). ``recovery``, ``monitoring`` and ``spec`` take the spec's camelCase fields as
+    they are written in YAML (``{"stopGraceSeconds": 2}``, ``fork_server=False`` is not a
+    field: write ``forkServer=False``). Workers preload nothing unless ``preload`` says;
+    ``preload=None`` leaves the spec's default modules, as a job that omits the field.
     """
     body: dict[str, Any] = {
         "command": list(command),
         "nprocPerNode": nproc,
-        "replicas": {"min": replicas},
-        "preloadModules": list(preload),
+        "replicas": replicas if isinstance(replicas, dict) else {"min": replicas},
         **spec,
     }
+    if preload is not None:
+        body["preloadModules"] = list(preload)
     if env:
         body["env"] = [{"name": key, "value": value} for key, value in env.items()]
     if recovery is not None:
