@@ -85,6 +85,8 @@ class ForkServerLost(ForkServerError):
 
 @dataclass(frozen=True)
 class PythonProgram:
+    """A forkable interpreter command line: what it runs, its arguments, and whether ``-u``."""
+
     kind: Literal["path", "module", "code"]
     target: str
     args: tuple[str, ...]
@@ -194,22 +196,27 @@ class ForkedProcess:
 
     @property
     def pid(self) -> int:
+        """The forked worker's pid."""
         return self._child.pid
 
     @property
     def stdout(self) -> asyncio.StreamReader:
+        """The worker's standard output."""
         return self._stdout
 
     @property
     def stderr(self) -> asyncio.StreamReader:
+        """The worker's standard error."""
         return self._stderr
 
     @property
     def returncode(self) -> int | None:
+        """The return code the server reported, or None while it runs."""
         exited = self._child.exited
         return exited.result() if exited.done() else None
 
     async def wait(self) -> int:
+        """Wait until the server reports its exit and return the return code."""
         return await asyncio.shield(self._child.exited)
 
 
@@ -479,6 +486,7 @@ class ForkServerSpawner:
     async def spawn(
         self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None
     ) -> SpawnedProcess:
+        """Fork ``argv`` from the server when it is forkable, else start it as a plain process."""
         if self._closed:
             raise RuntimeError("spawner is closed")
         program = python_program(argv, env, cwd)

@@ -70,6 +70,7 @@ _SERVER_PID = 0
 
 
 def encode_frame(message: Mapping[str, Any]) -> bytes:
+    """One frame holding ``message``: its length, then its JSON."""
     body = json.dumps(message, separators=(",", ":")).encode()
     return HEADER.pack(len(body)) + body
 
@@ -87,6 +88,7 @@ def decode_frames(buffer: bytearray) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str]) -> int:
+    """Import ``argv[2:]``, then fork workers on request until the agent goes away."""
     # A server left behind would hold its preloaded memory (and any CUDA context) forever.
     die_with_parent(int(argv[1]))
     for signum in signal.valid_signals():

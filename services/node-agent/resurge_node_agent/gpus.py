@@ -76,10 +76,13 @@ ErrorSink = Callable[[GpuErrorReport], None]
 
 
 class GpuSource(Protocol):
+    """One node's GPUs: their readings, their error reports and which are out of use."""
+
     simulated: bool
 
     @property
-    def count(self) -> int: ...
+    def count(self) -> int:
+        """How many GPUs the node has."""
 
     def start(self, on_error: ErrorSink) -> None:
         """Begin reporting errors to ``on_error`` (called from any thread)."""
@@ -178,16 +181,20 @@ class NvmlGpus:
 
     @property
     def count(self) -> int:
+        """How many GPUs NVML listed."""
         return len(self._handles)
 
     @property
     def uuids(self) -> list[str]:
+        """Each GPU's UUID, in index order."""
         return list(self._uuids)
 
     def unhealthy(self) -> list[int]:
+        """Indices of the GPUs taken out of use, ascending."""
         return self._health.unhealthy()
 
     def start(self, on_error: ErrorSink) -> None:
+        """Begin reporting errors to ``on_error``, XID events from a thread of their own."""
         self._health.start(on_error)
         if not self._handles:
             return
@@ -213,9 +220,11 @@ class NvmlGpus:
             self._thread.start()
 
     def readings(self) -> list[GpuReading]:
+        """One NVML reading per GPU, in index order."""
         return [self._reading(index) for index in range(len(self._handles))]
 
     def close(self) -> None:
+        """Stop watching XID events and shut NVML down."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self._event_wait_ms / 1000 + 5)
@@ -412,19 +421,24 @@ class SimulatedGpus:
 
     @property
     def count(self) -> int:
+        """How many GPUs are simulated."""
         return self._count
 
     @property
     def uuids(self) -> list[str]:
+        """Each GPU's made-up UUID, in index order."""
         return list(self._uuids)
 
     def start(self, on_error: ErrorSink) -> None:
+        """Begin reporting injected errors to ``on_error``."""
         self._health.start(on_error)
 
     def unhealthy(self) -> list[int]:
+        """Indices of the GPUs taken out of use, ascending."""
         return self._health.unhealthy()
 
     def readings(self) -> list[GpuReading]:
+        """One plausible reading per GPU, in index order."""
         with self._lock:
             return [self._reading(i) for i in range(self._count)]
 
@@ -460,7 +474,7 @@ class SimulatedGpus:
         return report
 
     def close(self) -> None:
-        pass
+        """Nothing to release."""
 
 
 def select_gpus(requested: int, node: str | None = None, *, nvml: Any | None = None) -> GpuSource:

@@ -42,6 +42,8 @@ def restartable_workers(
 
 
 class Rejoins:
+    """The local ranks still to confirm one in-process restart to ``generation``."""
+
     def __init__(self, generation: int, local_ranks: Iterable[int]) -> None:
         self.generation = generation
         self.missing = set(local_ranks)
@@ -58,6 +60,7 @@ class Rejoins:
                 self._settled.set()
 
     def fail(self, why: str) -> None:
+        """Give up on the restart: :meth:`wait` returns ``why`` unless all ranks confirmed."""
         if self._failure is None:
             self._failure = why
         self._settled.set()

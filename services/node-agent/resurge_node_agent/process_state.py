@@ -13,6 +13,7 @@ __all__ = ["is_stopped"]
 
 
 def is_stopped(pid: int) -> bool | None:
+    """Whether ``pid`` is stopped; None when that cannot be known."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:

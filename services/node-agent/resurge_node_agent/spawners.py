@@ -33,27 +33,38 @@ READ_LIMIT = 1 << 20
 
 
 class SpawnedProcess(Protocol):
-    @property
-    def pid(self) -> int: ...
+    """A started worker: its pid, its output pipes and its exit code."""
 
     @property
-    def stdout(self) -> asyncio.StreamReader: ...
+    def pid(self) -> int:
+        """The process id, which also names its session and process group."""
 
     @property
-    def stderr(self) -> asyncio.StreamReader: ...
+    def stdout(self) -> asyncio.StreamReader:
+        """The worker's standard output."""
 
     @property
-    def returncode(self) -> int | None: ...
+    def stderr(self) -> asyncio.StreamReader:
+        """The worker's standard error."""
 
-    async def wait(self) -> int: ...
+    @property
+    def returncode(self) -> int | None:
+        """The return code once it has exited, else None."""
+
+    async def wait(self) -> int:
+        """Wait for it to exit and return its return code."""
 
 
 class Spawner(Protocol):
+    """Starts worker processes and ends the ones still running when closed."""
+
     async def spawn(
         self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None
-    ) -> SpawnedProcess: ...
+    ) -> SpawnedProcess:
+        """Start ``argv`` with exactly ``env`` in ``cwd``."""
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """SIGKILL the process group of every process still running and wait for it."""
 
 
 class PlainProcess:
@@ -94,6 +105,7 @@ class PlainSpawner:
     async def spawn(
         self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None
     ) -> PlainProcess:
+        """Start ``argv`` as a new process."""
         agent = os.getpid()
         process = await asyncio.create_subprocess_exec(
             *argv,
@@ -112,6 +124,7 @@ class PlainSpawner:
         return spawned
 
     async def close(self) -> None:
+        """Kill every worker still running and wait for it."""
         running = [p for p in self._processes if p.returncode is None]
         for process in running:
             with contextlib.suppress(ProcessLookupError, PermissionError):

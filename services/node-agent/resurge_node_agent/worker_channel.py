@@ -154,6 +154,8 @@ class _Connection:
 
 
 class WorkerChannel:
+    """The socket one launch agent's workers report to, across all its generations."""
+
     def __init__(
         self,
         path: str,
@@ -271,11 +273,7 @@ class WorkerChannel:
         try:
             message = parse_worker_message(line)
             if isinstance(message, Hello):
-                if connection.hello is not None:
-                    raise ProtocolError("repeated_hello", "a second hello on one connection")
-                connection.hello = message
-                if self._stop_notice is not None and message.generation <= self._stop_notice[0]:
-                    self._write(connection, self._stop_notice[1])
+                self._greet(connection, message)
                 return
             if connection.hello is None:
                 raise ProtocolError("no_hello", f"a {type(message).__name__} before hello")
@@ -286,7 +284,16 @@ class WorkerChannel:
             connection.hello = replace(
                 connection.hello, generation=message.generation, rank=message.rank
             )
-        hello = connection.hello
+        await self._deliver(connection.hello, message)
+
+    def _greet(self, connection: _Connection, hello: Hello) -> None:
+        if connection.hello is not None:
+            raise ProtocolError("repeated_hello", "a second hello on one connection")
+        connection.hello = hello
+        if self._stop_notice is not None and hello.generation <= self._stop_notice[0]:
+            self._write(connection, self._stop_notice[1])
+
+    async def _deliver(self, hello: Hello, message: Report) -> None:
         try:
             if self._on_report is not None:
                 await self._on_report(hello, message)
@@ -298,7 +305,7 @@ class WorkerChannel:
             self._rate_limited.warning(
                 f"callback:{type(message).__name__}",
                 f"handling a worker's {type(message).__name__} failed: {error!r}",
-                rank=connection.hello.rank,
+                rank=hello.rank,
             )
 
     def _write(self, connection: _Connection, line: bytes) -> int:

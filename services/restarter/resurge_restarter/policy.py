@@ -187,7 +187,7 @@ def _unfixed(
     return last
 
 
-def _choose_level(
+def _choose_level(  # noqa: C901 - one climb up the ladder: floor, escalations, caps
     record: JobRecord,
     fault: FaultDetected,
     window: list[RestartEntry],
@@ -302,7 +302,7 @@ def _moved(placements: list[Placement], moves: list[Move], cluster: ClusterView)
     ]
 
 
-def apply_fault(
+def apply_fault(  # noqa: C901 - the ladder in order: ignore, pick a level, edit the record
     record: JobRecord,
     fault: FaultDetected,
     *,

@@ -80,43 +80,15 @@ async def run_command(args: argparse.Namespace, settings: Settings, *, local: bo
     """Run one bus command; ``local``: the cluster runs on this machine (``resurge up``)."""
     command = args.command
     if command == "submit":
-        try:
-            job = load_job(args.file)
-        except (JobSpecError, OSError) as error:
-            print(f"resurge submit: {error}", file=sys.stderr)
-            return 2
-        if local and job.spec.working_dir is None:
-            # On a local cluster a relative path in the command means "from here".
-            job = job.model_copy(
-                update={"spec": job.spec.model_copy(update={"working_dir": str(Path.cwd())})}
-            )
+        return await _submit(args.file, settings, local=local)
     async with connected(settings) as bus:
-        if command == "submit":
-            await submit_job(bus, job)
-            print(f"trainingjob {job.name} submitted")
-        elif command == "delete":
+        if command == "delete":
             await delete_job(bus, args.job)
             print(f"trainingjob {args.job} deleted")
         elif command == "status":
-            views = await job_status(bus, args.job)
-            if args.job and not views:
-                print(f"resurge status: no job named {args.job!r}", file=sys.stderr)
-                return 1
-            _say(views, args.json, one=args.job is not None)
-        elif command == "inject" and args.fault == "xid":
-            try:
-                what = await inject_xid(bus, args.node, args.gpu, args.code)
-            except LookupError as error:
-                print(f"resurge inject: {error}", file=sys.stderr)
-                return 1
-            print(f"injected XID {args.code} into GPU {args.gpu} of node {args.node} ({what})")
+            return await _status(bus, args)
         elif command == "inject":
-            try:
-                where = await inject_fault(bus, args.job, args.rank, args.fault, args.line)
-            except LookupError as error:
-                print(f"resurge inject: {error}", file=sys.stderr)
-                return 1
-            print(f"injected {args.fault} into rank {args.rank} of {args.job} ({where})")
+            return await _inject(bus, args)
         elif command == "node":
             return await _node(bus, args)
         elif command == "events":
@@ -125,4 +97,45 @@ async def run_command(args: argparse.Namespace, settings: Settings, *, local: bo
                 print(event_line(event, args.json), flush=True)
 
             await watch_events(bus, f"{bus.subjects.root}.{args.filter}", show, asyncio.Event())
+    return 0
+
+
+async def _submit(file: Path, settings: Settings, *, local: bool) -> int:
+    try:
+        job = load_job(file)
+    except (JobSpecError, OSError) as error:
+        print(f"resurge submit: {error}", file=sys.stderr)
+        return 2
+    if local and job.spec.working_dir is None:
+        # On a local cluster a relative path in the command means "from here".
+        job = job.model_copy(
+            update={"spec": job.spec.model_copy(update={"working_dir": str(Path.cwd())})}
+        )
+    async with connected(settings) as bus:
+        await submit_job(bus, job)
+        print(f"trainingjob {job.name} submitted")
+    return 0
+
+
+async def _status(bus: Bus, args: argparse.Namespace) -> int:
+    views = await job_status(bus, args.job)
+    if args.job and not views:
+        print(f"resurge status: no job named {args.job!r}", file=sys.stderr)
+        return 1
+    _say(views, args.json, one=args.job is not None)
+    return 0
+
+
+async def _inject(bus: Bus, args: argparse.Namespace) -> int:
+    try:
+        if args.fault == "xid":
+            what = await inject_xid(bus, args.node, args.gpu, args.code)
+            done = f"injected XID {args.code} into GPU {args.gpu} of node {args.node} ({what})"
+        else:
+            where = await inject_fault(bus, args.job, args.rank, args.fault, args.line)
+            done = f"injected {args.fault} into rank {args.rank} of {args.job} ({where})"
+    except LookupError as error:
+        print(f"resurge inject: {error}", file=sys.stderr)
+        return 1
+    print(done)
     return 0

@@ -203,6 +203,7 @@ def _settings(state_dir: Path | None) -> tuple[Settings, bool]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``resurge`` command from ``argv`` (default ``sys.argv[1:]``); its exit status."""
     args = _parser().parse_args(argv)
     if args.command == "inject":
         _check_inject(args)
@@ -224,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
         for path in write_schemas(args.out):
             print(path)
         return 0
+    return _on_cluster(args)
+
+
+def _on_cluster(args: argparse.Namespace) -> int:
     from resurge.cli.cluster_commands import run_command
 
     if args.command == "submit":  # a bad spec is an error before any cluster is looked for

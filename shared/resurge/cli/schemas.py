@@ -22,6 +22,7 @@ def all_schemas() -> dict[str, dict[str, object]]:
 
 
 def write_schemas(folder: Path) -> list[Path]:
+    """Write each schema to ``folder/NAME.schema.json``; returns the paths written."""
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for name, schema in all_schemas().items():

@@ -36,6 +36,7 @@ __all__ = [
 
 @asynccontextmanager
 async def connected(settings: Settings) -> AsyncIterator[Bus]:
+    """A bus connection with the streams in place, closed on leaving."""
     bus = await Bus.connect(settings, "cli")
     try:
         await bus.ensure_streams()
@@ -45,16 +46,19 @@ async def connected(settings: Settings) -> AsyncIterator[Bus]:
 
 
 async def submit_job(bus: Bus, job: TrainingJob) -> None:
+    """Publish JobSubmitted for ``job``."""
     await bus.publish(
         bus.subjects.job(job.name), JobSubmitted(source=bus.source, job=job.name, spec=job)
     )
 
 
 async def delete_job(bus: Bus, name: str) -> None:
+    """Publish JobDeleted for the job ``name``."""
     await bus.publish(bus.subjects.job(name), JobDeleted(source=bus.source, job=name))
 
 
 async def job_status(bus: Bus, name: str | None) -> list[dict[str, object]]:
+    """The status view of job ``name`` (none if unknown), or of every job by name."""
     store = JobStore(await bus.jobs_bucket())
     if name is not None:
         found = await store.get(name)

@@ -66,10 +66,13 @@ def steps_lost(result: StoryResult) -> list[int]:
         if fault.generation is None:
             continue
         reached = max(
-            (o.event.step for o in result.observed
-             if isinstance(o.event, Progress) and o.event.generation == fault.generation),
+            (
+                o.event.step
+                for o in result.observed
+                if isinstance(o.event, Progress) and o.event.generation == fault.generation
+            ),
             default=0,
-        )  # fmt: skip
+        )
         resumed = [
             o.event.resume_step or 0
             for o in result.observed
@@ -85,10 +88,13 @@ def final_step(result: StoryResult) -> int:
 
 
 def summarize(result: StoryResult, steps: int) -> str:
+    """What happened to the job, for people: faults, recoveries, steps lost, latencies."""
     lines = ["", "=== resurge demo summary ==="]
     phase = result.phase.value if result.phase else "did not finish"
-    lines.append(f"job {result.job}: {phase} in {result.seconds:.1f} s, "
-                 f"final step {final_step(result)} of {steps}")  # fmt: skip
+    lines.append(
+        f"job {result.job}: {phase} in {result.seconds:.1f} s, "
+        f"final step {final_step(result)} of {steps}"
+    )
     for fault in result.faults:
         lines.append(f"detected: {fault.reason} ({fault.message})")
     for recovery, lost in zip(result.recoveries, steps_lost(result), strict=False):
@@ -142,6 +148,7 @@ async def _demo(state_dir: Path) -> int:
 
 
 def run_demo() -> int:
+    """Run the demo in a temporary state folder (kept if it fails); returns the exit status."""
     if not EXAMPLE.is_file():
         print(
             f"resurge demo needs the examples folder of a source checkout ({EXAMPLE.parent})",

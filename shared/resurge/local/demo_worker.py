@@ -16,6 +16,7 @@ from resurge.worker.environment import GENERATION
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Count the steps, crashing where asked; returns the worker's exit status."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--step-seconds", type=float, default=0.05)

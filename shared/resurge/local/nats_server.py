@@ -40,6 +40,8 @@ def nats_server_binary() -> str:
 
 
 class NatsServer:
+    """One nats-server process with JetStream, its data and log under ``state_dir``."""
+
     def __init__(self, state_dir: Path, port: int = 0, host: str = "127.0.0.1") -> None:
         self.state_dir = Path(state_dir)
         self.host = host
@@ -49,9 +51,11 @@ class NatsServer:
 
     @property
     def url(self) -> str:
+        """Where clients connect; the real port only once started."""
         return f"nats://{self.host}:{self.port}"
 
     def start(self, timeout: float = 15.0) -> NatsServer:
+        """Start the server and return once it accepts connections, within ``timeout``."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         ports_dir = self.state_dir / "ports"
         shutil.rmtree(ports_dir, ignore_errors=True)
@@ -102,6 +106,7 @@ class NatsServer:
             return False
 
     def stop(self) -> None:
+        """Terminate the server (SIGKILL after 10 s) and wait for it; no-op if not running."""
         if self.process is None or self.process.poll() is not None:
             return
         self.process.terminate()

@@ -24,6 +24,7 @@ STATE_DIR = "RESURGE_STATE_DIR"
 
 
 def resolve_state_dir(given: Path | None) -> Path:
+    """The absolute state folder: ``given``, else ``RESURGE_STATE_DIR``, else ``.resurge``."""
     if given is not None:
         return given.resolve()
     return Path(os.environ.get(STATE_DIR) or ".resurge").resolve()
@@ -31,6 +32,8 @@ def resolve_state_dir(given: Path | None) -> Path:
 
 @dataclass
 class ClusterState:
+    """What ``cluster.json`` records about the running local cluster."""
+
     nats_url: str
     namespace: str
     pid: int
@@ -39,15 +42,18 @@ class ClusterState:
 
     @staticmethod
     def path(state_dir: Path) -> Path:
+        """Where the record lives in ``state_dir``."""
         return state_dir / "cluster.json"
 
     def save(self, state_dir: Path) -> None:
+        """Write the record to ``state_dir``, replacing the old one atomically."""
         tmp = self.path(state_dir).with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
         tmp.replace(self.path(state_dir))
 
     @classmethod
     def load(cls, state_dir: Path) -> ClusterState | None:
+        """The record in ``state_dir``; None when it is missing or unreadable."""
         try:
             return cls(**json.loads(cls.path(state_dir).read_text()))
         except (OSError, ValueError, TypeError):
@@ -72,6 +78,7 @@ class StateLock:
         self._file: IO[str] | None = None
 
     def acquire(self) -> bool:
+        """Take the lock without waiting; False if another process holds it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         handle = self.path.open("a")
         try:
@@ -92,6 +99,7 @@ class StateLock:
         return True
 
     def release(self) -> None:
+        """Let go of the lock if this object holds it."""
         if self._file is not None:
             with contextlib.suppress(OSError):
                 fcntl.flock(self._file, fcntl.LOCK_UN)

@@ -62,6 +62,8 @@ class _Child:
 
 @dataclass
 class Supervisor:
+    """The local cluster's processes (NATS, services, node monitors) and how to reach them."""
+
     state_dir: Path
     nodes: int = 2
     gpus_per_node: int = 2
@@ -76,13 +78,16 @@ class Supervisor:
 
     @property
     def node_names(self) -> list[str]:
+        """The virtual nodes' names, ``node-0`` upwards."""
         return [f"node-{i}" for i in range(self.nodes)]
 
     @property
     def log_dir(self) -> Path:
+        """Where each child's log goes."""
         return self.state_dir / "logs"
 
     def env(self) -> dict[str, str]:
+        """The environment every child starts with, pointing it at this cluster."""
         # Workers that run `python ...` get the interpreter this cluster runs on.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         assert self.nats_url is not None
@@ -110,11 +115,9 @@ class Supervisor:
             name = f"restarter-{extra}"
             self.children[name] = _Child(name, [python, *SERVICES["restarter"]])
         for node in self.node_names:
-            self.children[node] = _Child(
-                node,
-                [python, "-m", "resurge_node_agent", "monitor", "--node", node,
-                 "--gpus", str(self.gpus_per_node), "--log-dir", str(self.log_dir)],
-            )  # fmt: skip
+            monitor = ["-m", "resurge_node_agent", "monitor", "--node", node]
+            monitor += ["--gpus", str(self.gpus_per_node), "--log-dir", str(self.log_dir)]
+            self.children[node] = _Child(node, [python, *monitor])
         for child in self.children.values():
             self._spawn(child)
         asyncio.run(self._wait_ready(timeout))
@@ -134,8 +137,9 @@ class Supervisor:
     async def _restore(self) -> None:
         """Before any service runs: jobs of an earlier run go back to Pending."""
         assert self.nats_url is not None
-        bus = await Bus.connect(Settings(nats_url=self.nats_url, namespace=self.namespace),
-                                "supervisor")  # fmt: skip
+        bus = await Bus.connect(
+            Settings(nats_url=self.nats_url, namespace=self.namespace), "supervisor"
+        )
         try:
             await bus.ensure_streams()
             await restore(bus)
@@ -168,6 +172,7 @@ class Supervisor:
             await bus.close()
 
     def alive(self) -> dict[str, bool]:
+        """Child name -> whether its process is running now."""
         return {
             name: c.process is not None and c.process.poll() is None
             for name, c in self.children.items()
@@ -185,8 +190,11 @@ class Supervisor:
                 child.next_start = now + delay
                 log.warning(
                     "%s exited with code %s; starting it again in %.1f s (restart %d)",
-                    child.name, child.process.returncode, delay, child.restarts,
-                )  # fmt: skip
+                    child.name,
+                    child.process.returncode,
+                    delay,
+                    child.restarts,
+                )
             elif now >= child.next_start:
                 child.next_start = 0.0
                 self._spawn(child)
@@ -212,6 +220,7 @@ class Supervisor:
             self.server.stop()
 
     def state(self) -> ClusterState:
+        """The record ``cluster.json`` keeps for this running cluster."""
         assert self.nats_url is not None
         return ClusterState(
             nats_url=self.nats_url,
@@ -252,8 +261,11 @@ def serve(supervisor: Supervisor, ready_fd: int | None) -> int:
             supervisor.stop(grace=5)
             return 1
         supervisor.state().save(supervisor.state_dir)
-        log.info("local cluster ready: nats at %s, nodes %s", supervisor.nats_url,
-                 ", ".join(supervisor.node_names))  # fmt: skip
+        log.info(
+            "local cluster ready: nats at %s, nodes %s",
+            supervisor.nats_url,
+            ", ".join(supervisor.node_names),
+        )
         if ready_fd is not None:
             os.write(ready_fd, b"ready\n")
             os.close(ready_fd)

@@ -24,6 +24,7 @@ __all__ = ["down", "up"]
 
 
 def up(state_dir: Path, nodes: int, gpus_per_node: int, port: int, foreground: bool) -> int:
+    """Start the local cluster in ``state_dir`` (here if ``foreground``); the exit status."""
     if nodes < 1 or gpus_per_node < 1:
         print("resurge up: --nodes and --gpus-per-node must be at least 1", file=sys.stderr)
         return 2
@@ -39,14 +40,18 @@ def up(state_dir: Path, nodes: int, gpus_per_node: int, port: int, foreground: b
         return serve(supervisor, ready_fd=None)
     (state_dir / "logs").mkdir(parents=True, exist_ok=True)
     read_end, write_end = os.pipe()
+    argv = [sys.executable, "-m", "resurge.local.supervisor", "--state-dir", str(state_dir)]
+    argv += ["--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node)]
+    argv += ["--port", str(port), "--ready-fd", str(write_end)]
     with (state_dir / "logs" / "supervisor.log").open("ab") as log:
         subprocess.Popen(
-            [sys.executable, "-m", "resurge.local.supervisor", "--state-dir", str(state_dir),
-             "--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node),
-             "--port", str(port), "--ready-fd", str(write_end)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            pass_fds=(write_end,), start_new_session=True,
-        )  # fmt: skip
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            pass_fds=(write_end,),
+            start_new_session=True,
+        )
     os.close(write_end)
     ready, _, _ = select.select([read_end], [], [], 120)
     said = os.read(read_end, 64) if ready else b""
@@ -55,8 +60,10 @@ def up(state_dir: Path, nodes: int, gpus_per_node: int, port: int, foreground: b
     if said.strip() != b"ready" or state is None:
         print(f"resurge up failed; see {state_dir / 'logs' / 'supervisor.log'}", file=sys.stderr)
         return 1
-    print(f"resurge is up in {state_dir}: nats at {state.nats_url}, "
-          f"{len(state.nodes)} node(s) x {state.gpus_per_node} GPU(s)")  # fmt: skip
+    print(
+        f"resurge is up in {state_dir}: nats at {state.nats_url}, "
+        f"{len(state.nodes)} node(s) x {state.gpus_per_node} GPU(s)"
+    )
     print(f"logs: {state_dir / 'logs'}; stop it with `resurge down`")
     return 0
 
@@ -71,6 +78,7 @@ def _running(pid: int) -> bool:
 
 
 def down(state_dir: Path, wait_seconds: float = 60.0) -> int:
+    """Stop the local cluster in ``state_dir`` and wait until it is gone; the exit status."""
     state = ClusterState.load(state_dir)
     lock = StateLock(state_dir)
     if state is None or not lock.held_elsewhere():

@@ -51,4 +51,5 @@ class Settings(BaseSettings):
 
     @property
     def subjects(self) -> Subjects:
+        """The subject names of this namespace."""
         return Subjects(self.namespace)
