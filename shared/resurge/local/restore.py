@@ -60,7 +60,7 @@ async def restore(bus: Bus) -> list[str]:
             continue
         before, after = result
         requeued.append(after.name)
-        log.info("%s was %s at generation %d: %s", after.name, before.phase.value,
-                 before.generation, after.message)  # fmt: skip
+        was = f"{before.phase.value} at generation {before.generation}"
+        log.info("%s was %s: %s", after.name, was, after.message)
         await announce_phase(bus, before.phase, after)
     return requeued
