@@ -42,7 +42,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from resurge.control.records import JobRecord, JobStore, Placement
 from resurge.events import Event, FaultDetected, JobPhase, Source
-from resurge.jobspec import parse_job
+from resurge.local.jobs import job
 from resurge.local.nats_server import NatsServer
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
@@ -86,21 +86,15 @@ async def seed_jobs(bus: Bus, jobs: int, ranks: int) -> list[str]:
     names = []
     for j in range(jobs):
         name = f"job-{j}"
-        spec = parse_job(
-            {
-                "metadata": {"name": name},
-                "spec": {
-                    "command": ["x"],
-                    "nprocPerNode": ranks,
-                    "monitoring": {
-                        "heartbeatTimeoutSeconds": HEARTBEAT_TIMEOUT,
-                        "logRules": [
-                            {"name": "cuda", "logPattern": "CUDA error", "faultOnMatch": True}
-                        ],
-                        "straggler": {"enabled": True},
-                    },
-                },
-            }
+        spec = job(
+            name,
+            nproc=ranks,
+            monitoring={
+                "heartbeatTimeoutSeconds": HEARTBEAT_TIMEOUT,
+                "logRules": [{"name": "cuda", "logPattern": "CUDA error", "faultOnMatch": True}],
+                "straggler": {"enabled": True},
+            },
+            preload=None,
         )
         record = JobRecord(
             name=name,

@@ -42,11 +42,11 @@ from pathlib import Path
 
 from resurge.control.client import inject_fault
 from resurge.events import FaultDetected, Progress, RecoveryLevel
-from resurge.jobspec import BackoffSpec, EnvVar, LogRule, TrainingJob, load_job
+from resurge.jobspec import BackoffSpec, LogRule, TrainingJob
+from resurge.local.jobs import ddp_example_job
 from resurge.local.story import Observed, StoryResult, Watch, run_job
 from resurge.runtime.bus import Bus
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS_BEFORE_KILL = 12
 
 
@@ -61,14 +61,13 @@ def bench_job(
     hang_rule: bool = False,
 ) -> TrainingJob:
     """The DDP example; ``level`` None keeps the job's default recovery policy."""
-    job = load_job(REPO / "examples" / "ddp" / "job.yaml")
+    example = ddp_example_job(checkpoints).spec
     steps = 20 + kills * (STEPS_BEFORE_KILL + 10) + 10
     command = [
         "python", "examples/ddp/train.py", "--steps", str(steps), "--checkpoint-every", "5",
         "--step-seconds", "0.02",
     ]  # fmt: skip
-    env = [*job.spec.env, EnvVar(name="RESURGE_CHECKPOINT_DIR", value=str(checkpoints))]
-    recovery = job.spec.recovery
+    recovery = example.recovery
     if level is not None:
         recovery = recovery.model_copy(
             update={
@@ -77,22 +76,18 @@ def bench_job(
                 "backoff": BackoffSpec(initial_seconds=0.0, max_seconds=0.0),
             }
         )
-    monitoring = job.spec.monitoring
+    monitoring = example.monitoring
     if hang_rule:
         rule = LogRule(name="steps", log_pattern=r"^step \d+ loss",
                        expected_recurring_frequency_in_seconds=HANG_RULE_SECONDS)  # fmt: skip
         monitoring = monitoring.model_copy(update={"log_rules": [rule]})
-    spec = job.spec.model_copy(
-        update={
-            "command": command,
-            "env": env,
-            "working_dir": str(REPO),
-            "fork_server": fork_server,
-            "recovery": recovery,
-            "monitoring": monitoring,
-        }
+    return ddp_example_job(
+        checkpoints,
+        command=command,
+        fork_server=fork_server,
+        recovery=recovery,
+        monitoring=monitoring,
     )
-    return job.model_copy(update={"spec": spec})
 
 
 async def break_repeatedly(

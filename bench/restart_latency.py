@@ -21,35 +21,23 @@ from datetime import datetime
 from pathlib import Path
 
 from resurge.events import Assign, FaultDetected, FaultScope, RecoveryFinished
-from resurge.jobspec import parse_job
+from resurge.jobspec import TrainingJob
+from resurge.local.jobs import python_job
 from resurge.local.nats_server import NatsServer
 from resurge.local.story import run_job
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 
 
-def crash_job(name: str):  # type: ignore[no-untyped-def]
-    return parse_job(
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "command": [
-                    sys.executable,
-                    "-m",
-                    "resurge.local.demo_worker",
-                    "--steps",
-                    "10",
-                    "--crash-rank",
-                    "1",
-                    "--crash-step",
-                    "3",
-                ],
-                "nprocPerNode": 2,
-                "replicas": {"min": 2},
-                "recovery": {"jobMaxRetryCount": 2, "stopGraceSeconds": 5},
-                "preloadModules": [],
-            },
-        }
+def crash_job(name: str) -> TrainingJob:
+    """The demo worker, 2 replicas x 2 ranks, rank 1 crashing at step 3 of 10."""
+    return python_job(
+        name,
+        "-m resurge.local.demo_worker",
+        *("--steps", "10", "--crash-rank", "1", "--crash-step", "3"),
+        nproc=2,
+        replicas=2,
+        recovery={"jobMaxRetryCount": 2, "stopGraceSeconds": 5},
     )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from resurge.events import (
     LogLine,
     encode_event,
 )
-from resurge.jobspec import parse_job
+from resurge.local.jobs import python_job
 from resurge.local.story import Watch, run_job
 from resurge.runtime.bus import Bus
 
@@ -59,26 +58,14 @@ async def publish_all(bus: Bus, subjects: list[str]) -> None:
 async def test_services_dead_letter_garbage_and_still_recover_a_real_fault(
     nats_url: str, namespace: str, tmp_path: Path
 ) -> None:
-    job = parse_job(
-        {
-            "metadata": {"name": JOB},
-            "spec": {
-                "command": [
-                    sys.executable,
-                    "-m",
-                    "resurge.local.demo_worker",
-                    "--steps",
-                    "30",
-                    "--crash-rank",
-                    "1",
-                    "--crash-step",
-                    "5",
-                ],
-                "nprocPerNode": 2,
-                "replicas": {"min": 2},
-                "recovery": {"jobMaxRetryCount": 2, "stopGraceSeconds": 2},
-            },
-        }
+    job = python_job(
+        JOB,
+        "-m resurge.local.demo_worker",
+        *("--steps", "30", "--crash-rank", "1", "--crash-step", "5"),
+        nproc=2,
+        replicas=2,
+        recovery={"jobMaxRetryCount": 2, "stopGraceSeconds": 2},
+        preload=None,
     )
 
     async def before_submit(bus: Bus) -> None:

@@ -6,7 +6,6 @@ processes; workers are real processes that crash on purpose.
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -24,7 +23,8 @@ from resurge.events import (
     ReplicaFinished,
     Stop,
 )
-from resurge.jobspec import load_job, parse_job
+from resurge.jobspec import load_job
+from resurge.local.jobs import python_job
 from resurge.local.story import run_job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,14 +89,12 @@ async def test_crash_once_example_finishes_after_exactly_one_restart(
 async def test_restart_limit_spent_fails_the_job_and_says_why(
     nats_url: str, namespace: str, tmp_path: Path
 ) -> None:
-    job = parse_job(
-        {
-            "metadata": {"name": "always-fails"},
-            "spec": {
-                "command": [sys.executable, "-c", "import sys; sys.exit(3)"],
-                "recovery": {"jobMaxRetryCount": 1, "stopGraceSeconds": 2},
-            },
-        }
+    job = python_job(
+        "always-fails",
+        "-c",
+        "import sys; sys.exit(3)",
+        recovery={"jobMaxRetryCount": 1, "stopGraceSeconds": 2},
+        preload=None,
     )
     result = await run_job(
         job,

@@ -27,7 +27,7 @@ from resurge.events import (
     RecoveryLevel,
     RecoveryStarted,
 )
-from resurge.jobspec import parse_job
+from resurge.local.jobs import python_job
 from resurge.local.story import run_job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,17 +122,12 @@ async def test_loss_spike_on_local_cluster_restarts_the_job_once(
         monkeypatch.delenv(name, raising=False)
     script = tmp_path / "spiky_worker.py"
     script.write_text(textwrap.dedent(_WORKER))
-    job = parse_job(
-        {
-            "metadata": {"name": "loss-spike"},
-            "spec": {
-                "command": [sys.executable, str(script)],
-                "nprocPerNode": 2,
-                "replicas": {"min": 1, "max": 1},
-                "recovery": {"jobMaxRetryCount": 2, "stopGraceSeconds": 2},
-                "preloadModules": [],
-            },
-        }
+    job = python_job(
+        "loss-spike",
+        script,
+        nproc=2,
+        replicas={"min": 1, "max": 1},
+        recovery={"jobMaxRetryCount": 2, "stopGraceSeconds": 2},
     )
     result = await run_job(
         job,

@@ -7,7 +7,6 @@ with `resurge inject`'s commands.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,9 +15,10 @@ import pytest
 
 from resurge.control.client import inject_fault, inject_xid
 from resurge.events import Assign, JobPhase, ProcessStateChanged, Progress, RecoveryFinished
-from resurge.jobspec import TrainingJob, parse_job
+from resurge.jobspec import TrainingJob
 from resurge.jobspec.monitoring import STOPPED_RANK_SECONDS, MonitoringSpec
 from resurge.local.demo import demo_job, final_step, total_steps
+from resurge.local.jobs import python_job
 from resurge.local.story import Observed, Watch, run_job
 from resurge.runtime.bus import Bus
 
@@ -27,19 +27,19 @@ WORKER = str(Path(__file__).parent / "workers" / "progress_worker.py")
 pytestmark = pytest.mark.e2e
 
 
-def job(name: str, *args: str, monitoring: dict[str, Any] | None = None,
-        replicas: int = 1, nproc: int = 2) -> TrainingJob:  # fmt: skip
-    return parse_job({
-        "metadata": {"name": name},
-        "spec": {
-            "command": [sys.executable, WORKER, *args],
-            "nprocPerNode": nproc,
-            "replicas": {"min": replicas},
-            "preloadModules": [],
-            "recovery": {"jobMaxRetryCount": 2, "stopGraceSeconds": 2},
-            "monitoring": monitoring or {},
-        },
-    })  # fmt: skip
+def progress_job(
+    name: str, *args: str, monitoring: dict[str, Any] | None = None, replicas: int = 1
+) -> TrainingJob:
+    """The progress worker as ``replicas`` x 2 ranks, two retries, a short stop grace."""
+    return python_job(
+        name,
+        WORKER,
+        *args,
+        nproc=2,
+        replicas=replicas,
+        monitoring=monitoring,
+        recovery={"jobMaxRetryCount": 2, "stopGraceSeconds": 2},
+    )
 
 
 def progressed(generation: int, rank: int, steps: int):  # type: ignore[no-untyped-def]
@@ -57,8 +57,11 @@ async def test_a_stopped_worker_is_a_hang_detected_within_its_timeout(
     nats_url: str, namespace: str, tmp_path: Path
 ) -> None:
     timeout = 1.0
-    spec = job("hangs", "--steps", "60", monitoring={"heartbeatTimeoutSeconds": timeout,
-                                                     "startupTimeoutSeconds": 20})  # fmt: skip
+    spec = progress_job(
+        "hangs",
+        *("--steps", "60"),
+        monitoring={"heartbeatTimeoutSeconds": timeout, "startupTimeoutSeconds": 20},
+    )
 
     async def stop_rank_1(bus: Bus, watch: Watch) -> None:
         await watch.wait_for(progressed(0, 1, 10))
@@ -113,8 +116,9 @@ async def test_log_rules_restart_alert_and_count_metric_points(
         {"name": "slow-steps", "logPattern": r"step time (\d+\.\d+)", "metricThreshold": 2.5,
          "operator": "gt", "metricEvaluationDataPoints": 3},
     ]  # fmt: skip
-    spec = job("logs", "--steps", "200", "--step-seconds", "0.02",
-               monitoring={"logRules": rules})  # fmt: skip
+    spec = progress_job(
+        "logs", "--steps", "200", "--step-seconds", "0.02", monitoring={"logRules": rules}
+    )
 
     async def say(bus: Bus, watch: Watch) -> None:
         await watch.wait_for(progressed(0, 0, 5))
@@ -141,8 +145,12 @@ async def test_a_slow_rank_is_reported_with_its_evidence(
 ) -> None:
     straggler = {"enabled": True, "windowSteps": 5, "slowFactor": 1.5, "minSteps": 3,
                  "consecutiveWindows": 2}  # fmt: skip
-    spec = job("slow", "--steps", "40", "--step-seconds", "0.03", "--slow-rank", "2",
-               "--slow-factor", "3", replicas=2, monitoring={"straggler": straggler})  # fmt: skip
+    spec = progress_job(
+        "slow",
+        *("--steps", "40", "--step-seconds", "0.03", "--slow-rank", "2", "--slow-factor", "3"),
+        replicas=2,
+        monitoring={"straggler": straggler},
+    )
     result = await run_job(spec, state_dir=tmp_path, nats_url=nats_url, namespace=namespace,
                            nodes=2, wait_seconds=60)  # fmt: skip
     [fault] = result.faults
@@ -157,7 +165,7 @@ async def test_a_slow_rank_is_reported_with_its_evidence(
 async def test_an_injected_fatal_xid_is_a_node_scoped_fault_and_recovered(
     nats_url: str, namespace: str, tmp_path: Path
 ) -> None:
-    spec = job("xid", "--steps", "80", "--step-seconds", "0.03")
+    spec = progress_job("xid", "--steps", "80", "--step-seconds", "0.03")
     placed: list[str] = []
 
     async def break_gpu(bus: Bus, watch: Watch) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from resurge.events import FaultDetected, JobPhase
-from resurge.jobspec import parse_job
+from resurge.local.jobs import python_job
 from resurge.local.story import run_job
 
 WORKER = str(Path(__file__).parent / "workers" / "progress_worker.py")
@@ -31,24 +31,27 @@ async def test_healthy_workers_on_loaded_cores_raise_no_fault(
     nats_url: str, namespace: str, tmp_path: Path
 ) -> None:
     steps = int(SOAK_SECONDS / STEP_SECONDS)
-    job = parse_job({
-        "metadata": {"name": "soak"},
-        "spec": {
-            "command": [sys.executable, WORKER, "--steps", str(steps), "--step-seconds",
-                        str(STEP_SECONDS), "--print-every", "10", "--no-step-metric"],
-            "nprocPerNode": 2,
-            "replicas": {"min": 2},
-            "preloadModules": [],
-            "monitoring": {
-                "startupTimeoutSeconds": 60,
-                "heartbeatTimeoutSeconds": 10,
-                "logRules": [{"name": "steps", "logPattern": r"^step (\d+)",
-                              "expectedStartCutOffInSeconds": 60,
-                              "expectedRecurringFrequencyInSeconds": 10}],
-                "straggler": {"enabled": True},
-            },
+    job = python_job(
+        "soak",
+        WORKER,
+        *("--steps", str(steps), "--step-seconds", str(STEP_SECONDS), "--print-every", "10"),
+        "--no-step-metric",
+        nproc=2,
+        replicas=2,
+        monitoring={
+            "startupTimeoutSeconds": 60,
+            "heartbeatTimeoutSeconds": 10,
+            "logRules": [
+                {
+                    "name": "steps",
+                    "logPattern": r"^step (\d+)",
+                    "expectedStartCutOffInSeconds": 60,
+                    "expectedRecurringFrequencyInSeconds": 10,
+                }
+            ],
+            "straggler": {"enabled": True},
         },
-    })  # fmt: skip
+    )
     hogs = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"])  # noqa: ASYNC220 (load)
         for _ in range(os.cpu_count() or 2)
