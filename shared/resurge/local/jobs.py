@@ -34,11 +34,12 @@ def job(
 ) -> TrainingJob:
     """A job named ``name`` running ``command`` as ``replicas`` x ``nproc`` workers.
 
-    ``replicas`` is ``replicas.min``, or the whole field as written (``{"min": 1, "max":
-    2}``). ``recovery``, ``monitoring`` and ``spec`` take the spec's camelCase fields as
-    they are written in YAML (``{"stopGraceSeconds": 2}``, ``fork_server=False`` is not a
-    field: write ``forkServer=False``). Workers preload nothing unless ``preload`` says;
-    ``preload=None`` leaves the spec's default modules, as a job that omits the field.
+    ``replicas`` is ``replicas.min``, or the whole field as written
+    (``{"min": 1, "max": 2}``). ``recovery``, ``monitoring`` and ``spec`` take the spec's
+    camelCase fields as they are written in YAML (``{"stopGraceSeconds": 2}``;
+    ``fork_server=False`` is not a field: write ``forkServer=False``). Workers preload
+    nothing unless ``preload`` says; ``preload=None`` leaves the spec's default modules,
+    as a job that omits the field.
     """
     body: dict[str, Any] = {
         "command": list(command),
