@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,8 +34,9 @@ from resurge.events import (
     RecoveryLevel,
     RecoveryStarted,
 )
-from resurge.jobspec import TrainingJob, parse_job
+from resurge.jobspec import TrainingJob
 from resurge.local.demo import KILL_AFTER_STEP, demo_job, final_step, steps_lost, total_steps
+from resurge.local.jobs import python_job
 from resurge.local.story import Observed, StoryResult, Watch, run_job
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
@@ -46,20 +46,25 @@ WORKER = str(Path(__file__).parent / "workers" / "torch_worker.py")
 pytestmark = pytest.mark.e2e
 
 
-def job(name: str, *args: str, nproc: int = 2, replicas: int = 2,
-        monitoring: dict[str, Any] | None = None, **recovery: Any) -> TrainingJob:  # fmt: skip
-    return parse_job({
-        "metadata": {"name": name},
-        "spec": {
-            "command": [sys.executable, WORKER, *args],
-            "nprocPerNode": nproc,
-            "replicas": {"min": replicas},
-            "preloadModules": ["torch", "torch.distributed"],
-            "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
-            "recovery": {"stopGraceSeconds": 2, **recovery},
-            "monitoring": monitoring or {},
-        },
-    })  # fmt: skip
+def torch_job(
+    name: str,
+    *args: str,
+    nproc: int = 2,
+    monitoring: dict[str, Any] | None = None,
+    **recovery: Any,
+) -> TrainingJob:
+    """The torch worker as 2 replicas x ``nproc`` ranks; ``recovery`` adds to a 2 s stop grace."""
+    return python_job(
+        name,
+        WORKER,
+        *args,
+        nproc=nproc,
+        replicas=2,
+        preload=["torch", "torch.distributed"],
+        env={"OMP_NUM_THREADS": "1"},
+        recovery={"stopGraceSeconds": 2, **recovery},
+        monitoring=monitoring,
+    )
 
 
 def progressed(generation: int, step: int = 3) -> Callable[[list[Observed]], bool]:
@@ -100,7 +105,7 @@ def agent_instances(result: StoryResult, generation: int) -> dict[int, set[str]]
 async def test_a_rank_that_crashes_every_time_climbs_process_pod_job_then_fails(
     nats_url: str, namespace: str, tmp_path: Path
 ) -> None:
-    spec = job(
+    spec = torch_job(
         "ladder", "--steps", "400", "--crash-rank", "1", "--crash-at-step", "4",
         jobMaxRetryCount=10, maxFullJobRestarts=1,
         backoff={"initialSeconds": 0.2, "maxSeconds": 1},
@@ -133,7 +138,7 @@ async def test_a_rank_that_crashes_every_time_climbs_process_pod_job_then_fails(
 async def test_a_fatal_xid_moves_the_replica_off_its_node_to_the_spare(
     nats_url: str, namespace: str, tmp_path: Path
 ) -> None:
-    spec = job("spare", "--steps", "120", "--step-seconds", "0.03", spares=1)
+    spec = torch_job("spare", "--steps", "120", "--step-seconds", "0.03", spares=1)
     placed: dict[str, str] = {}
 
     async def break_gpu(bus: Bus, watch: Watch) -> None:
@@ -167,7 +172,7 @@ async def test_a_restarter_killed_mid_recovery_still_makes_exactly_one_new_gener
 ) -> None:
     # The second restart waits out a 4 s backoff; the restarter is SIGKILLed inside it,
     # after the decision is written and Stop(1) went out, before Assign(2).
-    spec = job(
+    spec = torch_job(
         "crashsafe", "--steps", "150", "--step-seconds", "0.03", nproc=1,
         backoff={"initialSeconds": 4}, monitoring={"heartbeatTimeoutSeconds": 1},
     )  # fmt: skip
@@ -210,7 +215,7 @@ async def test_a_restarter_killed_mid_recovery_still_makes_exactly_one_new_gener
 async def test_two_restarters_side_by_side_act_once_on_a_burst_of_faults(
     nats_url: str, namespace: str, tmp_path: Path
 ) -> None:
-    spec = job("twins", "--steps", "150", "--step-seconds", "0.03", nproc=1)
+    spec = torch_job("twins", "--steps", "150", "--step-seconds", "0.03", nproc=1)
     burst = 24
 
     async def report_one_incident_many_times(bus: Bus, watch: Watch) -> None:
