@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
-from resurge.events import Event
+from resurge.events import Envelope, Event
 
 __all__ = ["Events"]
+
+E = TypeVar("E", bound=Envelope)
 
 
 class Events:
@@ -35,5 +37,6 @@ class Events:
             await asyncio.wait_for(self._changed.wait_for(check), seconds)
         return found[0]
 
-    def of(self, kind: type) -> list:  # type: ignore[type-arg]
+    def of(self, kind: type[E]) -> list[E]:
+        """The events of type ``kind``, in arrival order."""
         return [e for e in self.items if isinstance(e, kind)]

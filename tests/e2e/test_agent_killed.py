@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ def gone(pid: int) -> bool:
     return state == "Z"
 
 
-def trained(steps: int):  # type: ignore[no-untyped-def]
+def trained(steps: int) -> Callable[[list[Observed]], bool]:
     def test(seen: list[Observed]) -> bool:
         return any(isinstance(o.event, Progress) and o.event.step >= steps for o in seen)
 

@@ -8,6 +8,7 @@ with `resurge inject`'s commands.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ def progress_job(
     )
 
 
-def progressed(generation: int, rank: int, steps: int):  # type: ignore[no-untyped-def]
+def progressed(generation: int, rank: int, steps: int) -> Callable[[list[Observed]], bool]:
     def test(seen: list[Observed]) -> bool:
         return any(
             isinstance(o.event, Progress) and o.event.generation == generation

@@ -8,6 +8,7 @@ again past the checkpoint it resumed from. Before issue 9 the second climbed to
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ STEPS = 150
 EVERY = 10
 
 
-def past_resume(generation: int, steps_past: int = 12):  # type: ignore[no-untyped-def]
+def past_resume(generation: int, steps_past: int = 12) -> Callable[[list[Observed]], bool]:
     """The job's generation trained ``steps_past`` steps past where it resumed."""
 
     def test(seen: list[Observed]) -> bool:

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -62,7 +62,7 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def wait_until(test, seconds: float = 30) -> None:  # type: ignore[no-untyped-def]
+def wait_until(test: Callable[[], object], seconds: float = 30) -> None:
     deadline = time.monotonic() + seconds
     while not test():
         assert time.monotonic() < deadline, "timed out"
