@@ -92,7 +92,13 @@ def test_full_example_in_the_docs_parses_with_every_section() -> None:
     assert spec.template == {
         "spec": {"nodeSelector": {"node.kubernetes.io/instance-type": "p5.48xlarge"}}
     }
-    assert spec.replicas.allowed_sizes() == [2, 4, 6, 8]
+    assert spec.replicas.allowed_sizes() == [2, 4, 6, 8] and spec.replicas.elastic
+    assert (
+        spec.elastic.cooldown_seconds,
+        spec.elastic.scale_up_snooze_seconds,
+        spec.elastic.checkpoint_timeout_seconds,
+        spec.elastic.scaling_timeout_seconds,
+    ) == (120, 300, 60, 600)
     assert spec.recovery.levels == [
         RecoveryLevel.IN_PROCESS,
         RecoveryLevel.PROCESS,

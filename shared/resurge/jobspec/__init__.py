@@ -11,6 +11,7 @@ which embeds it.
 
 from __future__ import annotations
 
+from resurge.jobspec.elastic import ElasticSpec
 from resurge.jobspec.job import (
     API_VERSION,
     CheckpointSpec,
@@ -32,6 +33,7 @@ __all__ = [
     "BackoffSpec",
     "CheckpointRef",
     "CheckpointSpec",
+    "ElasticSpec",
     "EnvVar",
     "FaultSummary",
     "GpuPolicy",

@@ -6,9 +6,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from resurge.jobspec._base import SpecModel
+from resurge.jobspec.elastic import ElasticSpec, fold_elastic_policy
 from resurge.jobspec.monitoring import MonitoringSpec
 from resurge.jobspec.recovery import RecoverySpec
 from resurge.jobspec.replicas import ReplicaSpec
@@ -56,7 +57,11 @@ DEFAULT_PRELOAD = ("torch", "torch._dynamo", "torch.distributed.checkpoint")
 
 
 class TrainingJobSpec(SpecModel):
-    """What to run, on how many replicas, and how to detect and recover from faults."""
+    """What to run, on how many replicas, and how to detect and recover from faults.
+
+    HyperPod's ``elasticPolicy`` block is accepted on input as it is and folded into
+    ``replicas``, ``elastic`` and ``recovery``; it is never written back.
+    """
 
     command: list[str] = Field(
         min_length=1,
@@ -91,6 +96,10 @@ class TrainingJobSpec(SpecModel):
         "in every worker on first use (seconds per restart).",
     )
     replicas: ReplicaSpec = Field(default_factory=ReplicaSpec, description="Replica counts.")
+    elastic: ElasticSpec = Field(
+        default_factory=ElasticSpec,
+        description="How resizes of an elastic job are paced and bounded in time.",
+    )
     priority: int = Field(
         default=0, description="Higher runs first and is shrunk last when capacity is short."
     )
@@ -110,6 +119,11 @@ class TrainingJobSpec(SpecModel):
     checkpoint: CheckpointSpec = Field(
         default_factory=CheckpointSpec, description="Checkpoint folder and interval."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hyperpod_elastic_policy(cls, data: Any) -> Any:
+        return fold_elastic_policy(data)
 
 
 class Metadata(SpecModel):

@@ -65,6 +65,19 @@ class ReplicaSpec(SpecModel):
         """``max``, or ``min`` where ``max`` is unset."""
         return self.min if self.max is None else self.max
 
+    @property
+    def elastic(self) -> bool:
+        """Whether the job may run at more than one size, so the scaler may resize it.
+
+        ``min < max``, unless ``step`` or ``discrete`` leave a single allowed size.
+        """
+        return len(self.allowed_sizes()) > 1
+
+    def largest_size_within(self, limit: int) -> int | None:
+        """The largest allowed size no greater than ``limit``; None below the smallest."""
+        fitting = [size for size in self.allowed_sizes() if size <= limit]
+        return fitting[-1] if fitting else None
+
     def allowed_sizes(self) -> list[int]:
         """Every size the job may run at, smallest first.
 
