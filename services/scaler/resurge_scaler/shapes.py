@@ -1,0 +1,110 @@
+"""The input of :func:`resurge_scaler.elastic.decide`, built from job records and nodes.
+
+Pure functions, no I/O: the scaler service reads the records and the live nodes, keeps
+two small maps of its own between decisions (when it last resized each job; when it
+first saw each node a job runs on gone or unschedulable, :func:`lost_since`), and calls
+:func:`shapes_from`. Times become seconds since the epoch (``datetime.timestamp``).
+
+Phases: a Pending record that has a checkpoint is Suspended (it resumes from it), one
+without is Pending; Running is Running; Recovering, Resizing, or Running with a recovery
+pending is Running and busy (it keeps its slots, nothing resizes it); finished records
+are left out, so their slots are free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from resurge.cluster import NodeInfo
+from resurge.control.records import JobRecord
+from resurge.events import JobPhase
+from resurge_scaler.elastic import ZONE_LABEL, Cluster, JobShape, Node, Phase
+
+__all__ = ["cluster_from", "lost_since", "shape_of", "shapes_from"]
+
+_BUSY = (JobPhase.RECOVERING, JobPhase.RESIZING)
+
+
+def cluster_from(
+    nodes: Iterable[NodeInfo], topology_keys: tuple[str, ...] = (ZONE_LABEL,)
+) -> Cluster:
+    """The :class:`Cluster` of ``nodes`` (pass the live ones: the rest count as gone)."""
+    return Cluster(
+        nodes=tuple(
+            Node(name=n.name, slots=n.slots, schedulable=n.schedulable, labels=dict(n.labels))
+            for n in nodes
+        ),
+        topology_keys=topology_keys,
+    )
+
+
+def lost_since(
+    previous: Mapping[str, float],
+    records: Iterable[JobRecord],
+    nodes: Iterable[NodeInfo],
+    now: float,
+) -> dict[str, float]:
+    """When each node a job runs on was first seen gone or unschedulable: ``previous``'s
+    time where it has one, else ``now``; nodes that are fine again drop out."""
+    fine = {n.name for n in nodes if n.schedulable}
+    used = {p.node for r in records if not r.phase.finished for p in r.placements}
+    return {node: previous.get(node, now) for node in sorted(used - fine)}
+
+
+def _phase(record: JobRecord) -> tuple[Phase, bool]:
+    if record.phase is JobPhase.PENDING:
+        return (Phase.PENDING if record.latest_checkpoint is None else Phase.SUSPENDED), False
+    busy = record.phase in _BUSY or record.pending_recovery is not None
+    return Phase.RUNNING, busy
+
+
+def shape_of(
+    record: JobRecord, now: float, resized_at: float | None, lost: Mapping[str, float]
+) -> JobShape:
+    """The :class:`JobShape` of one unfinished record."""
+    spec = record.spec.spec
+    phase, busy = _phase(record)
+    nodes = tuple(p.node for p in sorted(record.placements, key=lambda p: p.replica))
+    if phase is not Phase.RUNNING:
+        nodes = ()
+    return JobShape(
+        name=record.name,
+        nproc=spec.nproc_per_node,
+        sizes=tuple(spec.replicas.allowed_sizes()),
+        priority=spec.priority,
+        submitted=record.submitted.timestamp(),
+        phase=phase,
+        nodes=nodes,
+        resized_at=resized_at,
+        restarted_at=record.history[-1].time.timestamp() if record.history else None,
+        avoid=frozenset(record.avoid_nodes),
+        lost={node: lost.get(node, now) for node in nodes if node in lost},
+        spares=tuple(record.spare_nodes) if phase is Phase.RUNNING else (),
+        busy=busy,
+        cooldown=spec.elastic.cooldown_seconds,
+        snooze=spec.elastic.scale_up_snooze_seconds,
+        faulty_timeout=spec.recovery.faulty_scale_down_timeout_seconds,
+    )
+
+
+def shapes_from(
+    records: Iterable[JobRecord],
+    nodes: Iterable[NodeInfo],
+    now: float,
+    *,
+    resized_at: Mapping[str, float] | None = None,
+    lost: Mapping[str, float] | None = None,
+    topology_keys: tuple[str, ...] = (ZONE_LABEL,),
+) -> tuple[Cluster, list[JobShape]]:
+    """The cluster and the shapes of the unfinished ``records``, ready for ``decide``.
+
+    ``resized_at`` maps a job to when it was last resized; ``lost`` maps a node to when
+    it was first seen gone (:func:`lost_since`).
+    """
+    resized = resized_at or {}
+    shapes = [
+        shape_of(record, now, resized.get(record.name), lost or {})
+        for record in records
+        if not record.phase.finished
+    ]
+    return cluster_from(nodes, topology_keys), shapes
