@@ -12,7 +12,7 @@ so answers are deterministic for a given input order.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 __all__ = ["Group", "Pool"]
 
@@ -25,32 +25,47 @@ _Buckets = list[dict[str, None]]
 class Pool:
     """Free slots per schedulable node, bucketed by amount, overall and per group."""
 
-    def __init__(self, free: Iterable[tuple[str, int, Group]], top: int) -> None:
+    def __init__(self, free: dict[str, int], group_of: Callable[[str], Group], top: int) -> None:
+        """``free``: free slots of each schedulable node (it is kept and updated);
+        ``group_of``: a node's topology group; ``top``: the most slots any node has."""
         self.top = max(top, 0)
-        self.free: dict[str, int] = {}
-        self.group: dict[str, Group] = {}
+        self.free = free
+        self.group_of = group_of
         self.total = 0
         self._all: _Buckets = [{} for _ in range(self.top + 1)]
         self._groups: dict[Group, _Buckets] = {}
-        for name, slots, group in free:
-            self.free[name] = 0
-            self.group[name] = group
-            if group not in self._groups:
-                self._groups[group] = [{} for _ in range(self.top + 1)]
-            self._set(name, slots)
+        self._of: dict[str, _Buckets] = {}
+        for name, amount in free.items():
+            if amount > 0:
+                self._enter(name, amount)
+                self.total += amount
 
-    def _bucket(self, amount: int) -> int:
-        return min(amount, self.top)
+    def _group_buckets(self, name: str) -> _Buckets:
+        buckets = self._of.get(name)
+        if buckets is None:
+            group = self.group_of(name)
+            buckets = self._groups.get(group)
+            if buckets is None:
+                buckets = self._groups[group] = [{} for _ in range(self.top + 1)]
+            self._of[name] = buckets
+        return buckets
+
+    def _enter(self, name: str, amount: int) -> None:
+        at = min(amount, self.top)
+        self._all[at][name] = None
+        self._group_buckets(name)[at][name] = None
+
+    def _leave(self, name: str, amount: int) -> None:
+        at = min(amount, self.top)
+        del self._all[at][name]
+        del self._group_buckets(name)[at][name]
 
     def _set(self, name: str, amount: int) -> None:
         old = self.free[name]
-        groups = self._groups[self.group[name]]
         if old > 0:
-            del self._all[self._bucket(old)][name]
-            del groups[self._bucket(old)][name]
+            self._leave(name, old)
         if amount > 0:
-            self._all[self._bucket(amount)][name] = None
-            groups[self._bucket(amount)][name] = None
+            self._enter(name, amount)
         self.total += max(amount, 0) - max(old, 0)
         self.free[name] = amount
 
@@ -108,8 +123,9 @@ class Pool:
                 break
             self.take(name, nproc)
             placed.append(name)
-            if self.group[name] not in groups:
-                groups.append(self.group[name])
+            group = self.group_of(name)
+            if group not in groups:
+                groups.append(group)
         return placed
 
     def give_all(self, names: Iterable[str], slots: int) -> None:

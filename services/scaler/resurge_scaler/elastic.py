@@ -50,6 +50,7 @@ node than it has.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -112,6 +113,13 @@ class Cluster:
     def group(self, node: Node) -> Group:
         """``node``'s topology group: its values of :attr:`topology_keys`."""
         return tuple(node.labels.get(key, "") for key in self.topology_keys)
+
+    def groups(self) -> dict[str, Group]:
+        """Each node's topology group, by node name."""
+        if len(self.topology_keys) == 1:
+            (key,) = self.topology_keys
+            return {n.name: (n.labels.get(key, ""),) for n in self.nodes}
+        return {n.name: self.group(n) for n in self.nodes}
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,25 +245,36 @@ class _Work:
     """A job's state while a decision is made: which replicas it keeps, which it adds."""
 
     shape: JobShape
-    order: list[int]
-    """Its replicas in the order they would go: lost ones (oldest loss first), then
-    the highest index first."""
+    held: int
+    """Replicas it held when the decision began."""
     lost_since: dict[int, float]
     dropped: int = 0
     added: list[str] = field(default_factory=list)
     admitted: bool = False
     suspended: bool = False
     notes: list[str] = field(default_factory=list)
+    _order: list[int] | None = None
+
+    def order(self) -> list[int]:
+        """Its replicas in the order they would go: lost ones (oldest loss first), then
+        the highest index first."""
+        if self._order is None:
+            lost = self.lost_since
+            first = sorted(lost, key=lambda i: (lost[i], -i))
+            self._order = first + [i for i in range(self.held - 1, -1, -1) if i not in lost]
+        return self._order
 
     @property
     def size(self) -> int:
         """Replicas it holds in the decision so far."""
-        return len(self.order) - self.dropped + len(self.added)
+        return self.held - self.dropped + len(self.added)
 
     @property
     def kept(self) -> list[int]:
         """Its current replicas it keeps, by index."""
-        return sorted(self.order[self.dropped :])
+        if not self.dropped:
+            return list(range(self.held))
+        return sorted(self.order()[self.dropped :])
 
     def cooling(self, now: float) -> float:
         """Seconds of cool-down left (0 when none)."""
@@ -272,7 +291,7 @@ class _Work:
 class _State:
     now: float
     pool: Pool
-    groups: dict[str, Group]
+    groups: _Groups
     works: list[_Work]
     ranks: list[int]
     """Minus each work's priority, in the order of ``works`` (ascending)."""
@@ -280,32 +299,61 @@ class _State:
 
     @staticmethod
     def build(cluster: Cluster, jobs: list[JobShape], now: float) -> _State:
-        usable = [n for n in cluster.nodes if n.schedulable]
-        pool = Pool(
-            ((n.name, n.slots, cluster.group(n)) for n in usable),
-            max((n.slots for n in usable), default=0),
-        )
+        groups = _Groups(cluster)
+        free = {n.name: n.slots for n in cluster.nodes if n.schedulable}
+        lost = _take_used(free, jobs)
+        pool = Pool(free, groups.of, max((n.slots for n in cluster.nodes), default=0))
         shapes = sorted(jobs, key=lambda j: (-j.priority, j.submitted, j.name))
-        works = []
-        for shape in shapes:
-            if shape.phase is Phase.RUNNING:
-                pool.take_all(shape.nodes, shape.nproc)
-                pool.take_all(shape.spares, shape.nproc)
-            works.append(_work(shape, pool, now))
-        groups = {n.name: cluster.group(n) for n in cluster.nodes}
+        works = [_work(shape, lost, now) for shape in shapes]
         ranks = [-w.shape.priority for w in works]
         return _State(now=now, pool=pool, groups=groups, works=works, ranks=ranks)
 
 
-def _work(shape: JobShape, pool: Pool, now: float) -> _Work:
+class _Groups:
+    """Nodes' topology groups, worked out when first asked for."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.nodes = {n.name: n for n in cluster.nodes}
+        self.known: dict[str, Group] = {}
+
+    def of(self, name: str) -> Group:
+        """``name``'s group (a node not in the cluster: no labels)."""
+        group = self.known.get(name)
+        if group is None:
+            node = self.nodes.get(name)
+            keys = self.cluster.topology_keys
+            group = ("",) * len(keys) if node is None else self.cluster.group(node)
+            self.known[name] = group
+        return group
+
+
+def _take_used(free: dict[str, int], jobs: list[JobShape]) -> set[str]:
+    """Take from ``free`` the slots of Running jobs' replicas and spares; the nodes they
+    are on that ``free`` lacks (gone or unschedulable)."""
+    by_nproc: dict[int, Counter[str]] = {}
+    for shape in jobs:
+        if shape.phase is Phase.RUNNING:
+            counter = by_nproc.setdefault(shape.nproc, Counter())
+            counter.update(shape.nodes)
+            counter.update(shape.spares)
+    lost: set[str] = set()
+    for nproc, counter in by_nproc.items():
+        for node, count in counter.items():
+            if node in free:
+                free[node] -= nproc * count
+            else:
+                lost.add(node)
+    return lost
+
+
+def _work(shape: JobShape, lost: set[str], now: float) -> _Work:
     if shape.phase is not Phase.RUNNING:
-        return _Work(shape=shape, order=[], lost_since={})
-    lost = {
-        i: shape.lost.get(node, now) for i, node in enumerate(shape.nodes) if node not in pool.free
-    }
-    first = sorted(lost, key=lambda i: (lost[i], -i))
-    rest = [i for i in range(len(shape.nodes) - 1, -1, -1) if i not in lost]
-    return _Work(shape=shape, order=first + rest, lost_since=lost)
+        return _Work(shape=shape, held=0, lost_since={})
+    since: dict[int, float] = {}
+    if lost and not lost.isdisjoint(shape.nodes):
+        since = {i: shape.lost.get(n, now) for i, n in enumerate(shape.nodes) if n in lost}
+    return _Work(shape=shape, held=len(shape.nodes), lost_since=since)
 
 
 def _at_most(sizes: tuple[int, ...], count: int) -> int | None:
@@ -319,20 +367,20 @@ def _below(sizes: tuple[int, ...], count: int) -> int | None:
 
 
 def _drop(state: _State, work: _Work, count: int) -> None:
-    nodes = [work.shape.nodes[i] for i in work.order[work.dropped : work.dropped + count]]
+    nodes = [work.shape.nodes[i] for i in work.order()[work.dropped : work.dropped + count]]
     state.pool.give_all(nodes, work.shape.nproc)
     work.dropped += count
 
 
 def _undrop(state: _State, work: _Work, count: int) -> None:
     work.dropped -= count
-    nodes = [work.shape.nodes[i] for i in work.order[work.dropped : work.dropped + count]]
+    nodes = [work.shape.nodes[i] for i in work.order()[work.dropped : work.dropped + count]]
     state.pool.take_all(nodes, work.shape.nproc)
 
 
 def _suspend(state: _State, work: _Work) -> int:
     """Suspend ``work``: drop every replica left and free its spares; the count dropped."""
-    count = len(work.order) - work.dropped
+    count = work.held - work.dropped
     _drop(state, work, count)
     state.pool.give_all(work.shape.spares, work.shape.nproc)
     work.suspended = True
@@ -521,7 +569,7 @@ def _may_grow(state: _State, work: _Work) -> bool:
     shape = work.shape
     if work.size == 0 or work.size >= shape.max or shape.busy or work.dropped:
         return False
-    if any(i in work.lost_since for i in work.order):
+    if work.lost_since:  # waiting for its lost node, or just shrunk without it
         return False
     if not work.admitted and work.cooling(state.now) > 0:
         return False
@@ -535,10 +583,9 @@ def _grow(state: _State, work: _Work) -> None:
     shape = work.shape
     here: dict[Group, int] = {}
     for i in work.kept:
-        group = state.groups.get(shape.nodes[i])
-        if group is not None:
-            here[group] = here.get(group, 0) + 1
-    prefer = sorted(here, key=lambda g: -here[g]) or [state.groups[n] for n in work.added[:1]]
+        group = state.groups.of(shape.nodes[i])
+        here[group] = here.get(group, 0) + 1
+    prefer = sorted(here, key=lambda g: -here[g]) or [state.groups.of(n) for n in work.added[:1]]
     placed = state.pool.place(shape.nproc, shape.max - work.size, prefer, shape.avoid)
     target = _at_most(shape.sizes, work.size + len(placed))
     keep = 0 if target is None else max(target - work.size, 0)
@@ -581,6 +628,6 @@ def _resize(work: _Work) -> Resize | None:
         to_replicas=len(nodes),
         why=why,
         add=tuple(work.added),
-        remove=tuple(sorted(work.order[: work.dropped])),
+        remove=tuple(sorted(work.order()[: work.dropped])),
         nodes=nodes,
     )

@@ -1,0 +1,397 @@
+"""Scaler benchmark: how long the elastic decision takes, and what it buys on a trace.
+
+Part 1, decision time. Synthetic clusters of 8-slot nodes in 16 zones with a mix of
+jobs (priorities 0-3; 8 or 4 processes per replica; fixed, stepped and discrete
+sizes), first admitted from nothing, then disturbed once per sample: some nodes go
+down (their loss some seconds old), some jobs finish, new jobs arrive (some urgent),
+some jobs sit in their cool-down. Printed: p50 and p99 of one ``decide`` call over the
+samples (garbage collected before each call and paused during it, as timeit does; the
+first decision, from an empty cluster, is printed apart), for 1,024 nodes x 100 jobs
+(goal p99 <= 10 ms) and 16,384 nodes x 1,000 jobs (goal p99 <= 250 ms), each beside
+two baselines timed on the same samples: today's fixed-size admission pass
+(``admission.py``: slots in use, admission order, ``place`` for each Pending job) and
+a bare sort of the jobs into priority order (the floor).
+
+Part 2, trace replay. 32 nodes x 8 GPUs (256) in 2 zones; a day reservation of 12
+nodes (96 GPUs, a fixed-size job of top priority) leaves at 20:00 and comes back at
+08:00 every day (the trace starts at 08:00); training jobs of mixed priority arrive and
+leave at fixed times (their work is not modelled: a bigger job does not end sooner);
+one node fails for two hours. ``decide`` runs every 30 simulated seconds (60 with
+``--quick``). The same trace runs twice: elastic (each job's sizes as generated) and
+fixed-size (each job held at its ``min``). Printed: GPU utilisation of each, the share
+of the GPU-hours the fixed run leaves idle that the elastic run uses (goal >= 90%), the
+same share over the nights alone, and resizes per job per hour (grow, shrink, suspend,
+resume; not the first admission).
+
+This is a benchmark, not a test: it prints, it does not assert.
+
+    .venv/bin/python bench/scaler.py [--quick] [--samples N] [--no-trace]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from resurge.cluster import NodeInfo
+from resurge.control.records import JobRecord, Placement
+from resurge.events import JobPhase
+from resurge.jobspec import TrainingJob
+from resurge.local import jobs as local_jobs
+from resurge_scaler.admission import admission_order, place
+from resurge_scaler.elastic import (
+    ZONE_LABEL,
+    Cluster,
+    JobShape,
+    Kind,
+    Node,
+    Phase,
+    Resize,
+    applied,
+    decide,
+)
+
+SLOTS = 8
+ZONES = 16
+SCALES = ((1_024, 100, 10.0), (16_384, 1_000, 250.0))  # nodes, jobs, p99 goal (ms)
+
+
+# Part 1: decision time
+
+
+def make_nodes(count: int, zones: int, rng: random.Random) -> list[Node]:
+    return [
+        Node(name=f"node-{i:05d}", slots=SLOTS, labels={ZONE_LABEL: f"zone-{rng.randrange(zones)}"})
+        for i in range(count)
+    ]
+
+
+def make_sizes(rng: random.Random, mean_min: float) -> tuple[int, ...]:
+    low = max(1, round(rng.uniform(0.3, 1.7) * mean_min))
+    shape = rng.random()
+    if shape < 0.25:
+        return (low,)
+    if shape < 0.6:
+        return tuple(range(low, 4 * low + 1, max(1, low // 2)))
+    return tuple(sorted({low, 2 * low, 4 * low}))
+
+
+def make_job(k: int, rng: random.Random, mean_min: float, submitted: float) -> JobShape:
+    return JobShape(
+        name=f"job-{k:05d}",
+        nproc=SLOTS if rng.random() < 0.8 else SLOTS // 2,
+        sizes=make_sizes(rng, mean_min),
+        priority=rng.choice((0, 0, 1, 1, 2, 3)),
+        submitted=submitted,
+    )
+
+
+def settle(cluster: Cluster, jobs: list[JobShape], now: float) -> list[JobShape]:
+    """The jobs once one decision from this state is carried out."""
+    changes = {r.job: r for r in decide(cluster, jobs, now)}
+    return [applied(j, changes[j.name], now) if j.name in changes else j for j in jobs]
+
+
+def disturbed(
+    cluster: Cluster, jobs: list[JobShape], now: float, rng: random.Random, next_id: int
+) -> tuple[Cluster, list[JobShape]]:
+    """One sample: nodes down, jobs finished, jobs arrived, some jobs cooling down."""
+    down = {n.name for n in rng.sample(cluster.nodes, max(1, len(cluster.nodes) // 50))}
+    nodes = tuple(replace(n, schedulable=n.name not in down) for n in cluster.nodes)
+    kept = [j for j in jobs if rng.random() > 0.05]
+    mean_min = len(cluster.nodes) / len(jobs) / 2
+    new = [
+        make_job(next_id + i, rng, mean_min, now - rng.uniform(0, 100))
+        for i in range(max(1, len(jobs) // 10))
+    ]
+    out = []
+    for job in kept:
+        lost = {n: now - rng.uniform(0, 120) for n in job.nodes if n in down}
+        cooling = now - rng.uniform(0, 60) if rng.random() < 0.3 else job.resized_at
+        out.append(replace(job, lost=lost, resized_at=cooling))
+    return replace(cluster, nodes=nodes), out + new
+
+
+def training_job(shape: JobShape) -> TrainingJob:
+    return local_jobs.job(
+        shape.name, nproc=shape.nproc, replicas=shape.min, priority=shape.priority
+    )
+
+
+def records_of(jobs: list[JobShape], specs: dict[str, TrainingJob]) -> list[JobRecord]:
+    records = []
+    for shape in jobs:
+        if shape.name not in specs:
+            specs[shape.name] = training_job(shape)
+        running = shape.phase is Phase.RUNNING
+        records.append(
+            JobRecord(
+                name=shape.name,
+                spec=specs[shape.name],
+                phase=JobPhase.RUNNING if running else JobPhase.PENDING,
+                placements=[Placement(replica=i, node=n) for i, n in enumerate(shape.nodes)],
+            )
+        )
+    return records
+
+
+def admission_pass(records: list[JobRecord], nodes: list[NodeInfo]) -> int:
+    """Today's fixed-size pass: slots in use, then each Pending job placed in order."""
+    used: dict[str, int] = {}
+    for r in records:
+        if r.phase is JobPhase.RUNNING:
+            for p in r.placements:
+                used[p.node] = used.get(p.node, 0) + r.spec.spec.nproc_per_node
+    placed = 0
+    for r in admission_order(records):
+        if place(r.spec, nodes, used, r.avoid_nodes) is not None:
+            placed += 1
+    return placed
+
+
+def percentiles(seconds: list[float]) -> tuple[float, float]:
+    ordered = sorted(seconds)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return statistics.median(ordered) * 1e3, p99 * 1e3
+
+
+def timed(call: Callable[[], object]) -> float:
+    """Seconds one call takes, garbage collected before and paused during, as timeit does."""
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        call()
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
+
+
+@dataclass
+class Timings:
+    cold: float
+    decide: list[float]
+    admission: list[float]
+    sort: list[float]
+
+
+def time_scale(nodes: int, jobs: int, samples: int, baseline_samples: int, seed: int) -> Timings:
+    rng = random.Random(seed)
+    cluster = Cluster(nodes=tuple(make_nodes(nodes, ZONES, rng)))
+    mean_min = nodes / jobs / 2
+    shapes = [make_job(k, rng, mean_min, float(k)) for k in range(jobs)]
+    now = 10_000.0
+    decide(cluster, shapes, now)  # warm-up
+    cold = timed(lambda: decide(cluster, shapes, now))
+    shapes = settle(cluster, shapes, now)
+    shapes = [replace(j, resized_at=None) for j in shapes]
+    out = Timings(cold=cold, decide=[], admission=[], sort=[])
+    specs: dict[str, TrainingJob] = {}
+    for sample in range(samples):
+        now += 300.0
+        pool, state = disturbed(cluster, shapes, now, rng, jobs + sample * jobs)
+        out.decide.append(timed(lambda: decide(pool, state, now)))  # noqa: B023
+        out.sort.append(
+            timed(lambda: sorted(state, key=lambda j: (-j.priority, j.submitted, j.name)))  # noqa: B023
+        )
+        if sample < baseline_samples:
+            records = records_of(state, specs)
+            infos = [
+                NodeInfo(name=n.name, slots=n.slots, healthy=n.schedulable) for n in pool.nodes
+            ]
+            out.admission.append(timed(lambda: admission_pass(records, infos)))  # noqa: B023
+    return out
+
+
+def report_scale(nodes: int, jobs: int, goal_ms: float, t: Timings) -> None:
+    p50, p99 = percentiles(t.decide)
+    verdict = "meets" if p99 <= goal_ms else "MISSES"
+    print(f"{nodes:,} nodes x {jobs:,} jobs: {len(t.decide)} disturbed samples")
+    print(
+        f"  decide        p50 {p50:8.2f} ms  p99 {p99:8.2f} ms  ({verdict} p99 <= {goal_ms:g} ms)"
+    )
+    print(f"  decide from nothing (every job admitted and grown): {t.cold * 1e3:.2f} ms")
+    for name, series in (("fixed admit", t.admission), ("bare sort", t.sort)):
+        if not series:
+            continue
+        b50, b99 = percentiles(series)
+        print(
+            f"  {name:13} p50 {b50:8.2f} ms  p99 {b99:8.2f} ms  "
+            f"decide/{name}: p50 x{p50 / b50:.2f}, p99 x{p99 / b99:.2f}  ({len(series)} samples)"
+        )
+
+
+# Part 2: trace replay
+
+HOUR = 3600.0
+DAY = 24 * HOUR  # the trace starts at 08:00; 20:00 is 12 h in
+RESERVED = 12  # nodes (96 GPUs) the day reservation holds
+
+
+def is_night(t: float) -> bool:
+    return t % DAY >= 12 * HOUR
+
+
+@dataclass(frozen=True)
+class Arrival:
+    shape: JobShape
+    start: float
+    end: float
+
+
+def make_trace(hours: float, seed: int) -> list[Arrival]:
+    rng = random.Random(seed)
+    day = JobShape(name="day-reservation", nproc=SLOTS, sizes=(RESERVED,), priority=100)
+    trace = [Arrival(day, d * DAY, d * DAY + 12 * HOUR) for d in range(int(hours // DAY) + 1)]
+    t, k = 0.0, 0
+    while t < hours * HOUR:
+        low = rng.choice((1, 1, 2, 2, 3, 4))
+        sizes = rng.choice(
+            (
+                tuple(range(low, 4 * low + 1)),
+                tuple(sorted({low, 2 * low, 4 * low})),
+                tuple(range(low, 3 * low + 1, max(1, low // 2))),
+            )
+        )
+        shape = JobShape(
+            name=f"train-{k:03d}",
+            nproc=SLOTS if rng.random() < 0.75 else SLOTS // 2,
+            sizes=sizes,
+            priority=rng.choice((0, 1, 1, 2)),
+            submitted=t,
+        )
+        trace.append(Arrival(shape, t, t + rng.uniform(2, 10) * HOUR))
+        t += rng.expovariate(1 / (0.5 * HOUR))
+        k += 1
+    return trace
+
+
+@dataclass
+class Replay:
+    gpu_seconds: float = 0.0
+    capacity_seconds: float = 0.0
+    night_gpu_seconds: float = 0.0
+    night_capacity_seconds: float = 0.0
+    resizes: int = 0
+    job_seconds: float = 0.0
+    decide_seconds: float = 0.0
+    decisions: int = 0
+
+
+def trace_cluster(now: float, failed: tuple[float, float]) -> Cluster:
+    nodes = tuple(
+        Node(
+            name=f"gpu-{i:02d}",
+            slots=SLOTS,
+            schedulable=not (i == 31 and failed[0] <= now < failed[1]),
+            labels={ZONE_LABEL: "a" if i < 16 else "b"},
+        )
+        for i in range(32)
+    )
+    return Cluster(nodes=nodes)
+
+
+def replay(trace: list[Arrival], hours: float, step: float, elastic: bool) -> Replay:
+    out = Replay()
+    state: dict[str, JobShape] = {}
+    failed = (14 * HOUR, 16 * HOUR)
+    lost: dict[str, float] = {}
+    t = 0.0
+    while t < hours * HOUR:
+        cluster = trace_cluster(t, failed)
+        up = {n.name for n in cluster.nodes if n.schedulable}
+        lost = {n: lost.get(n, t) for n in (n.name for n in cluster.nodes) if n not in up}
+        present = {a.shape.name: a for a in trace if a.start <= t < a.end}
+        state = {name: job for name, job in state.items() if name in present}
+        for name, arrival in present.items():
+            if name not in state:
+                shape = arrival.shape
+                state[name] = shape if elastic else replace(shape, sizes=(shape.min,))
+        jobs = [replace(j, lost={n: lost[n] for n in j.nodes if n in lost}) for j in state.values()]
+        start = time.perf_counter()
+        resizes = decide(cluster, jobs, t)
+        out.decide_seconds += time.perf_counter() - start
+        out.decisions += 1
+        tally(out, state, resizes, t, step, cluster)
+        t += step
+    return out
+
+
+def tally(
+    out: Replay,
+    state: dict[str, JobShape],
+    resizes: list[Resize],
+    t: float,
+    step: float,
+    cluster: Cluster,
+) -> None:
+    for resize in resizes:
+        state[resize.job] = applied(state[resize.job], resize, t)
+        if resize.kind is not Kind.ADMIT:
+            out.resizes += 1
+    used = sum(j.replicas * j.nproc for j in state.values())
+    capacity = sum(n.slots for n in cluster.nodes if n.schedulable)
+    out.gpu_seconds += used * step
+    out.capacity_seconds += capacity * step
+    if is_night(t):
+        out.night_gpu_seconds += used * step
+        out.night_capacity_seconds += capacity * step
+    out.job_seconds += sum(step for name in state if name != "day-reservation")
+
+
+def run_trace(hours: float, step: float, seed: int) -> None:
+    trace = make_trace(hours, seed)
+    elastic = replay(trace, hours, step, elastic=True)
+    fixed = replay(trace, hours, step, elastic=False)
+    idle = fixed.capacity_seconds - fixed.gpu_seconds
+    night_idle = fixed.night_capacity_seconds - fixed.night_gpu_seconds
+    share = (elastic.gpu_seconds - fixed.gpu_seconds) / idle if idle else 0.0
+    night = (
+        (elastic.night_gpu_seconds - fixed.night_gpu_seconds) / night_idle if night_idle else 0.0
+    )
+    jobs = len({a.shape.name for a in trace}) - 1
+    print(
+        f"trace: {hours:g} h, 256 GPUs, {jobs} training jobs, 96 GPUs freed 20:00-08:00, "
+        f"a decision every {step:g} s"
+    )
+    for name, r in (("elastic", elastic), ("fixed-size", fixed)):
+        per_hour = r.resizes / (r.job_seconds / HOUR) if r.job_seconds else 0.0
+        print(
+            f"  {name:10} GPU utilisation {r.gpu_seconds / r.capacity_seconds:6.1%}"
+            f" (night {r.night_gpu_seconds / max(r.night_capacity_seconds, 1):6.1%}),"
+            f" resizes per job per hour {per_hour:.3f},"
+            f" decide mean {r.decide_seconds / r.decisions * 1e3:.3f} ms"
+        )
+    ratio = elastic.gpu_seconds / fixed.gpu_seconds
+    verdict = "meets" if share >= 0.9 else "MISSES"
+    print(
+        f"  idle GPU-hours of the fixed run put to use by elastic: {share:.1%} "
+        f"({verdict} >= 90%); over the nights alone: {night:.1%}; "
+        f"GPU-hours elastic/fixed: x{ratio:.2f}"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a short run: fewer samples")
+    parser.add_argument("--samples", type=int, default=None, help="disturbed samples per scale")
+    parser.add_argument("--no-trace", action="store_true", help="skip the trace replay")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    samples = args.samples or (10 if args.quick else 100)
+    baseline = 1 if args.quick else 3
+    for nodes, jobs, goal in SCALES:
+        report_scale(nodes, jobs, goal, time_scale(nodes, jobs, samples, baseline, args.seed))
+    if not args.no_trace:
+        hours = 36.0 if args.quick else 72.0
+        run_trace(hours, 60.0 if args.quick else 30.0, args.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
