@@ -2,10 +2,19 @@
 
 It reads torchrun's environment, trains a 2-layer MLP on synthetic data, checkpoints with
 ``torch.distributed.checkpoint`` (DCP) every ``--checkpoint-every`` steps and resumes
-where it left off. The batch of step ``s`` on rank ``r`` depends only on
-``(seed, s, r)``, so a resumed run computes exactly what an uninterrupted one does::
+where it left off, at the same world size or another one::
 
     torchrun --nproc-per-node 2 examples/ddp/train.py --steps 60 --checkpoint-every 10
+
+Every optimizer step sees the same ``--global-batch`` samples whatever the world size
+``W``: each rank takes its own contiguous ``global / W`` of them, in ``k`` micro-batches
+of at most ``--micro-batch`` samples with gradient accumulation (DDP synchronises only
+the last one). A world size that does not split the global batch into whole, equal
+micro-batches is rejected at start with an error that names both flags. Sample ``i`` of
+step ``s`` depends only on ``(seed, s, i)``, never on the rank, so a resumed run at the
+same world size computes exactly what an uninterrupted one does (bitwise identical
+parameters), and a run at another world size computes the same thing up to the order of
+floating-point sums. The loss printed and reported is the mean over the global batch.
 
 Where it resumes from, first match wins:
 
@@ -15,21 +24,29 @@ Where it resumes from, first match wins:
    DCP wrote its ``.metadata`` file, which happens last, after every rank's data);
 3. otherwise step 1.
 
+A checkpoint holds the replicated model, the optimizer state by parameter name and the
+step, and nothing per rank (the data needs no RNG state), so DCP loads one written at
+any world size.
+
 ``resurge`` is optional: without it the script uses a local no-op stand-in. With it,
 each generation runs under ``resurge.worker.restartable``: an in-process restart tears
-down the process group and calls ``run_generation`` again in the same process, with the
-new generation's ranks, port and checkpoint; without an agent it runs once.
+down the process group and calls ``run_generation`` again in the same process, which
+reads the new generation's ``RANK``, ``WORLD_SIZE``, port and checkpoint afresh and
+rebuilds the process group, the batch split and the DDP wrapper from them; without an
+agent it runs once.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import hashlib
 import os
 import re
 import sys
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -42,7 +59,12 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.nn.parallel import DistributedDataParallel
 
 CHECKPOINT_NAME = re.compile(r"^step-(\d{8})$")
-IN_FEATURES, HIDDEN, OUT_FEATURES, BATCH = 16, 32, 4, 32
+IN_FEATURES, HIDDEN, OUT_FEATURES = 16, 32, 4
+# Samples drawn from one generator: block b of step s is seeded with (seed, s, b).
+BLOCK = 32
+# 2 ranks x 32 samples: what a step of the example's 2-rank runs took before it kept the
+# global batch constant, so those runs compute exactly what they did.
+GLOBAL_BATCH, MICRO_BATCH = 64, 32
 
 
 class _NoOpRun:
@@ -82,9 +104,71 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--step-seconds", type=float, default=0.0, help="sleep this long every step (demos)"
     )
+    parser.add_argument(
+        "--global-batch",
+        type=int,
+        default=GLOBAL_BATCH,
+        help="samples per optimizer step, at any world size",
+    )
+    parser.add_argument(
+        "--micro-batch",
+        type=int,
+        default=MICRO_BATCH,
+        help="most samples in one forward and backward; a rank accumulates the rest",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the model and the data")
     parser.add_argument("--log-every", type=int, default=5, help="rank 0 prints every N steps")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for flag, value in (("--global-batch", args.global_batch), ("--micro-batch", args.micro_batch)):
+        if value < 1:
+            parser.error(f"{flag} must be at least 1, not {value}")
+    return args
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How one step's global batch is split: ``world_size`` ranks x ``accumulation``
+    micro-batches of ``micro_batch`` samples each."""
+
+    global_batch: int
+    world_size: int
+    micro_batch: int
+    accumulation: int
+
+    @classmethod
+    def split(cls, global_batch: int, micro_batch: int, world_size: int) -> BatchPlan:
+        """Each rank's share in whole micro-batches of at most ``micro_batch`` samples, or
+        ValueError naming the flags when the world size does not allow it."""
+        share, rest = divmod(global_batch, world_size)
+        if share == 0 or rest:
+            raise ValueError(
+                f"--global-batch {global_batch} does not split evenly over WORLD_SIZE="
+                f"{world_size} ranks: use a global batch that is a multiple of every world "
+                "size the job may run at"
+            )
+        micro = min(micro_batch, share)
+        if share % micro:
+            raise ValueError(
+                f"--global-batch {global_batch} gives each of WORLD_SIZE={world_size} ranks "
+                f"{share} samples, not a whole number of --micro-batch {micro_batch} "
+                f"micro-batches: use a --micro-batch that divides {share}"
+            )
+        return cls(global_batch, world_size, micro, share // micro)
+
+    def micro_batches(self, rank: int) -> list[tuple[int, int]]:
+        """``[start, stop)`` in the global batch of each micro-batch of ``rank``, in order."""
+        first = rank * self.micro_batch * self.accumulation
+        return [
+            (first + i * self.micro_batch, first + (i + 1) * self.micro_batch)
+            for i in range(self.accumulation)
+        ]
+
+    def __str__(self) -> str:
+        plural = "" if self.accumulation == 1 else "es"
+        return (
+            f"{self.global_batch} = {self.world_size} ranks x {self.accumulation} "
+            f"micro-batch{plural} of {self.micro_batch}"
+        )
 
 
 def checkpoint_path(directory: Path, step: int) -> Path:
@@ -103,14 +187,25 @@ def newest_complete_checkpoint(directory: Path) -> tuple[int, Path] | None:
     return max(found) if found else None
 
 
-def batch(seed: int, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The inputs and targets of ``step`` on ``rank``: a function of (seed, step, rank) only."""
-    generator = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 10_007 + rank) % 2**63)
+def block(seed: int, step: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples ``index * BLOCK`` to ``(index + 1) * BLOCK - 1`` of ``step``'s global batch,
+    inputs and targets: a function of (seed, step, index) only."""
+    generator = torch.Generator().manual_seed(((seed * 1_000_003 + step) * 10_007 + index) % 2**63)
     teacher = torch.Generator().manual_seed(seed)  # the function every batch samples
     weight = torch.randn(IN_FEATURES, OUT_FEATURES, generator=teacher)
-    inputs = torch.randn(BATCH, IN_FEATURES, generator=generator)
-    noise = 0.01 * torch.randn(BATCH, OUT_FEATURES, generator=generator)
+    inputs = torch.randn(BLOCK, IN_FEATURES, generator=generator)
+    noise = 0.01 * torch.randn(BLOCK, OUT_FEATURES, generator=generator)
     return inputs, torch.tanh(inputs @ weight) + noise
+
+
+def samples(seed: int, step: int, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples ``start`` to ``stop - 1`` of ``step``'s global batch: sample ``i`` depends on
+    (seed, step, i) only, the same bytes whichever rank or micro-batch takes it."""
+    blocks = [block(seed, step, index) for index in range(start // BLOCK, (stop - 1) // BLOCK + 1)]
+    offset = start // BLOCK * BLOCK
+    inputs = torch.cat([pair[0] for pair in blocks])[start - offset : stop - offset]
+    targets = torch.cat([pair[1] for pair in blocks])[start - offset : stop - offset]
+    return inputs, targets
 
 
 def state_for(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> dict[str, Any]:
@@ -144,7 +239,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_generation(run: Any, args: argparse.Namespace, link: str) -> int:
     """One generation: join the process group its environment names, train, leave."""
+    # Read afresh on every call: an in-process restart applies the new generation's
+    # RANK, WORLD_SIZE and MASTER_PORT to os.environ before calling this again.
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        plan = BatchPlan.split(args.global_batch, args.micro_batch, world_size)
+    except ValueError as error:  # every rank sees it, before any of them joins the group
+        sys.exit(f"{Path(sys.argv[0]).name}: error: {error}")
     use_cuda = torch.cuda.is_available()
     if use_cuda:
         torch.cuda.set_device(local_rank)
@@ -152,11 +254,12 @@ def run_generation(run: Any, args: argparse.Namespace, link: str) -> int:
     # instead of waiting forever, and resurge (or torchrun) restarts the group.
     dist.init_process_group(
         backend="nccl" if use_cuda else "gloo",
-        rank=int(os.environ.get("RANK", "0")),
-        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        rank=rank,
+        world_size=world_size,
         timeout=timedelta(seconds=60),
     )
-    train(args, run, link, torch.device("cuda", local_rank) if use_cuda else torch.device("cpu"))
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    train(args, plan, run, link, device)
     # Only now, with the DDP wrapper gone: its C++ reducer holds the process group, and if
     # the reducer drops the last reference, gloo's destructor joins its worker threads
     # while holding the GIL, which one of them may need (an exit hang seen with torch
@@ -166,7 +269,9 @@ def run_generation(run: Any, args: argparse.Namespace, link: str) -> int:
     return 0
 
 
-def train(args: argparse.Namespace, run: Any, link: str, device: torch.device) -> None:
+def train(
+    args: argparse.Namespace, plan: BatchPlan, run: Any, link: str, device: torch.device
+) -> None:
     """Train from wherever there is to resume from to ``args.steps``; rank 0 prints the result."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
@@ -212,16 +317,26 @@ def train(args: argparse.Namespace, run: Any, link: str, device: torch.device) -
         )
     else:
         print(f"rank {rank}/{world_size}: starting fresh at step 1 (resurge: {link})", flush=True)
+    if rank == 0:
+        print(f"global-batch {plan}", flush=True)
 
     last = start - 1
+    micro_batches = plan.micro_batches(rank)
     for step in range(start, args.steps + 1):
-        inputs, targets = batch(args.seed, step, rank)
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(ddp(inputs.to(device)), targets.to(device))
-        loss.backward()
+        share_loss = torch.zeros((), device=device)  # the mean over this rank's share
+        for index, (first, stop) in enumerate(micro_batches):
+            inputs, targets = samples(args.seed, step, first, stop)
+            # Gradients add up locally; DDP averages them over the ranks on the last one.
+            last_micro = index == len(micro_batches) - 1
+            with contextlib.nullcontext() if last_micro else ddp.no_sync():
+                loss = loss_fn(ddp(inputs.to(device)), targets.to(device)) / plan.accumulation
+                loss.backward()
+            share_loss += loss.detach()
         optimizer.step()
+        dist.all_reduce(share_loss)  # the sum of equal shares' means: W x the global mean
         last = step
-        value = float(loss.detach())
+        value = float(share_loss) / world_size
         run.progress(step, loss=value)
         if rank == 0 and (step % args.log_every == 0 or step == start):
             print(f"step {step} loss {value:.6f}", flush=True)
