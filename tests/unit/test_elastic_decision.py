@@ -139,6 +139,16 @@ def test_suspension_only_when_shrinking_is_not_enough() -> None:
     assert got["urgent"].to_replicas == 4
 
 
+def test_undone_shrinks_leave_a_job_at_an_allowed_size() -> None:
+    fixed = job("fixed", (2,), nodes=("n0", "n1"))
+    uneven = job("uneven", (1, 3, 4), priority=1, nodes=("n2", "n3", "n4", "n5"))
+    got = by_job(decide(cluster(*[1] * 6), [fixed, uneven, job("u", (4,), priority=5)], NOW))
+    # Shrinking alone frees 3 of the 4 slots; suspending fixed frees 2 more; uneven's
+    # 3 -> 1 shrink is still needed and its 4 -> 3 one cannot be undone alone (size 2).
+    assert got["fixed"].kind is Kind.SUSPEND
+    assert got["uneven"].to_replicas == 1 and got["u"].to_replicas == 4
+
+
 def test_lowest_priority_and_latest_submitted_yield_first() -> None:
     first = job("first", (1, 2), nodes=("n0", "n1"), submitted=1.0)
     second = job("second", (1, 2), nodes=("n2", "n3"), submitted=2.0)
@@ -349,3 +359,72 @@ def test_shapes_from_records_and_nodes() -> None:
     assert [(r.job, r.kind, r.nodes) for r in decide(pool, shapes, NOW)] == [
         ("w", Kind.ADMIT, ("a",))
     ]
+
+
+def random_state(rng: random.Random) -> tuple[Cluster, list[JobShape]]:
+    names = [f"n{i}" for i in range(rng.randint(2, 10))]
+    pool = Cluster(
+        nodes=tuple(
+            Node(n, rng.choice((1, 2, 4)), rng.random() > 0.15, {ZONE_LABEL: rng.choice("ab")})
+            for n in names
+        )
+    )
+    free = {n.name: n.slots for n in pool.nodes}
+    shapes = []
+    for k in range(rng.randint(1, 8)):
+        nproc = rng.choice((1, 1, 2))
+        low = rng.randint(1, 3)
+        sizes = rng.choice(((low,), (low, 2 * low, 4 * low), tuple(range(low, low + 4))))
+        size = rng.choice(sizes)
+        room = [n for n, f in free.items() for _ in range(f // nproc)]
+        rng.shuffle(room)
+        nodes: tuple[str, ...] = ()
+        if rng.random() < 0.6 and len(room) >= size:
+            nodes = tuple(room[:size])
+            for n in nodes:
+                free[n] -= nproc
+        shapes.append(
+            job(
+                f"j{k}",
+                sizes,
+                priority=rng.randint(0, 3),
+                submitted=float(rng.randint(0, 5)),
+                nodes=nodes,
+                nproc=nproc,
+                resized_at=rng.choice((None, NOW - 10.0, NOW - 100.0)),
+                faulty_timeout=rng.choice((1.0, 1000.0)),
+                lost={n: NOW - 50.0 for n in nodes},
+            )
+        )
+    return pool, shapes
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_every_decision_keeps_sizes_allowed_nodes_within_slots_and_priorities(
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    pool, shapes = random_state(rng)
+    now = NOW
+    for _ in range(3):  # a few rounds, each carried out
+        got = by_job(decide(pool, shapes, now))
+        old = {j.name: j for j in shapes}
+        shapes = [applied(j, got[j.name], now) if j.name in got else j for j in shapes]
+        usable = {n.name: n.slots for n in pool.nodes if n.schedulable}
+        for r in got.values():
+            j = old[r.job]
+            assert r.to_replicas == len(r.nodes)
+            assert r.to_replicas in j.sizes or (r.kind is Kind.SUSPEND and r.to_replicas == 0)
+            assert j.resized_at is None or now - j.resized_at >= j.cooldown
+            assert all(n in usable and n not in j.avoid for n in r.add)
+            if r.kind in (Kind.SHRINK, Kind.SUSPEND) and "lost node" not in r.why:
+                assert "for higher-priority job" in r.why
+                winner = r.why.split("for higher-priority job ")[1].split(" ")[0]
+                assert old[winner].priority > j.priority
+        for name, slots in usable.items():
+            taken = sum(j.nproc * j.nodes.count(name) for j in shapes if j.phase is Phase.RUNNING)
+            was = sum(
+                j.nproc * j.nodes.count(name) for j in old.values() if j.phase is Phase.RUNNING
+            )
+            assert taken <= max(slots, was), (name, taken, slots)
+        now += 200.0

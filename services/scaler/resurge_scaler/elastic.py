@@ -538,16 +538,19 @@ def _keep_unneeded_shrinks(
     state: _State, shape: JobShape, steps: list[_Step], prefer: list[Group]
 ) -> None:
     """Undo the shrinks (latest first) of jobs not suspended that the suspensions made
-    needless; ``steps`` keeps only what stays done."""
+    needless, each job's in the reverse of their order, so it stays at an allowed size;
+    ``steps`` keeps only what stays done."""
+    kept: set[int] = set()  # victims with a shrink that stays: their earlier ones stay too
     for step in reversed(list(steps)):
         victim, count, suspended = step
-        if suspended or victim.suspended:
+        if suspended or victim.suspended or id(victim) in kept:
             continue
         _undrop(state, victim, count)
         if _fits(state, shape, prefer):
             steps.remove(step)
         else:
             _drop(state, victim, count)
+            kept.add(id(victim))
 
 
 def _why_waiting(state: _State, work: _Work) -> str:
