@@ -30,8 +30,8 @@ first, then earlier ``submitted``, then name):
    enough the job takes nothing and waits, with the reason; a lower-priority job that
    fits may still start (it can be made to yield later).
 3. Growth. Free slots go to Running (and just admitted) jobs in priority order: each
-   goes to the largest allowed size up to ``max`` whose new replicas fit (discrete
-   sizes ``[2, 4, 8]`` with room for 4 more on top of 2 give 4... never 6).
+   goes to the largest allowed size up to ``max`` whose new replicas fit, in one
+   resize (discrete sizes ``[2, 4, 8]`` with room for 6 replicas give 4, never 6).
 
 Placement: a new replica goes to the schedulable node the job does not avoid with the
 most free slots, preferring nodes in the job's topology groups (nodes sharing the
