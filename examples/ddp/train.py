@@ -164,10 +164,11 @@ class BatchPlan:
         ]
 
     def __str__(self) -> str:
-        plural = "" if self.accumulation == 1 else "es"
+        ranks = "rank" if self.world_size == 1 else "ranks"
+        micro = "micro-batch" if self.accumulation == 1 else "micro-batches"
         return (
-            f"{self.global_batch} = {self.world_size} ranks x {self.accumulation} "
-            f"micro-batch{plural} of {self.micro_batch}"
+            f"{self.global_batch} = {self.world_size} {ranks} x {self.accumulation} {micro} "
+            f"of {self.micro_batch}"
         )
 
 
