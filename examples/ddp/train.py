@@ -10,7 +10,7 @@ Every optimizer step sees the same ``--global-batch`` samples whatever the world
 ``W``: each rank takes its own contiguous ``global / W`` of them, in ``k`` micro-batches
 of at most ``--micro-batch`` samples with gradient accumulation (DDP synchronises only
 the last one). A world size that does not split the global batch into whole, equal
-micro-batches is rejected at start with an error that names both flags. Sample ``i`` of
+micro-batches is rejected at start with an error that names the flags. Sample ``i`` of
 step ``s`` depends only on ``(seed, s, i)``, never on the rank, so a resumed run at the
 same world size computes exactly what an uninterrupted one does (bitwise identical
 parameters), and a run at another world size computes the same thing up to the order of
