@@ -42,7 +42,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from resurge.control.records import JobRecord, JobStore, Placement
 from resurge.events import Event, FaultDetected, JobPhase, Source
-from resurge.local.jobs import job
+from resurge.local.job_factory import job
 from resurge.local.nats_server import NatsServer
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings

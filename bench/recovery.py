@@ -43,7 +43,7 @@ from pathlib import Path
 from resurge.control.client import inject_fault
 from resurge.events import FaultDetected, Progress, RecoveryLevel
 from resurge.jobspec import BackoffSpec, LogRule, TrainingJob
-from resurge.local.jobs import ddp_example_job
+from resurge.local.job_factory import ddp_example_job
 from resurge.local.story import Observed, StoryResult, Watch, run_job
 from resurge.runtime.bus import Bus
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from resurge.events import Assign, FaultDetected, FaultScope, RecoveryFinished
 from resurge.jobspec import TrainingJob
-from resurge.local.jobs import python_job
+from resurge.local.job_factory import python_job
 from resurge.local.nats_server import NatsServer
 from resurge.local.story import run_job
 from resurge.runtime.bus import Bus

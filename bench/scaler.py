@@ -43,9 +43,9 @@ from resurge.cluster import NodeInfo
 from resurge.control.records import JobRecord, Placement
 from resurge.events import JobPhase
 from resurge.jobspec import TrainingJob
-from resurge.local import jobs as local_jobs
+from resurge.local import job_factory
 from resurge_scaler.admission import admission_order, place
-from resurge_scaler.elastic import (
+from resurge_scaler.elastic_decision import (
     ZONE_LABEL,
     Cluster,
     JobShape,
@@ -119,7 +119,7 @@ def disturbed(
 
 
 def training_job(shape: JobShape) -> TrainingJob:
-    return local_jobs.job(
+    return job_factory.job(
         shape.name, nproc=shape.nproc, replicas=shape.min, priority=shape.priority
     )
 

@@ -16,7 +16,7 @@ from resurge.events import (
     LogLine,
     encode_event,
 )
-from resurge.local.jobs import python_job
+from resurge.local.job_factory import python_job
 from resurge.local.story import Watch, run_job
 from resurge.runtime.bus import Bus
 

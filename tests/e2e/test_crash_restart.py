@@ -24,7 +24,7 @@ from resurge.events import (
     Stop,
 )
 from resurge.jobspec import load_job
-from resurge.local.jobs import python_job
+from resurge.local.job_factory import python_job
 from resurge.local.story import run_job
 
 REPO = Path(__file__).resolve().parents[2]

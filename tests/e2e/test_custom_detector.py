@@ -27,7 +27,7 @@ from resurge.events import (
     RecoveryLevel,
     RecoveryStarted,
 )
-from resurge.local.jobs import python_job
+from resurge.local.job_factory import python_job
 from resurge.local.story import run_job
 
 REPO = Path(__file__).resolve().parents[2]

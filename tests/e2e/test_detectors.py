@@ -19,7 +19,7 @@ from resurge.events import Assign, JobPhase, ProcessStateChanged, Progress, Reco
 from resurge.jobspec import TrainingJob
 from resurge.jobspec.monitoring import STOPPED_RANK_SECONDS, MonitoringSpec
 from resurge.local.demo import demo_job, final_step, total_steps
-from resurge.local.jobs import python_job
+from resurge.local.job_factory import python_job
 from resurge.local.story import Observed, Watch, run_job
 from resurge.runtime.bus import Bus
 

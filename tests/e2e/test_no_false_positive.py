@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from resurge.events import FaultDetected, JobPhase
-from resurge.local.jobs import python_job
+from resurge.local.job_factory import python_job
 from resurge.local.story import run_job
 
 WORKER = str(Path(__file__).parent / "workers" / "progress_worker.py")

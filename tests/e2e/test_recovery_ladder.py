@@ -36,7 +36,7 @@ from resurge.events import (
 )
 from resurge.jobspec import TrainingJob
 from resurge.local.demo import KILL_AFTER_STEP, demo_job, final_step, steps_lost, total_steps
-from resurge.local.jobs import python_job
+from resurge.local.job_factory import python_job
 from resurge.local.story import Observed, StoryResult, Watch, run_job
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings

@@ -10,7 +10,7 @@ from collections import Counter
 
 from resurge.control.records import JobRecord, JobStore, Placement
 from resurge.events import Event, FaultDetected, JobPhase, ProcessExited
-from resurge.local import jobs
+from resurge.local import job_factory
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 from resurge_detector.runtime import Partition
@@ -40,7 +40,7 @@ async def test_two_replicas_judge_each_job_once(bus: Bus, settings: Settings) ->
     assert set(owners.values()) == {0, 1}  # the names spread over both replicas
     store = JobStore(await bus.jobs_bucket())
     for name in JOBS:
-        spec = jobs.job(name, preload=None)
+        spec = job_factory.job(name, preload=None)
         await store.create(
             JobRecord(
                 name=name,

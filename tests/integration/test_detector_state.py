@@ -13,7 +13,7 @@ from nats.aio.msg import Msg
 
 from resurge.control.records import JobRecord, JobStore, Placement
 from resurge.events import Event, JobPhase, ProcessExited, ReplicaFinished
-from resurge.local.jobs import job
+from resurge.local.job_factory import job
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 from resurge_detector.state_store import STATE_BUCKET, state_entry_key

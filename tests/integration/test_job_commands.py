@@ -5,13 +5,13 @@ from __future__ import annotations
 from resurge.control.job_messages import send_stops
 from resurge.control.records import JobRecord, Placement
 from resurge.events import Stop
-from resurge.local import jobs
+from resurge.local import job_factory
 from resurge.runtime.bus import Bus
 from tests.collect import Events
 
 
 def record() -> JobRecord:
-    spec = jobs.job("j", recovery={"stopGraceSeconds": 7}, preload=None)
+    spec = job_factory.job("j", recovery={"stopGraceSeconds": 7}, preload=None)
     placements = [Placement(replica=0, node="n0"), Placement(replica=1, node="n1")]
     return JobRecord(name="team.job", spec=spec, generation=3, placements=placements)
 

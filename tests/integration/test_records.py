@@ -4,12 +4,12 @@ import asyncio
 
 from resurge.control.records import JobRecord, JobStore
 from resurge.events import JobPhase
-from resurge.local import jobs
+from resurge.local import job_factory
 from resurge.runtime.bus import Bus
 
 
 def record(name: str = "team.job") -> JobRecord:
-    return JobRecord(name=name, spec=jobs.job("j", preload=None))
+    return JobRecord(name=name, spec=job_factory.job("j", preload=None))
 
 
 async def test_create_is_once_only(bus: Bus) -> None:

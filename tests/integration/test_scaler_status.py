@@ -19,7 +19,7 @@ from resurge.cluster.local_keys import JOB_STATUS_BUCKET
 from resurge.control.client import submit_job
 from resurge.control.records import JobStore, status_view
 from resurge.events import CapacityChanged, JobPhase
-from resurge.local.jobs import job
+from resurge.local.job_factory import job
 from resurge.runtime.bus import JOBS_BUCKET, Bus
 from resurge.runtime.settings import Settings
 

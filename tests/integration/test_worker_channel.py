@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from resurge.worker.protocol import MAX_LINE_BYTES, Hello, stop_pending_line
+from resurge.worker.wire import MAX_LINE_BYTES, Hello, stop_pending_line
 from resurge_node_agent.worker_channel import (
     SOCKET_PATH_MAX_BYTES,
     WorkerChannel,

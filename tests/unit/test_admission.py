@@ -4,7 +4,7 @@ from resurge.cluster import NodeInfo
 from resurge.control.records import JobRecord
 from resurge.events import JobPhase
 from resurge.jobspec import TrainingJob
-from resurge.local import jobs
+from resurge.local import job_factory
 from resurge_scaler.admission import (
     admission_order,
     mark_replica_finished,
@@ -18,7 +18,7 @@ from resurge_scaler.admission import (
 
 
 def job(name: str = "j", replicas: int = 2, nproc: int = 2) -> TrainingJob:
-    return jobs.job(name, nproc=nproc, replicas=replicas, preload=None)
+    return job_factory.job(name, nproc=nproc, replicas=replicas, preload=None)
 
 
 def nodes(*slots: int) -> list[NodeInfo]:
@@ -51,7 +51,7 @@ def test_cordoned_and_unhealthy_nodes_get_no_replicas() -> None:
 
 
 def job_with_spares(spares: int) -> TrainingJob:
-    return jobs.job("s", nproc=2, replicas=2, recovery={"spares": spares}, preload=None)
+    return job_factory.job("s", nproc=2, replicas=2, recovery={"spares": spares}, preload=None)
 
 
 def test_spares_are_held_on_nodes_without_a_replica_and_count_as_taken() -> None:
@@ -112,7 +112,7 @@ def test_resubmitted_name_starts_past_the_old_generation() -> None:
 
 def test_resubmitting_a_running_job_updates_only_its_monitoring() -> None:
     record = new_record(job(), None)
-    changed = jobs.job(
+    changed = job_factory.job(
         "j",
         ["other"],
         nproc=2,

@@ -25,7 +25,7 @@ from resurge.jobspec.monitoring import (
     LEARNED_TIMEOUT_FACTOR,
     STOPPED_RANK_SECONDS,
 )
-from resurge.local import jobs
+from resurge.local import job_factory
 from resurge_detector.hang import HangDetector
 from resurge_detector.node_health import NodeHealthDetector
 from resurge_detector.runtime import DetectorRuntime, Partition
@@ -36,7 +36,7 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def record(name: str = "j", monitoring: dict[str, Any] | None = None) -> JobRecord:
-    job = jobs.job(name, nproc=2, monitoring=monitoring, preload=None)
+    job = job_factory.job(name, nproc=2, monitoring=monitoring, preload=None)
     return JobRecord(
         name=name,
         spec=job,

@@ -9,8 +9,8 @@ import pytest
 from resurge.cluster import NodeInfo
 from resurge.control.records import JobRecord, Placement, RestartEntry
 from resurge.events import JobPhase, RecoveryLevel
-from resurge.local import jobs as local_jobs
-from resurge_scaler.elastic import (
+from resurge.local import job_factory
+from resurge_scaler.elastic_decision import (
     ZONE_LABEL,
     Cluster,
     JobShape,
@@ -311,7 +311,7 @@ def test_no_flapping_at_most_one_resize_per_job_per_cooldown(seed: int) -> None:
 
 
 def record(name: str, phase: JobPhase, nodes: list[str], **spec: Any) -> JobRecord:
-    training = local_jobs.job(
+    training = job_factory.job(
         name, nproc=2, replicas={"min": 1, "max": 4, "discrete": [1, 2, 4]}, **spec
     )
     return JobRecord(

@@ -14,7 +14,7 @@ from resurge.events import (
     Severity,
     Source,
 )
-from resurge.local import jobs
+from resurge.local import job_factory
 from resurge_detector.gpu_health import GpuHealthDetector
 
 SOURCE = Source(service="detector", instance="here:1")
@@ -28,7 +28,9 @@ def record(
     phase: JobPhase = JobPhase.RUNNING,
 ) -> JobRecord:
     monitoring = {"gpu": {"xidOverrides": overrides}} if overrides else None
-    job = jobs.job(name, ["python", "train.py"], nproc=2, monitoring=monitoring, preload=None)
+    job = job_factory.job(
+        name, ["python", "train.py"], nproc=2, monitoring=monitoring, preload=None
+    )
     return JobRecord(
         name=name,
         spec=job,

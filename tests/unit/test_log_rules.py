@@ -18,7 +18,7 @@ from resurge.events import (
     Severity,
     Source,
 )
-from resurge.local import jobs
+from resurge.local import job_factory
 from resurge_detector.bounded_regex import MAX_LINE_CHARS
 from resurge_detector.log_rules import EVIDENCE_LINE_CHARS, LogRuleDetector
 
@@ -27,7 +27,7 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def record(*rules: dict[str, object], generation: int = 0, name: str = "j") -> JobRecord:
-    spec = jobs.job(
+    spec = job_factory.job(
         name,
         ["python", "train.py"],
         nproc=2,

@@ -1,14 +1,14 @@
 from resurge.control.planner import assignments, master_port_for
 from resurge.control.records import CheckpointRef, JobRecord, Placement
 from resurge.events import Source
-from resurge.local import jobs
+from resurge.local import job_factory
 from resurge_node_agent.worker_env import worker_environment
 
 SOURCE = Source(service="test", instance="here:1")
 
 
 def record(replicas: int, nproc: int, generation: int = 0) -> JobRecord:
-    job = jobs.job("j", nproc=nproc, preload=None)
+    job = job_factory.job("j", nproc=nproc, preload=None)
     return JobRecord(
         name="j",
         spec=job,

@@ -10,14 +10,14 @@ from resurge.events import (
     ReplicaFinished,
     Source,
 )
-from resurge.local import jobs
+from resurge.local import job_factory
 from resurge_detector.process_exit import ProcessExitDetector
 
 SOURCE = Source(service="detector", instance="here:1")
 
 
 def record(generation: int, phase: JobPhase = JobPhase.RUNNING) -> JobRecord:
-    spec = jobs.job("j", nproc=2, preload=None)
+    spec = job_factory.job("j", nproc=2, preload=None)
     return JobRecord(
         name="j",
         spec=spec,

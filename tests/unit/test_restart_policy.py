@@ -9,7 +9,7 @@ import pytest
 from resurge.cluster import NodeInfo
 from resurge.control.records import JobRecord, Placement, RestartEntry
 from resurge.events import FaultDetected, FaultScope, JobPhase, RecoveryLevel, Source
-from resurge.local import jobs
+from resurge.local import job_factory
 from resurge_restarter.policy import (
     SETTLE_SECONDS,
     ClusterView,
@@ -29,7 +29,7 @@ T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 def record(max_restarts: int | None = 5, replicas: int = 2, **recovery: Any) -> JobRecord:
     if max_restarts is not None:
         recovery["jobMaxRetryCount"] = max_restarts
-    job = jobs.job("j", nproc=2, replicas=replicas, recovery=recovery, preload=None)
+    job = job_factory.job("j", nproc=2, replicas=replicas, recovery=recovery, preload=None)
     return JobRecord(
         name="j",
         spec=job,
@@ -210,7 +210,7 @@ def test_a_rank_that_crashes_in_every_generation_fails_within_8_crashes(
     capable: bool, progress_first: bool
 ) -> None:
     """Defaults throughout: no jobMaxRetryCount, no per-level limits set."""
-    job = jobs.job("j", nproc=2, replicas=2, preload=None)
+    job = job_factory.job("j", nproc=2, replicas=2, preload=None)
     rec = JobRecord(name="j", spec=job, phase=JobPhase.RUNNING, in_process_capable=capable,
                     placements=[Placement(replica=r, node=f"n{r}") for r in range(2)])  # fmt: skip
     levels = []

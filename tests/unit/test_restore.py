@@ -4,11 +4,11 @@ from datetime import UTC, datetime
 
 from resurge.control.records import CheckpointRef, JobRecord, PendingRecovery, Placement
 from resurge.events import JobPhase, RecoveryLevel
-from resurge.local import jobs
+from resurge.local import job_factory
 from resurge.local.restore import requeue_after_restart
 
 JOB_TIME = datetime(2026, 12, 3, tzinfo=UTC)
-JOB = jobs.job("j", nproc=2, replicas=2, preload=None)
+JOB = job_factory.job("j", nproc=2, replicas=2, preload=None)
 
 
 def running(**fields: object) -> JobRecord:

@@ -13,7 +13,7 @@ import pytest
 from resurge import worker
 from resurge.worker.environment import read_environment
 from resurge.worker.outbox import Outbox
-from resurge.worker.protocol import (
+from resurge.worker.wire import (
     MAX_LINE_BYTES,
     CheckpointReport,
     Hello,
@@ -203,7 +203,7 @@ def test_library_imports_nothing_outside_the_standard_library() -> None:
         "resurge.worker.environment",
         "resurge.worker.link",
         "resurge.worker.outbox",
-        "resurge.worker.protocol",
+        "resurge.worker.wire",
     }
 
 

@@ -22,7 +22,8 @@ import pytest
 
 from resurge import worker
 from resurge.worker.interrupt import Interrupter
-from resurge.worker.protocol import (
+from resurge.worker.teardown import is_collective_failure
+from resurge.worker.wire import (
     MAX_FAULT_MESSAGE,
     MAX_FAULT_TRACEBACK,
     MAX_LINE_BYTES,
@@ -41,7 +42,6 @@ from resurge.worker.protocol import (
     rejoining_line,
     restart_line,
 )
-from resurge.worker.teardown import is_collective_failure
 
 WAIT = 20.0
 

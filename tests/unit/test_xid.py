@@ -7,7 +7,7 @@ import yaml
 
 from resurge.contract import xid
 from resurge.contract.xid import TABLE_VERSION, XidAction, action_for, lookup
-from resurge.local import jobs
+from resurge.local import job_factory
 
 
 def test_table_loads_with_a_version_and_a_row_per_common_code() -> None:
@@ -57,7 +57,7 @@ def test_unknown_code_gets_the_documented_default() -> None:
 
 
 def test_a_jobs_overrides_come_first() -> None:
-    job = jobs.job(
+    job = job_factory.job(
         "j",
         ["python", "train.py"],
         monitoring={"gpu": {"xidOverrides": {13: "ignore", 9999: "replace_node"}}},

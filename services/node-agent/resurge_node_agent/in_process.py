@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 
-from resurge.worker.protocol import Hello
+from resurge.worker.wire import Hello
 
 __all__ = ["Rejoins", "restartable_workers"]
 

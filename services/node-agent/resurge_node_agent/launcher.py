@@ -68,7 +68,7 @@ from resurge.events import (
 )
 from resurge.runtime.bus import Bus
 from resurge.runtime.service import ServiceContext
-from resurge.worker.protocol import (
+from resurge.worker.wire import (
     CheckpointReport,
     FaultReport,
     Hello,

@@ -7,7 +7,7 @@ One :class:`WorkerChannel` per launch agent, for all its generations::
     await channel.notify_stop_pending(generation, "resize")   # before stopping them
     await channel.close()            # drops connections, removes the socket file
 
-The wire protocol is :mod:`resurge.worker.protocol`. Each connection says ``hello``
+The wire protocol is :mod:`resurge.worker.wire`. Each connection says ``hello``
 first; its ``local_rank`` is passed to the callbacks for the reports that follow:
 ``await on_progress(local_rank, step, metrics)`` and ``await on_checkpoint(local_rank,
 step, path)``, in order per connection (a slow callback slows only that worker's
@@ -22,7 +22,7 @@ finds a connected worker's hello; ``send(local_rank, line, pid=...)`` queues an
 agent-to-worker line (``restart``, ``raise``) on its connection.
 
 A line that breaks the protocol is rejected and never closes anything: ``rejected``
-counts rejections by reason (:data:`~resurge.worker.protocol.REJECT_REASONS`), and
+counts rejections by reason (:data:`~resurge.worker.wire.REJECT_REASONS`), and
 each reason is logged at most once a minute. A connection's last line may lack its
 newline.
 
@@ -45,7 +45,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from resurge.runtime.logs import RateLimitedLog
-from resurge.worker.protocol import (
+from resurge.worker.wire import (
     MAX_LINE_BYTES,
     CheckpointReport,
     FaultReport,

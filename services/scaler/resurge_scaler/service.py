@@ -5,7 +5,7 @@
 - capacity changed, job finished or deleted -> try the Pending jobs again.
 - every replica finished -> Succeeded; a finished job's worker groups are deleted.
 - any job record changed -> its status view is written through the backend (its own
-  task: :class:`~resurge_scaler.status.StatusWriter`).
+  task: :class:`~resurge_scaler.status_writer.StatusWriter`).
 
 The backend comes from :func:`resurge.cluster.open_backend` (``RESURGE_CLUSTER``) and
 is used only through the :class:`~resurge.cluster.ClusterBackend` protocol.
@@ -42,7 +42,7 @@ from resurge_scaler.admission import (
     wait_reason,
     why_waiting,
 )
-from resurge_scaler.status import StatusWriter
+from resurge_scaler.status_writer import StatusWriter
 
 __all__ = ["Scaler", "setup"]
 

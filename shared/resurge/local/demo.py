@@ -26,7 +26,7 @@ from resurge.events import (
     Progress,
 )
 from resurge.jobspec import TrainingJob
-from resurge.local.jobs import EXAMPLE, ddp_example_job
+from resurge.local.job_factory import EXAMPLE, ddp_example_job
 from resurge.local.story import Observed, StoryResult, Watch, run_job
 from resurge.runtime.bus import Bus
 

@@ -38,7 +38,7 @@ Delivery: progress is best-effort (when too many wait, the oldest are dropped);
 checkpoint reports are never dropped while the process lives, and ``close()``, also
 run at interpreter exit, sends what is queued for up to a second. A process killed by
 a signal without a handler skips that. The wire protocol is in
-:mod:`resurge.worker.protocol`.
+:mod:`resurge.worker.wire`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 
 from resurge.worker.environment import read_environment
 from resurge.worker.link import AgentLink
-from resurge.worker.protocol import (
+from resurge.worker.wire import (
     AgentMessage,
     ProtocolError,
     StopPending,

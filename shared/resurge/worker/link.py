@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 
 from resurge.worker.outbox import Item, Outbox
-from resurge.worker.protocol import MAX_LINE_BYTES
+from resurge.worker.wire import MAX_LINE_BYTES
 
 __all__ = ["AgentLink"]
 

@@ -66,7 +66,8 @@ import resurge.worker.interrupt as interrupter_module
 from resurge.worker import WorkerRun
 from resurge.worker.environment import read_environment
 from resurge.worker.interrupt import Interrupter
-from resurge.worker.protocol import (
+from resurge.worker.teardown import is_collective_failure, teardown_process_groups
+from resurge.worker.wire import (
     AgentMessage,
     RaiseCommand,
     RestartCommand,
@@ -74,7 +75,6 @@ from resurge.worker.protocol import (
     fault_line,
     rejoining_line,
 )
-from resurge.worker.teardown import is_collective_failure, teardown_process_groups
 
 __all__ = [
     "PEER_GRACE_SECONDS",

@@ -55,7 +55,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from resurge_scaler.capacity import Group, Pool
+from resurge_scaler.free_slots import Group, Pool
 
 __all__ = [
     "ZONE_LABEL",
