@@ -179,7 +179,10 @@ async def test_an_injected_fatal_xid_is_a_node_scoped_fault_and_recovered(
                            nodes=2, wait_seconds=60, during=break_gpu)  # fmt: skip
     bad, good = placed[0], ({"node-0", "node-1"} - set(placed)).pop()
     by_reason = {f.reason: f for f in result.faults}
-    assert set(by_reason) == {"gpu_xid", "node_unhealthy"}  # the GPU, and the node it is on
+    # The GPU's fault always; the node's own (unhealthy) only if the node-health detector
+    # judges it while the job still runs there: once the replica has moved, a node fault
+    # about a node the job left is no fault of the job's.
+    assert "gpu_xid" in by_reason and set(by_reason) <= {"gpu_xid", "node_unhealthy"}
     assert all(f.scope.value == "node" and f.node == bad for f in result.faults)
     fault = by_reason["gpu_xid"]
     assert fault.evidence["xid"] == 79 and fault.evidence["action"] == "replace_node"

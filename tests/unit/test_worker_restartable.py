@@ -320,6 +320,8 @@ def test_repeated_or_older_restarts_are_ignored(agent: FakeAgent) -> None:
         agent.accept()
         agent.send(restart_to(1))
         assert agent.next_of(Rejoining).generation == 1
+        # generation 1 runs (a restart that came before it printed would rightly skip it)
+        assert agent.next_of(ProgressReport).step == 11
         agent.send(restart_to(1))  # redelivered
         agent.send(restart_to(2))
         assert agent.next_of(Rejoining).generation == 2
