@@ -52,6 +52,7 @@ bench: $(INSTALLED)
 	$(BIN)/python bench/forkserver.py
 	$(BIN)/python bench/recovery.py
 	$(BIN)/python bench/detector_throughput.py --rate 40000
+	$(BIN)/python bench/scaler.py
 
 schemas: $(INSTALLED)
 	$(BIN)/resurge schema --out docs/schemas
