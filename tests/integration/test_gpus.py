@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import queue
 import sys
 from collections.abc import AsyncIterator
@@ -31,6 +30,7 @@ from resurge_node_agent.gpus import (
     select_gpus,
 )
 from tests.collect import Events
+from tests.monitor_process import cli_env, running_monitor
 
 BIN = Path(sys.executable).parent
 LOGGER = "resurge.node-monitor.gpus"
@@ -279,15 +279,6 @@ def test_simulated_gpus_read_plausibly_and_take_injected_xids() -> None:
 # A real monitor process and the real `resurge inject xid`
 
 
-def cli_env(settings: Settings) -> dict[str, str]:
-    return {
-        **os.environ,
-        "RESURGE_NATS_URL": settings.nats_url,
-        "RESURGE_NAMESPACE": settings.namespace,
-        "RESURGE_LOG_FORMAT": "text",
-    }
-
-
 async def resurge(settings: Settings, *args: str) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
         str(BIN / "resurge"),
@@ -312,28 +303,8 @@ async def node_events(bus: Bus) -> AsyncIterator[Events]:
 
 @pytest.fixture
 async def monitor(settings: Settings, tmp_path: Path) -> AsyncIterator[asyncio.subprocess.Process]:
-    # Simulated GPUs even on a machine with real ones: the test injects XIDs into them.
-    env = {**cli_env(settings), SIMULATE_GPUS: "1"}
-    log_path = tmp_path / "monitor.log"
-    with log_path.open("wb") as log_file:
-        process = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "resurge_node_agent", "monitor"),
-            *("--node", "n1", "--gpus", "2"),
-            env=env,
-            stdout=log_file,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-    try:
+    async with running_monitor(settings, tmp_path, stop_seconds=20) as process:
         yield process
-    finally:
-        if process.returncode is None:
-            process.terminate()
-        try:
-            await asyncio.wait_for(process.wait(), 20)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-        print(log_path.read_text())  # shown when the test fails
 
 
 def reports_of(items: list[Event]) -> list[NodeReport]:

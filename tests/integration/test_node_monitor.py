@@ -7,7 +7,6 @@ business. Real nats-server, the real local backend, real processes.
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -27,8 +26,8 @@ from resurge.events import (
 )
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
-from resurge_node_agent.gpus import SIMULATE_GPUS
 from tests.collect import Events
+from tests.monitor_process import running_monitor
 
 JOB = "j.m"
 # Prints what only the worker group spec carried, then waits to be stopped.
@@ -37,34 +36,14 @@ PRINT_AND_WAIT = "import os, time; print(os.environ['FROM_SPEC'], flush=True); t
 
 @pytest.fixture
 async def monitor(settings: Settings, tmp_path: Path) -> AsyncIterator[asyncio.subprocess.Process]:
-    env = {
-        **os.environ,
-        "RESURGE_NATS_URL": settings.nats_url,
-        "RESURGE_NAMESPACE": settings.namespace,
-        "RESURGE_LOG_FORMAT": "text",
-        SIMULATE_GPUS: "1",
-    }
-    log_path = tmp_path / "monitor.log"
-    with log_path.open("wb") as log_file:
-        process = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "resurge_node_agent", "monitor"),
-            *("--node", "n1", "--gpus", "2", "--log-dir", str(tmp_path / "agents")),
-            env=env,
-            stdout=log_file,
-            stderr=asyncio.subprocess.STDOUT,
-        )
+    agents = tmp_path / "agents"
     try:
-        yield process
+        async with running_monitor(
+            settings, tmp_path, "--log-dir", str(agents), stop_seconds=30
+        ) as process:
+            yield process
     finally:
-        if process.returncode is None:
-            process.terminate()
-        try:
-            await asyncio.wait_for(process.wait(), 30)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-        print(log_path.read_text())  # shown when the test fails
-        for agent_log in sorted((tmp_path / "agents").glob("*.log")):
+        for agent_log in sorted(agents.glob("*.log")):
             print(agent_log.name, agent_log.read_text(), sep="\n")
 
 
