@@ -2,8 +2,9 @@
 
 ``launch`` takes its replica's worker group as one JSON document (see
 :mod:`resurge_node_agent.group_spec`); a missing or invalid one exits with status 2 and
-a message naming the field. ``monitor`` takes the node's own flags. Connection settings
-come from ``RESURGE_*`` variables for both.
+a message naming the field. ``monitor`` takes the node's own flags; a ``--label`` that is
+not ``key=value`` with a Kubernetes-style key and value exits with status 2 naming it.
+Connection settings come from ``RESURGE_*`` variables for both.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import socket
 import sys
 from pathlib import Path
 
+from resurge.control.nodes import parse_label
 from resurge.runtime.service import ServiceContext, run_service
 from resurge.runtime.settings import Settings
 from resurge_node_agent.group_spec import WORKER_GROUP_ENV, SpecError, read_spec
@@ -87,6 +89,14 @@ def _parser() -> argparse.ArgumentParser:
     monitor.add_argument(
         "--log-dir", type=Path, default=None, help="write each launch agent's output here"
     )
+    monitor.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a node label, e.g. topology.kubernetes.io/zone=a (repeatable; Kubernetes "
+        "label rules for the key and value)",
+    )
     return parser
 
 
@@ -112,8 +122,19 @@ def main(argv: list[str] | None = None) -> int:
 def _monitor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.gpus < 0:
         parser.error("--gpus must be >= 0")
+    labels: dict[str, str] = {}
+    for text in args.label:
+        try:
+            key, value = parse_label(text)
+        except ValueError as error:
+            parser.error(f"--label: {error}")
+        labels[key] = value
     config = MonitorConfig(
-        node=args.node, slots=args.gpus, address=args.address, log_dir=args.log_dir
+        node=args.node,
+        slots=args.gpus,
+        address=args.address,
+        log_dir=args.log_dir,
+        labels=labels,
     )
 
     async def setup(ctx: ServiceContext) -> None:

@@ -6,7 +6,8 @@
   cluster's virtual nodes get. ``RESURGE_SIMULATE_GPUS=1`` simulates even where NVML
   finds GPUs. The node offers ``--gpus`` slots either way.
 - Every heartbeat (and whenever a worker group or a GPU's health changes) it reports the
-  node to the cluster backend (``healthy`` false while a GPU is unhealthy),
+  node to the cluster backend (``healthy`` false while a GPU is unhealthy; the
+  ``--label`` labels as the node's labels),
   publishes a NodeReport on ``raw._.node_report.<node>`` (stored, acked) and a GpuSample
   on ``raw._.gpu_sample.<node>`` (not waited for). The detector's node-health detector
   turns these reports into CapacityChanged events (a node appearing, changing, lost).
@@ -35,7 +36,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
@@ -69,12 +70,14 @@ GroupKey = tuple[str, int]
 
 @dataclass(frozen=True)
 class MonitorConfig:
-    """The node's own settings: its name, slots, address, and where agents' output goes."""
+    """The node's own settings: its name, slots, address, where agents' output goes, and
+    its labels."""
 
     node: str
     slots: int
     address: str
     log_dir: Path | None
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -168,6 +171,7 @@ class NodeMonitor:
             slots=self.config.slots,
             healthy=healthy,
             address=self.config.address,
+            labels=self.config.labels,
             heartbeat=datetime.now(UTC),
         )
         await self.backend.report_node(info)
@@ -179,6 +183,7 @@ class NodeMonitor:
             slots_free=free,
             healthy=healthy,
             unhealthy_gpus=unhealthy,
+            labels=self.config.labels,
         )
         await bus.publish(bus.subjects.raw(NODE_LEVEL_JOB, "node_report", node), report)
         if readings:

@@ -22,6 +22,8 @@ from resurge.control.client import (
 from resurge.control.nodes import node_views, set_cordon
 from resurge.events import Event
 from resurge.jobspec import JobSpecError, load_job
+from resurge.local.membership import MembershipError, add_node, remove_node
+from resurge.local.state import resolve_state_dir
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 
@@ -50,6 +52,8 @@ def _say(views: list[dict[str, object]], as_json: bool, one: bool) -> None:
 
 
 async def _node(bus: Bus, args: argparse.Namespace) -> int:
+    if args.node_command in ("add", "remove"):
+        return await _add_or_remove(bus, args)
     backend = await open_backend(bus, bus.settings)
     if args.node_command == "list":
         views = await node_views(backend)
@@ -65,7 +69,15 @@ async def _node(bus: Bus, args: argparse.Namespace) -> int:
             why = f" ({v['cordonReason']})" if v["cordonReason"] else ""
             jobs = v["jobs"]
             names = ",".join(jobs) if isinstance(jobs, list) and jobs else "-"
-            print(f"{v['name']:<16} {v['free']}/{v['slots']} free  {state}{why}  jobs: {names}")
+            labels = v["labels"]
+            tags = (
+                "  labels: " + ",".join(f"{k}={value}" for k, value in sorted(labels.items()))
+                if isinstance(labels, dict) and labels
+                else ""
+            )
+            print(
+                f"{v['name']:<16} {v['free']}/{v['slots']} free  {state}{why}  jobs: {names}{tags}"
+            )
         return 0
     try:
         await set_cordon(bus, backend, args.name, cordoned=args.node_command == "cordon")
@@ -73,6 +85,22 @@ async def _node(bus: Bus, args: argparse.Namespace) -> int:
         print(f"resurge node {args.node_command}: {error}", file=sys.stderr)
         return 1
     print(f"node {args.name} {args.node_command}ed")
+    return 0
+
+
+async def _add_or_remove(bus: Bus, args: argparse.Namespace) -> int:
+    """``node add`` / ``node remove`` on the local cluster in the state folder."""
+    state_dir = resolve_state_dir(args.state_dir)
+    try:
+        if args.node_command == "add":
+            name = await add_node(bus, state_dir, args.gpus, dict(args.labels), args.timeout)
+            print(name)
+        else:
+            await remove_node(bus, state_dir, args.name, args.timeout)
+            print(f"node {args.name} removed")
+    except (LookupError, MembershipError) as error:
+        print(f"resurge node {args.node_command}: {error.args[0]}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -3,8 +3,10 @@
 Commands that talk to a cluster use ``RESURGE_NATS_URL`` and ``RESURGE_NAMESPACE`` when
 set, else the local cluster recorded in the state folder by ``resurge up``; with none
 recorded there, or one whose supervisor or NATS server is gone, they fail at once, naming
-the folder and how to point at a cluster. ``--state-dir`` goes before or after any
-subcommand (:func:`_state_dir_everywhere` gives it to every subparser).
+the folder and how to point at a cluster. ``resurge node add`` and ``remove`` change the
+local cluster's processes, so they always act on the state folder's cluster and ignore
+``RESURGE_NATS_URL``. ``--state-dir`` goes before or after any subcommand
+(:func:`_state_dir_everywhere` gives it to every subparser).
 """
 
 from __future__ import annotations
@@ -40,9 +42,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     up = commands.add_parser("up", help="start a local cluster: NATS, the services, N nodes")
-    up.add_argument("--nodes", type=int, default=2, help="virtual nodes (default 2)")
     up.add_argument(
-        "--gpus-per-node", type=int, default=2, help="simulated GPUs per node (default 2)"
+        "--nodes",
+        type=int,
+        default=None,
+        help="virtual nodes (default: the nodes of this folder's earlier run, those added "
+        "by `resurge node add` included, else 2); given, that many fresh nodes",
+    )
+    up.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help="simulated GPUs per node (default 2; given, fresh nodes as with --nodes)",
     )
     up.add_argument("--port", type=int, default=0, help="NATS port (default: a free one)")
     up.add_argument(
@@ -93,9 +104,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     node = commands.add_parser(
         "node",
-        help="list nodes, cordon or uncordon one",
-        description="Nodes of the cluster: their slots, health and cordons. A cordoned "
-        "node gets no new work; resurge cordons a node after a fatal GPU fault.",
+        help="list nodes, cordon or uncordon one; add or remove one of a local cluster",
+        description="Nodes of the cluster: their slots, health, labels and cordons. A "
+        "cordoned node gets no new work; resurge cordons a node after a fatal GPU fault. "
+        "'add' and 'remove' change the nodes of the local cluster that `resurge up` runs "
+        "in the state folder (they ignore RESURGE_NATS_URL); `resurge up` without "
+        "--nodes keeps them.",
     )
     node_commands = node.add_subparsers(dest="node_command", required=True)
     node_list = node_commands.add_parser(
@@ -105,6 +119,53 @@ def _parser() -> argparse.ArgumentParser:
     for verb, what in (("cordon", "give it no new work"), ("uncordon", "let it take work again")):
         change = node_commands.add_parser(verb, help=f"{verb} a node: {what}")
         change.add_argument("name", help="node name, as `resurge node list` shows it")
+    add = node_commands.add_parser(
+        "add",
+        help="add a virtual node to the local cluster; prints its name",
+        description="Add a virtual node to the local cluster in the state folder. Prints "
+        "its name (node-<i>, the next index not used before) once it has registered; "
+        "fails, taking it out again, if it does not register within --timeout seconds.",
+    )
+    add.add_argument(
+        "--gpus",
+        type=_positive,
+        default=None,
+        help="simulated GPUs (default: the cluster's GPUs per node)",
+    )
+    add.add_argument(
+        "--label",
+        dest="labels",
+        type=_label,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a node label, e.g. topology.kubernetes.io/zone=a (repeatable; Kubernetes "
+        "label rules for the key and value)",
+    )
+    add.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long to wait for the node to register (default 60)",
+    )
+    remove = node_commands.add_parser(
+        "remove",
+        help="take a node out of the local cluster once no job runs on it",
+        description="Take a node out of the local cluster in the state folder. It is "
+        "cordoned first as being removed, so the scaler shrinks or moves the jobs on it; "
+        "once no worker group is on it, its monitor stops and its record goes, and the "
+        "command prints 'node NAME removed'. If worker groups are still on it after "
+        "--timeout seconds, it fails naming their jobs and leaves the node cordoned.",
+    )
+    remove.add_argument("name", help="node name, as `resurge node list` shows it")
+    remove.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="how long to wait for the jobs on it to leave (default 300)",
+    )
     schema = commands.add_parser("schema", help="write the JSON Schema of every event kind")
     schema.add_argument(
         "--out",
@@ -164,19 +225,38 @@ def _check_inject(args: argparse.Namespace) -> None:
         parser.error(f"inject {args.fault} does not take {', '.join(stray)}")
 
 
+def _positive(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    value = _count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is below 1")
+    return value
+
+
+def _label(text: str) -> tuple[str, str]:
+    """An argparse type: a ``key=value`` node label."""
+    from resurge.control.nodes import parse_label
+
+    try:
+        return parse_label(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 class NoClusterError(Exception):
     """No cluster to talk to: the message says where resurge looked and what to do."""
 
 
-def _settings(state_dir: Path | None) -> tuple[Settings, bool]:
+def _settings(state_dir: Path | None, local_only: bool = False) -> tuple[Settings, bool]:
     """Settings for the cluster to talk to, and whether it is a local one.
 
-    With ``RESURGE_NATS_URL`` set, that server; else the local cluster recorded in the
-    state folder, which must be running (:class:`NoClusterError` at once otherwise)."""
+    With ``RESURGE_NATS_URL`` set (and not ``local_only``), that server; else the local
+    cluster recorded in the state folder, which must be running (:class:`NoClusterError`
+    at once otherwise)."""
     from resurge.local.state import ClusterState, StateLock, resolve_state_dir
     from resurge.runtime.settings import Settings
 
-    if "RESURGE_NATS_URL" in os.environ:
+    if "RESURGE_NATS_URL" in os.environ and not local_only:
         return Settings(), False
     folder = resolve_state_dir(state_dir)
     how = (
@@ -240,7 +320,8 @@ def _on_cluster(args: argparse.Namespace) -> int:
             print(f"resurge submit: {error}", file=sys.stderr)
             return 2
     try:
-        settings, local = _settings(args.state_dir)
+        local_only = args.command == "node" and args.node_command in ("add", "remove")
+        settings, local = _settings(args.state_dir, local_only)
         return asyncio.run(run_command(args, settings, local=local))
     except NoClusterError as error:
         print(f"resurge {args.command}: {error}", file=sys.stderr)

@@ -10,7 +10,8 @@ bucket ``<ns>_jobstatus`` one status object per job. Keys: :mod:`resurge.cluster
 
 :class:`LocalBackend` implements :class:`~resurge.cluster.protocol.ClusterBackend`
 whole; mypy checks that below. Nothing outside :mod:`resurge.cluster` names it: callers
-get it from :func:`resurge.cluster.open_backend`.
+get it from :func:`resurge.cluster.open_backend`; only the local cluster's own supervisor
+(:mod:`resurge.local`) opens it to :meth:`~LocalBackend.forget_node` a node it took away.
 """
 
 from __future__ import annotations
@@ -188,6 +189,14 @@ class LocalBackend:
         await self._known(node)
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):
             await self.cordons.delete(node_key(node))
+
+    async def forget_node(self, node: str) -> None:
+        """Purge ``node``'s record and cordon, once its monitor has stopped for good, so
+        no one lists it (or counts it lost) again. Not part of the protocol: the local
+        cluster's supervisor calls it when a node is removed. Absent is fine."""
+        for bucket in (self.nodes, self.cordons):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await bucket.purge(node_key(node))
 
     async def write_job_status(self, job: str, status: dict[str, object]) -> None:
         """Replace ``job``'s status record (JSON)."""

@@ -7,19 +7,72 @@ on it take, its health, whether it is cordoned and why, and the jobs it runs.
 publishes the node's CapacityChanged, so the scaler tries Pending jobs again at once.
 Uncordoning says the node is fit again, so jobs that avoided it since it faulted under
 them may use it again too.
+
+A node on its way out of the cluster (``resurge node remove``) is cordoned with
+:data:`REMOVING_REASON` by :func:`mark_for_removal`; :func:`is_being_removed` tells it
+apart from any other cordon, so the scaler shrinks or moves the jobs on it at once.
+:func:`parse_label` reads a ``key=value`` node label as ``--label`` gives it, with a
+Kubernetes-style key and value.
 """
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from functools import partial
 
-from resurge.cluster import NODE_TIMEOUT_SECONDS, ClusterBackend
+from resurge.cluster import NODE_TIMEOUT_SECONDS, ClusterBackend, NodeInfo
 from resurge.control.records import JobRecord, JobStore
 from resurge.events import CapacityChanged
 from resurge.runtime.bus import Bus
 
-__all__ = ["node_views", "set_cordon"]
+__all__ = [
+    "REMOVING_REASON",
+    "is_being_removed",
+    "mark_for_removal",
+    "node_views",
+    "parse_label",
+    "set_cordon",
+]
+
+REMOVING_REASON = "being removed from the cluster"
+"""The cordon reason of a node that ``resurge node remove`` is taking away."""
+
+# A label's name, and its value when not empty: 63 characters at most, alphanumeric at
+# both ends, '-', '_' and '.' between (Kubernetes' rules for label keys and values).
+_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+# A key's optional prefix: a DNS subdomain of at most 253 characters.
+_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def is_being_removed(node: NodeInfo) -> bool:
+    """Whether ``node`` is cordoned because ``resurge node remove`` is taking it away."""
+    return node.cordoned and node.cordon_reason == REMOVING_REASON
+
+
+def parse_label(text: str) -> tuple[str, str]:
+    """``key=value`` as (key, value); :class:`ValueError`, naming ``text``, when the key
+    (``[prefix/]name``) or the value breaks Kubernetes' label rules."""
+    key, equals, value = text.partition("=")
+    if not equals:
+        raise ValueError(f"label {text!r} is not key=value")
+    prefix, slash, name = key.rpartition("/")
+    if slash and not (len(prefix) <= 253 and _PREFIX.fullmatch(prefix)):
+        raise ValueError(
+            f"label {text!r}: key prefix {prefix!r} is not a DNS subdomain "
+            "(lowercase letters, digits, '-' and '.')"
+        )
+    if not _NAME.fullmatch(name):
+        raise ValueError(
+            f"label {text!r}: key name {name!r} must be 1-63 characters, letters or digits "
+            "at both ends, '-', '_' or '.' between"
+        )
+    if value and not _NAME.fullmatch(value):
+        raise ValueError(
+            f"label {text!r}: value {value!r} must be empty or 1-63 characters, letters or "
+            "digits at both ends, '-', '_' or '.' between"
+        )
+    return key, value
 
 
 async def node_views(backend: ClusterBackend) -> list[dict[str, object]]:
@@ -66,6 +119,26 @@ async def set_cordon(bus: Bus, backend: ClusterBackend, name: str, cordoned: boo
         store = JobStore(await bus.jobs_bucket())
         for record in await store.all():
             await store.mutate(record.name, partial(_stop_avoiding, node=name))
+    await _announce(bus, backend, name)
+
+
+async def mark_for_removal(bus: Bus, backend: ClusterBackend, name: str) -> None:
+    """Cordon ``name`` with :data:`REMOVING_REASON`, then announce its capacity.
+
+    A node cordoned for another reason (by hand, after a fault) is cordoned again with
+    this one: uncordoned and at once cordoned, as a cordon keeps its first reason.
+    Raises :class:`~resurge.cluster.UnknownNodeError` for a node the backend does not
+    know."""
+    await backend.cordon(name, reason=REMOVING_REASON)
+    node = next(n for n in await backend.list_nodes() if n.name == name)
+    if not is_being_removed(node):
+        await backend.uncordon(name)
+        await backend.cordon(name, reason=REMOVING_REASON)
+    await _announce(bus, backend, name)
+
+
+async def _announce(bus: Bus, backend: ClusterBackend, name: str) -> None:
+    """Publish ``name``'s CapacityChanged as the backend sees the node now."""
     node = next(n for n in await backend.list_nodes() if n.name == name)
     used = sum(g.nproc for g in await backend.list_worker_groups() if g.node == name)
     healthy = node.healthy and node.alive(datetime.now(UTC), NODE_TIMEOUT_SECONDS)

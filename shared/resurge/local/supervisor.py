@@ -3,7 +3,17 @@
 :class:`Supervisor` starts an embedded nats-server (unless given a URL), the three
 control-plane services and one node monitor per virtual node, each as a child process
 with its output in ``<state_dir>/logs/<name>.log``. It is ready once every node has
-registered and every service has bound its consumers. Before any service starts, the
+registered and every service has bound its consumers.
+
+The nodes are the ones ``nodes.json`` in the state folder wants
+(:mod:`resurge.local.node_set`): ``nodes`` fresh ones (``node-0`` upwards, with
+``gpus_per_node`` GPUs), or, with ``keep_nodes`` and a file from an earlier run, that
+file's nodes (added ones and their labels included). :meth:`Supervisor.check`
+reconciles against the file: a node ``resurge node add`` wrote gets a monitor, and a
+node ``resurge node remove`` took out has its monitor stopped (SIGTERM; SIGKILL after
+``grace`` seconds) and then its record forgotten by the backend, so nobody lists it or
+counts it as lost. At start, records of nodes the file does not want (left by an earlier
+run) are forgotten too. Before any service starts, the
 jobs of an earlier run of the cluster go back to Pending (:mod:`resurge.local.restore`),
 to resume from their checkpoints. Like a Deployment, it starts
 again any child that dies, and says so in its log. ``python -m
@@ -26,7 +36,9 @@ from pathlib import Path
 import nats.js.errors
 
 from resurge.cluster import open_backend
+from resurge.cluster.local import LocalBackend
 from resurge.local.nats_server import NatsServer
+from resurge.local.node_set import NodeEntry, NodeSet, plan
 from resurge.local.restore import restore
 from resurge.local.state import ClusterState, StateLock
 from resurge.runtime.bus import Bus
@@ -49,6 +61,8 @@ READY_CONSUMERS = [
     ("job", "scaler"),
 ]
 _MAX_BACKOFF_SECONDS = 10.0
+# A removed node's monitor stops its worker groups first: SIGKILL only after this long.
+_NODE_STOP_GRACE_SECONDS = 30.0
 
 
 @dataclass
@@ -58,6 +72,8 @@ class _Child:
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     next_start: float = 0.0
+    node: NodeEntry | None = None  # a node monitor's node, as it was started
+    stop_by: float | None = None  # being stopped for good: SIGKILL at this time
 
 
 @dataclass
@@ -73,13 +89,19 @@ class Supervisor:
     extra_env: dict[str, str] = field(default_factory=dict)
     cwd: Path | None = None
     restarters: int = 1
+    keep_nodes: bool = False
     children: dict[str, _Child] = field(default_factory=dict)
     server: NatsServer | None = None
+    node_set: NodeSet | None = None
+    _forget: set[str] = field(default_factory=set)
 
     @property
     def node_names(self) -> list[str]:
-        """The virtual nodes' names, ``node-0`` upwards."""
-        return [f"node-{i}" for i in range(self.nodes)]
+        """The virtual nodes' names as the node set wants them (``node-0`` upwards
+        before :meth:`start`)."""
+        if self.node_set is None:
+            return [f"node-{i}" for i in range(self.nodes)]
+        return self.node_set.names
 
     @property
     def log_dir(self) -> Path:
@@ -107,6 +129,14 @@ class Supervisor:
         if self.nats_url is None:
             self.server = NatsServer(self.state_dir / "nats", port=self.nats_port).start()
             self.nats_url = self.server.url
+        earlier = NodeSet.load(self.state_dir)
+        self.node_set = earlier if self.keep_nodes else None
+        if self.node_set is None:
+            self.node_set = NodeSet.fresh(self.nodes, self.gpus_per_node)
+            if earlier is not None:  # names once used stay used
+                self.node_set.next_index = max(self.nodes, earlier.next_index)
+            self.node_set.save(self.state_dir)
+        self.gpus_per_node = self.node_set.gpus_per_node
         asyncio.run(self._restore())
         python = sys.executable
         for name, args in SERVICES.items():
@@ -114,13 +144,15 @@ class Supervisor:
         for extra in range(2, self.restarters + 1):  # replicas share the restarter's consumers
             name = f"restarter-{extra}"
             self.children[name] = _Child(name, [python, *SERVICES["restarter"]])
-        for node in self.node_names:
-            monitor = ["-m", "resurge_node_agent", "monitor", "--node", node]
-            monitor += ["--gpus", str(self.gpus_per_node), "--log-dir", str(self.log_dir)]
-            self.children[node] = _Child(node, [python, *monitor])
+        for node in self.node_set.nodes:
+            self.children[node.name] = self._monitor(node)
         for child in self.children.values():
             self._spawn(child)
         asyncio.run(self._wait_ready(timeout))
+
+    def _monitor(self, node: NodeEntry) -> _Child:
+        argv = [sys.executable, "-m", "resurge_node_agent", *node.monitor_args(self.log_dir)]
+        return _Child(node.name, argv, node=node)
 
     def _spawn(self, child: _Child) -> None:
         with (self.log_dir / f"{child.name}.log").open("ab") as out:
@@ -135,7 +167,8 @@ class Supervisor:
             )
 
     async def _restore(self) -> None:
-        """Before any service runs: jobs of an earlier run go back to Pending."""
+        """Before any service runs: jobs of an earlier run go back to Pending, and the
+        records of nodes no longer wanted are forgotten."""
         assert self.nats_url is not None
         bus = await Bus.connect(
             Settings(nats_url=self.nats_url, namespace=self.namespace), "supervisor"
@@ -143,6 +176,23 @@ class Supervisor:
         try:
             await bus.ensure_streams()
             await restore(bus)
+            backend = await LocalBackend.open(bus)
+            for node in await backend.list_nodes():
+                if node.name not in self.node_names:
+                    await backend.forget_node(node.name)
+                    log.info("forgot %s, a node of an earlier run no longer wanted", node.name)
+        finally:
+            await bus.close()
+
+    async def _forget_nodes(self, names: set[str]) -> None:
+        assert self.nats_url is not None
+        bus = await Bus.connect(
+            Settings(nats_url=self.nats_url, namespace=self.namespace), "supervisor"
+        )
+        try:
+            backend = await LocalBackend.open(bus)
+            for name in sorted(names):
+                await backend.forget_node(name)
         finally:
             await bus.close()
 
@@ -178,10 +228,14 @@ class Supervisor:
             for name, c in self.children.items()
         }
 
-    def check(self) -> None:
-        """Start again any child that died (with backoff), and log it."""
+    def check(self) -> bool:
+        """Reconcile the node monitors with ``nodes.json``, and start again any child
+        that died (with backoff), and log it. True when the nodes run changed."""
+        changed = self._reconcile_nodes()
         now = time.monotonic()
         for child in self.children.values():
+            if child.stop_by is not None:
+                continue
             if child.process is None or child.process.poll() is None:
                 continue
             if child.next_start == 0.0:
@@ -199,12 +253,61 @@ class Supervisor:
                 child.next_start = 0.0
                 self._spawn(child)
                 log.warning("%s started again (pid %d)", child.name, child.process.pid)
+        return changed
+
+    def _reconcile_nodes(self) -> bool:
+        """One step towards the wanted nodes; True when a monitor started or went."""
+        wanted = NodeSet.load(self.state_dir)
+        if wanted is None or self.node_set is None:
+            return False
+        self.node_set = wanted
+        running = {c.name: c.node for c in self.children.values() if c.node is not None}
+        steps = plan(wanted.nodes, running)
+        gone = [name for name in steps.stop if self._stop_node(self.children[name])]
+        for name in gone:
+            del self.children[name]
+            self._forget.add(name)
+        if self._forget:
+            self._forget_stopped()
+        started = [node for node in steps.start if node.name not in self._forget]
+        for node in started:  # a node whose old record is not yet forgotten waits for it
+            child = self.children[node.name] = self._monitor(node)
+            self._spawn(child)
+            assert child.process is not None
+            log.info("started %s (pid %d): %d GPU(s)", node.name, child.process.pid, node.gpus)
+        return bool(gone or started)
+
+    def _stop_node(self, child: _Child) -> bool:
+        """One step of stopping a node's monitor for good; True once it has exited."""
+        now = time.monotonic()
+        running = child.process is not None and child.process.poll() is None
+        if child.stop_by is None:
+            child.stop_by = now + _NODE_STOP_GRACE_SECONDS
+            log.info("stopping %s: it is no longer wanted", child.name)
+            if running and child.process is not None:
+                os.killpg(child.process.pid, signal.SIGTERM)
+        if not running:
+            return True
+        if now > child.stop_by and child.process is not None:
+            log.warning("%s did not stop in time; killing it", child.name)
+            os.killpg(child.process.pid, signal.SIGKILL)
+        return False
+
+    def _forget_stopped(self) -> None:
+        """Forget the records of the nodes whose monitors stopped (else at the next check)."""
+        try:
+            asyncio.run(self._forget_nodes(self._forget))
+        except Exception as error:
+            log.warning("could not forget nodes %s yet: %s", sorted(self._forget), error)
+        else:
+            log.info("removed %s", ", ".join(sorted(self._forget)))
+            self._forget.clear()
 
     def stop(self, grace: float = 20.0) -> None:
         """Stop the nodes first (they stop their workers), then the services, then NATS."""
-        order = [c for c in self.children.values() if c.name.startswith("node-")]
-        order += [c for c in self.children.values() if not c.name.startswith("node-")]
-        for group in (order[: self.nodes], order[self.nodes :]):
+        nodes = [c for c in self.children.values() if c.node is not None]
+        services = [c for c in self.children.values() if c.node is None]
+        for group in (nodes, services):
             for child in group:
                 if child.process and child.process.poll() is None:
                     os.killpg(child.process.pid, signal.SIGTERM)
@@ -270,7 +373,8 @@ def serve(supervisor: Supervisor, ready_fd: int | None) -> int:
             os.write(ready_fd, b"ready\n")
             os.close(ready_fd)
         while not stopping:
-            supervisor.check()
+            if supervisor.check():
+                supervisor.state().save(supervisor.state_dir)
             time.sleep(0.2)
         log.info("stopping the local cluster")
         supervisor.stop()
@@ -288,6 +392,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace", default="resurge")
     parser.add_argument("--port", type=int, default=0, help="NATS port (default: a free one)")
     parser.add_argument("--ready-fd", type=int, default=None)
+    parser.add_argument(
+        "--keep-nodes",
+        action="store_true",
+        help="run the nodes nodes.json of an earlier run wants, when there is one",
+    )
     args = parser.parse_args(argv)
     configure_logging("supervisor", fmt="text")
     supervisor = Supervisor(
@@ -296,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         gpus_per_node=args.gpus_per_node,
         namespace=args.namespace,
         nats_port=args.port,
+        keep_nodes=args.keep_nodes,
     )
     return serve(supervisor, args.ready_fd)
 

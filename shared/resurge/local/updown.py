@@ -2,8 +2,11 @@
 
 ``up`` starts ``python -m resurge.local.supervisor`` in a session of its own and returns
 once it reports ready through a pipe; a second ``up`` on a folder whose supervisor is
-running says so and exits 1. ``down`` sends the supervisor SIGTERM and waits until it
-has stopped everything and released the folder's lock.
+running says so and exits 1. Without ``--nodes`` and ``--gpus-per-node`` it runs the
+nodes an earlier run of the folder had (``nodes.json``, with nodes added by ``resurge
+node add``), else 2 nodes of 2 GPUs; with either, that many fresh nodes. ``down``
+sends the supervisor SIGTERM and waits until it has stopped everything and released the
+folder's lock.
 """
 
 from __future__ import annotations
@@ -16,15 +19,26 @@ import sys
 import time
 from pathlib import Path
 
+from resurge.local.node_set import NodeSet
 from resurge.local.state import ClusterState, StateLock
 from resurge.local.supervisor import Supervisor, serve
 from resurge.runtime.logs import configure_logging
 
-__all__ = ["down", "up"]
+__all__ = ["DEFAULT_GPUS_PER_NODE", "DEFAULT_NODES", "down", "up"]
+
+DEFAULT_NODES = 2
+DEFAULT_GPUS_PER_NODE = 2
 
 
-def up(state_dir: Path, nodes: int, gpus_per_node: int, port: int, foreground: bool) -> int:
-    """Start the local cluster in ``state_dir`` (here if ``foreground``); the exit status."""
+def up(
+    state_dir: Path, nodes: int | None, gpus_per_node: int | None, port: int, foreground: bool
+) -> int:
+    """Start the local cluster in ``state_dir`` (here if ``foreground``); the exit status.
+
+    ``nodes`` and ``gpus_per_node`` None: the nodes of the folder's earlier run, if any."""
+    keep_nodes = nodes is None and gpus_per_node is None
+    nodes = DEFAULT_NODES if nodes is None else nodes
+    gpus_per_node = DEFAULT_GPUS_PER_NODE if gpus_per_node is None else gpus_per_node
     if nodes < 1 or gpus_per_node < 1:
         print("resurge up: --nodes and --gpus-per-node must be at least 1", file=sys.stderr)
         return 2
@@ -34,7 +48,9 @@ def up(state_dir: Path, nodes: int, gpus_per_node: int, port: int, foreground: b
         print(f"resurge is already up in {state_dir}{where}; `resurge down` stops it")
         return 1
     if foreground:
-        supervisor = Supervisor(state_dir, nodes, gpus_per_node, nats_port=port)
+        supervisor = Supervisor(
+            state_dir, nodes, gpus_per_node, nats_port=port, keep_nodes=keep_nodes
+        )
         configure_logging("supervisor", fmt="text")
         print(f"starting the local cluster in {state_dir} (Ctrl-C stops it)", flush=True)
         return serve(supervisor, ready_fd=None)
@@ -43,6 +59,7 @@ def up(state_dir: Path, nodes: int, gpus_per_node: int, port: int, foreground: b
     argv = [sys.executable, "-m", "resurge.local.supervisor", "--state-dir", str(state_dir)]
     argv += ["--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node)]
     argv += ["--port", str(port), "--ready-fd", str(write_end)]
+    argv += ["--keep-nodes"] if keep_nodes else []
     with (state_dir / "logs" / "supervisor.log").open("ab") as log:
         subprocess.Popen(
             argv,
@@ -60,12 +77,21 @@ def up(state_dir: Path, nodes: int, gpus_per_node: int, port: int, foreground: b
     if said.strip() != b"ready" or state is None:
         print(f"resurge up failed; see {state_dir / 'logs' / 'supervisor.log'}", file=sys.stderr)
         return 1
-    print(
-        f"resurge is up in {state_dir}: nats at {state.nats_url}, "
-        f"{len(state.nodes)} node(s) x {state.gpus_per_node} GPU(s)"
-    )
+    print(f"resurge is up in {state_dir}: nats at {state.nats_url}, {_nodes_line(state_dir)}")
     print(f"logs: {state_dir / 'logs'}; stop it with `resurge down`")
     return 0
+
+
+def _nodes_line(state_dir: Path) -> str:
+    """``2 node(s) x 2 GPU(s)``, or each node's GPUs where they differ."""
+    node_set = NodeSet.load(state_dir)
+    if node_set is None:
+        return "no nodes"
+    gpus = {node.gpus for node in node_set.nodes}
+    if len(gpus) == 1:
+        return f"{len(node_set.nodes)} node(s) x {gpus.pop()} GPU(s)"
+    each = ", ".join(f"{node.name} x {node.gpus}" for node in node_set.nodes)
+    return f"{len(node_set.nodes)} nodes ({each} GPU(s))"
 
 
 def _running(pid: int) -> bool:

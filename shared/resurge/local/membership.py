@@ -1,0 +1,142 @@
+"""``resurge node add`` and ``resurge node remove`` on the local cluster.
+
+Both change the folder's wanted nodes (:mod:`resurge.local.node_set`), which the
+running supervisor reconciles against, and await the outcome through the backend's
+change stream (``watch``), each within a time limit:
+
+- :func:`add_node` adds ``node-<i>`` (the next index never used) and returns its name
+  once it is live in the backend (``live_nodes``); one that does not register in time
+  is taken out of the set again and :class:`MembershipError` says so.
+- :func:`remove_node` cordons the node with
+  :data:`~resurge.control.nodes.REMOVING_REASON` (so the scaler shrinks or moves the
+  jobs on it), waits until no worker group is on it, then takes it out of the set and
+  waits until the supervisor has stopped its monitor and forgotten its record. A worker
+  group still there at the time limit is a :class:`MembershipError` naming its job;
+  the node stays cordoned and wanted. An unknown name is a :class:`LookupError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+from resurge.cluster import (
+    NODE_TIMEOUT_SECONDS,
+    ClusterBackend,
+    ClusterChange,
+    UnknownNodeError,
+    open_backend,
+)
+from resurge.control.nodes import mark_for_removal
+from resurge.local.node_set import NodeSet, editing
+from resurge.runtime.bus import Bus
+
+__all__ = ["REGISTER_SECONDS", "STOP_SECONDS", "MembershipError", "add_node", "remove_node"]
+
+REGISTER_SECONDS = 60.0
+"""How long :func:`add_node` waits for the new node to register."""
+STOP_SECONDS = 60.0
+"""How long :func:`remove_node` waits, once the node is empty, for it to be gone."""
+
+
+class MembershipError(RuntimeError):
+    """A node did not join or leave in time; the message says what is left as it was."""
+
+
+@contextlib.asynccontextmanager
+async def _watching(
+    backend: ClusterBackend, name: str
+) -> AsyncIterator[AsyncIterator[ClusterChange]]:
+    """``backend.watch(node=name)``, closed (its watchers stopped) when the block ends."""
+    changes = backend.watch(node=name)
+    try:
+        yield changes
+    finally:
+        aclose = getattr(changes, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+async def _next(changes: AsyncIterator[ClusterChange], deadline: float) -> ClusterChange:
+    """The next change, or :class:`TimeoutError` at ``deadline`` (loop time)."""
+    loop = asyncio.get_running_loop()
+    return await asyncio.wait_for(anext(changes), max(0.0, deadline - loop.time()))
+
+
+async def add_node(
+    bus: Bus,
+    state_dir: Path,
+    gpus: int | None,
+    labels: dict[str, str],
+    wait_seconds: float = REGISTER_SECONDS,
+) -> str:
+    """Add a node with ``gpus`` (default: the cluster's per node) and ``labels``; its name
+    once it is live. :class:`MembershipError` when it does not register in time."""
+    with editing(state_dir) as node_set:
+        name = node_set.add(gpus, labels).name
+    backend = await open_backend(bus, bus.settings)
+    deadline = asyncio.get_running_loop().time() + wait_seconds
+    async with _watching(backend, name) as changes:
+        try:
+            while True:
+                change = await _next(changes, deadline)
+                info = change.node_info
+                if info is not None and info.alive(datetime.now(UTC), NODE_TIMEOUT_SECONDS):
+                    return name
+        except TimeoutError:
+            pass
+    with editing(state_dir) as node_set:
+        if node_set.get(name) is not None:
+            node_set.remove(name)
+    log = state_dir / "logs" / f"{name}.log"
+    raise MembershipError(
+        f"node {name} did not register within {wait_seconds:g} s, so it was taken out again "
+        f"(see {log})"
+    )
+
+
+async def remove_node(bus: Bus, state_dir: Path, name: str, wait_seconds: float) -> None:
+    """Empty ``name`` of worker groups, then take it out of the cluster (module docstring)."""
+    node_set = NodeSet.load(state_dir)
+    if node_set is None or node_set.get(name) is None:
+        known = ", ".join(node_set.names) if node_set else "none"
+        raise LookupError(f"no node named {name!r} in this local cluster (nodes: {known})")
+    backend = await open_backend(bus, bus.settings)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_seconds
+    async with _watching(backend, name) as changes:
+        with contextlib.suppress(UnknownNodeError):  # never registered: nothing to cordon
+            await mark_for_removal(bus, backend, name)
+        try:
+            while await _groups_on(backend, name):
+                await _next(changes, deadline)
+        except TimeoutError:
+            groups = await _groups_on(backend, name)
+            if groups:
+                jobs = ", ".join(sorted({job for job, _ in groups}))
+                raise MembershipError(
+                    f"node {name} still runs worker groups of job(s) {jobs} after {wait_seconds:g} "
+                    f"s; it stays cordoned and in the cluster (`resurge node uncordon {name}` "
+                    "lets it take work again)"
+                ) from None
+        with editing(state_dir) as wanted:
+            if wanted.get(name) is not None:
+                wanted.remove(name)
+        gone_by = loop.time() + STOP_SECONDS
+        try:
+            while name in {node.name for node in await backend.list_nodes()}:
+                await _next(changes, gone_by)
+        except TimeoutError:
+            raise MembershipError(
+                f"node {name} is out of the cluster's nodes, but its record was not removed "
+                f"within {STOP_SECONDS:g} s: is the supervisor running? (see "
+                f"{state_dir / 'logs' / 'supervisor.log'})"
+            ) from None
+
+
+async def _groups_on(backend: ClusterBackend, name: str) -> list[tuple[str, int]]:
+    """(job, replica) of each worker group on ``name``."""
+    return [(g.job, g.replica) for g in await backend.list_worker_groups() if g.node == name]
