@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +17,13 @@ from resurge.worker.outbox import Outbox
 from resurge.worker.wire import (
     MAX_LINE_BYTES,
     CheckpointReport,
+    CheckpointRequest,
     Hello,
     ProgressReport,
     ProtocolError,
     StopPending,
     checkpoint_line,
+    checkpoint_now_line,
     hello_line,
     parse_agent_message,
     parse_worker_message,
@@ -116,6 +119,7 @@ def test_connect_without_agent_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> No
     run.checkpoint_saved(31, "/ckpt/31")
     assert run.stop_pending is False
     assert run.stop_reason is None
+    assert run.checkpoint_requested() is False
     assert run.dropped_progress == 0
     run.close()
     run.close()
@@ -255,7 +259,14 @@ def test_lines_round_trip() -> None:
     assert parse_worker_message(checkpoint) == CheckpointReport(step=8, path="/ckpt/8")
     stop = stop_pending_line(3, "resize")
     assert parse_agent_message(stop) == StopPending(generation=3, reason="resize")
-    for line in (hello, progress, checkpoint, stop):
+    request = checkpoint_now_line(3, "resize 2 -> 4")
+    assert parse_agent_message(request) == CheckpointRequest(generation=3, reason="resize 2 -> 4")
+    assert json.loads(request) == {
+        "type": "checkpoint_now",
+        "generation": 3,
+        "reason": "resize 2 -> 4",
+    }
+    for line in (hello, progress, checkpoint, stop, request):
         assert line.endswith(b"\n")
         assert line.count(b"\n") == 1
 
@@ -293,6 +304,57 @@ def test_bad_worker_lines_have_a_reason(line: bytes, reason: str) -> None:
     with pytest.raises(ProtocolError) as caught:
         parse_worker_message(line)
     assert caught.value.reason == reason
+
+
+def test_checkpoint_now_line_checks_and_cuts() -> None:
+    with pytest.raises(ValueError, match="generation must be a non-negative int"):
+        checkpoint_now_line(-1, "x")
+    long = checkpoint_now_line(7, "\U0001f600" * 5000)  # escapes to 12 bytes each
+    assert parse_agent_message(long) == CheckpointRequest(generation=7, reason="\U0001f600" * 1000)
+    # a reason is optional on the wire
+    assert parse_agent_message(b'{"type": "checkpoint_now", "generation": 2}') == (
+        CheckpointRequest(generation=2, reason="")
+    )
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"type": "checkpoint_now"}',
+        b'{"type": "checkpoint_now", "generation": -1}',
+        b'{"type": "checkpoint_now", "generation": 1, "reason": 5}',
+    ],
+)
+def test_bad_checkpoint_now_lines_are_bad_fields(line: bytes) -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_agent_message(line)
+    assert caught.value.reason == "bad_field"
+
+
+def test_checkpoint_now_is_not_a_worker_message() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_worker_message(checkpoint_now_line(1, ""))
+    assert caught.value.reason == "unknown_type"
+
+
+@pytest.mark.parametrize("value", [0, 999, -3, 1.5, "SIGUSR1", True])
+@pytest.mark.usefixtures("no_agent")
+def test_connect_rejects_a_checkpoint_signal_that_is_no_signal(value: object) -> None:
+    with pytest.raises(ValueError, match="checkpoint_signal"):
+        worker.connect(checkpoint_signal=value)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="checkpoint_signal"):
+        worker.restartable(lambda run: None, checkpoint_signal=value)  # type: ignore[arg-type]
+
+
+@pytest.mark.usefixtures("no_agent")
+def test_without_an_agent_no_checkpoint_is_ever_requested() -> None:
+    run = worker.connect(checkpoint_signal=signal.SIGUSR1)
+    assert run.checkpoint_signal is signal.SIGUSR1
+    assert [run.checkpoint_requested() for _ in range(3)] == [False] * 3
+    run.checkpoint_saved(1, "/ckpt/1")
+    assert run.checkpoint_requested() is False
+    assert run.checkpoint_reason is None
+    run.close()
 
 
 def test_bad_agent_lines_have_a_reason() -> None:

@@ -31,6 +31,12 @@ workers of ``command`` with ``env`` in ``working_dir``, on ``node``.
   newest command on its subject (older ones are superseded), and ignores a final Stop
   issued before it started while it has had no Assign: that Stop ended an earlier run
   of a job by the same name.
+- CheckpointNow(g): for the generation it runs, the agent passes the request on
+  (``checkpoint_now``) to every worker connected through ``resurge.worker``; they save
+  and report a checkpoint, published as CheckpointSaved like any other. Workers not
+  connected (plain torchrun scripts) are left alone, and the log says which were asked
+  and which were not. A request for another generation, or one sent before the agent
+  started, is ignored.
 - SIGTERM: stops the workers, then the agent.
 
 Everything it sees is published on ``raw.<job>.<kind>.<node>``: process started and
@@ -54,6 +60,7 @@ from resurge.events import (
     AgentState,
     AgentStateChanged,
     Assign,
+    CheckpointNow,
     CheckpointSaved,
     Envelope,
     InjectFault,
@@ -140,7 +147,7 @@ class LaunchAgent:
             self.bus.subjects.cmd(spec.job, spec.replica),
             durable,
             self.on_command,
-            expects=(Assign, Stop, InjectFault),
+            expects=(Assign, Stop, InjectFault, CheckpointNow),
             start="last_per_subject",
             inactive_seconds=AGENT_CONSUMER_INACTIVE_SECONDS,
         )
@@ -158,14 +165,40 @@ class LaunchAgent:
         self.ctx.log.info("fork server ready with %s preloaded", ", ".join(self.spec.preload))
         return spawner
 
-    async def on_command(self, command: Assign | Stop | InjectFault) -> None:
+    async def on_command(self, command: Assign | Stop | InjectFault | CheckpointNow) -> None:
         """Act on one command to this replica."""
         if isinstance(command, Assign):
             await self._assign(command)
         elif isinstance(command, Stop):
             await self._stop_command(command)
+        elif isinstance(command, CheckpointNow):
+            self._request_checkpoint(command)
         else:
             await self._inject(command)
+
+    def _request_checkpoint(self, request: CheckpointNow) -> None:
+        """Pass a checkpoint request on to the connected workers of the running generation."""
+        workers = self.workers
+        if (
+            workers is None
+            or request.generation != self.generation
+            or request.time < self.started_at
+        ):
+            self.ctx.log.info(
+                "ignoring a checkpoint request for generation %d (running %s)",
+                request.generation,
+                self.generation,
+            )
+            return
+        asked = self.channel.request_checkpoint(request.generation, request.reason)
+        others = sorted(set(workers.running_pids()) - set(asked))
+        self.ctx.log.info(
+            "asked local ranks %s of generation %d for a checkpoint (%s)%s",
+            asked or "none",
+            request.generation,
+            request.reason or "no reason given",
+            f"; not connected through resurge.worker, left alone: {others}" if others else "",
+        )
 
     async def _inject(self, inject: InjectFault) -> None:
         """Break a worker on purpose; ignored unless it targets the running generation."""

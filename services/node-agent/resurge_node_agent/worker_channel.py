@@ -29,6 +29,10 @@ newline.
 ``notify_stop_pending(g, reason)`` sends ``stop_pending`` to every connected worker of
 generation g or older, and remembers it: a worker of such a generation that says
 hello later (started late, or reconnected) gets it then.
+
+``request_checkpoint(g, reason)`` sends ``checkpoint_now`` to every connected worker
+of generation g (exactly) and returns their local ranks; a request is not remembered
+for workers that connect later.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from resurge.worker.wire import (
     ProgressReport,
     ProtocolError,
     Rejoining,
+    checkpoint_now_line,
     parse_worker_message,
     stop_pending_line,
 )
@@ -240,6 +245,21 @@ class WorkerChannel:
             if connection.hello is not None and connection.hello.generation <= generation:
                 sent += self._write(connection, line)
         return sent
+
+    def request_checkpoint(self, generation: int, reason: str) -> list[int]:
+        """Ask the connected workers of ``generation`` for a checkpoint now; the local
+        ranks it was sent to (queued, not waited for), in order."""
+        line = checkpoint_now_line(generation, reason)
+        asked: set[int] = set()
+        for connection in self._connections.values():
+            hello = connection.hello
+            if (
+                hello is not None
+                and hello.generation == generation
+                and self._write(connection, line)
+            ):
+                asked.add(hello.local_rank)
+        return sorted(asked)
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # A plain function, so the task is known from the moment the connection is.

@@ -6,12 +6,14 @@ are made and written (compare-and-set) before these are called.
 
 from __future__ import annotations
 
+import hashlib
+
 from resurge.control.planner import assignments, command_id
 from resurge.control.records import JobRecord, Placement
-from resurge.events import JobPhase, PhaseChanged, RecoveryLevel, Stop
+from resurge.events import CheckpointNow, JobPhase, PhaseChanged, RecoveryLevel, Stop
 from resurge.runtime.bus import Bus
 
-__all__ = ["announce_phase", "send_assignments", "send_stops"]
+__all__ = ["announce_phase", "send_assignments", "send_checkpoint_requests", "send_stops"]
 
 
 async def send_stops(
@@ -44,6 +46,30 @@ async def send_stops(
             reason=reason,
         )
         await bus.publish(bus.subjects.cmd(record.name, placement.replica), stop)
+
+
+async def send_checkpoint_requests(bus: Bus, record: JobRecord, reason: str) -> None:
+    """CheckpointNow(record.generation) to every replica of ``record``: its workers that
+    use ``resurge.worker`` save a checkpoint and report it (CheckpointSaved). The ids
+    derive from job, replica, generation and ``reason``, so sending the same request
+    twice (within JetStream's de-duplication window) is de-duplicated; waiting for the
+    reports is the caller's."""
+    for placement in record.placements:
+        request = CheckpointNow(
+            id=command_id(
+                f"checkpoint-{_digest(reason)}", record.name, placement.replica, record.generation
+            ),
+            source=bus.source,
+            job=record.name,
+            replica=placement.replica,
+            generation=record.generation,
+            reason=reason,
+        )
+        await bus.publish(bus.subjects.cmd(record.name, placement.replica), request)
+
+
+def _digest(text: str) -> str:
+    return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
 
 
 async def send_assignments(bus: Bus, record: JobRecord, level: RecoveryLevel | None = None) -> None:

@@ -15,7 +15,14 @@ from pydantic import Field, TypeAdapter, ValidationError
 from resurge.contract.vocabulary import FaultScope, JobPhase, RecoveryLevel
 from resurge.events.actions import PhaseChanged, RecoveryFinished, RecoveryStarted
 from resurge.events.capacity import CapacityChanged
-from resurge.events.commands import Assign, InjectFault, InjectGpuError, ReplicaSlot, Stop
+from resurge.events.commands import (
+    Assign,
+    CheckpointNow,
+    InjectFault,
+    InjectGpuError,
+    ReplicaSlot,
+    Stop,
+)
 from resurge.events.dead_letters import DeadLetter, DeadLetterReason
 from resurge.events.envelope import SCHEMA_VERSION, Envelope, Source
 from resurge.events.faults import FaultDetected, Severity
@@ -38,6 +45,7 @@ __all__ = [
     "AgentStateChanged",
     "Assign",
     "CapacityChanged",
+    "CheckpointNow",
     "CheckpointSaved",
     "DeadLetter",
     "DeadLetterReason",
@@ -90,6 +98,7 @@ _MODELS: tuple[type[Envelope], ...] = (
     FaultDetected,
     Assign,
     Stop,
+    CheckpointNow,
     InjectFault,
     InjectGpuError,
     RecoveryStarted,
@@ -117,6 +126,7 @@ Event = Annotated[
     | FaultDetected
     | Assign
     | Stop
+    | CheckpointNow
     | InjectFault
     | InjectGpuError
     | RecoveryStarted

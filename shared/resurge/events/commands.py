@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from resurge.contract.vocabulary import RecoveryLevel
 from resurge.events.envelope import Envelope
 
-__all__ = ["Assign", "InjectFault", "InjectGpuError", "ReplicaSlot", "Stop"]
+__all__ = ["Assign", "CheckpointNow", "InjectFault", "InjectGpuError", "ReplicaSlot", "Stop"]
 
 
 class ReplicaSlot(BaseModel):
@@ -74,6 +74,19 @@ class Stop(Envelope):
         "SIGKILLed at once, without the grace period.",
     )
     reason: str = Field(default="", description="Why, in words.")
+
+
+class CheckpointNow(Envelope):
+    """Ask this replica's workers of generation ``generation`` to save a checkpoint now.
+
+    The agent passes it on to every worker connected through ``resurge.worker``
+    (``WorkerRun.checkpoint_requested()``); each reports the checkpoint it saves as
+    CheckpointSaved. Plain scripts are left alone. An agent ignores a request for a
+    generation other than the one it runs."""
+
+    kind: Literal["checkpoint_now"] = "checkpoint_now"
+    generation: int = Field(ge=0, description="The generation whose workers should save.")
+    reason: str = Field(default="", description="Why, in words.", examples=["resize 2 -> 4"])
 
 
 class InjectFault(Envelope):

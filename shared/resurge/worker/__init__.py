@@ -12,12 +12,24 @@ restarts::
     for step in range(start + 1, steps + 1):
         ...
         run.progress(step, loss=float(loss))
-        if step % every == 0:
+        if step % every == 0 or run.checkpoint_requested():
             save(...)
             run.checkpoint_saved(step, path_of(step))
         if run.stop_pending:          # the agent announced a stop or resize
             ...
     run.close()
+
+Checkpoint requests: before a resize the control plane asks the running generation's
+workers to save a checkpoint now (``CheckpointNow``). ``run.checkpoint_requested()``
+is true once for each request (it clears on returning true, and ``checkpoint_saved``
+clears it too); poll it once per step and save at once when it is, then report with
+``checkpoint_saved`` as usual. Ranks see a request at slightly different steps: where
+saving is collective, agree first (an all-reduce of the flag). Without an agent it is
+always false. Scripts that already save on a signal (HyperPod's convention: SIGUSR1
+means "save a checkpoint") opt in with ``worker.connect(checkpoint_signal=signal.SIGUSR1)``
+(or the same keyword on :func:`restartable`): the library then also raises that signal
+in its own process for each request, unless the signal has no handler (its default
+action, or ignored), so the script's handler runs unchanged.
 
 Reports never block training: they are queued for a background thread, and a missing
 or dead agent only turns them into no-ops. Arguments are checked the same way with or
@@ -45,6 +57,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
@@ -53,6 +67,7 @@ from resurge.worker.environment import read_environment
 from resurge.worker.link import AgentLink
 from resurge.worker.wire import (
     AgentMessage,
+    CheckpointRequest,
     ProtocolError,
     StopPending,
     checkpoint_line,
@@ -86,11 +101,16 @@ class WorkerRun:
         *,
         in_process: bool = False,
         on_message: Callable[[AgentMessage], None] | None = None,
+        checkpoint_signal: int | None = None,
     ) -> None:
         self.socket_path = socket_path
         self.in_process = in_process
         self.stop_reason: str | None = None
+        self.checkpoint_signal = checkpoint_signal
+        self.checkpoint_reason: str | None = None
         self._stop = threading.Event()
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoint_asked = False
         self._on_message = on_message
         self._pid = os.getpid()
         self._closed = False
@@ -122,6 +142,8 @@ class WorkerRun:
         self._read_place()
         self.stop_reason = None
         self._stop.clear()
+        with self._checkpoint_lock:  # a request was for the generation just left
+            self._checkpoint_asked = False
         if self._link is not None:
             self._link.set_hello(self._hello())
 
@@ -141,6 +163,23 @@ class WorkerRun:
         return self._stop.is_set()
 
     @property
+    def checkpoint_signal(self) -> signal.Signals | None:
+        """The signal raised in this process for each checkpoint request (None: none)."""
+        return self._checkpoint_signal
+
+    @checkpoint_signal.setter
+    def checkpoint_signal(self, value: int | None) -> None:
+        self._checkpoint_signal = _signal_or_none(value)
+
+    def checkpoint_requested(self) -> bool:
+        """True when the agent asked for a checkpoint since the last call that returned
+        true and since the last :meth:`checkpoint_saved`; returning true clears it.
+        ``checkpoint_reason`` says why the latest request came."""
+        with self._checkpoint_lock:
+            asked, self._checkpoint_asked = self._checkpoint_asked, False
+        return asked
+
+    @property
     def dropped_progress(self) -> int:
         """Progress reports dropped because too many waited to be sent."""
         return 0 if self._link is None else self._link.dropped
@@ -155,6 +194,8 @@ class WorkerRun:
     def checkpoint_saved(self, step: int, path: str | os.PathLike[str]) -> None:
         """Report that this rank's part of the checkpoint of ``step`` is at ``path``."""
         line = checkpoint_line(step, path)
+        with self._checkpoint_lock:
+            self._checkpoint_asked = False
         if self._active() and self._link is not None:
             self._link.send(line, droppable=False)
 
@@ -186,22 +227,58 @@ class WorkerRun:
         ):
             self.stop_reason = message.reason
             self._stop.set()
+        if isinstance(message, CheckpointRequest) and message.generation == self.generation:
+            self._checkpoint_requested(message.reason)
         if self._on_message is not None:
             self._on_message(message)
+
+    def _checkpoint_requested(self, reason: str) -> None:
+        with self._checkpoint_lock:
+            self._checkpoint_asked = True
+            self.checkpoint_reason = reason
+        number = self._checkpoint_signal
+        if number is None or not self._active():
+            return
+        if signal.getsignal(number) in (signal.SIG_DFL, signal.SIG_IGN):
+            # Raising it would end the process (or do nothing): say so instead.
+            print(
+                f"resurge.worker: a checkpoint was requested ({reason}), but {number.name} "
+                "has no handler; not raising it",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        os.kill(self._pid, number)
+
+
+def _signal_or_none(value: int | None) -> signal.Signals | None:
+    """``value`` as a signal; ValueError when it names none."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"checkpoint_signal must be a signal number, not {value!r}")
+    try:
+        return signal.Signals(value)
+    except ValueError:
+        raise ValueError(f"checkpoint_signal {value!r} is not a signal") from None
 
 
 # The run of the training function running under `restartable`, which `connect` returns.
 _restartable_run: WorkerRun | None = None
 
 
-def connect() -> WorkerRun:
+def connect(*, checkpoint_signal: int | None = None) -> WorkerRun:
     """Link to the agent named by ``RESURGE_AGENT_SOCKET`` (a no-op link without one).
 
-    Inside a function running under :func:`restartable` it returns that function's run.
+    ``checkpoint_signal`` (e.g. ``signal.SIGUSR1``): also raise it in this process for
+    each checkpoint request. Inside a function running under :func:`restartable` it
+    returns that function's run (setting its ``checkpoint_signal`` when one is given).
     """
     if _restartable_run is not None:
+        if checkpoint_signal is not None:
+            _restartable_run.checkpoint_signal = checkpoint_signal
         return _restartable_run
-    return WorkerRun(read_environment().socket_path)
+    return WorkerRun(read_environment().socket_path, checkpoint_signal=checkpoint_signal)
 
 
 def restartable(
@@ -209,15 +286,19 @@ def restartable(
     *,
     restart_wait_seconds: float | None = None,
     peer_grace_seconds: float | None = None,
+    checkpoint_signal: int | None = None,
 ) -> Restartable[P, R]:
     """``fn`` made restartable in-process: calling the result calls ``fn(run, ...)``.
 
     Usable as a decorator. The arguments and their defaults are described in
     :mod:`resurge.worker.restart` (imported only here, so ``import resurge.worker``
-    stays light).
+    stays light); ``checkpoint_signal`` is :func:`connect`'s.
     """
     from resurge.worker.restart import Restartable
 
     return Restartable(
-        fn, restart_wait_seconds=restart_wait_seconds, peer_grace_seconds=peer_grace_seconds
+        fn,
+        restart_wait_seconds=restart_wait_seconds,
+        peer_grace_seconds=peer_grace_seconds,
+        checkpoint_signal=checkpoint_signal,
     )

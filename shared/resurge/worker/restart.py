@@ -42,6 +42,8 @@ The contract:
   left is reported only if no restart comes within ``peer_grace_seconds`` (default
   :data:`PEER_GRACE_SECONDS`): it is the consequence of another rank's fault.
   ``KeyboardInterrupt`` and ``SystemExit`` are re-raised at once.
+- ``checkpoint_signal``: as :func:`resurge.worker.connect`'s, for the run ``fn`` gets
+  (a checkpoint request of the generation running raises it in this process).
 - ``resurge inject exception`` raises :class:`InjectedFault` (a RuntimeError) inside
   ``fn``, as if the training code had failed.
 
@@ -63,7 +65,7 @@ from typing import Concatenate, Generic, ParamSpec, TypeVar
 
 import resurge.worker as _package
 import resurge.worker.interrupt as interrupter_module
-from resurge.worker import WorkerRun
+from resurge.worker import WorkerRun, _signal_or_none
 from resurge.worker.environment import read_environment
 from resurge.worker.interrupt import Interrupter
 from resurge.worker.teardown import is_collective_failure, teardown_process_groups
@@ -117,8 +119,10 @@ class Restartable(Generic[P, R]):
         *,
         restart_wait_seconds: float | None = None,
         peer_grace_seconds: float | None = None,
+        checkpoint_signal: int | None = None,
     ) -> None:
         self.fn = fn
+        self.checkpoint_signal = _signal_or_none(checkpoint_signal)
         self.restart_wait_seconds = (
             RESTART_WAIT_SECONDS if restart_wait_seconds is None else restart_wait_seconds
         )
@@ -132,7 +136,7 @@ class Restartable(Generic[P, R]):
         """Run the training function, again in each new generation under an agent; once without."""
         socket_path = read_environment().socket_path
         if socket_path is None:
-            run = WorkerRun(None)
+            run = WorkerRun(None, checkpoint_signal=self.checkpoint_signal)
             try:
                 return self.fn(run, *args, **kwargs)
             finally:
@@ -153,7 +157,12 @@ class _Session(Generic[P, R]):
         self._raise_pending: int | None = None
         # The link thread may hand over a message before WorkerRun below has returned.
         self._constructed = threading.Event()
-        self.worker = WorkerRun(socket_path, in_process=True, on_message=self._on_message)
+        self.worker = WorkerRun(
+            socket_path,
+            in_process=True,
+            on_message=self._on_message,
+            checkpoint_signal=owner.checkpoint_signal,
+        )
         self._newest = self.worker.generation  # newest generation accepted
         self._constructed.set()
 

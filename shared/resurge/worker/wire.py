@@ -20,11 +20,14 @@ Agent to worker::
     {"type": "restart", "generation": 3, "environment": {"RANK": "4", ...},
      "unset": ["RESURGE_RESUME_STEP"]}
     {"type": "raise", "generation": 2}
+    {"type": "checkpoint_now", "generation": 2, "reason": "resize 2 -> 4"}
 
 ``local_rank``, ``rank``, ``generation`` and ``step`` are integers >= 0, ``pid`` > 0,
 metric values finite numbers, ``path`` a non-empty string. ``stop_pending`` names the
 generation about to be stopped: a worker of that generation or an older one acts on
-it, a newer worker ignores it.
+it, a newer worker ignores it. ``checkpoint_now`` asks the worker of exactly that generation
+to save a checkpoint soon (at its next step) and report it with ``checkpoint``; a worker
+of another generation ignores it.
 
 In-process restarts (:mod:`resurge.worker.restart`): ``in_process`` (default false, so
 older workers need not send it) says the worker runs under ``restartable`` and acts on
@@ -59,6 +62,7 @@ __all__ = [
     "REJECT_REASONS",
     "AgentMessage",
     "CheckpointReport",
+    "CheckpointRequest",
     "FaultReport",
     "Hello",
     "ProgressReport",
@@ -69,6 +73,7 @@ __all__ = [
     "StopPending",
     "WorkerMessage",
     "checkpoint_line",
+    "checkpoint_now_line",
     "fault_line",
     "hello_line",
     "parse_agent_message",
@@ -176,8 +181,16 @@ class RaiseCommand:
     generation: int
 
 
+@dataclass(frozen=True)
+class CheckpointRequest:
+    """``checkpoint_now``: the worker of ``generation`` should save a checkpoint now."""
+
+    generation: int
+    reason: str
+
+
 WorkerMessage = Hello | ProgressReport | CheckpointReport | FaultReport | Rejoining
-AgentMessage = StopPending | RestartCommand | RaiseCommand
+AgentMessage = StopPending | RestartCommand | RaiseCommand | CheckpointRequest
 
 
 # -- building lines (validates what a caller passes, with messages for people) --
@@ -303,6 +316,18 @@ def raise_line(generation: int) -> bytes:
     return _encode({"type": "raise", "generation": _count(generation, "generation")})
 
 
+def checkpoint_now_line(generation: int, reason: str) -> bytes:
+    """The checkpoint_now line for the workers of ``generation``; ``reason`` is cut to
+    1,000 characters."""
+    return _encode(
+        {
+            "type": "checkpoint_now",
+            "generation": _count(generation, "generation"),
+            "reason": str(reason)[:1000],
+        }
+    )
+
+
 # -- parsing lines (strict JSON types; errors carry a reason for counting) --
 
 
@@ -411,4 +436,9 @@ def parse_agent_message(line: bytes) -> AgentMessage:
         )
     if kind == "raise":
         return RaiseCommand(generation=_int(message, "generation"))
+    if kind == "checkpoint_now":
+        return CheckpointRequest(
+            generation=_int(message, "generation"),
+            reason=_text(message, "reason", empty=True) if "reason" in message else "",
+        )
     raise ProtocolError("unknown_type", f"type {str(kind)[:50]!r}")
