@@ -24,6 +24,11 @@ Where it resumes from, first match wins:
    DCP wrote its ``.metadata`` file, which happens last, after every rank's data);
 3. otherwise step 1.
 
+Besides every ``--checkpoint-every`` steps, it saves when resurge asks for a checkpoint
+now (before a resize): every rank polls ``run.checkpoint_requested()`` each step, and the
+flag travels in the step's loss all-reduce, so that all ranks save at the same step
+(``dcp.save`` is collective) as soon as any rank was asked.
+
 A checkpoint holds the replicated model, the optimizer state by parameter name and the
 step, and nothing per rank (the data needs no RNG state), so DCP loads one written at
 any world size.
@@ -83,6 +88,9 @@ class _NoOpRun:
 
     def checkpoint_saved(self, step: int, path: str) -> None:
         return None
+
+    def checkpoint_requested(self) -> bool:
+        return False
 
     def close(self) -> None:
         return None
@@ -335,13 +343,20 @@ def train(
                 loss.backward()
             share_loss += loss.detach()
         optimizer.step()
-        dist.all_reduce(share_loss)  # the sum of equal shares' means: W x the global mean
+        # One all-reduce: the sum of equal shares' means (W x the global mean), and how
+        # many ranks were asked for a checkpoint now.
+        asked = share_loss.new_tensor(1.0 if run.checkpoint_requested() else 0.0)
+        reduced = torch.stack([share_loss, asked])
+        dist.all_reduce(reduced)
         last = step
-        value = float(share_loss) / world_size
+        value = float(reduced[0]) / world_size
+        requested = float(reduced[1]) > 0
         run.progress(step, loss=value)
         if rank == 0 and (step % args.log_every == 0 or step == start):
             print(f"step {step} loss {value:.6f}", flush=True)
-        if args.checkpoint_every > 0 and step % args.checkpoint_every == 0:
+        if requested or (args.checkpoint_every > 0 and step % args.checkpoint_every == 0):
+            if requested and rank == 0:
+                print(f"checkpoint requested: saving at step {step}", flush=True)
             path = checkpoint_path(args.checkpoint_dir, step)
             # Collective: every rank calls it; it returns after rank 0 wrote .metadata.
             dcp.save(state_for(ddp, optimizer, step), checkpoint_id=path)
