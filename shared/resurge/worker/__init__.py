@@ -20,16 +20,19 @@ restarts::
     run.close()
 
 Checkpoint requests: before a resize the control plane asks the running generation's
-workers to save a checkpoint now (``CheckpointNow``). ``run.checkpoint_requested()``
-is true once for each request (it clears on returning true, and ``checkpoint_saved``
-clears it too); poll it once per step and save at once when it is, then report with
+workers to save a checkpoint now (``CheckpointNow``). ``run.checkpoint_requested()`` is
+true once for each request (it clears on returning true, and ``checkpoint_saved`` clears
+it too); poll it once per step and save at once when it is, then report with
 ``checkpoint_saved`` as usual. Ranks see a request at slightly different steps: where
-saving is collective, agree first (an all-reduce of the flag). Without an agent it is
-always false. Scripts that already save on a signal (HyperPod's convention: SIGUSR1
-means "save a checkpoint") opt in with ``worker.connect(checkpoint_signal=signal.SIGUSR1)``
-(or the same keyword on :func:`restartable`): the library then also raises that signal
-in its own process for each request, unless the signal has no handler (its default
-action, or ignored), so the script's handler runs unchanged.
+saving is collective, agree first (an all-reduce of the flag). A request counts only for
+the generation it names (an in-process restart drops one not yet answered), and without
+an agent there is none. Scripts that already save on a signal (HyperPod's convention:
+SIGUSR1 means "save a checkpoint") opt in with
+``worker.connect(checkpoint_signal=signal.SIGUSR1)`` (or the same keyword on
+:func:`restartable`): the library then also raises that signal in its own process for
+each request (Python runs the handler in the main thread), so the script's handler runs
+unchanged; while the signal has no handler (its default action, or ignored) it is not
+raised, and a line on stderr says so.
 
 Reports never block training: they are queued for a background thread, and a missing
 or dead agent only turns them into no-ops. Arguments are checked the same way with or
