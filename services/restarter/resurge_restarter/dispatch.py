@@ -5,10 +5,13 @@
 1. RecoveryStarted and PhaseChanged on ``action.<job>`` (ids derived from the job and
    generation, so a repeat is de-duplicated by JetStream);
 2. Stop(g) to where the failed generation ran (not for ``in_process``: those workers
-   stay and re-enter their training function);
+   stay and re-enter their training function); for a resize, to ``stop_placements``
+   only (the replicas that go, or every replica where the workers cannot re-enter
+   in-process), and no RecoveryStarted (the scaler announced it with ScaleDecided);
 3. cordons; moved replicas' worker groups deleted on the old node and created on the
-   new one; recreated replicas' worker groups written with their new incarnation; for
-   a requeue, every worker group deleted;
+   new one; recreated (for a resize: added) replicas' worker groups written; for a
+   requeue or a resize, the worker groups of the old placements that are not placements
+   any more deleted;
 4. the backoff wait (in a background task, so the fault consumer is never held);
 5. Assign(g+1) to every replica (ids derived from job, replica and generation);
 6. the plan marked dispatched (compare-and-set).
@@ -95,9 +98,14 @@ class Dispatcher:
             from_generation=plan.from_generation,
             to_generation=plan.to_generation,
         )
-        await bus.publish(bus.subjects.action(record.name), started)
+        if not plan.resize:  # a resize was announced by the scaler (ScaleDecided)
+            await bus.publish(bus.subjects.action(record.name), started)
         await announce_phase(bus, previous, record)
-        if plan.level is not RecoveryLevel.IN_PROCESS:
+        if plan.resize:
+            await send_stops(
+                bus, record, plan.from_generation, plan.reason, placements=plan.stop_placements
+            )
+        elif plan.level is not RecoveryLevel.IN_PROCESS:
             why = f"{plan.level.value} restart after {plan.fault_id}"
             await send_stops(
                 bus,
@@ -134,9 +142,11 @@ class Dispatcher:
         for replica in plan.recreate:
             if replica in placements:
                 await self.backend.create_worker_group(worker_group(record, placements[replica]))
-        if plan.requeue:
+        if plan.requeue or plan.resize:
+            staying = {(p.replica, p.node) for p in record.placements}
             for p in plan.stop_placements:
-                await self.backend.delete_worker_group(record.name, p.replica, p.node)
+                if (p.replica, p.node) not in staying:
+                    await self.backend.delete_worker_group(record.name, p.replica, p.node)
 
     async def _after(self, delay: float, record: JobRecord) -> None:
         await asyncio.sleep(delay)

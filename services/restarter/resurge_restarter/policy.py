@@ -500,6 +500,12 @@ def apply_sign_of_life(
         return changed
     record.pending_recovery = None
     seconds = max(0.0, (seen_at - pending.detected_at).total_seconds())
+    record.phase = JobPhase.RUNNING
+    if pending.resize:
+        if record.last_resize is not None and record.last_resize.to_generation == generation:
+            record.last_resize = record.last_resize.model_copy(update={"seconds": seconds})
+        record.message = f"resized to {len(record.placements)} replica(s) ({pending.reason})"
+        return True
     record.last_recovery_seconds = seconds
     record.last_recovery = LastRecovery(
         fault_id=pending.fault_id,
@@ -508,7 +514,6 @@ def apply_sign_of_life(
         to_generation=pending.to_generation,
         seconds=seconds,
     )
-    record.phase = JobPhase.RUNNING
     record.message = f"recovered at level {pending.level.value}"
     return True
 

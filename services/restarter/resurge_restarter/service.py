@@ -33,6 +33,7 @@ from resurge.events import (
     CheckpointSaved,
     FaultDetected,
     FaultScope,
+    JobPhase,
     ProcessStarted,
     Progress,
     RecoveryFinished,
@@ -222,7 +223,19 @@ class Restarter:
     async def _finished(self, before: JobRecord, after: JobRecord) -> None:
         """Announce the recovery ``before`` had pending and ``after`` closed."""
         plan = before.pending_recovery
-        assert plan is not None and after.last_recovery_seconds is not None
+        assert plan is not None
+        if plan.resize:
+            self.ctx.log.info(
+                "job %s runs generation %d at %d replica(s) (%s)",
+                after.name,
+                after.generation,
+                len(after.placements),
+                plan.reason,
+                extra={"job": after.name, "generation": after.generation},
+            )
+            await announce_phase(self.bus, before.phase, after)
+            return
+        assert after.last_recovery_seconds is not None
         self.ctx.log.info(
             "job %s recovered in %.3f s",
             after.name,
@@ -271,6 +284,16 @@ class Restarter:
             record.name, lambda r: claim(r, self.me, now, self.lease_seconds)
         )
         if result is None or result[0] is result[1]:
+            return
+        if plan.resize and not plan.claimed_by:
+            self.ctx.log.info(
+                "carrying out %s's resize to generation %d: %s",
+                record.name,
+                plan.to_generation,
+                plan.reason,
+                extra={"job": record.name},
+            )
+            await self.dispatcher.carry_out(result[1], JobPhase.RUNNING)
             return
         self.ctx.log.warning(
             "carrying out %s's unfinished recovery to generation %d (claimed by %s until %s)",

@@ -5,12 +5,15 @@ A submitted job becomes a Pending record. Pending jobs are admitted in priority 
 fit on schedulable nodes the job does not avoid (nodes that faulted under it), and
 ``recovery.spares`` further nodes without a replica of the job have ``nprocPerNode``
 free slots to hold for it; each replica goes to the node with the most free slots
-that fits it, so replicas spread. A running job's spares count as taken. A job whose
-name was used by a finished job starts one generation past it, so stale events of the
-old run stay stale.
+that fits it, so replicas spread. An elastic job starts with as many replicas past
+``min`` as fit, up to the largest allowed size (so it does not resize at once). A
+running job's spares count as taken. A job whose name was used by a finished job
+starts one generation past it, so stale events of the old run stay stale.
 """
 
 from __future__ import annotations
+
+from datetime import datetime, timedelta
 
 from resurge.cluster import NodeInfo
 from resurge.control.planner import master_port_for
@@ -21,6 +24,7 @@ from resurge.jobspec import TrainingJob
 __all__ = [
     "admission_order",
     "mark_replica_finished",
+    "needed_replicas",
     "new_record",
     "place",
     "start",
@@ -51,14 +55,30 @@ def admission_order(records: list[JobRecord]) -> list[JobRecord]:
     )
 
 
+def needed_replicas(record: JobRecord, now: datetime) -> int:
+    """The fewest replicas ``record`` may start with now: ``replicas.min``, except for an
+    elastic job requeued because a node was lost with no node to move to: until
+    ``faultyScaleDownTimeoutSeconds`` past the loss it waits for room for as many
+    replicas as it had, and only then starts smaller."""
+    spec = record.spec.spec
+    plan = record.pending_recovery
+    if plan is None or not plan.requeue or plan.resize or not spec.replicas.elastic:
+        return spec.replicas.min
+    hold = timedelta(seconds=spec.recovery.faulty_scale_down_timeout_seconds)
+    if now >= plan.detected_at + hold:
+        return spec.replicas.min
+    return max(spec.replicas.min, min(len(plan.stop_placements), spec.replicas.upper))
+
+
 def place(
     job: TrainingJob,
     nodes: list[NodeInfo],
     used: dict[str, int],
     avoid: list[str] | tuple[str, ...] = (),
+    at_least: int | None = None,
 ) -> tuple[list[Placement], list[str]] | None:
-    """Placements for ``replicas.min`` replicas and the spare nodes to hold, or None if
-    they do not fit now.
+    """Placements for ``replicas.min`` (or ``at_least``) replicas and the spare nodes to
+    hold, or None if they do not fit now.
 
     ``used`` maps node name to slots already taken; it is updated for the placements
     and spares, so several jobs can be placed against one snapshot.
@@ -71,7 +91,7 @@ def place(
     }
     address = {n.name: n.address for n in nodes}
     placements = []
-    for replica in range(job.spec.replicas.min):
+    for replica in range(job.spec.replicas.min if at_least is None else at_least):
         fits = [name for name, slots in free.items() if slots >= nproc]
         if not fits:
             return None
@@ -86,6 +106,9 @@ def place(
     spares = candidates[: job.spec.recovery.spares]
     if len(spares) < job.spec.recovery.spares:
         return None
+    for name in spares:
+        free[name] -= nproc
+    placements += _extra(job, free, address, len(placements))
     for p in placements:
         used[p.node] = used.get(p.node, 0) + nproc
     for name in spares:
@@ -93,15 +116,44 @@ def place(
     return placements, spares
 
 
+def _extra(
+    job: TrainingJob, free: dict[str, int], address: dict[str, str], placed: int
+) -> list[Placement]:
+    """For an elastic job: replicas past ``min`` on what is still free, up to the largest
+    allowed size that fits (none for a fixed-size job)."""
+    nodes: list[str] = []
+    nproc = job.spec.nproc_per_node
+    while placed + len(nodes) < job.spec.replicas.upper:
+        fits = [name for name, slots in free.items() if slots >= nproc]
+        if not fits:
+            break
+        node = max(fits, key=lambda name: (free[name], name))
+        free[node] -= nproc
+        nodes.append(node)
+    size = job.spec.replicas.largest_size_within(placed + len(nodes)) or placed
+    return [
+        Placement(replica=placed + i, node=node, address=address[node])
+        for i, node in enumerate(nodes[: size - placed])
+    ]
+
+
 def why_waiting(
     job: TrainingJob,
     nodes: list[NodeInfo],
     used: dict[str, int],
     avoid: list[str] | tuple[str, ...] = (),
+    at_least: int | None = None,
 ) -> str:
     """Why ``job`` does not fit now, node by node, in words (for a Pending job's status)."""
     nproc = job.spec.nproc_per_node
-    needs = f"needs {job.spec.replicas.min} node(s) with {nproc} free slot(s)"
+    count = job.spec.replicas.min if at_least is None else at_least
+    needs = f"needs {count} node(s) with {nproc} free slot(s)"
+    if count > job.spec.replicas.min:
+        needs += (
+            f" (as many as before a node was lost, for up to "
+            f"{job.spec.recovery.faulty_scale_down_timeout_seconds:g} s; then "
+            f"{job.spec.replicas.min})"
+        )
     if job.spec.recovery.spares:
         needs += f" and {job.spec.recovery.spares} spare(s)"
     notes = []

@@ -6,6 +6,10 @@
 - every replica finished -> Succeeded; a finished job's worker groups are deleted.
 - any job record changed -> its status view is written through the backend (its own
   task: :class:`~resurge_scaler.status_writer.StatusWriter`).
+- after each of these, and every second (so that timeouts run out): admission again,
+  then elastic resizes (grow into free slots, shrink for a higher-priority job or off
+  lost and departing nodes, suspend), decided and written by
+  :class:`~resurge_scaler.resizer.Resizer`; the restarter carries them out.
 
 The backend comes from :func:`resurge.cluster.open_backend` (``RESURGE_CLUSTER``) and
 is used only through the :class:`~resurge.cluster.ClusterBackend` protocol.
@@ -14,6 +18,7 @@ is used only through the :class:`~resurge.cluster.ClusterBackend` protocol.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from functools import partial
 
 from resurge.cluster import ClusterBackend, open_backend
@@ -29,12 +34,14 @@ from resurge.events import (
     RecoveryFinished,
     RecoveryStarted,
     ReplicaFinished,
+    ScaleDecided,
 )
 from resurge.runtime.bus import TransientError
 from resurge.runtime.service import ServiceContext
 from resurge_scaler.admission import (
     admission_order,
     mark_replica_finished,
+    needed_replicas,
     new_record,
     place,
     start,
@@ -42,9 +49,12 @@ from resurge_scaler.admission import (
     wait_reason,
     why_waiting,
 )
+from resurge_scaler.resizer import Resizer
 from resurge_scaler.status_writer import StatusWriter
 
-__all__ = ["Scaler", "setup"]
+__all__ = ["TICK_SECONDS", "Scaler", "setup"]
+
+TICK_SECONDS = 1.0
 
 
 class Scaler:
@@ -55,6 +65,7 @@ class Scaler:
         self.bus = ctx.bus
         self.store = store
         self.backend = backend
+        self.resizer = Resizer(ctx, store, backend)
         self._admitting = asyncio.Lock()
 
     @classmethod
@@ -66,6 +77,7 @@ class Scaler:
     async def start(self) -> None:
         """Write job statuses in the background and consume the scaler's subjects."""
         self.ctx.spawn(StatusWriter(self.store.kv, self.backend).run())
+        self.ctx.spawn(self.tick())
         bus = self.bus
         await bus.consume(
             bus.subjects.all("job"),
@@ -77,7 +89,7 @@ class Scaler:
             bus.subjects.action(None),
             "scaler-phases",
             self.on_action,
-            expects=(PhaseChanged, RecoveryStarted, RecoveryFinished),
+            expects=(PhaseChanged, RecoveryStarted, RecoveryFinished, ScaleDecided),
         )
         await bus.consume(
             bus.subjects.all("capacity"),
@@ -102,11 +114,13 @@ class Scaler:
                 if not held.phase.finished:
                     for node in held.spare_nodes:
                         used[node] = used.get(node, 0) + held.spec.spec.nproc_per_node
+            now = datetime.now(UTC)
             for record in pending:
                 snapshot = dict(used)
-                fit = place(record.spec, nodes, used, record.avoid_nodes)
+                need = needed_replicas(record, now)
+                fit = place(record.spec, nodes, used, record.avoid_nodes, need)
                 if fit is None:
-                    why = why_waiting(record.spec, nodes, snapshot, record.avoid_nodes)
+                    why = why_waiting(record.spec, nodes, snapshot, record.avoid_nodes, need)
                     await self.store.mutate(record.name, partial(wait_reason, reason=why))
                     continue
                 placements, spares = fit
@@ -162,7 +176,7 @@ class Scaler:
         if not written:
             raise TransientError(f"job record {job.name} changed while admitting it")
         await announce_phase(self.bus, None, record)
-        await self.admit_pending()
+        await self.settle()
 
     async def on_finished(self, event: ReplicaFinished) -> None:
         """A replica finished its generation; the job succeeds when every replica has."""
@@ -190,25 +204,46 @@ class Scaler:
         await send_stops(self.bus, found[0], found[0].generation, "job deleted", final=True)
         await self.release(found[0])
         await self.store.kv.delete(self.store.key(event.job))
-        await self.admit_pending()
+        await self.settle()
 
-    async def on_action(self, event: PhaseChanged | RecoveryStarted | RecoveryFinished) -> None:
-        """A requeued job is admitted again; a finished job's nodes are freed."""
+    async def settle(self) -> None:
+        """Admit what fits, then decide resizes."""
+        await self.admit_pending()
+        await self.resizer.rebalance()
+
+    async def tick(self) -> None:
+        """:meth:`settle` every ``TICK_SECONDS``, so that cool-downs, snoozes and timeouts
+        that run out are acted on without an event (a failed round is logged)."""
+        while True:
+            await asyncio.sleep(TICK_SECONDS)
+            try:
+                await self.settle()
+            except Exception:
+                self.ctx.log.exception("admitting and resizing failed; trying again")
+
+    async def on_action(
+        self, event: PhaseChanged | RecoveryStarted | RecoveryFinished | ScaleDecided
+    ) -> None:
+        """A requeued or suspended job is admitted again, a resized job's freed slots
+        taken; a finished job's nodes are freed."""
         if not isinstance(event, PhaseChanged) or event.job is None:
             return
         if event.phase is JobPhase.PENDING and event.previous is not None:
-            await self.admit_pending()  # requeued by the restarter: no node to move a replica to
+            await self.settle()  # requeued (no node to move a replica to) or suspended
+            return
+        if event.phase is JobPhase.RUNNING and event.previous is JobPhase.RESIZING:
+            await self.settle()
             return
         if not event.phase.finished:
             return
         found = await self.store.get(event.job)
         if found is not None and found[0].phase.finished:
             await self.release(found[0])
-            await self.admit_pending()
+            await self.settle()
 
     async def on_capacity(self, event: CapacityChanged) -> None:
-        """A node's capacity changed: try the Pending jobs again."""
-        await self.admit_pending()
+        """A node's capacity changed: try the Pending jobs again, then resize."""
+        await self.settle()
 
 
 async def setup(ctx: ServiceContext) -> None:

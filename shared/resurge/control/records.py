@@ -26,6 +26,7 @@ __all__ = [
     "JobStore",
     "LastFault",
     "LastRecovery",
+    "LastResize",
     "Move",
     "PendingRecovery",
     "Placement",
@@ -102,6 +103,12 @@ class PendingRecovery(BaseModel):
         default=False, description="No node to move to: release everything, wait as Pending."
     )
     start_at: datetime = Field(description="Backoff: the new generation starts no earlier.")
+    resize: str = Field(
+        default="",
+        description="Empty for a recovery from a fault; `grow`, `shrink` or `suspend` for a "
+        "resize the scaler decided (carried out the same way; `recreate` then names the "
+        "replicas added, `stop_placements` those stopped).",
+    )
     dispatched: bool = False
     claimed_by: str = ""
     claimed_until: datetime | None = None
@@ -117,6 +124,25 @@ class LastRecovery(BaseModel):
     reason: str
     to_generation: int
     seconds: float = Field(ge=0, description="From the fault's detection to the sign of life.")
+
+
+class LastResize(BaseModel):
+    """The newest resize: when it was decided, from and to how many replicas, and why."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    time: datetime = Field(description="When the scaler decided it.")
+    resize: str = Field(description="`grow`, `shrink` or `suspend`.")
+    from_replicas: int = Field(ge=0)
+    to_replicas: int = Field(ge=0)
+    why: str = ""
+    to_generation: int = Field(ge=0)
+    seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="From the decision to the new generation's first sign of life (None "
+        "until then, and for a suspension).",
+    )
 
 
 class RestartEntry(BaseModel):
@@ -185,6 +211,10 @@ class JobRecord(BaseModel):
     pending_recovery: PendingRecovery | None = None
     last_recovery_seconds: float | None = None
     last_recovery: LastRecovery | None = None
+    last_resize: LastResize | None = None
+    target_replicas: int | None = Field(
+        default=None, description="Replicas the scaler means the job to run with now."
+    )
     latest_checkpoint: CheckpointRef | None = Field(
         default=None, description="Newest checkpoint every rank of the job reported saved."
     )
@@ -303,6 +333,14 @@ class JobStore:
         raise ConflictError(f"job record {name!r} kept changing under {_CAS_ATTEMPTS} attempts")
 
 
+def _target(record: JobRecord) -> int:
+    """The replicas the job is meant to run with: the scaler's target once it set one,
+    else what it runs with, else (Pending) its ``min``."""
+    if record.target_replicas is not None:
+        return record.target_replicas
+    return len(record.placements) or record.spec.spec.replicas.min
+
+
 def status_view(record: JobRecord) -> dict[str, object]:
     """The ``resurge status --json`` object of DESIGN section 7."""
     fault = record.last_fault
@@ -312,7 +350,7 @@ def status_view(record: JobRecord) -> dict[str, object]:
         "generation": record.generation,
         "replicas": {
             "current": len(record.placements),
-            "target": record.spec.spec.replicas.min,
+            "target": _target(record),
         },
         "restarts": {level.value: count for level, count in record.restarts.items()},
         "lastFault": None
@@ -334,6 +372,16 @@ def status_view(record: JobRecord) -> dict[str, object]:
             "reason": record.pending_recovery.reason,
             "toGeneration": record.pending_recovery.to_generation,
             "dispatched": record.pending_recovery.dispatched,
+        },
+        "lastResize": None
+        if record.last_resize is None
+        else {
+            "resize": record.last_resize.resize,
+            "from": record.last_resize.from_replicas,
+            "to": record.last_resize.to_replicas,
+            "why": record.last_resize.why,
+            "time": record.last_resize.time.isoformat(),
+            "seconds": record.last_resize.seconds,
         },
         "avoidNodes": record.avoid_nodes,
         "spareNodes": record.spare_nodes,

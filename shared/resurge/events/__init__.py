@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from pydantic import Field, TypeAdapter, ValidationError
 
 from resurge.contract.vocabulary import FaultScope, JobPhase, RecoveryLevel
-from resurge.events.actions import PhaseChanged, RecoveryFinished, RecoveryStarted
+from resurge.events.actions import PhaseChanged, RecoveryFinished, RecoveryStarted, ScaleDecided
 from resurge.events.capacity import CapacityChanged
 from resurge.events.commands import (
     Assign,
@@ -74,6 +74,7 @@ __all__ = [
     "RecoveryStarted",
     "ReplicaFinished",
     "ReplicaSlot",
+    "ScaleDecided",
     "Severity",
     "Source",
     "Stop",
@@ -103,6 +104,7 @@ _MODELS: tuple[type[Envelope], ...] = (
     InjectGpuError,
     RecoveryStarted,
     RecoveryFinished,
+    ScaleDecided,
     PhaseChanged,
     JobSubmitted,
     JobDeleted,
@@ -131,6 +133,7 @@ Event = Annotated[
     | InjectGpuError
     | RecoveryStarted
     | RecoveryFinished
+    | ScaleDecided
     | PhaseChanged
     | JobSubmitted
     | JobDeleted

@@ -9,7 +9,7 @@ from pydantic import Field
 from resurge.contract.vocabulary import JobPhase, RecoveryLevel
 from resurge.events.envelope import Envelope
 
-__all__ = ["PhaseChanged", "RecoveryFinished", "RecoveryStarted"]
+__all__ = ["PhaseChanged", "RecoveryFinished", "RecoveryStarted", "ScaleDecided"]
 
 
 class RecoveryStarted(Envelope):
@@ -42,3 +42,21 @@ class PhaseChanged(Envelope):
     phase: JobPhase = Field(description="The job's new phase.")
     previous: JobPhase | None = Field(default=None, description="The phase before.")
     message: str = Field(default="", description="Why, in words.")
+
+
+class ScaleDecided(Envelope):
+    """The scaler changed a job's size: ``from_replicas`` to ``to_replicas``, and why.
+
+    ``resize`` says what kind of change: ``grow`` into free capacity, ``shrink`` (to make
+    room for a higher-priority job, after a node was lost, or off a node being removed),
+    ``suspend`` (back to Pending with its checkpoint). The resize runs as generation
+    ``to_generation``; its end is the PhaseChanged from Resizing back to Running.
+    """
+
+    kind: Literal["scale_decided"] = "scale_decided"
+    resize: Literal["grow", "shrink", "suspend"] = Field(description="What kind of change.")
+    from_replicas: int = Field(ge=0, description="Replicas before.")
+    to_replicas: int = Field(ge=0, description="Replicas after (0 for a suspension).")
+    why: str = Field(description="Why, in words.")
+    from_generation: int = Field(ge=0, description="The generation running before.")
+    to_generation: int = Field(ge=0, description="The generation that runs the new size.")

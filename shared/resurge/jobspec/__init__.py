@@ -26,7 +26,13 @@ from resurge.jobspec.job import (
 from resurge.jobspec.monitoring import GpuPolicy, LogRule, MonitoringSpec, StragglerSpec
 from resurge.jobspec.recovery import BackoffSpec, RecoverySpec
 from resurge.jobspec.replicas import ReplicaSpec
-from resurge.jobspec.status import CheckpointRef, FaultSummary, ReplicaCounts, TrainingJobStatus
+from resurge.jobspec.status import (
+    CheckpointRef,
+    FaultSummary,
+    ReplicaCounts,
+    ResizeSummary,
+    TrainingJobStatus,
+)
 
 __all__ = [
     "API_VERSION",
@@ -44,6 +50,7 @@ __all__ = [
     "RecoverySpec",
     "ReplicaCounts",
     "ReplicaSpec",
+    "ResizeSummary",
     "StragglerSpec",
     "TrainingJob",
     "TrainingJobSpec",

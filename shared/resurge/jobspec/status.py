@@ -9,7 +9,13 @@ from pydantic import Field, NonNegativeInt
 from resurge.contract.vocabulary import FaultScope, JobPhase, RecoveryLevel
 from resurge.jobspec._base import SpecModel
 
-__all__ = ["CheckpointRef", "FaultSummary", "ReplicaCounts", "TrainingJobStatus"]
+__all__ = [
+    "CheckpointRef",
+    "FaultSummary",
+    "ReplicaCounts",
+    "ResizeSummary",
+    "TrainingJobStatus",
+]
 
 
 def _pending() -> JobPhase:
@@ -29,6 +35,19 @@ class FaultSummary(SpecModel):
     reason: str = Field(description="What went wrong.", examples=["exit code 1 on rank 0"])
     scope: FaultScope = Field(description="How much of the job the fault takes down.")
     time: datetime = Field(description="When the fault was detected.")
+
+
+class ResizeSummary(SpecModel):
+    """The last resize, in short."""
+
+    resize: str = Field(description="`grow`, `shrink` or `suspend`.", examples=["grow"])
+    from_: int = Field(alias="from", ge=0, description="Replicas before.")
+    to: int = Field(ge=0, description="Replicas after.")
+    why: str = Field(default="", description="Why the scaler resized the job.")
+    time: datetime = Field(description="When the scaler decided it.")
+    seconds: float | None = Field(
+        default=None, ge=0, description="From the decision to the first step at the new size."
+    )
 
 
 class CheckpointRef(SpecModel):
@@ -57,6 +76,7 @@ class TrainingJobStatus(SpecModel):
         ge=0,
         description="Seconds from the latest fault to the first progress report after it.",
     )
+    last_resize: ResizeSummary | None = Field(default=None, description="The latest resize.")
     latest_checkpoint: CheckpointRef | None = Field(
         default=None, description="The latest checkpoint every rank has completed."
     )

@@ -1,0 +1,174 @@
+"""The scaler's resizes: decide (:mod:`.elastic_decision`), checkpoint, write the plan.
+
+:meth:`Resizer.rebalance` reads every job record and the live nodes, builds the
+decision's input (:mod:`.shapes`) and carries out what it returns: grow, shrink and
+suspend. Admissions are the scaler's admission pass (:mod:`.admission`); a waiting
+job that needs room makes the decision shrink or suspend lower-priority jobs, and the
+admission pass places it once their slots are free.
+
+Each resize runs in its own task, and the job counts as busy until it is written:
+
+1. when the workers report progress (they use ``resurge.worker``) and none of the
+   replicas that go is on a lost node, CheckpointNow to every replica, then wait at most
+   ``elastic.checkpointTimeoutSeconds`` for a newer checkpoint every rank saved (the
+   restarter counts the reports into the record); a record that moved to another
+   generation meanwhile (a fault) drops the resize;
+2. the resize written into the record with one compare-and-set
+   (:func:`.resize_plan.apply_resize`), which fails if a restart won meanwhile; the
+   restarter, watching the records, carries the plan out as it does a recovery's;
+3. ScaleDecided on ``action.<job>`` (job, from, to, why).
+
+Nodes being removed (``resurge node remove``) count as lost long ago, so the jobs on
+them shrink at once rather than after ``faultyScaleDownTimeoutSeconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from functools import partial
+
+from resurge.cluster import ClusterBackend, NodeInfo
+from resurge.control.job_messages import send_checkpoint_requests
+from resurge.control.nodes import is_being_removed
+from resurge.control.records import JobRecord, JobStore
+from resurge.events import ScaleDecided
+from resurge.runtime.service import ServiceContext
+from resurge_scaler.elastic_decision import Kind, Resize, plan
+from resurge_scaler.resize_plan import apply_resize, removed_nodes
+from resurge_scaler.shapes import lost_since, shapes_from
+
+__all__ = ["Resizer"]
+
+_CARRIED_OUT = (Kind.GROW, Kind.SHRINK, Kind.SUSPEND)
+_LONG_AGO = 1e9  # seconds before now: a node being removed is overdue at once
+
+
+class Resizer:
+    """Decides and writes resizes for one scaler over its store and backend."""
+
+    def __init__(
+        self,
+        ctx: ServiceContext,
+        store: JobStore,
+        backend: ClusterBackend,
+    ) -> None:
+        self.ctx = ctx
+        self.bus = ctx.bus
+        self.store = store
+        self.backend = backend
+        self.lost: dict[str, float] = {}
+        self.in_flight: set[str] = set()
+        self._deciding = asyncio.Lock()
+
+    async def rebalance(self) -> None:
+        """Decide once on the records and nodes as they are now; start each resize."""
+        async with self._deciding:
+            records = [r for r in await self.store.all() if not r.phase.finished]
+            if not records:
+                self.lost = {}
+                return
+            nodes = await self.backend.live_nodes()
+            now = time.time()
+            self.lost = lost_since(self.lost, records, nodes, now)
+            for node in nodes:
+                if is_being_removed(node) and node.name in self.lost:
+                    self.lost[node.name] = now - _LONG_AGO
+            resized = {
+                r.name: r.last_resize.time.timestamp() for r in records if r.last_resize is not None
+            }
+            cluster, shapes = shapes_from(records, nodes, now, resized_at=resized, lost=self.lost)
+            shapes = [replace(s, busy=True) if s.name in self.in_flight else s for s in shapes]
+            decided = plan(cluster, shapes, now)
+            by_name = {r.name: r for r in records}
+            for resize in decided.resizes:
+                if resize.kind not in _CARRIED_OUT:
+                    continue  # admissions: the admission pass places them
+                self.in_flight.add(resize.job)
+                self.ctx.spawn(self._carry_out(by_name[resize.job], resize, nodes))
+
+    async def _carry_out(self, record: JobRecord, resize: Resize, nodes: list[NodeInfo]) -> None:
+        try:
+            await self._resize(record, resize, nodes)
+        except Exception:
+            self.ctx.log.exception("resizing %s failed", record.name, extra={"job": record.name})
+        finally:
+            self.in_flight.discard(record.name)
+
+    async def _resize(self, record: JobRecord, resize: Resize, nodes: list[NodeInfo]) -> None:
+        fine = {n.name for n in nodes if n.schedulable or is_being_removed(n)}
+        reachable = all(node in fine for node in removed_nodes(record, resize))
+        checkpoint_first = record.reports_progress and reachable
+        if checkpoint_first and not await self._checkpoint_first(record, resize):
+            return
+        result = await self.store.mutate(
+            record.name,
+            partial(
+                apply_resize,
+                resize=resize,
+                generation=record.generation,
+                addresses={n.name: n.address for n in nodes},
+                now=datetime.now(UTC),
+            ),
+        )
+        if result is None or result[0] is result[1]:
+            self.ctx.log.info(
+                "resize of %s dropped: its record changed meanwhile",
+                record.name,
+                extra={"job": record.name},
+            )
+            return
+        before, after = result
+        self.ctx.log.info(
+            "resizing %s to generation %d: %s",
+            after.name,
+            after.generation,
+            resize.why,
+            extra={"job": after.name, "generation": after.generation},
+        )
+        decided = ScaleDecided(
+            source=self.bus.source,
+            job=after.name,
+            generation=after.generation,
+            resize=resize.kind.value,
+            from_replicas=resize.from_replicas,
+            to_replicas=resize.to_replicas,
+            why=resize.why,
+            from_generation=before.generation,
+            to_generation=after.generation,
+        )
+        await self.bus.publish(self.bus.subjects.action(after.name), decided)
+
+    async def _checkpoint_first(self, record: JobRecord, resize: Resize) -> bool:
+        """Ask for a checkpoint and wait (bounded) for every rank to have saved a newer
+        one; False if the job moved to another generation meanwhile."""
+        bound = record.spec.spec.elastic.checkpoint_timeout_seconds
+        had = -1 if record.latest_checkpoint is None else record.latest_checkpoint.step
+        watcher = await self.store.kv.watch(self.store.key(record.name))
+        try:
+            reason = f"{resize.kind.value} {resize.from_replicas} -> {resize.to_replicas}"
+            await send_checkpoint_requests(self.bus, record, reason)
+            async with asyncio.timeout(bound):
+                async for entry in watcher:
+                    if entry is None or not entry.value:
+                        continue
+                    now = JobRecord.model_validate_json(entry.value)
+                    if now.generation != record.generation:
+                        return False
+                    if now.latest_checkpoint is not None and now.latest_checkpoint.step > had:
+                        return True
+        except TimeoutError:
+            self.ctx.log.warning(
+                "%s: no new checkpoint from every rank within %g s; resizing from step %s",
+                record.name,
+                bound,
+                had if had >= 0 else "0 (none)",
+                extra={"job": record.name},
+            )
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]  # nats.py: untyped
+        return True
