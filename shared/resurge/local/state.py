@@ -2,7 +2,8 @@
 
 The folder (``--state-dir``, else ``RESURGE_STATE_DIR``, else ``.resurge`` in the
 current folder) holds ``cluster.json`` (NATS URL, namespace, supervisor pid, nodes),
-the lock the running supervisor holds, the NATS server's data and every log.
+the lock the running supervisor holds, the wanted nodes (``nodes.json`` and its lock,
+:mod:`resurge.local.node_set`), the NATS server's data and every log.
 """
 
 from __future__ import annotations
