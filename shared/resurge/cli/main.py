@@ -113,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     node_commands = node.add_subparsers(dest="node_command", required=True)
     node_list = node_commands.add_parser(
-        "list", help="every node: slots, free slots, health, cordon and why, jobs on it"
+        "list", help="every node: slots, free slots, health, cordon and why, jobs, labels"
     )
     node_list.add_argument("--json", action="store_true", help="print JSON")
     for verb, what in (("cordon", "give it no new work"), ("uncordon", "let it take work again")):
