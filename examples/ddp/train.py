@@ -126,6 +126,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the model and the data")
     parser.add_argument("--log-every", type=int, default=5, help="rank 0 prints every N steps")
+    parser.add_argument(
+        "--no-in-process",
+        action="store_true",
+        help="link to the agent without resurge.worker.restartable: every restart and "
+        "resize then starts new processes (for comparisons)",
+    )
     args = parser.parse_args(argv)
     for flag, value in (("--global-batch", args.global_batch), ("--micro-batch", args.micro_batch)):
         if value < 1:
@@ -242,8 +248,15 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         return run_generation(_NoOpRun(), args, "not installed")
     agent = os.environ.get("RESURGE_AGENT_SOCKET")
+    link = f"agent at {agent}" if agent else "no agent"
+    if args.no_in_process:
+        run = worker.connect()
+        try:
+            return run_generation(run, args, link)
+        finally:
+            run.close()
     # Under a resurge agent, every in-process restart calls run_generation again here.
-    return worker.restartable(run_generation)(args, f"agent at {agent}" if agent else "no agent")
+    return worker.restartable(run_generation)(args, link)
 
 
 def run_generation(run: Any, args: argparse.Namespace, link: str) -> int:

@@ -192,11 +192,11 @@ async def assert_carried_out_once(bus: Bus, store: JobStore, cluster: FakeBacken
     assigns = [e for e in sent if isinstance(e, Assign)]
     assert len(sent) == len(stops) + len(assigns) == 4
     assert sorted((s.replica, s.generation, s.id) for s in stops) == [
-        (r, 1, command_id("stop", JOB, r, 1)) for r in (0, 1)
+        (r, 1, command_id("stop", JOB, r, 1, record.uid)) for r in (0, 1)
     ]
     assert sorted((a.replica, a.node, a.generation, a.id) for a in assigns) == [
-        (0, "n0", 2, command_id("assign", JOB, 0, 2)),
-        (1, "n2", 2, command_id("assign", JOB, 1, 2)),
+        (0, "n0", 2, command_id("assign", JOB, 0, 2, record.uid)),
+        (1, "n2", 2, command_id("assign", JOB, 1, 2, record.uid)),
     ]
     announced = await actions(bus)
     assert [type(e) for e in announced] == [RecoveryStarted, PhaseChanged]

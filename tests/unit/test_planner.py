@@ -1,4 +1,4 @@
-from resurge.control.planner import assignments, master_port_for
+from resurge.control.planner import assignments, command_id, master_port_for
 from resurge.control.records import CheckpointRef, JobRecord, Placement
 from resurge.events import Source
 from resurge.local import job_factory
@@ -43,3 +43,12 @@ def test_assign_carries_the_resume_point_into_the_worker_environment() -> None:
     env = worker_environment(assign, 0)
     assert env["RESURGE_RESUME_CHECKPOINT"] == "/ckpt/step-00000040"
     assert env["RESURGE_RESUME_STEP"] == "40" and env["RESURGE_GENERATION"] == "2"
+
+
+def test_a_job_submitted_again_under_its_name_gets_commands_of_its_own() -> None:
+    first, again = (
+        command_id("assign", "j", 0, 0, "uid-1"),
+        command_id("assign", "j", 0, 0, "uid-2"),
+    )
+    assert first != again, "JetStream would drop the new record's commands as repeats"
+    assert first == command_id("assign", "j", 0, 0, "uid-1")

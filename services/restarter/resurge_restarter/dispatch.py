@@ -88,7 +88,7 @@ class Dispatcher:
         assert plan is not None
         bus = self.ctx.bus
         started = RecoveryStarted(
-            id=command_id("recovery-started", record.name, 0, plan.to_generation),
+            id=command_id("recovery-started", record.name, 0, plan.to_generation, record.uid),
             source=bus.source,
             job=record.name,
             generation=plan.to_generation,

@@ -34,7 +34,7 @@ async def send_stops(
     for placement in record.placements if placements is None else placements:
         kind = "stop-final" if final else "stop"
         stop = Stop(
-            id=command_id(kind, record.name, placement.replica, generation),
+            id=command_id(kind, record.name, placement.replica, generation, record.uid),
             source=bus.source,
             job=record.name,
             replica=placement.replica,
@@ -57,7 +57,11 @@ async def send_checkpoint_requests(bus: Bus, record: JobRecord, reason: str) -> 
     for placement in record.placements:
         request = CheckpointNow(
             id=command_id(
-                f"checkpoint-{_digest(reason)}", record.name, placement.replica, record.generation
+                f"checkpoint-{_digest(reason)}",
+                record.name,
+                placement.replica,
+                record.generation,
+                record.uid,
             ),
             source=bus.source,
             job=record.name,
@@ -84,7 +88,7 @@ async def announce_phase(bus: Bus, before: JobPhase | None, after: JobRecord) ->
     if before == after.phase:
         return
     event = PhaseChanged(
-        id=f"phase-{command_id(after.phase.value, after.name, 0, after.generation)}",
+        id=f"phase-{command_id(after.phase.value, after.name, 0, after.generation, after.uid)}",
         source=bus.source,
         job=after.name,
         generation=after.generation,

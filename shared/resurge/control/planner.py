@@ -26,10 +26,12 @@ def master_port_for(job: str, generation: int) -> int:
     return _PORT_BASE + (int.from_bytes(digest) + generation * 7919) % _PORT_SPAN
 
 
-def command_id(kind: str, job: str, replica: int, generation: int) -> str:
-    """The id of the one ``kind`` command for (job, replica, generation): sent twice (a
-    restarter finishing another's plan), JetStream de-duplicates it."""
-    digest = hashlib.blake2b(f"{job}\0{replica}\0{generation}".encode(), digest_size=10)
+def command_id(kind: str, job: str, replica: int, generation: int, uid: str = "") -> str:
+    """The id of the one ``kind`` command for (job, replica, generation) of the job record
+    ``uid``: sent twice (a restarter finishing another's plan), JetStream de-duplicates
+    it; a job deleted and submitted again under its name gets a new record, so its
+    commands are not taken for the old one's."""
+    digest = hashlib.blake2b(f"{job}\0{replica}\0{generation}\0{uid}".encode(), digest_size=10)
     return f"{kind}-{digest.hexdigest()}"
 
 
@@ -49,7 +51,7 @@ def assignments(
     checkpoint = record.latest_checkpoint
     return [
         Assign(
-            id=command_id("assign", record.name, slot.replica, record.generation),
+            id=command_id("assign", record.name, slot.replica, record.generation, record.uid),
             source=source,
             job=record.name,
             replica=slot.replica,

@@ -8,6 +8,7 @@ counts); events say what happened.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -180,6 +181,11 @@ class JobRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
+    uid: str = Field(
+        default_factory=lambda: uuid.uuid4().hex,
+        description="This record's own id: a job submitted again after a delete gets a "
+        "new one (as a Kubernetes object's metadata.uid).",
+    )
     spec: TrainingJob
     phase: JobPhase = JobPhase.PENDING
     generation: int = 0

@@ -2,9 +2,11 @@
 
 Used by ``resurge demo``, the end-to-end tests and the benchmarks, so all three tell the
 same story: a :class:`~resurge.local.supervisor.Supervisor` (services and virtual nodes
-as processes), a job submitted over the bus, and every event but log lines captured
-with its subject until the job ends. ``during`` runs beside the job (to break it on
-purpose); it can await what happened so far through :meth:`Watch.wait_for`.
+as processes; it holds the state folder as ``resurge up`` does, so the ``resurge`` CLI
+pointed at that folder reaches it), a job submitted over the bus, and every event but
+log lines captured with its subject until the job ends. ``during`` runs beside the job
+(to break it on purpose); it can await what happened so far through
+:meth:`Watch.wait_for`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from resurge.events import (
     RecoveryFinished,
 )
 from resurge.jobspec import TrainingJob
+from resurge.local.state import ClusterState, StateLock
 from resurge.local.supervisor import Supervisor
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
@@ -151,10 +154,13 @@ async def run_job(
     during: Callable[[Bus, Watch], Coroutine[Any, Any, None]] | None = None,
     cwd: Path | None = None,
     restarters: int = 1,
+    end_with_during: bool = False,
 ) -> StoryResult:
     """Start a local cluster (on ``nats_url``, or an embedded server), run ``job`` to its end.
 
     As under ``resurge up``, a service that dies is started again (with backoff).
+    ``end_with_during``: the story also ends when ``during`` returns (for a job that
+    ``during`` deletes or never lets finish).
     """
     supervisor = Supervisor(
         state_dir,
@@ -170,7 +176,15 @@ async def run_job(
     watch = Watch(supervisor)
     recorder = _Recorder(watch, job.name, on_event)
     started = time.monotonic()
-    await asyncio.to_thread(supervisor.start)
+    lock = StateLock(state_dir)
+    if not lock.acquire():
+        raise RuntimeError(f"another local cluster runs in {state_dir}")
+    try:
+        await asyncio.to_thread(supervisor.start)
+    except BaseException:
+        lock.release()
+        raise
+    supervisor.state().save(state_dir)  # `resurge --state-dir STATE_DIR ...` finds it
     try:
         assert supervisor.nats_url is not None
         bus = await Bus.connect(
@@ -182,7 +196,11 @@ async def run_job(
                 await before_submit(bus)
             await submit_job(bus, job)
             await _until_finished(
-                supervisor, recorder, wait_seconds, during(bus, watch) if during else None
+                supervisor,
+                recorder,
+                wait_seconds,
+                during(bus, watch) if during else None,
+                end_with_during=end_with_during,
             )
             if recorder.done.is_set():
                 replicas = job.spec.replicas.min
@@ -193,6 +211,8 @@ async def run_job(
             await bus.close()
     finally:
         await asyncio.to_thread(supervisor.stop)
+        ClusterState.path(state_dir).unlink(missing_ok=True)
+        lock.release()
     return StoryResult(
         job=job.name,
         phase=recorder.phase,
@@ -239,23 +259,32 @@ async def _until_finished(
     recorder: _Recorder,
     wait_seconds: float,
     during: Coroutine[Any, Any, None] | None,
+    *,
+    end_with_during: bool = False,
 ) -> None:
-    """Keep the services alive and run ``during`` until the job finishes or
-    ``wait_seconds`` pass; then stop both."""
+    """Keep the services alive and run ``during`` until the job finishes (or ``during``
+    returns, with ``end_with_during``) or ``wait_seconds`` pass; then stop both."""
     keeper = asyncio.create_task(_keep_alive(supervisor))
     side = asyncio.create_task(during) if during is not None else None
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(recorder.done.wait(), wait_seconds)
+    ends: set[asyncio.Future[Any]] = {asyncio.ensure_future(recorder.done.wait())}
+    if side is not None and end_with_during:
+        ends.add(side)
+    done, _ = await asyncio.wait(ends, timeout=wait_seconds, return_when=asyncio.FIRST_COMPLETED)
+    for end in ends - {side}:
+        end.cancel()
+    failed = side.exception() if side is not None and side in done else None
     for task in (side, keeper):
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+    if failed is not None:
+        raise failed
 
 
 async def _keep_alive(supervisor: Supervisor) -> None:
     while True:
-        supervisor.check()
+        await asyncio.to_thread(supervisor.check)  # it blocks, as in `resurge up`'s loop
         await asyncio.sleep(0.2)
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -74,6 +75,7 @@ class _Child:
     next_start: float = 0.0
     node: NodeEntry | None = None  # a node monitor's node, as it was started
     stop_by: float | None = None  # being stopped for good: SIGKILL at this time
+    failed: bool = False  # its machine "died" (fail_node): nothing starts it again
 
 
 @dataclass
@@ -234,7 +236,7 @@ class Supervisor:
         changed = self._reconcile_nodes()
         now = time.monotonic()
         for child in self.children.values():
-            if child.stop_by is not None:
+            if child.stop_by is not None or child.failed:
                 continue
             if child.process is None or child.process.poll() is None:
                 continue
@@ -254,6 +256,25 @@ class Supervisor:
                 self._spawn(child)
                 log.warning("%s started again (pid %d)", child.name, child.process.pid)
         return changed
+
+    def fail_node(self, name: str) -> list[int]:
+        """Node ``name``'s machine dies, for tests and demos: its monitor and every process
+        below it (worker groups' agents, fork servers, workers) are SIGKILLed at once, and
+        nothing of it starts again while this supervisor runs. Its record stays, so the
+        cluster sees the node go silent. The pids killed."""
+        child = self.children[name]
+        if child.node is None:
+            raise ValueError(f"{name} is not a node")
+        child.failed = True
+        killed = []
+        if child.process is not None and child.process.poll() is None:
+            for pid in [child.process.pid, *_descendants(child.process.pid)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+            child.process.wait()
+        log.warning("%s failed on purpose: %d process(es) killed", name, len(killed))
+        return killed
 
     def _reconcile_nodes(self) -> bool:
         """One step towards the wanted nodes; True when a monitor started or went."""
@@ -332,6 +353,22 @@ class Supervisor:
             nodes=self.node_names,
             gpus_per_node=self.gpus_per_node,
         )
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, those in sessions of their own too (read from
+    ``/proc``; none where there is no ``/proc``)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found += below
+        todo += below
+    return found
 
 
 async def _has_consumer(bus: Bus, family: str, name: str) -> bool:
