@@ -53,6 +53,7 @@ bench: $(INSTALLED)
 	$(BIN)/python bench/recovery.py
 	$(BIN)/python bench/detector_throughput.py --rate 40000
 	$(BIN)/python bench/scaler.py
+	$(BIN)/python bench/resize_pause.py
 
 schemas: $(INSTALLED)
 	$(BIN)/resurge schema --out docs/schemas
