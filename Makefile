@@ -40,12 +40,15 @@ lint: $(INSTALLED)
 typecheck: $(INSTALLED)
 	$(BIN)/mypy
 
-# pytest exits 5 when it collects no test; make treats that as a failure too.
+# pytest exits 5 when it collects no test; make treats that as a failure too. Two
+# pytest-xdist workers: the five-minute soak runs beside the rest of the suite.
+PYTEST_WORKERS ?= 2
+
 pytest: $(INSTALLED)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 pytest-fast: $(INSTALLED)
-	$(BIN)/pytest -m "not e2e" $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) -m "not e2e" $(PYTEST_ARGS)
 
 bench: $(INSTALLED)
 	$(BIN)/python bench/restart_latency.py

@@ -33,6 +33,7 @@ def test_each_generation_gets_a_fresh_port_in_range() -> None:
     ports = [master_port_for("j", g) for g in range(50)]
     assert len(set(ports)) == 50
     assert all(20000 <= p < 32000 for p in ports)
+    assert master_port_for("j", 0, "uid-1") != master_port_for("j", 0, "uid-2")
 
 
 def test_assign_carries_the_resume_point_into_the_worker_environment() -> None:

@@ -5,8 +5,9 @@ from datetime import UTC, datetime
 
 from resurge.cluster import NodeInfo
 from resurge.control.records import JobRecord, Placement, status_view
-from resurge.events import JobPhase, RecoveryLevel
+from resurge.events import FaultDetected, FaultScope, JobPhase, RecoveryLevel, Source
 from resurge.local import job_factory
+from resurge_restarter.policy import Verdict, apply_fault
 from resurge_scaler.admission import place
 from resurge_scaler.elastic_decision import Kind, Resize
 from resurge_scaler.resize_plan import apply_resize, removed_nodes
@@ -148,3 +149,30 @@ def test_extra_replicas_leave_room_for_the_spares() -> None:
     placements, spares = fit
     assert len(placements) == 2 and len(spares) == 1
     assert not {p.node for p in placements} & set(spares)
+
+
+def crash(fault_id: str, generation: int) -> FaultDetected:
+    return FaultDetected(
+        source=Source(service="detector", instance="t"), job="e", generation=generation,
+        rank=1, replica=0, node="n0", fault_id=fault_id, scope=FaultScope.PROCESS,
+        reason="process_crash", suggested_level=RecoveryLevel.PROCESS, time=NOW,
+    )  # fmt: skip
+
+
+def test_a_fault_during_a_resize_is_handled_once_as_a_restart_of_the_new_generation() -> None:
+    record = running(2, in_process=True)
+    assert apply_resize(record, grow(4, ("n2", "n3")), generation=3, addresses=ADDRESSES, now=NOW)
+    # the replicas of the old generation failing as it is torn down: not a fault to act on
+    stale = apply_fault(record, crash("f-old", 3), now=NOW)
+    assert stale.verdict is Verdict.IGNORE
+    assert record.generation == 4 and record.pending_recovery is not None
+    assert record.pending_recovery.resize == "grow"
+    # a fault of the new generation: one restart, which replaces the resize's plan
+    first = apply_fault(record, crash("f-new", 4), now=NOW)
+    assert first.verdict is Verdict.RESTART
+    assert record.generation == 5
+    plan = record.pending_recovery
+    assert plan is not None and plan.resize == "" and plan.from_generation == 4
+    assert len(record.placements) == 4, "the restart keeps the new size"
+    again = apply_fault(record, crash("f-new", 4), now=NOW)
+    assert again.verdict is Verdict.IGNORE and record.generation == 5

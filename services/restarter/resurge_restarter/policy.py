@@ -403,7 +403,7 @@ def apply_fault(  # noqa: C901 - the ladder in order: ignore, pick a level, edit
     record.alive_since = None
     record.resume_step = None if record.latest_checkpoint is None else record.latest_checkpoint.step
     record.restarts = {**record.restarts, level: record.restarts.get(level, 0) + 1}
-    record.master_port = master_port_for(record.name, record.generation)
+    record.master_port = master_port_for(record.name, record.generation, record.uid)
     record.finished_replicas = []
     if requeue:
         record.placements = []

@@ -197,7 +197,7 @@ def start(record: JobRecord, placements: list[Placement], spares: list[str] | No
     record.placements = placements
     record.spare_nodes = list(spares or [])
     record.phase = JobPhase.RUNNING
-    record.master_port = master_port_for(record.name, record.generation)
+    record.master_port = master_port_for(record.name, record.generation, record.uid)
     record.finished_replicas = []
     record.alive_since = None
     record.resume_step = None if record.latest_checkpoint is None else record.latest_checkpoint.step

@@ -73,7 +73,7 @@ def apply_resize(
     record.generation += 1
     record.placements = [] if suspend else kept + added
     record.target_replicas = len(record.placements)
-    record.master_port = master_port_for(record.name, record.generation)
+    record.master_port = master_port_for(record.name, record.generation, record.uid)
     record.finished_replicas = []
     record.alive_since = None
     record.resume_step = None if record.latest_checkpoint is None else record.latest_checkpoint.step

@@ -20,9 +20,11 @@ _PORT_BASE = 20000
 _PORT_SPAN = 12000
 
 
-def master_port_for(job: str, generation: int) -> int:
-    """A rendezvous port for (job, generation): stable, and different between generations."""
-    digest = hashlib.blake2b(job.encode(), digest_size=4).digest()
+def master_port_for(job: str, generation: int, uid: str = "") -> int:
+    """A rendezvous port for (job, generation) of the job record ``uid``: stable, and
+    different between generations; two jobs of one name (in two local clusters on one
+    machine, or one submitted again) start from different ports."""
+    digest = hashlib.blake2b(f"{job}\0{uid}".encode(), digest_size=4).digest()
     return _PORT_BASE + (int.from_bytes(digest) + generation * 7919) % _PORT_SPAN
 
 
