@@ -45,9 +45,17 @@ def _say(views: list[dict[str, object]], as_json: bool, one: bool) -> None:
             if isinstance(last, dict)
             else ""
         )
+        replicas = view.get("replicas")
+        shape = (
+            f" replicas={replicas['current']}/{replicas['target']}"
+            if isinstance(replicas, dict)
+            else ""
+        )
+        resize = view.get("lastResize")
+        resized = f" resized={resize['from']}->{resize['to']}" if isinstance(resize, dict) else ""
         print(
-            f"{view['name']:<24} {view['phase']:<11} gen={view['generation']} "
-            f"restarts={{{counts}}}{recovered} {view['message']}"
+            f"{view['name']:<24} {view['phase']:<11} gen={view['generation']}{shape} "
+            f"restarts={{{counts}}}{recovered}{resized} {view['message']}"
         )
 
 
