@@ -72,6 +72,7 @@ def test_a_shrink_stops_only_the_replicas_that_go_and_keeps_the_others_indices()
     assert removed_nodes(record, shrink) == ["n1"]
     assert apply_resize(record, shrink, generation=3, addresses=ADDRESSES, now=NOW)
     assert [(p.replica, p.node) for p in record.placements] == [(0, "n0"), (2, "n2")]
+    assert record.incarnations == {1: 0}
     plan = record.pending_recovery
     assert plan is not None
     assert [(p.replica, p.node) for p in plan.stop_placements] == [(1, "n1")]
@@ -86,13 +87,16 @@ def test_workers_that_cannot_re_enter_are_all_restarted_as_processes() -> None:
     assert [p.replica for p in plan.stop_placements] == [0, 1]
 
 
-def test_an_added_replica_takes_the_lowest_free_index_as_a_new_worker_group() -> None:
+def test_an_added_replica_takes_an_index_the_job_never_used() -> None:
     record = running(3)
-    record.placements = [record.placements[0], record.placements[2]]  # replica 1 went earlier
-    record.incarnations = {1: 2}
-    assert apply_resize(record, grow(3, ("n4",)), generation=3, addresses=ADDRESSES, now=NOW)
-    assert [(p.replica, p.node) for p in record.placements] == [(0, "n0"), (2, "n2"), (1, "n4")]
-    assert record.incarnations == {1: 3}
+    shrink = Resize(job="e", kind=Kind.SHRINK, from_replicas=3, to_replicas=2, why="room",
+                    remove=(1,), nodes=("n0", "n2"))  # fmt: skip
+    assert apply_resize(record, shrink, generation=3, addresses=ADDRESSES, now=NOW)
+    assert record.incarnations == {1: 0}, "replica 1's index is used"
+    record.phase, record.pending_recovery = JobPhase.RUNNING, None
+    assert apply_resize(record, grow(3, ("n4",)), generation=4, addresses=ADDRESSES, now=NOW)
+    assert [(p.replica, p.node) for p in record.placements] == [(0, "n0"), (2, "n2"), (3, "n4")]
+    assert record.incarnations == {1: 0, 3: 1}
 
 
 def test_a_suspension_requeues_the_job_with_its_checkpoint() -> None:

@@ -4,15 +4,18 @@
 one compare-and-set, so a restart decided meanwhile wins and the resize is dropped):
 
 - grow or shrink: the next generation, at the new placements. Replicas that stay keep
-  their index and node; an added replica takes the lowest free index (its worker group
-  is new: its incarnation goes up). The plan in ``pending_recovery`` (``resize`` set) is
-  what the restarter carries out, as it does a recovery's: Stop to ``stop_placements``,
-  their worker groups deleted, worker groups created for ``recreate`` (the added
-  replicas), then Assign(g+1) to every replica. Where the job's workers run under
-  ``resurge.worker.restartable`` the level is ``in_process`` and only the replicas that
-  go are stopped: the others re-enter their training function at the new world size and
-  only added replicas start processes. Otherwise the level is ``process`` and every old
-  replica is stopped. The phase is Resizing until the new generation's first step.
+  their index and node; an added replica takes the lowest index the job never used
+  (its worker group is new: its incarnation goes up; the replicas that go keep an
+  entry in ``incarnations``, so their indices are never given out again). The plan in
+  ``pending_recovery`` (``resize`` set) is what the restarter carries out, as it does a
+  recovery's: Stop to ``stop_placements``, their worker groups deleted, worker groups
+  created for ``recreate`` (the added replicas; the scaler created and warmed them
+  already, so writing them again changes nothing), then Assign(g+1) to every replica.
+  Where the job's workers run under ``resurge.worker.restartable`` the level is
+  ``in_process`` and only the replicas that go are stopped: the others re-enter their
+  training function at the new world size and only added replicas start processes.
+  Otherwise the level is ``process`` and every old replica is stopped. The phase is
+  Resizing until the new generation's first step.
 - suspend: back to Pending with its checkpoint (a requeue: every worker group deleted,
   nothing assigned); admission resumes it later, from that checkpoint.
 
@@ -69,6 +72,11 @@ def apply_resize(
     in_process = record.in_process_capable and not suspend
     level = RecoveryLevel.IN_PROCESS if in_process else RecoveryLevel.PROCESS
     stop = [ordered[i] for i in sorted(gone)] if in_process else ordered
+    for p in (ordered[i] for i in gone):  # its index is used: never given out again
+        record.incarnations = {
+            **record.incarnations,
+            p.replica: record.incarnations.get(p.replica, 0),
+        }
     from_generation = record.generation
     record.generation += 1
     record.placements = [] if suspend else kept + added
@@ -112,9 +120,10 @@ def apply_resize(
 def _added(
     record: JobRecord, kept: list[Placement], nodes: tuple[str, ...], addresses: Mapping[str, str]
 ) -> list[Placement]:
-    """A placement per node in ``nodes``, at the lowest replica indices ``kept`` leaves
-    free; each one's incarnation goes up, so its worker group is a new one."""
-    used = {p.replica for p in kept}
+    """A placement per node in ``nodes``, at the lowest replica indices this job never
+    used (a new replica's agent must not find an old replica's commands on its subject);
+    each one's incarnation goes up, so its worker group is a new one."""
+    used = {p.replica for p in kept} | set(record.incarnations)
     free = (i for i in itertools.count() if i not in used)
     added = []
     for node in nodes:

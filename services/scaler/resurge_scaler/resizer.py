@@ -8,15 +8,22 @@ admission pass places it once their slots are free.
 
 Each resize runs in its own task, and the job counts as busy until it is written:
 
-1. when the workers report progress (they use ``resurge.worker``) and none of the
+1. replicas it adds get their worker groups now, and the resize waits (at most
+   ``elastic.scalingTimeoutSeconds``) until each one's agent is up and waiting, fork
+   server warm; the job trains on meanwhile (not in time: the groups are deleted and
+   the resize dropped, to be decided again);
+2. when the workers report progress (they use ``resurge.worker``) and none of the
    replicas that go is on a lost node, CheckpointNow to every replica, then wait at most
    ``elastic.checkpointTimeoutSeconds`` for a newer checkpoint every rank saved (the
    restarter counts the reports into the record); a record that moved to another
    generation meanwhile (a fault) drops the resize;
-2. the resize written into the record with one compare-and-set
+3. the resize written into the record with one compare-and-set
    (:func:`.resize_plan.apply_resize`), which fails if a restart won meanwhile; the
    restarter, watching the records, carries the plan out as it does a recovery's;
-3. ScaleDecided on ``action.<job>`` (job, from, to, why).
+4. ScaleDecided on ``action.<job>`` (job, from, to, why).
+
+A resize that does not happen (a fault won, or the warm-up timed out) deletes the
+worker groups it created.
 
 Nodes being removed (``resurge node remove``) count as lost long ago, so the jobs on
 them shrink at once rather than after ``faultyScaleDownTimeoutSeconds``.
@@ -34,8 +41,9 @@ from functools import partial
 from resurge.cluster import ClusterBackend, NodeInfo
 from resurge.control.job_messages import send_checkpoint_requests
 from resurge.control.nodes import is_being_removed
-from resurge.control.records import JobRecord, JobStore
-from resurge.events import ScaleDecided
+from resurge.control.records import JobRecord, JobStore, Placement
+from resurge.control.worker_groups import worker_group
+from resurge.events import AgentState, AgentStateChanged, Event, ScaleDecided
 from resurge.runtime.service import ServiceContext
 from resurge_scaler.elastic_decision import Kind, Resize, plan
 from resurge_scaler.resize_plan import apply_resize, removed_nodes
@@ -99,27 +107,31 @@ class Resizer:
             self.in_flight.discard(record.name)
 
     async def _resize(self, record: JobRecord, resize: Resize, nodes: list[NodeInfo]) -> None:
+        addresses = {n.name: n.address for n in nodes}
+        write = partial(
+            apply_resize, resize=resize, generation=record.generation, addresses=addresses
+        )
+        preview = record.model_copy(deep=True)
+        if not write(preview, now=datetime.now(UTC)):
+            return
+        added = _added(preview)
+        if added and not await self._warm_up(preview, added):
+            await self._remove(record.name, added)
+            return
         fine = {n.name for n in nodes if n.schedulable or is_being_removed(n)}
         reachable = all(node in fine for node in removed_nodes(record, resize))
         checkpoint_first = record.reports_progress and reachable
         if checkpoint_first and not await self._checkpoint_first(record, resize):
+            await self._remove(record.name, added)
             return
-        result = await self.store.mutate(
-            record.name,
-            partial(
-                apply_resize,
-                resize=resize,
-                generation=record.generation,
-                addresses={n.name: n.address for n in nodes},
-                now=datetime.now(UTC),
-            ),
-        )
+        result = await self.store.mutate(record.name, partial(write, now=datetime.now(UTC)))
         if result is None or result[0] is result[1]:
             self.ctx.log.info(
                 "resize of %s dropped: its record changed meanwhile",
                 record.name,
                 extra={"job": record.name},
             )
+            await self._remove(record.name, added)
             return
         before, after = result
         self.ctx.log.info(
@@ -141,6 +153,53 @@ class Resizer:
             to_generation=after.generation,
         )
         await self.bus.publish(self.bus.subjects.action(after.name), decided)
+
+    async def _warm_up(self, preview: JobRecord, added: list[Placement]) -> bool:
+        """Create the added replicas' worker groups and wait (at most
+        ``elastic.scalingTimeoutSeconds``) until each agent is waiting for its first
+        assignment, its fork server warm: the job trains on meanwhile, so the switch to
+        the new size does not wait for them. False if they do not come up in time."""
+        bound = preview.spec.spec.elastic.scaling_timeout_seconds
+        waiting: set[int] = set()
+        wanted = {p.replica for p in added}
+        came = asyncio.Event()
+
+        async def on_state(event: Event, subject: str) -> None:
+            if (
+                isinstance(event, AgentStateChanged)
+                and event.state is AgentState.WAITING
+                and event.replica in wanted
+            ):
+                waiting.add(event.replica)
+                if waiting == wanted:
+                    came.set()
+
+        subscription = await self.bus.subscribe(
+            self.bus.subjects.raw(preview.name, "agent_state", None), on_state
+        )
+        try:
+            for placement in added:
+                await self.backend.create_worker_group(worker_group(preview, placement))
+            await asyncio.wait_for(came.wait(), bound)
+        except TimeoutError:
+            missing = ", ".join(str(r) for r in sorted(wanted - waiting))
+            self.ctx.log.warning(
+                "resize of %s dropped: replica(s) %s did not come up within %g s",
+                preview.name,
+                missing,
+                bound,
+                extra={"job": preview.name},
+            )
+            return False
+        finally:
+            with contextlib.suppress(Exception):
+                await subscription.unsubscribe()
+        return True
+
+    async def _remove(self, job: str, added: list[Placement]) -> None:
+        """Delete the worker groups warmed up for a resize that did not happen."""
+        for placement in added:
+            await self.backend.delete_worker_group(job, placement.replica, placement.node)
 
     async def _checkpoint_first(self, record: JobRecord, resize: Resize) -> bool:
         """Ask for a checkpoint and wait (bounded) for every rank to have saved a newer
@@ -172,3 +231,11 @@ class Resizer:
             with contextlib.suppress(Exception):
                 await watcher.stop()  # type: ignore[no-untyped-call]  # nats.py: untyped
         return True
+
+
+def _added(preview: JobRecord) -> list[Placement]:
+    """The placements a resize written into ``preview`` adds."""
+    plan = preview.pending_recovery
+    if plan is None:
+        return []
+    return [p for p in preview.placements if p.replica in plan.recreate]
