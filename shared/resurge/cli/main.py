@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from resurge.cli.convert import add_convert_parser
+
 if TYPE_CHECKING:
     from resurge.runtime.settings import Settings
 
@@ -174,6 +176,7 @@ def _parser() -> argparse.ArgumentParser:
         help="folder to write into (default docs/schemas)",
     )
     _state_dir_everywhere(parser)
+    add_convert_parser(commands)  # after: convert needs no state folder
     return parser
 
 
@@ -299,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         from resurge.local.demo import run_demo
 
         return run_demo()
+    if args.command == "convert":
+        from resurge.cli.convert import run_convert
+
+        return run_convert(args)
     if args.command == "schema":
         from resurge.cli.schemas import write_schemas
 
