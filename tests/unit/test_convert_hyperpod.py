@@ -1,0 +1,341 @@
+"""Converting HyperPod HyperPodPyTorchJob manifests: the published ones kept under
+tests/data/hyperpod/, and small ones for each rule."""
+
+import string
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resurge.contract.vocabulary import RecoveryLevel
+from resurge.jobspec import JobSpecError, load_job
+from resurge.jobspec.hyperpod import (
+    Conversion,
+    HyperPodError,
+    convert_hyperpod,
+    convert_hyperpod_yaml,
+)
+from resurge.jobspec.launcher import split_launcher
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "hyperpod"
+ELASTIC = DATA / "elastic-training-job.yaml"
+FSDP = DATA / "llama3_1_8b-fsdp-hpto.yaml"
+PRETRAIN = DATA / "pretrain_llama3_70b_p5.yaml"
+# What `envsubst` fills into the FSDP template before `kubectl apply`, as its README does.
+FSDP_VALUES = {
+    "GPU_PER_NODE": "8",
+    "NUM_NODES": "4",
+    "EFA_PER_NODE": "32",
+    "IMAGE_URI": "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp:pytorch2.5",
+    "INSTANCE_TYPE": "ml.p5.48xlarge",
+    "HF_TOKEN": "hf_example",
+}
+KEPT = "kept in spec.template"
+POD = "spec.replicaSpecs[0].template.spec"
+CONTAINER = f"{POD}.containers[0]"
+
+
+def fsdp_text() -> str:
+    return string.Template(FSDP.read_text()).substitute(FSDP_VALUES)
+
+
+def notes_by_path(conversion: Conversion) -> dict[str, str]:
+    return {note.path: note.what for note in conversion.notes}
+
+
+def manifest(**spec: Any) -> dict[str, Any]:
+    container = {"name": "c", "image": "img", "command": ["python", "train.py"]}
+    base: dict[str, Any] = {
+        "replicaSpecs": [
+            {"name": "pods", "replicas": 2, "template": {"spec": {"containers": [container]}}}
+        ]
+    }
+    return {
+        "apiVersion": "sagemaker.amazonaws.com/v1",
+        "kind": "HyperPodPyTorchJob",
+        "metadata": {"name": "j"},
+        "spec": {**base, **spec},
+    }
+
+
+def test_elastic_manifest_lands_in_replicas_elastic_and_recovery() -> None:
+    conversion = convert_hyperpod_yaml(ELASTIC.read_text())
+    spec = conversion.job.spec
+    assert conversion.job.name == "elastic-training-job"
+    assert (spec.replicas.min, spec.replicas.max, spec.replicas.step) == (2, 8, 2)
+    assert spec.replicas.allowed_sizes() == [2, 4, 6, 8]
+    assert spec.elastic.checkpoint_timeout_seconds == 600
+    assert spec.elastic.scaling_timeout_seconds == 60
+    assert spec.recovery.faulty_scale_down_timeout_seconds == 30
+    assert spec.command == ["python", "train.py"]
+    assert spec.nproc_per_node == 8  # from hyperpodrun's --nproc-per-node
+    assert spec.image == "<your-training-container>"
+    assert spec.template == {
+        "spec": {
+            "containers": [
+                {
+                    "name": "pytorch",
+                    "resources": {
+                        "requests": {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32},
+                        "limits": {"nvidia.com/gpu": 8, "vpc.amazonaws.com/efa": 32},
+                    },
+                }
+            ]
+        }
+    }
+    notes = notes_by_path(conversion)
+    assert set(notes) == {
+        "spec.replicaSpecs[0].name",
+        "spec.replicaSpecs[0].replicas",
+        f"{CONTAINER}.command",
+        f"{CONTAINER}.resources",
+    }
+    assert (
+        "hyperpodrun --nnodes=2 --nproc-per-node=8 --rdzv-backend=hyperpod"
+        in (notes[f"{CONTAINER}.command"])
+    )
+    assert notes[f"{CONTAINER}.resources"].startswith(KEPT)
+
+
+def test_fsdp_manifest_lands_in_recovery_monitoring_and_command() -> None:
+    conversion = convert_hyperpod_yaml(fsdp_text())
+    spec = conversion.job.spec
+    assert conversion.job.name == "llama3-1-8b-fsdp-hpto"
+    assert spec.nproc_per_node == 8 and spec.replicas.min == 4 and not spec.replicas.elastic
+    assert spec.image == FSDP_VALUES["IMAGE_URI"]
+    recovery = spec.recovery
+    assert recovery.max_restarts == 10
+    assert recovery.num_restart_before_full_job_restart == 3
+    assert recovery.eval_period_seconds == 21600
+    assert recovery.max_full_job_restarts == 1
+    assert recovery.levels == list(RecoveryLevel)  # untouched: HyperPod has no ladder
+    rules = {rule.name: rule for rule in spec.monitoring.log_rules}
+    assert set(rules) == {"JobStart", "JobHangingDetection"}
+    assert rules["JobStart"].log_pattern == ".*Loss:.*"
+    assert rules["JobStart"].expected_start_cut_off_in_seconds == 240
+    assert rules["JobHangingDetection"].expected_recurring_frequency_in_seconds == 600
+    assert spec.command[:3] == ["python", "/fsdp/train.py", "--max_context_width=4096"]
+    assert spec.command[-1] == "--offload_activations=1" and len(spec.command) == 21
+    env = {var.name: var.value for var in spec.env}
+    assert len(env) == 15 and env["NCCL_SOCKET_IFNAME"] == "^lo" and env["HF_TOKEN"] == "hf_example"
+    assert spec.template is not None
+    pod = spec.template["spec"]
+    assert set(pod) == {"volumes", "affinity", "topologySpreadConstraints", "containers"}
+    assert spec.template["metadata"]["labels"]["replica-type"] == "pods"
+    assert set(pod["containers"][0]) == {"name", "imagePullPolicy", "resources", "volumeMounts"}
+    notes = notes_by_path(conversion)
+    assert set(notes) == {
+        "spec.runPolicy.cleanPodPolicy",
+        "spec.replicaSpecs[0].name",
+        "spec.replicaSpecs[0].template.metadata",
+        f"{POD}.volumes",
+        f"{POD}.affinity",
+        f"{POD}.topologySpreadConstraints",
+        f"{CONTAINER}.command",
+        f"{CONTAINER}.imagePullPolicy",
+        f"{CONTAINER}.resources",
+        f"{CONTAINER}.volumeMounts",
+    }
+    assert notes["spec.runPolicy.cleanPodPolicy"].startswith("dropped")
+    assert "--tee=3 --log_dir=/tmp/hyperpod" in notes[f"{CONTAINER}.command"]
+
+
+def test_pretrain_manifest_keeps_its_shell_command_and_says_so() -> None:
+    conversion = convert_hyperpod_yaml(PRETRAIN.read_text())
+    job = conversion.job
+    spec = job.spec
+    assert job.name == "username-llama3-pretrain"
+    assert job.metadata.labels == {
+        "app.kubernetes.io/name": "hyperpod",
+        "app.kubernetes.io/managed-by": "kustomize",
+    }
+    assert spec.nproc_per_node == 8 and spec.replicas.min == 16
+    assert spec.command[:2] == ["/bin/sh", "-c"] and "hyperpodrun" in spec.command[2]
+    assert spec.image is None
+    env = {var.name: var.value for var in spec.env}
+    assert env["JOB_NAME"] == "username-llama3-pretrain"  # the YAML anchor resolved
+    assert "POD_NAME" not in env and len(env) == 14
+    assert spec.template is not None
+    container = spec.template["spec"]["containers"][0]
+    assert [entry["name"] for entry in container["env"]] == ["POD_NAME", "NODE_NAME"]
+    assert spec.template["spec"]["nodeSelector"] == {
+        "beta.kubernetes.io/instance-type": "ml.p5.48xlarge"
+    }
+    notes = notes_by_path(conversion)
+    assert set(notes) == {
+        "metadata.annotations",
+        "spec.runPolicy.cleanPodPolicy",
+        "spec.replicaSpecs[0].name",
+        f"{POD}.hostNetwork",
+        f"{POD}.nodeSelector",
+        f"{POD}.volumes",
+        f"{CONTAINER}.args",
+        f"{CONTAINER}.image",
+        f"{CONTAINER}.imagePullPolicy",
+        f"{CONTAINER}.securityContext",
+        f"{CONTAINER}.ports",
+        f"{CONTAINER}.resources",
+        f"{CONTAINER}.volumeMounts",
+        f"{CONTAINER}.env[8] (POD_NAME)",
+        f"{CONTAINER}.env[9] (NODE_NAME)",
+    }
+    assert "starts hyperpodrun" in notes[f"{CONTAINER}.args"]
+    assert notes[f"{CONTAINER}.env[8] (POD_NAME)"].startswith(KEPT)
+
+
+@pytest.mark.parametrize("text", [ELASTIC.read_text(), fsdp_text(), PRETRAIN.read_text()])
+def test_output_loads_back_as_the_same_job(text: str, tmp_path: Path) -> None:
+    conversion = convert_hyperpod_yaml(text)
+    out = tmp_path / "job.yaml"
+    out.write_text(conversion.to_yaml(source="manifest.yaml"))
+    assert out.read_text().startswith("# Converted by `resurge convert` from manifest.yaml\n")
+    assert load_job(out) == conversion.job
+
+
+def test_template_not_filled_in_is_an_error_naming_the_fields() -> None:
+    with pytest.raises(JobSpecError) as caught:
+        convert_hyperpod_yaml(FSDP.read_text())
+    assert "spec.nprocPerNode" in str(caught.value) and "spec.replicas.min" in str(caught.value)
+
+
+def test_pod_and_metadata_fields_with_a_place_of_their_own() -> None:
+    document = manifest(nprocPerNode=2)
+    document["metadata"] = {
+        "name": "j",
+        "namespace": "team",
+        "labels": {"kueue.x-k8s.io/queue-name": "q", "team": "nlp"},
+    }
+    replica = document["spec"]["replicaSpecs"][0]
+    replica["spares"] = 1
+    pod = replica["template"]["spec"]
+    pod["priorityClassName"] = "high"
+    pod["containers"][0]["workingDir"] = "/work"
+    pod["containers"][0]["args"] = ["--lr", "0.1"]
+    conversion = convert_hyperpod(document)
+    job = conversion.job
+    assert job.metadata.namespace == "team" and job.metadata.labels == {"team": "nlp"}
+    assert job.spec.queue == "q" and job.spec.priority_class_name == "high"
+    assert job.spec.recovery.spares == 1 and job.spec.working_dir == "/work"
+    assert job.spec.command == ["python", "train.py", "--lr", "0.1"]
+    assert job.spec.template is None  # nothing was left for it
+    assert [note.path for note in conversion.notes] == ["spec.replicaSpecs[0].name"]
+
+
+def test_fields_without_a_place_are_noted_by_path() -> None:
+    document = manifest(
+        elasticPolicy={"minReplicas": 1, "maxReplicas": 4, "scaleUpSnoozeTimeInSeconds": 90},
+        runPolicy={"ttlSecondsAfterFinished": 60},
+        suspend=True,
+    )
+    document["spec"]["replicaSpecs"].append(document["spec"]["replicaSpecs"][0])
+    document["status"] = {"conditions": []}
+    document["metadata"]["uid"] = "1234"
+    conversion = convert_hyperpod(document)
+    assert conversion.job.spec.elastic.scale_up_snooze_seconds == 90
+    assert (conversion.job.spec.replicas.min, conversion.job.spec.replicas.max) == (1, 4)
+    notes = notes_by_path(conversion)
+    assert set(notes) == {
+        "metadata.uid",
+        "spec.replicaSpecs[0].name",
+        "spec.replicaSpecs[0].replicas",
+        "spec.replicaSpecs[1]",
+        "spec.runPolicy.ttlSecondsAfterFinished",
+        "spec.suspend",
+        "status",
+    }
+    assert all(what.startswith("dropped") for what in notes.values())
+
+
+def test_values_are_checked_by_the_job_models() -> None:
+    bad_policy = manifest(runPolicy={"restartPolicy": {"maxFullJobRestart": 1}})
+    with pytest.raises(JobSpecError, match="restartPolicy"):
+        convert_hyperpod(bad_policy)
+    disagreeing = manifest(elasticPolicy={"maxReplicas": 4})
+    disagreeing["spec"]["replicaSpecs"][0]["maxReplicas"] = 8
+    with pytest.raises(JobSpecError, match=r"elasticPolicy.maxReplicas .* replicas.max"):
+        convert_hyperpod(disagreeing)
+    bad_rule = manifest(
+        runPolicy={"logMonitoringConfiguration": [{"name": "r", "logPattern": "x"}]}
+    )
+    with pytest.raises(JobSpecError, match="checks nothing"):
+        convert_hyperpod(bad_rule)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a: [b", "not valid YAML"),
+        ("- 1\n- 2\n", "not a mapping"),
+        ("apiVersion: v1\nkind: Pod\nspec: {}\n", "kind 'Pod'"),
+        ("apiVersion: kubeflow.org/v1\nkind: HyperPodPyTorchJob\n", "apiVersion 'kubeflow.org/v1'"),
+        ("apiVersion: sagemaker.amazonaws.com/v1\nkind: HyperPodPyTorchJob\n", "spec: missing"),
+    ],
+)
+def test_not_a_hyperpod_job(text: str, message: str) -> None:
+    with pytest.raises(HyperPodError, match=message):
+        convert_hyperpod_yaml(text)
+
+
+def test_a_job_without_a_command_or_container_names_the_field() -> None:
+    no_command = manifest()
+    del no_command["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]["command"]
+    with pytest.raises(HyperPodError, match=r"containers\[0\]: no command or args"):
+        convert_hyperpod(no_command)
+    no_container = manifest()
+    no_container["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"] = []
+    with pytest.raises(HyperPodError, match=r"template.spec.containers: no container"):
+        convert_hyperpod(no_container)
+    with pytest.raises(HyperPodError, match=r"spec\.replicaSpecs: a HyperPodPyTorchJob needs"):
+        convert_hyperpod(manifest(replicaSpecs=[]))
+
+
+def test_launcher_nproc_that_disagrees_is_noted_and_spec_wins() -> None:
+    document = manifest(nprocPerNode="4")
+    container = document["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]
+    container["command"] = ["torchrun", "--nproc_per_node", "8", "train.py"]
+    conversion = convert_hyperpod(document)
+    assert conversion.job.spec.nproc_per_node == 4
+    assert conversion.job.spec.command == ["python", "train.py"]
+    assert "differs from nprocPerNode" in notes_by_path(conversion)[f"{CONTAINER}.command"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "script", "nproc"),
+    [
+        (
+            ["hyperpodrun", "--tee", "3", "--inprocess-restart", "t.py", "-x"],
+            ["python", "t.py", "-x"],
+            None,
+        ),
+        (
+            ["/usr/bin/torchrun", "--nproc-per-node=2", "-m", "pkg.train"],
+            ["python", "-m", "pkg.train"],
+            "2",
+        ),
+        (["torchrun", "--no-python", "--nnodes", "1", "./run.sh"], ["./run.sh"], None),
+        (
+            [
+                "python3",
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                "4",
+                "t.py",
+            ],
+            ["python", "t.py"],
+            "4",
+        ),
+    ],
+)
+def test_launcher_is_taken_off(argv: list[str], script: list[str], nproc: str | None) -> None:
+    launched = split_launcher(argv)
+    assert launched is not None
+    assert list(launched.script) == script and launched.nproc_per_node == nproc
+
+
+@pytest.mark.parametrize(
+    "argv", [["python", "train.py"], ["torchrun", "--nnodes", "2"], ["python", "-m", "pkg"], []]
+)
+def test_no_launcher_or_no_script(argv: list[str]) -> None:
+    assert split_launcher(argv) is None
