@@ -59,7 +59,7 @@ bench: $(INSTALLED)
 	$(BIN)/python bench/resize_pause.py
 
 schemas: $(INSTALLED)
-	$(BIN)/resurge schema --out docs/schemas
+	$(BIN)/resurge schema --out docs/schemas --crd deploy/base/crd/trainingjobs.yaml
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -168,12 +168,20 @@ def _parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long to wait for the jobs on it to leave (default 300)",
     )
-    schema = commands.add_parser("schema", help="write the JSON Schema of every event kind")
+    schema = commands.add_parser(
+        "schema", help="write the JSON Schema of every event kind, or the TrainingJob CRD"
+    )
     schema.add_argument(
         "--out",
         type=Path,
-        default=Path("docs/schemas"),
-        help="folder to write into (default docs/schemas)",
+        help="folder to write the JSON Schemas into (default docs/schemas, unless only "
+        "--crd is given)",
+    )
+    schema.add_argument(
+        "--crd",
+        type=Path,
+        metavar="FILE",
+        help="write the TrainingJob CustomResourceDefinition (YAML) to FILE",
     )
     _state_dir_everywhere(parser)
     add_convert_parser(commands)  # after: convert needs no state folder
@@ -307,10 +315,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_convert(args)
     if args.command == "schema":
-        from resurge.cli.schemas import write_schemas
+        from resurge.cli.schemas import write_crd, write_schemas
 
-        for path in write_schemas(args.out):
-            print(path)
+        if args.out is not None or args.crd is None:
+            for path in write_schemas(args.out or Path("docs/schemas")):
+                print(path)
+        if args.crd is not None:
+            print(write_crd(args.crd))
         return 0
     return _on_cluster(args)
 

@@ -1,14 +1,23 @@
-"""JSON Schemas of every event kind and of the TrainingJob, for the docs and for users."""
+"""JSON Schemas of every event kind and of the TrainingJob, for the docs and for users;
+and the TrainingJob CustomResourceDefinition as YAML, for deploy/base/crd/."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import yaml
+
 from resurge.events import EVENT_ADAPTER, EVENT_KINDS
 from resurge.jobspec import TrainingJob
+from resurge.jobspec.crd import training_job_crd
 
-__all__ = ["all_schemas", "write_schemas"]
+__all__ = ["CRD_HEADER", "all_schemas", "crd_yaml", "write_crd", "write_schemas"]
+
+CRD_HEADER = (
+    "# Generated from the TrainingJob models (shared/resurge/jobspec/) by\n"
+    "# `resurge schema --crd deploy/base/crd/trainingjobs.yaml` (make schemas): do not edit.\n"
+)
 
 
 def all_schemas() -> dict[str, dict[str, object]]:
@@ -30,3 +39,15 @@ def write_schemas(folder: Path) -> list[Path]:
         path.write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
         written.append(path)
     return written
+
+
+def crd_yaml() -> str:
+    """The TrainingJob CustomResourceDefinition as a YAML document, keys sorted."""
+    return CRD_HEADER + yaml.safe_dump(training_job_crd(), sort_keys=True, width=100)
+
+
+def write_crd(path: Path) -> Path:
+    """Write :func:`crd_yaml` to ``path``, creating its folder; returns the path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(crd_yaml())
+    return path
