@@ -1,6 +1,7 @@
 """Converting HyperPod HyperPodPyTorchJob manifests: the published ones kept under
 tests/data/hyperpod/, and small ones for each rule."""
 
+import re
 import string
 from pathlib import Path
 from typing import Any
@@ -339,3 +340,15 @@ def test_launcher_is_taken_off(argv: list[str], script: list[str], nproc: str | 
 )
 def test_no_launcher_or_no_script(argv: list[str]) -> None:
     assert split_launcher(argv) is None
+
+
+def test_warnings_shown_in_the_docs_are_what_convert_says() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "jobspec.md").read_text()
+    block = re.search(r"## Coming from HyperPod\n.*?```text\n(.*?)```", doc, re.DOTALL)
+    assert block is not None, "docs/jobspec.md lost its resurge convert warnings"
+    said = {
+        f"resurge convert: warning: {note}"
+        for note in convert_hyperpod_yaml(PRETRAIN.read_text()).notes
+    }
+    shown = block.group(1).splitlines()
+    assert shown and set(shown) <= said

@@ -146,7 +146,7 @@ class _Converter:
             elif key == "logMonitoringConfiguration":
                 self.section("monitoring")[key] = value
             elif key == "cleanPodPolicy":
-                self.note(f"{path}.{key}", "dropped: resurge removes a job's pods itself")
+                self.note(f"{path}.{key}", "dropped: resurge has no pod clean-up policy")
             else:
                 self.note(f"{path}.{key}", _NO_PLACE)
 
