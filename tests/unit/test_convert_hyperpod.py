@@ -352,3 +352,9 @@ def test_warnings_shown_in_the_docs_are_what_convert_says() -> None:
     }
     shown = block.group(1).splitlines()
     assert shown and set(shown) <= said
+
+
+def test_kind_as_some_aws_pages_spell_it_is_accepted() -> None:
+    document = manifest()
+    document["kind"] = "HyperPodPytorchJob"
+    assert convert_hyperpod(document).job.name == "j"
