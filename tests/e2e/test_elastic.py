@@ -37,11 +37,14 @@ WORKER = str(Path(__file__).parent / "workers" / "progress_worker.py")
 EVERY = 10
 
 
-def elastic_ddp(tmp_path: Path, steps: int, **spec: object) -> TrainingJob:
+def elastic_ddp(
+    tmp_path: Path, steps: int, step_seconds: float = 0.05, **spec: object
+) -> TrainingJob:
     """The DDP example as an elastic job of one worker per replica, 1 to 4 replicas; its
     global batch of 48 splits evenly at every world size from 1 to 4."""
     script = EXAMPLE.parent / "train.py"
-    args = ["--steps", str(steps), "--checkpoint-every", str(EVERY), "--step-seconds", "0.05"]
+    args = ["--steps", str(steps), "--checkpoint-every", str(EVERY)]
+    args += ["--step-seconds", str(step_seconds)]
     args += ["--global-batch", "48", "--micro-batch", "4", "--log-every", "50"]
     return python_job(
         "grower", script, *args, nproc=1, preload=None,
@@ -189,7 +192,9 @@ async def test_resurge_node_add_twice_grows_a_job_from_2_to_4(
     nats_url: str, namespace: str, tmp_path: Path
 ) -> None:
     steps = 400
-    job = elastic_ddp(tmp_path, steps)
+    # Slower steps: two grows, each warming a new agent up first, fit well inside it even
+    # on a loaded machine.
+    job = elastic_ddp(tmp_path, steps, step_seconds=0.15)
     added: list[str] = []
 
     async def add_two_nodes(bus: Bus, watch: Watch) -> None:

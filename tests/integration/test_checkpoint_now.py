@@ -27,9 +27,10 @@ WORKER = Path(__file__).resolve().parents[1] / "e2e" / "workers" / "checkpoint_w
 
 
 def record(generation: int, replicas: int = 1) -> JobRecord:
+    """The job's record (one record: every call has the same uid, so the same ids)."""
     placements = [Placement(replica=r, node=f"n{r + 1}") for r in range(replicas)]
     spec = job_factory.job("j")
-    return JobRecord(name=JOB, spec=spec, generation=generation, placements=placements)
+    return JobRecord(name=JOB, uid="u1", spec=spec, generation=generation, placements=placements)
 
 
 def read(path: Path) -> str:
