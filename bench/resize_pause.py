@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import statistics
 import sys
 import tempfile
@@ -39,7 +40,7 @@ from datetime import datetime
 from pathlib import Path
 
 from resurge.control.client import delete_job, submit_job
-from resurge.events import PhaseChanged, Progress, ScaleDecided
+from resurge.events import Event, PhaseChanged, Progress, ScaleDecided
 from resurge.jobspec import TrainingJob
 from resurge.local.job_factory import EXAMPLE, python_job
 from resurge.local.story import Observed, Watch, run_job
@@ -133,6 +134,12 @@ async def resubmit_cycles(
     """Delete the job and submit it again at the other size (under a new name, so no
     event of the old one is taken for the new one's), ``2 * cycles`` times."""
     name, size = "resubmit-0", 4
+
+    async def later_runs(event: Event, subject: str) -> None:  # the story watches only the first
+        if event.job != "resubmit-0":
+            await watch.add(Observed(subject=subject, event=event))
+
+    await bus.subscribe(bus.subjects.raw(None, "progress", None), later_runs)
     await watch.wait_for(lambda seen: len(steps(seen, name)) >= 5, 180)
     for turn in range(1, 2 * cycles + 1):
         last = steps(watch.observed, name)[-1].time
@@ -194,6 +201,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--cycles", type=int, default=3, help="shrink-and-grow cycles per way")
     args = parser.parse_args()
+    # SIGTERM (a `kill`, a timeout) ends it like Ctrl-C: the clusters it started are stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     print("resize pause: last step at the old size -> first step at the new one", flush=True)
     with tempfile.TemporaryDirectory(prefix="resurge-resize-") as folder:
         baseline = Pauses()

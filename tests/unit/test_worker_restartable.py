@@ -451,3 +451,18 @@ def test_a_failed_collective_is_reported_after_the_grace(agent: FakeAgent) -> No
     finally:
         proc.kill()
     assert code == 0, err
+
+
+def test_a_checkpoint_that_failed_on_other_ranks_only_is_a_peers_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    monkeypatch.setenv("RANK", "1")
+    peer = RuntimeError("rank 0 left mid-save")
+    on_peer = CheckpointException("save", {0: (peer, None)})  # type: ignore[dict-item]
+    assert is_collective_failure(on_peer), "rank 0 failed: this rank's save is a consequence"
+    on_me = CheckpointException("save", {0: (peer, None), 1: (peer, None)})  # type: ignore[dict-item]
+    assert not is_collective_failure(on_me), "this rank failed too: its own fault"
+    monkeypatch.delenv("RANK")
+    assert not is_collective_failure(on_peer), "without a rank, nothing to tell"

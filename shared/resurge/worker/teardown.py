@@ -29,6 +29,7 @@ gloo's and NCCL's words. A heuristic: used only to wait briefly before reporting
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import types
 from typing import Any
@@ -91,6 +92,20 @@ def teardown_process_groups() -> bool:
     return True
 
 
+def _peers_checkpoint_failure(error: BaseException) -> bool:
+    """A ``torch.distributed.checkpoint`` save or load that failed on other ranks only
+    (its ``failures`` map rank to error, and this rank is not in it): a peer left the
+    collective, for example a rank restarted in-process mid-save."""
+    failures = getattr(error, "failures", None)
+    if type(error).__name__ != "CheckpointException" or not isinstance(failures, dict):
+        return False
+    try:
+        rank = int(os.environ.get("RANK", ""))
+    except ValueError:
+        return False
+    return bool(failures) and rank not in failures
+
+
 def is_collective_failure(error: BaseException) -> bool:
     """Whether ``error`` (or what caused it) looks like a collective whose peer left."""
     dist = _distributed()
@@ -100,6 +115,8 @@ def is_collective_failure(error: BaseException) -> bool:
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         if isinstance(dist_error, type) and isinstance(current, dist_error):
+            return True
+        if _peers_checkpoint_failure(current):
             return True
         if isinstance(current, RuntimeError):
             text = str(current)
