@@ -197,9 +197,13 @@ class Resizer:
         return True
 
     async def _remove(self, job: str, added: list[Placement]) -> None:
-        """Delete the worker groups warmed up for a resize that did not happen."""
+        """Delete the worker groups warmed up for a resize that did not happen, except
+        those the record places now (another scaler replica's same resize won)."""
+        found = await self.store.get(job)
+        placed = {(p.replica, p.node) for p in found[0].placements} if found else set()
         for placement in added:
-            await self.backend.delete_worker_group(job, placement.replica, placement.node)
+            if (placement.replica, placement.node) not in placed:
+                await self.backend.delete_worker_group(job, placement.replica, placement.node)
 
     async def _checkpoint_first(self, record: JobRecord, resize: Resize) -> bool:
         """Ask for a checkpoint and wait (bounded) for every rank to have saved a newer
