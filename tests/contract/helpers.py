@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
-from resurge.cluster import ClusterBackend, ClusterChange, NodeInfo, WorkerGroupSpec
+from resurge.cluster import ClusterChange, NodeInfo, WorkerGroupSpec
 
 # How long a test waits for one change before it fails.
 CHANGE_TIMEOUT_SECONDS = 10.0
@@ -29,20 +28,6 @@ def group(job: str, replica: int, on: str, incarnation: int = 0) -> WorkerGroupS
         command=["python", "-c", "pass"],
         incarnation=incarnation,
     )
-
-
-@asynccontextmanager
-async def watching(
-    backend: ClusterBackend, on: str | None = None
-) -> AsyncIterator[AsyncIterator[ClusterChange]]:
-    """``backend.watch(on)``, closed (its watchers stopped) when the block ends."""
-    changes = backend.watch(on)
-    try:
-        yield changes
-    finally:
-        aclose = getattr(changes, "aclose", None)
-        if aclose is not None:
-            await aclose()
 
 
 async def next_changes(changes: AsyncIterator[ClusterChange], count: int) -> list[ClusterChange]:

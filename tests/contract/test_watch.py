@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from resurge.cluster import ClusterBackend
-from tests.contract.helpers import group, next_changes, node, watching
+from resurge.cluster import ClusterBackend, watching
+from tests.contract.helpers import group, next_changes, node
 
 
 async def test_watch_of_a_node_yields_its_state_then_its_changes_only(

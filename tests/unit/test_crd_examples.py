@@ -3,7 +3,6 @@ validates a custom resource; and bad fields rejected with their path named."""
 
 import copy
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,9 +13,9 @@ import yaml
 
 from resurge.jobspec import load_job, parse_job
 from resurge.jobspec.crd import training_job_crd
+from tests.unit.test_jobspec import doc_example
 
 REPO = Path(__file__).resolve().parents[2]
-DOC = REPO / "docs" / "jobspec.md"
 
 _TYPE = jsonschema.Draft4Validator.VALIDATORS["type"]
 _ENUM = jsonschema.Draft4Validator.VALIDATORS["enum"]
@@ -68,14 +67,6 @@ def errors(document: Any, validator: Any = STRICT) -> list[str]:
     return sorted(
         f"{'.'.join(str(part) for part in error.absolute_path)}: {error.message}" for error in found
     )
-
-
-def doc_example() -> dict[str, Any]:
-    block = re.search(r"## Full example\n.*?```yaml\n(.*?)```", DOC.read_text(), re.DOTALL)
-    assert block is not None, "docs/jobspec.md lost its full example"
-    document = yaml.safe_load(block.group(1))
-    assert isinstance(document, dict)
-    return document
 
 
 def example_files() -> Iterator[Path]:

@@ -15,6 +15,7 @@ from resurge.cluster.protocol import (
     WorkerGroupSpec,
 )
 from resurge.cluster.select import open_backend
+from resurge.cluster.watching import watching
 
 __all__ = [
     "NODE_TIMEOUT_SECONDS",
@@ -26,4 +27,5 @@ __all__ = [
     "UnknownNodeError",
     "WorkerGroupSpec",
     "open_backend",
+    "watching",
 ]

@@ -29,6 +29,7 @@ from resurge.cluster import (
     ClusterChange,
     UnknownNodeError,
     open_backend,
+    watching,
 )
 from resurge.control.nodes import mark_for_removal
 from resurge.local.node_set import NodeSet, editing
@@ -44,20 +45,6 @@ STOP_SECONDS = 60.0
 
 class MembershipError(RuntimeError):
     """A node did not join or leave in time; the message says what is left as it was."""
-
-
-@contextlib.asynccontextmanager
-async def _watching(
-    backend: ClusterBackend, name: str
-) -> AsyncIterator[AsyncIterator[ClusterChange]]:
-    """``backend.watch(node=name)``, closed (its watchers stopped) when the block ends."""
-    changes = backend.watch(node=name)
-    try:
-        yield changes
-    finally:
-        aclose = getattr(changes, "aclose", None)
-        if aclose is not None:
-            await aclose()
 
 
 async def _next(changes: AsyncIterator[ClusterChange], deadline: float) -> ClusterChange:
@@ -79,7 +66,7 @@ async def add_node(
         name = node_set.add(gpus, labels).name
     backend = await open_backend(bus, bus.settings)
     deadline = asyncio.get_running_loop().time() + wait_seconds
-    async with _watching(backend, name) as changes:
+    async with watching(backend, name) as changes:
         try:
             while True:
                 change = await _next(changes, deadline)
@@ -107,7 +94,7 @@ async def remove_node(bus: Bus, state_dir: Path, name: str, wait_seconds: float)
     backend = await open_backend(bus, bus.settings)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_seconds
-    async with _watching(backend, name) as changes:
+    async with watching(backend, name) as changes:
         with contextlib.suppress(UnknownNodeError):  # never registered: nothing to cordon
             await mark_for_removal(bus, backend, name)
         try:
