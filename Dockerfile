@@ -3,15 +3,16 @@
 #
 #   docker build -t ghcr.io/resurge/resurge:0.1.0 .
 #
-# Installed without the `train` extra: none of the services imports torch. The node
-# agent's launch mode runs the workers, so torch (and `pip install resurge`) belongs in
-# the *training* image the TrainingJob's pods run, not in this one.
+# With the `kubernetes` extra (the official client), without the `train` extra: none of
+# the services imports torch. The node agent's launch mode runs the workers, so torch
+# (and `pip install resurge`) belongs in the *training* image the TrainingJob's pods
+# run, not in this one.
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY shared/ shared/
 COPY services/ services/
-RUN pip install --no-cache-dir --prefix=/install .
+RUN pip install --no-cache-dir --prefix=/install ".[kubernetes]"
 
 FROM python:3.11-slim
 COPY --from=build /install /usr/local

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pydantic
 import pytest
 
@@ -15,13 +17,15 @@ async def test_local_is_the_default(bus: Bus, settings: Settings) -> None:
     assert (await open_backend(bus, settings)).name == "local"
 
 
-async def test_kubernetes_is_refused_until_it_is_built(
-    bus: Bus, settings: Settings, monkeypatch: pytest.MonkeyPatch
+async def test_kubernetes_without_a_cluster_to_talk_to_is_a_clear_error(
+    bus: Bus, settings: Settings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("RESURGE_CLUSTER", "kubernetes")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
     chosen = Settings(nats_url=settings.nats_url, namespace=settings.namespace)
     assert chosen.cluster == "kubernetes"
-    with pytest.raises(BackendError, match="Kubernetes backend is not built yet"):
+    with pytest.raises(BackendError, match=r"no cluster to talk to.*KUBECONFIG"):
         await open_backend(bus, chosen)
 
 

@@ -54,6 +54,7 @@ class FakeBackend:
     in order (setting it up is no call)."""
 
     name = "fake"
+    launches_worker_groups = True
 
     def __init__(self, nodes: list[NodeInfo], groups: Sequence[WorkerGroupSpec] = ()) -> None:
         self.nodes = {n.name: n.model_copy() for n in nodes}
@@ -187,6 +188,9 @@ class FakeBackend:
         """The status last written for ``job``."""
         await self._record("read_job_status", job)
         return self.statuses.get(job)
+
+    async def reconcile(self) -> None:
+        """Nothing to keep in line: the records are the cluster."""
 
     async def watch(self, node: str | None = None) -> AsyncIterator[ClusterChange]:
         """Every node and group now, then each change (of ``node`` only, if given)."""

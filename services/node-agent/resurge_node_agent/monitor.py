@@ -18,11 +18,13 @@
 - Commands to the node arrive on ``cmd._.<node>`` (durable consumer
   ``monitor-<node>``, new messages only): InjectGpuError raises an XID on a simulated GPU
   and is ignored, with a log line, on NVML GPUs.
-- Watches the cluster backend for the worker groups placed on this node, and reconciles
-  them as a kubelet reconciles pods: a new group starts a ``resurge-node-agent launch``
-  process, handed the group's spec whole in ``RESURGE_WORKER_GROUP``; a bumped
-  ``incarnation`` recreates it, a deleted group stops it. A launch agent that exits
-  non-zero while its group still exists is started again (restartPolicy OnFailure).
+- Where the backend leaves it to the monitors (local; on Kubernetes the kubelet runs
+  the groups' pods), watches the cluster backend for the worker groups placed on this
+  node, and reconciles them as a kubelet reconciles pods: a new group starts a
+  ``resurge-node-agent launch`` process, handed the group's spec whole in
+  ``RESURGE_WORKER_GROUP``; a bumped ``incarnation`` recreates it, a deleted group
+  stops it. A launch agent that exits non-zero while its group still exists is started
+  again (restartPolicy OnFailure).
 
 It acts on the cluster only through :class:`~resurge.cluster.protocol.ClusterBackend`
 (:func:`resurge.cluster.open_backend`, chosen by ``RESURGE_CLUSTER``).
@@ -145,7 +147,8 @@ class NodeMonitor:
             start="new",
         )
         await self._report()
-        self.ctx.spawn(self._reconcile(self.backend.watch(node=self.config.node)))
+        if self.backend.launches_worker_groups:  # else the cluster runs them (pods)
+            self.ctx.spawn(self._reconcile(self.backend.watch(node=self.config.node)))
         self.ctx.spawn(self._heartbeat())
 
     async def _heartbeat(self) -> None:

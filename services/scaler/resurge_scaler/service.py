@@ -77,6 +77,7 @@ class Scaler:
     async def start(self) -> None:
         """Write job statuses in the background and consume the scaler's subjects."""
         self.ctx.spawn(StatusWriter(self.store.kv, self.backend).run())
+        self.ctx.spawn(self.backend.reconcile())
         self.ctx.spawn(self.tick())
         bus = self.bus
         await bus.consume(

@@ -108,6 +108,7 @@ class LocalBackend:
     """The local cluster's :class:`~resurge.cluster.protocol.ClusterBackend` (KV records)."""
 
     name: str = "local"
+    launches_worker_groups: bool = True
 
     def __init__(
         self, nodes: KeyValue, groups: KeyValue, cordons: KeyValue, statuses: KeyValue
@@ -213,6 +214,9 @@ class LocalBackend:
     def watch(self, node: str | None = None) -> AsyncIterator[ClusterChange]:
         """Nodes and worker groups now, then each change (:mod:`.local_watch`)."""
         return watch_changes(self.nodes, self.cordons, self.groups, self._read_node, node)
+
+    async def reconcile(self) -> None:
+        """Nothing to do: each node's monitor turns its worker groups into processes."""
 
 
 # mypy fails here when LocalBackend drifts from the protocol.

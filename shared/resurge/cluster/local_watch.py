@@ -102,13 +102,16 @@ async def _change(source: str, entry: KeyValue.Entry, read_node: ReadNode) -> Cl
 
 
 async def watch_changes(
-    nodes: KeyValue,
-    cordons: KeyValue,
+    nodes: KeyValue | None,
+    cordons: KeyValue | None,
     groups: KeyValue,
     read_node: ReadNode,
     node: str | None = None,
 ) -> AsyncIterator[ClusterChange]:
-    """Every node and worker group now, then each change (see the module docstring)."""
+    """Every node and worker group now, then each change (see the module docstring).
+
+    Without ``nodes`` and ``cordons``, only the worker groups (a backend that keeps its
+    nodes elsewhere watches those itself)."""
     node_filter = ">" if node is None else node_key(node)
     group_filter = ">" if node is None else f"{node_key(node)}.>"
     watchers: list[tuple[str, KeyValue.KeyWatcher]] = []
@@ -120,6 +123,8 @@ async def watch_changes(
             ("node", nodes, node_filter),
             ("group", groups, group_filter),
         ):
+            if bucket is None:
+                continue
             watcher = await bucket.watch(key_filter)
             watchers.append((source, watcher))
             for entry in await _initial(watcher):

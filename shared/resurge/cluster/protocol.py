@@ -124,6 +124,10 @@ class ClusterBackend(Protocol):
     name: str
     """``local`` or ``kubernetes``: what ``RESURGE_CLUSTER`` chose."""
 
+    launches_worker_groups: bool
+    """True where each node's monitor starts the worker groups placed on its node
+    (local); False where the cluster does (Kubernetes: the kubelet runs their pods)."""
+
     async def list_nodes(self) -> list[NodeInfo]:
         """Every node known, with slots, health, labels and cordon. Read-only."""
         ...
@@ -172,4 +176,11 @@ class ClusterBackend(Protocol):
     def watch(self, node: str | None = None) -> AsyncIterator[ClusterChange]:
         """Every node and worker group as it is now, then each change as it happens;
         with ``node``, only that node and the groups on it. Never ends by itself."""
+        ...
+
+    async def reconcile(self) -> None:
+        """Keep the cluster in line with the backend's records until cancelled (the
+        scaler runs it): Kubernetes turns worker groups into pods and TrainingJobs into
+        job submissions; local returns at once (each node's monitor does its part).
+        Safe to run in more than one process at a time."""
         ...

@@ -7,7 +7,7 @@ Services, the CLI and the local cluster call it and then speak only
 from __future__ import annotations
 
 from resurge.cluster.local import LocalBackend
-from resurge.cluster.protocol import BackendError, ClusterBackend
+from resurge.cluster.protocol import ClusterBackend
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 
@@ -17,12 +17,12 @@ __all__ = ["open_backend"]
 async def open_backend(bus: Bus, settings: Settings) -> ClusterBackend:
     """The backend ``settings.cluster`` names, ready to use over ``bus``.
 
-    ``local`` keeps its records on ``bus``'s NATS server. ``kubernetes`` raises
-    :class:`BackendError`: that backend is not built yet.
+    ``local`` keeps its records on ``bus``'s NATS server. ``kubernetes`` talks to the
+    cluster it runs in (or ``$KUBECONFIG``'s) and raises :class:`BackendError` where it
+    finds none.
     """
     if settings.cluster == "local":
         return await LocalBackend.open(bus)
-    raise BackendError(
-        f"RESURGE_CLUSTER={settings.cluster}: the Kubernetes backend is not built yet; "
-        "only 'local' is available"
-    )
+    from resurge.cluster.kubernetes import KubernetesBackend  # the client loads slowly
+
+    return await KubernetesBackend.open(bus, settings)

@@ -37,8 +37,25 @@ class Settings(BaseSettings):
         default="local",
         description=(
             "Cluster backend jobs run on: 'local' (virtual nodes as JetStream KV records) "
-            "or 'kubernetes' (not built yet)."
+            "or 'kubernetes' (nodes, pods and TrainingJobs of the cluster this runs in, or "
+            "of the current KUBECONFIG context)."
         ),
+    )
+    kube_namespace: str = Field(
+        default="default",
+        description="Kubernetes: the namespace whose TrainingJobs resurge runs (their pods, "
+        "Services and Events go there too).",
+    )
+    kube_image: str = Field(
+        default="resurge:latest",
+        description="Kubernetes: image of a job's pods when its spec names none (it must "
+        "have resurge and the training script installed).",
+    )
+    kube_host_network: bool = Field(
+        default=True,
+        description="Kubernetes: run a job's pods on the host network (as NCCL jobs usually "
+        "do), so ranks reach each other at the node's address; a job's pod template may "
+        "set hostNetwork itself.",
     )
     log_level: str = Field(default="INFO", description="Root log level.")
     log_format: str = Field(default="json", description="'json' or 'text'.")

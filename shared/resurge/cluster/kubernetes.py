@@ -1,0 +1,357 @@
+"""The Kubernetes backend: Nodes, cordons and taints, TrainingJob status and Events
+through the official ``kubernetes`` client; worker groups realised as pods.
+
+- Nodes are the cluster's Node objects (:func:`~.kubernetes_objects.node_info`); a
+  node is live while its kubelet says Ready and its resurge monitor reported within
+  ``NODE_TIMEOUT_SECONDS``. :meth:`report_node` records the monitor's report as an
+  annotation (written when it changes, or every few seconds as a heartbeat); on a
+  cluster where no kubelet registered the node (an emulator) it registers it.
+- :meth:`cordon` sets ``spec.unschedulable``, the ``resurge.dev/unhealthy=true:
+  NoSchedule`` taint and the reason; :meth:`uncordon` clears all three.
+- Worker groups and job statuses are kept as the local backend keeps them (JetStream
+  KV records: every write a compare-free put, watched by whoever needs them); the
+  controller (:meth:`reconcile`, run by the scaler, :mod:`.kubernetes_controller`) turns
+  each group into a pod and follows TrainingJobs into job submissions. A job's status is
+  also patched into its TrainingJob's status subresource, and each recovery and resize
+  becomes a Kubernetes Event on it.
+- The client is synchronous; every call runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from kubernetes.client.exceptions import ApiException
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from resurge.cluster.kubernetes_objects import (
+    cordon_patch,
+    node_info,
+    node_manifest,
+    node_ready,
+    report_patch,
+    uncordon_patch,
+)
+from resurge.cluster.kubernetes_status import event_manifests, status_patch
+from resurge.cluster.kubernetes_watch import SYNCED, drain, follow
+from resurge.cluster.local import LocalBackend
+from resurge.cluster.local_watch import watch_changes
+from resurge.cluster.protocol import (
+    NODE_TIMEOUT_SECONDS,
+    BackendError,
+    ClusterBackend,
+    ClusterChange,
+    NodeInfo,
+    UnknownNodeError,
+    WorkerGroupSpec,
+)
+from resurge.runtime.bus import Bus
+from resurge.runtime.settings import Settings
+
+__all__ = ["CRD_GROUP", "CRD_PLURAL", "CRD_VERSION", "KubernetesBackend", "api_client"]
+
+log = logging.getLogger("resurge.cluster.kubernetes")
+
+CRD_GROUP = "resurge.dev"
+CRD_VERSION = "v1alpha1"
+CRD_PLURAL = "trainingjobs"
+MERGE_PATCH = "application/merge-patch+json"
+
+# A monitor's report that says nothing new is written at most this often.
+_HEARTBEAT_WRITE_SECONDS = NODE_TIMEOUT_SECONDS / 3
+
+T = TypeVar("T")
+
+
+def api_client() -> k8s.ApiClient:
+    """A client for the cluster this runs in (its service account), else for the
+    current context of ``$KUBECONFIG`` (or ``~/.kube/config``)."""
+    configuration = k8s.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        k8s_config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    return k8s.ApiClient(configuration)
+
+
+def _json(response: Any) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(response.data)
+    return data
+
+
+def _missing(error: Exception) -> bool:
+    return isinstance(error, ApiException) and error.status == 404
+
+
+class KubernetesBackend:
+    """The :class:`~resurge.cluster.protocol.ClusterBackend` of a Kubernetes cluster."""
+
+    name: str = "kubernetes"
+    launches_worker_groups: bool = False
+
+    def __init__(self, bus: Bus, records: LocalBackend, api: k8s.ApiClient, settings: Settings):
+        self.bus = bus
+        self.records = records
+        self.api = api
+        self.core = k8s.CoreV1Api(api)
+        self.custom = k8s.CustomObjectsApi(api)
+        self.settings = settings
+        self.namespace = settings.kube_namespace
+        self._reported: dict[str, NodeInfo] = {}
+        self._statuses: dict[str, dict[str, object]] = {}
+
+    @classmethod
+    async def open(cls, bus: Bus, settings: Settings) -> KubernetesBackend:
+        """The backend of the cluster :func:`api_client` finds, keeping its records on
+        ``bus``'s server. Raises :class:`BackendError` when no cluster is configured."""
+        try:
+            api = await asyncio.to_thread(api_client)
+        except Exception as error:  # no service account, no kubeconfig
+            raise BackendError(
+                f"RESURGE_CLUSTER=kubernetes: no cluster to talk to ({error}); run inside a "
+                "pod with a service account, or set KUBECONFIG"
+            ) from error
+        return cls(bus, await LocalBackend.open(bus), api, settings)
+
+    async def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except ApiException as error:
+            if error.status == 404:
+                raise
+            raise BackendError(f"{what}: {error.status} {error.reason}") from error
+
+    # -- nodes ----------------------------------------------------------------------------
+
+    async def _nodes(self) -> list[dict[str, Any]]:
+        listed = await self._call("list nodes", self.core.list_node, _preload_content=False)
+        return list(_json(listed).get("items") or [])
+
+    async def _node(self, name: str) -> dict[str, Any] | None:
+        try:
+            got = await self._call(
+                f"read node {name}", self.core.read_node, name, _preload_content=False
+            )
+        except ApiException as error:
+            if _missing(error):
+                return None
+            raise
+        return _json(got)
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        """Every Node, as :func:`~.kubernetes_objects.node_info` reads it."""
+        return [node_info(node) for node in await self._nodes()]
+
+    async def live_nodes(self) -> list[NodeInfo]:
+        """Nodes whose kubelet says Ready and whose monitor wrote within
+        ``NODE_TIMEOUT_SECONDS``."""
+        now = datetime.now(UTC)
+        return [
+            info
+            for node in await self._nodes()
+            if node_ready(node) and (info := node_info(node)).alive(now, NODE_TIMEOUT_SECONDS)
+        ]
+
+    async def report_node(self, info: NodeInfo) -> None:
+        """Record the monitor's report on its Node (registering the Node where no kubelet
+        did); a report equal to the last one is written only as a heartbeat is due."""
+        last = self._reported.get(info.name)
+        if (
+            last is not None
+            and last.model_dump(exclude={"heartbeat"}) == info.model_dump(exclude={"heartbeat"})
+            and (info.heartbeat - last.heartbeat).total_seconds() < _HEARTBEAT_WRITE_SECONDS
+        ):
+            return
+        node = await self._node(info.name)
+        if node is None:
+            try:
+                await self._call(
+                    f"register node {info.name}",
+                    self.core.create_node,
+                    node_manifest(info),
+                    _preload_content=False,
+                )
+            except ApiException as error:
+                if error.status != 409:  # registered meanwhile: patch it below
+                    raise
+                node = await self._node(info.name)
+            else:
+                self._reported[info.name] = info
+                return
+        await self._call(
+            f"patch node {info.name}",
+            self.core.patch_node,
+            info.name,
+            report_patch(node, info),
+            _content_type=MERGE_PATCH,
+            _preload_content=False,
+        )
+        self._reported[info.name] = info
+
+    async def _known(self, name: str) -> dict[str, Any]:
+        node = await self._node(name)
+        if node is None:
+            known = ", ".join(sorted(n.name for n in await self.list_nodes())) or "none"
+            raise UnknownNodeError(f"no node named {name!r} (nodes: {known})")
+        return node
+
+    async def cordon(self, node: str, reason: str = "") -> None:
+        """Unschedulable plus the unhealthy taint, ``reason`` kept; a node cordoned by
+        resurge already keeps its first reason."""
+        current = await self._known(node)
+        if node_info(current).cordoned and any(
+            t.get("key") == "resurge.dev/unhealthy"
+            for t in (current.get("spec") or {}).get("taints") or []
+        ):
+            return
+        await self._call(
+            f"cordon node {node}",
+            self.core.patch_node,
+            node,
+            cordon_patch(current, reason),
+            _content_type=MERGE_PATCH,
+            _preload_content=False,
+        )
+
+    async def uncordon(self, node: str) -> None:
+        """Clear unschedulable, the unhealthy taint and the reason."""
+        current = await self._known(node)
+        await self._call(
+            f"uncordon node {node}",
+            self.core.patch_node,
+            node,
+            uncordon_patch(current),
+            _content_type=MERGE_PATCH,
+            _preload_content=False,
+        )
+
+    # -- worker groups (records; the controller makes them pods) ------------------------
+
+    async def list_worker_groups(self, job: str | None = None) -> list[WorkerGroupSpec]:
+        """Every worker group record, or only ``job``'s."""
+        return await self.records.list_worker_groups(job)
+
+    async def create_worker_group(self, spec: WorkerGroupSpec) -> None:
+        """Write the group's record; the controller creates (or recreates) its pod."""
+        await self.records.create_worker_group(spec)
+
+    async def delete_worker_group(self, job: str, replica: int, node: str) -> None:
+        """Delete the group's record; the controller deletes its pod. Absent is fine."""
+        await self.records.delete_worker_group(job, replica, node)
+
+    # -- job status ---------------------------------------------------------------------
+
+    async def write_job_status(self, job: str, status: dict[str, object]) -> None:
+        """Keep the status record, patch it into the job's TrainingJob (if the job has
+        one) and record a recovery or a resize it shows for the first time as an Event."""
+        await self.records.write_job_status(job, status)
+        training_job = await self.training_job(job)
+        if training_job is None:
+            return
+        before = self._statuses.get(job)
+        if before is None:
+            before = dict(training_job.get("status") or {})
+        await self._call(
+            f"patch the status of TrainingJob {job}",
+            self.custom.patch_namespaced_custom_object_status,
+            CRD_GROUP,
+            CRD_VERSION,
+            self.namespace,
+            CRD_PLURAL,
+            job,
+            status_patch(status, before),
+            _content_type=MERGE_PATCH,
+            _preload_content=False,
+        )
+        self._statuses[job] = status
+        for event in event_manifests(training_job, before, status):
+            with contextlib.suppress(BackendError):  # an Event is a courtesy, not state
+                await self._call(
+                    f"record an Event on {job}",
+                    self.core.create_namespaced_event,
+                    self.namespace,
+                    event,
+                    _preload_content=False,
+                )
+
+    async def read_job_status(self, job: str) -> dict[str, object] | None:
+        """The status last written for ``job``."""
+        return await self.records.read_job_status(job)
+
+    async def training_job(self, job: str) -> dict[str, Any] | None:
+        """The TrainingJob named ``job`` in the backend's namespace; None if none is
+        (a job submitted with ``resurge submit``, or a name no object can have)."""
+        try:
+            got = await self._call(
+                f"read TrainingJob {job}",
+                self.custom.get_namespaced_custom_object,
+                CRD_GROUP,
+                CRD_VERSION,
+                self.namespace,
+                CRD_PLURAL,
+                job,
+                _preload_content=False,
+            )
+        except ApiException as error:
+            if _missing(error):
+                return None
+            raise
+        except ValueError:  # a name the client refuses to put in a path
+            return None
+        return _json(got)
+
+    # -- changes ------------------------------------------------------------------------
+
+    async def watch(self, node: str | None = None) -> AsyncIterator[ClusterChange]:
+        """Nodes (from a Node watch that resumes and relists, :mod:`.kubernetes_watch`)
+        and worker group records now, then each change."""
+        selector = {} if node is None else {"field_selector": f"metadata.name={node}"}
+        queue: asyncio.Queue[ClusterChange] = asyncio.Queue()
+        synced = asyncio.Event()
+
+        async def nodes() -> None:
+            async for kind, obj in follow(self.core.list_node, **selector):
+                if kind == SYNCED:
+                    synced.set()
+                elif node is None or _node_name(obj) == node:
+                    await queue.put(_node_change(kind, obj))
+
+        async def groups() -> None:
+            await synced.wait()  # the nodes as they are come first
+            async for change in watch_changes(None, None, self.records.groups, _no_node, node):
+                await queue.put(change)
+
+        async for change in drain(queue, [nodes(), groups()]):
+            yield change
+
+    async def reconcile(self) -> None:
+        """Run the controller until cancelled (:mod:`.kubernetes_controller`)."""
+        from resurge.cluster.kubernetes_controller import Controller
+
+        await Controller(self).run()
+
+
+def _node_name(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name"))
+
+
+def _node_change(kind: str, obj: dict[str, Any]) -> ClusterChange:
+    if kind == "DELETED":
+        return ClusterChange(kind="node", deleted=True, node=_node_name(obj))
+    return ClusterChange(kind="node", node=_node_name(obj), node_info=node_info(obj))
+
+
+async def _no_node(name: str) -> NodeInfo | None:
+    return None  # only worker groups are watched through the records
+
+
+# mypy fails here when KubernetesBackend drifts from the protocol.
+_CONFORMS: type[ClusterBackend] = KubernetesBackend

@@ -1,0 +1,373 @@
+"""The Kubernetes controller: TrainingJobs in, pods and Services out, node capacity told.
+
+Run by the scaler (:meth:`KubernetesBackend.reconcile`) until cancelled; three loops,
+each over a watch that resumes and relists (:mod:`.kubernetes_watch`):
+
+- **TrainingJobs** of the backend's namespace become job submissions on the bus
+  (``JobSubmitted``, as ``resurge submit`` publishes), once per spec: the digest of the
+  spec last submitted is kept in ``status.submittedSpec``, so a restarted controller
+  submits nothing twice. A spec that does not validate gets ``phase: Failed``, the
+  message naming the field, and a Warning Event. A deleted TrainingJob is
+  ``JobDeleted``.
+- **Pods** are kept in line with the worker-group records: each record has exactly one
+  pod carrying its spec (:func:`~.kubernetes_objects.pod_manifest`); a pod whose spec
+  is not its record's (a new incarnation, another node) or whose record is gone is
+  deleted, and a record without its pod gets one, so a pod deleted behind resurge's
+  back, or evicted (phase Failed), comes back. Each job with a record has its headless
+  Service.
+- **Nodes**: a change of a Node's readiness, schedulability or slots is published as
+  ``CapacityChanged``, as the node monitors publish theirs, so a node turning NotReady
+  is acted on without waiting for its monitor to fall silent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from kubernetes.client.exceptions import ApiException
+
+from resurge.cluster.kubernetes_objects import (
+    JOB_LABEL,
+    group_of_pod,
+    job_service,
+    node_info,
+    node_ready,
+    pod_manifest,
+    pod_name,
+)
+from resurge.cluster.kubernetes_watch import SYNCED, drain, follow
+from resurge.cluster.local_watch import watch_changes
+from resurge.cluster.protocol import BackendError, WorkerGroupSpec
+from resurge.events import CapacityChanged, JobDeleted, JobSubmitted
+from resurge.jobspec import JobSpecError, parse_job
+
+if TYPE_CHECKING:
+    from resurge.cluster.kubernetes import KubernetesBackend
+
+__all__ = ["Controller", "spec_digest"]
+
+log = logging.getLogger("resurge.cluster.kubernetes")
+
+# A group's key: (job, replica).
+Key = tuple[str, int]
+
+
+def spec_digest(training_job: dict[str, Any]) -> str:
+    """A short digest of a TrainingJob's spec (and labels): what was submitted."""
+    meta = training_job.get("metadata") or {}
+    text = json.dumps(
+        {"spec": training_job.get("spec"), "labels": meta.get("labels") or {}}, sort_keys=True
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _name(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("name") or "")
+
+
+class Controller:
+    """The three loops of the module docstring over one backend."""
+
+    def __init__(self, backend: KubernetesBackend) -> None:
+        self.backend = backend
+        self.bus = backend.bus
+        self.namespace = backend.namespace
+        self.desired: dict[Key, WorkerGroupSpec] = {}
+        self.pods: dict[str, tuple[Key, WorkerGroupSpec, dict[str, Any]]] = {}
+        self.deleting: set[str] = set()
+        self.services: set[str] = set()
+        self.training_jobs: dict[str, dict[str, Any]] = {}
+
+    async def run(self) -> None:
+        """All three loops until cancelled."""
+        await asyncio.gather(self.follow_jobs(), self.follow_pods(), self.follow_nodes())
+
+    # -- TrainingJobs ---------------------------------------------------------------------
+
+    async def follow_jobs(self) -> None:
+        """Submit each TrainingJob's spec once, and delete deleted ones, until cancelled."""
+        from resurge.cluster.kubernetes import CRD_GROUP, CRD_PLURAL, CRD_VERSION
+
+        async for kind, obj in follow(
+            self.backend.custom.list_namespaced_custom_object,
+            group=CRD_GROUP,
+            version=CRD_VERSION,
+            namespace=self.namespace,
+            plural=CRD_PLURAL,
+        ):
+            if kind == SYNCED:
+                continue
+            try:
+                await self.on_training_job(kind, obj)
+            except Exception:  # one job's trouble never stops the others'
+                log.exception("could not act on TrainingJob %s", _name(obj))
+
+    async def on_training_job(self, kind: str, obj: dict[str, Any]) -> None:
+        """Act on one watch event of a TrainingJob (the module docstring)."""
+        name = _name(obj)
+        if kind == "DELETED":
+            self.training_jobs.pop(name, None)
+            await self.bus.publish(
+                self.bus.subjects.job(name), JobDeleted(source=self.bus.source, job=name)
+            )
+            log.info("TrainingJob %s deleted", name, extra={"job": name})
+            return
+        self.training_jobs[name] = obj
+        digest = spec_digest(obj)
+        if (obj.get("status") or {}).get("submittedSpec") == digest:
+            return
+        meta = obj.get("metadata") or {}
+        document = {
+            "apiVersion": obj.get("apiVersion"),
+            "kind": obj.get("kind"),
+            "metadata": {
+                "name": name,
+                "namespace": meta.get("namespace") or self.namespace,
+                "labels": meta.get("labels") or {},
+            },
+            "spec": obj.get("spec"),
+        }
+        try:
+            job = parse_job(document)
+        except JobSpecError as error:
+            log.warning("TrainingJob %s rejected: %s", name, error, extra={"job": name})
+            await self._patch_status(
+                name, {"phase": "Failed", "message": str(error), "submittedSpec": digest}
+            )
+            await self._event(obj, "InvalidSpec", str(error))
+            return
+        await self.bus.publish(
+            self.bus.subjects.job(name), JobSubmitted(source=self.bus.source, job=name, spec=job)
+        )
+        await self._patch_status(name, {"submittedSpec": digest})
+        log.info("TrainingJob %s submitted", name, extra={"job": name})
+
+    async def _patch_status(self, name: str, status: dict[str, Any]) -> None:
+        from resurge.cluster.kubernetes import CRD_GROUP, CRD_PLURAL, CRD_VERSION, MERGE_PATCH
+
+        await self.backend._call(
+            f"patch the status of TrainingJob {name}",
+            self.backend.custom.patch_namespaced_custom_object_status,
+            CRD_GROUP,
+            CRD_VERSION,
+            self.namespace,
+            CRD_PLURAL,
+            name,
+            {"status": status},
+            _content_type=MERGE_PATCH,
+            _preload_content=False,
+        )
+
+    async def _event(self, training_job: dict[str, Any], reason: str, message: str) -> None:
+        from resurge.cluster.kubernetes_status import event
+
+        try:
+            await self.backend._call(
+                f"record an Event on {_name(training_job)}",
+                self.backend.core.create_namespaced_event,
+                self.namespace,
+                event(training_job, reason, message, warning=True),
+                _preload_content=False,
+            )
+        except (BackendError, ApiException) as error:
+            log.warning("could not record an Event: %r", error)
+
+    # -- pods -----------------------------------------------------------------------------
+
+    async def follow_pods(self) -> None:
+        """Keep one pod per worker-group record (the module docstring), until cancelled.
+        The records as they are and the pods as listed are both read before any pod is
+        created or deleted."""
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        synced = asyncio.Event()
+
+        async def pods() -> None:
+            async for kind, obj in follow(
+                self.backend.core.list_namespaced_pod,
+                namespace=self.namespace,
+                label_selector=JOB_LABEL,
+            ):
+                if kind == SYNCED:
+                    synced.set()
+                else:
+                    await queue.put((kind, obj))
+
+        async def groups() -> None:
+            await synced.wait()
+            async for change in watch_changes(None, None, self.backend.records.groups, _none):
+                await queue.put(("group", change))
+
+        for spec in await self.backend.records.list_worker_groups():
+            self.desired[(spec.job, spec.replica)] = spec
+        async for kind, item in drain(queue, [pods(), groups()]):
+            for key in self._apply(kind, item):
+                try:
+                    await self._reconcile(key)
+                except Exception:
+                    log.exception("could not reconcile the pod of %s/%s", *key)
+
+    def _apply(self, kind: str, item: Any) -> list[Key]:
+        """Take one change into the controller's view; the groups it may have unsettled."""
+        if kind == "group":
+            key = (item.job, item.replica)
+            if item.deleted:
+                self.desired.pop(key, None)
+            elif item.worker_group is not None:
+                self.desired[key] = item.worker_group
+            return [key]
+        name = _name(item)
+        spec = group_of_pod(item)
+        if kind == "DELETED":
+            self.deleting.discard(name)
+            gone = self.pods.pop(name, None)
+            return [] if gone is None else [gone[0]]
+        if spec is None:
+            return []
+        key = (spec.job, spec.replica)
+        self.pods[name] = (key, spec, item)
+        return [key]
+
+    async def _reconcile(self, key: Key) -> None:
+        wanted = self.desired.get(key)
+        mine = [(name, spec, pod) for name, (k, spec, pod) in self.pods.items() if k == key]
+        keep = False
+        for name, spec, pod in mine:
+            failed = (pod.get("status") or {}).get("phase") == "Failed"
+            if wanted is not None and spec == wanted and not failed:
+                keep = True
+                continue
+            if name not in self.deleting:
+                self.deleting.add(name)
+                await self._delete_pod(name)
+        if wanted is not None and not keep and pod_name(wanted) not in self.pods:
+            await self._create_pod(wanted)
+        job = key[0]
+        if not any(k[0] == job for k in self.desired) and job in self.services:
+            await self._delete_service(job)
+
+    async def _training_job(self, job: str) -> dict[str, Any] | None:
+        found = self.training_jobs.get(job)
+        if found is None:
+            found = await self.backend.training_job(job)
+        return found
+
+    async def _create_pod(self, spec: WorkerGroupSpec) -> None:
+        settings = self.backend.settings
+        training_job = await self._training_job(spec.job)
+        if spec.job not in self.services:
+            await self._create(
+                "Service",
+                self.backend.core.create_namespaced_service,
+                job_service(spec.job, training_job),
+            )
+            self.services.add(spec.job)
+        agent_env = {
+            "RESURGE_NATS_URL": settings.nats_url,
+            "RESURGE_NAMESPACE": settings.namespace,
+            "RESURGE_CLUSTER": "kubernetes",
+            "RESURGE_LOG_FORMAT": settings.log_format,
+        }
+        manifest = pod_manifest(
+            spec, training_job, agent_env, settings.kube_image, settings.kube_host_network
+        )
+        await self._create("Pod", self.backend.core.create_namespaced_pod, manifest)
+        log.info(
+            "created pod %s for %s replica %d on %s",
+            manifest["metadata"]["name"],
+            spec.job,
+            spec.replica,
+            spec.node,
+            extra={"job": spec.job},
+        )
+
+    async def _create(self, what: str, fn: Any, body: dict[str, Any]) -> None:
+        try:
+            await self.backend._call(
+                f"create {what} {body['metadata']['name']}",
+                fn,
+                self.namespace,
+                body,
+                _preload_content=False,
+            )
+        except (ApiException, BackendError) as error:
+            cause = error.__cause__ if isinstance(error, BackendError) else error
+            if not (isinstance(cause, ApiException) and cause.status == 409):
+                raise
+
+    async def _delete_pod(self, name: str) -> None:
+        try:
+            await self.backend._call(
+                f"delete pod {name}",
+                self.backend.core.delete_namespaced_pod,
+                name,
+                self.namespace,
+                _preload_content=False,
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    async def _delete_service(self, job: str) -> None:
+        self.services.discard(job)
+        try:
+            await self.backend._call(
+                f"delete Service {job}",
+                self.backend.core.delete_namespaced_service,
+                job,
+                self.namespace,
+                _preload_content=False,
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    # -- nodes ----------------------------------------------------------------------------
+
+    async def follow_nodes(self) -> None:
+        """Publish CapacityChanged for each change of a Node's readiness, schedulability,
+        slots or labels (a healthy node first seen is left to its monitor)."""
+        told: dict[str, tuple[bool, int, dict[str, str]]] = {}
+        async for kind, obj in follow(self.backend.core.list_node):
+            if kind == SYNCED:
+                continue
+            name = _name(obj)
+            if kind == "DELETED":
+                told.pop(name, None)
+                await self._capacity(name, 0, 0, False, {})
+                continue
+            info = node_info(obj)
+            healthy = node_ready(obj) and info.schedulable
+            state = (healthy, info.slots, info.labels)
+            if told.get(name) == state:
+                continue
+            first = name not in told
+            told[name] = state
+            if first and healthy:
+                continue  # a healthy node is announced by its monitor
+            used = sum(s.nproc for s in self.desired.values() if s.node == name)
+            free = max(0, info.slots - used) if healthy else 0
+            await self._capacity(name, info.slots, free, healthy, info.labels)
+
+    async def _capacity(
+        self, node: str, total: int, free: int, healthy: bool, labels: dict[str, str]
+    ) -> None:
+        event = CapacityChanged(
+            source=self.bus.source,
+            node=node,
+            slots_total=total,
+            slots_free=free,
+            healthy=healthy,
+            labels=labels,
+        )
+        try:
+            await self.bus.publish(self.bus.subjects.capacity(node), event)
+        except Exception as error:
+            log.warning("could not publish the capacity of %s: %r", node, error)
+
+
+async def _none(name: str) -> None:
+    return None

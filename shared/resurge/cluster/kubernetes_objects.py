@@ -1,0 +1,330 @@
+"""How resurge's records look as Kubernetes objects, and back: pure functions, no I/O.
+
+- A Node is a :class:`NodeInfo`: slots are the node monitor's GPUs, capped by the
+  node's allocatable ``nvidia.com/gpu`` where the device plugin reports it; healthy
+  means Ready (a node with no Ready condition yet counts as ready), not tainted
+  ``resurge.dev/unhealthy``, and healthy as its monitor last said; cordoned means
+  ``spec.unschedulable`` or the unhealthy taint, with the reason kept in an annotation.
+  The monitor's own report (slots, health, address, labels it added, heartbeat) is the
+  annotation ``resurge.dev/monitor``.
+- A worker group is a pod pinned to its node by required node affinity, requesting its
+  GPUs, whose container runs ``resurge-node-agent launch`` with the group's spec in
+  ``RESURGE_WORKER_GROUP``; labels ``resurge.dev/job`` and ``resurge.dev/replica``;
+  owned by the TrainingJob when there is one, which also gives the image, the pod
+  template, the Kueue queue and the PriorityClass.
+- A job has a headless Service selecting its pods.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from resurge.cluster.protocol import WORKER_GROUP_ENV, NodeInfo, WorkerGroupSpec
+
+__all__ = [
+    "CORDON_REASON_ANNOTATION",
+    "GROUP_ANNOTATION",
+    "JOB_LABEL",
+    "MONITOR_ANNOTATION",
+    "QUEUE_LABEL",
+    "REPLICA_LABEL",
+    "UNHEALTHY_TAINT",
+    "MonitorReport",
+    "cordon_patch",
+    "group_of_pod",
+    "job_service",
+    "node_info",
+    "node_manifest",
+    "owner_reference",
+    "pod_manifest",
+    "pod_name",
+    "uncordon_patch",
+]
+
+GROUP = "resurge.dev"
+JOB_LABEL = f"{GROUP}/job"
+REPLICA_LABEL = f"{GROUP}/replica"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+UNHEALTHY_TAINT = f"{GROUP}/unhealthy"
+CORDON_REASON_ANNOTATION = f"{GROUP}/cordon-reason"
+MONITOR_ANNOTATION = f"{GROUP}/monitor"
+GROUP_ANNOTATION = f"{GROUP}/worker-group"
+GPU_RESOURCE = "nvidia.com/gpu"
+CONTAINER = "agent"
+
+
+class MonitorReport(BaseModel):
+    """What a node's monitor last reported, kept on the Node as an annotation."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    slots: int = Field(ge=0)
+    healthy: bool = True
+    address: str = "127.0.0.1"
+    labels: dict[str, str] = Field(default_factory=dict)
+    heartbeat: datetime
+
+
+def _time(text: object) -> datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def _ready(node: dict[str, Any]) -> tuple[bool, datetime | None]:
+    """Whether the node is Ready (no Ready condition yet counts as ready) and when its
+    kubelet last said so."""
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return condition.get("status") == "True", _time(condition.get("lastHeartbeatTime"))
+    return True, None
+
+
+def monitor_report(node: dict[str, Any]) -> MonitorReport | None:
+    """The monitor's report on ``node``; None where none (or an unreadable one) is."""
+    text = ((node.get("metadata") or {}).get("annotations") or {}).get(MONITOR_ANNOTATION)
+    if not text:
+        return None
+    try:
+        return MonitorReport.model_validate_json(text)
+    except ValueError:
+        return None
+
+
+def _unhealthy_taint(node: dict[str, Any]) -> bool:
+    return any(t.get("key") == UNHEALTHY_TAINT for t in _taints(node))
+
+
+def _taints(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return list((node.get("spec") or {}).get("taints") or [])
+
+
+def node_info(node: dict[str, Any]) -> NodeInfo:
+    """The :class:`NodeInfo` of a Node object."""
+    meta = node.get("metadata") or {}
+    status = node.get("status") or {}
+    report = monitor_report(node)
+    ready, kubelet_heartbeat = _ready(node)
+    allocatable = (status.get("allocatable") or {}).get(GPU_RESOURCE)
+    slots = report.slots if report is not None else 0
+    if allocatable is not None:
+        gpus = int(str(allocatable))
+        slots = min(slots, gpus) if report is not None else gpus
+    address = next(
+        (a.get("address") for a in status.get("addresses") or [] if a.get("type") == "InternalIP"),
+        None,
+    )
+    cordoned = bool((node.get("spec") or {}).get("unschedulable")) or _unhealthy_taint(node)
+    heartbeat = (
+        report.heartbeat
+        if report is not None
+        else kubelet_heartbeat or _time(meta.get("creationTimestamp")) or datetime.now(UTC)
+    )
+    return NodeInfo(
+        name=str(meta.get("name")),
+        slots=slots,
+        healthy=ready and not cordoned and (report is None or report.healthy),
+        cordoned=cordoned,
+        cordon_reason=str((meta.get("annotations") or {}).get(CORDON_REASON_ANNOTATION) or "")
+        if cordoned
+        else "",
+        address=address or (report.address if report is not None else "127.0.0.1"),
+        labels=dict(meta.get("labels") or {}),
+        heartbeat=heartbeat,
+    )
+
+
+def node_ready(node: dict[str, Any]) -> bool:
+    """Whether the node's kubelet says it is Ready (or has not said otherwise)."""
+    return _ready(node)[0]
+
+
+def report_patch(node: dict[str, Any] | None, info: NodeInfo) -> dict[str, Any]:
+    """The merge patch that records ``info`` (a monitor's report) on ``node``: the
+    annotation, and the monitor's labels (ones it reported before and no longer does
+    are removed; others' labels are left alone)."""
+    before = monitor_report(node) if node is not None else None
+    labels: dict[str, str | None] = dict.fromkeys(
+        (before.labels if before is not None else {}).keys() - info.labels.keys()
+    )
+    labels.update(info.labels)
+    report = MonitorReport(
+        slots=info.slots,
+        healthy=info.healthy,
+        address=info.address,
+        labels=info.labels,
+        heartbeat=info.heartbeat,
+    )
+    return {
+        "metadata": {
+            "labels": labels,
+            "annotations": {MONITOR_ANNOTATION: report.model_dump_json()},
+        }
+    }
+
+
+def node_manifest(info: NodeInfo) -> dict[str, Any]:
+    """A Node registered from a monitor's report, where no kubelet registered it."""
+    manifest = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": info.name}}
+    manifest["status"] = {"addresses": [{"type": "InternalIP", "address": info.address}]}
+    patch = report_patch(None, info)
+    manifest["metadata"].update(patch["metadata"])  # type: ignore[attr-defined]
+    return manifest
+
+
+def cordon_patch(node: dict[str, Any], reason: str) -> dict[str, Any]:
+    """Unschedulable, tainted ``resurge.dev/unhealthy=true:NoSchedule``, reason kept."""
+    taints = [t for t in _taints(node) if t.get("key") != UNHEALTHY_TAINT]
+    taints.append({"key": UNHEALTHY_TAINT, "value": "true", "effect": "NoSchedule"})
+    return {
+        "metadata": {"annotations": {CORDON_REASON_ANNOTATION: reason}},
+        "spec": {"unschedulable": True, "taints": taints},
+    }
+
+
+def uncordon_patch(node: dict[str, Any]) -> dict[str, Any]:
+    """Undo :func:`cordon_patch` (and a cordon set by hand)."""
+    taints = [t for t in _taints(node) if t.get("key") != UNHEALTHY_TAINT]
+    return {
+        "metadata": {"annotations": {CORDON_REASON_ANNOTATION: None}},
+        "spec": {"unschedulable": None, "taints": taints or None},
+    }
+
+
+def pod_name(spec: WorkerGroupSpec) -> str:
+    """``<job>-<replica>-<hash of node and incarnation>``: a recreated or moved group
+    gets a new pod, never one that clashes with its predecessor while that one ends."""
+    digest = hashlib.sha256(f"{spec.node}/{spec.incarnation}".encode()).hexdigest()[:5]
+    return f"{spec.job[:230]}-{spec.replica}-{digest}"
+
+
+def owner_reference(training_job: dict[str, Any]) -> dict[str, Any]:
+    """An owner reference to a TrainingJob (its pods and Service go with it)."""
+    meta = training_job["metadata"]
+    return {
+        "apiVersion": training_job.get("apiVersion", f"{GROUP}/v1alpha1"),
+        "kind": "TrainingJob",
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def pod_manifest(
+    spec: WorkerGroupSpec,
+    training_job: dict[str, Any] | None,
+    agent_env: dict[str, str],
+    default_image: str,
+    host_network: bool,
+) -> dict[str, Any]:
+    """The pod of worker group ``spec``.
+
+    The TrainingJob's ``spec.template`` is the starting point (its first container
+    becomes the agent's); resurge sets the name, labels, node affinity, GPUs, command
+    and environment over it. ``agent_env`` is the agent's connection settings."""
+    job_spec = (training_job or {}).get("spec") or {}
+    template = copy.deepcopy(job_spec.get("template") or {})
+    meta = template.get("metadata") or {}
+    pod_spec = template.get("spec") or {}
+    labels = dict(meta.get("labels") or {})
+    labels.update({JOB_LABEL: spec.job, REPLICA_LABEL: str(spec.replica)})
+    if job_spec.get("queue"):
+        labels[QUEUE_LABEL] = str(job_spec["queue"])
+    annotations = dict(meta.get("annotations") or {})
+    annotations[GROUP_ANNOTATION] = spec.model_dump_json()
+    containers = list(pod_spec.get("containers") or [{}])
+    container = dict(containers[0])
+    env = [e for e in container.get("env") or [] if e.get("name") not in agent_env]
+    env += [{"name": k, "value": v} for k, v in sorted(agent_env.items())]
+    env = [e for e in env if e.get("name") != WORKER_GROUP_ENV]
+    env.append({"name": WORKER_GROUP_ENV, "value": spec.model_dump_json()})
+    resources = copy.deepcopy(container.get("resources") or {})
+    for kind in ("requests", "limits"):
+        resources.setdefault(kind, {})[GPU_RESOURCE] = str(spec.nproc)
+    container.update(
+        {
+            "name": container.get("name") or CONTAINER,
+            "image": job_spec.get("image") or container.get("image") or default_image,
+            "command": ["resurge-node-agent", "launch"],
+            "env": env,
+            "resources": resources,
+        }
+    )
+    container.pop("args", None)
+    pod_spec.update(
+        {
+            "containers": [container, *containers[1:]],
+            "restartPolicy": "OnFailure",
+            "terminationGracePeriodSeconds": int(spec.stop_grace_seconds) + 5,
+            "affinity": {
+                **(pod_spec.get("affinity") or {}),
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchFields": [
+                                    {
+                                        "key": "metadata.name",
+                                        "operator": "In",
+                                        "values": [spec.node],
+                                    }
+                                ]
+                            }
+                        ]
+                    }
+                },
+            },
+        }
+    )
+    if host_network and "hostNetwork" not in pod_spec:
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    if job_spec.get("priorityClassName"):
+        pod_spec["priorityClassName"] = job_spec["priorityClassName"]
+    metadata: dict[str, Any] = {
+        "name": pod_name(spec),
+        "labels": labels,
+        "annotations": annotations,
+    }
+    if training_job is not None:
+        metadata["ownerReferences"] = [owner_reference(training_job)]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def group_of_pod(pod: dict[str, Any]) -> WorkerGroupSpec | None:
+    """The worker group a pod runs; None for a pod that is not one."""
+    text = ((pod.get("metadata") or {}).get("annotations") or {}).get(GROUP_ANNOTATION)
+    if not text:
+        return None
+    try:
+        return WorkerGroupSpec.model_validate(json.loads(text))
+    except ValueError:
+        return None
+
+
+def job_service(job: str, training_job: dict[str, Any] | None) -> dict[str, Any]:
+    """The job's headless Service: stable DNS names for its pods."""
+    metadata: dict[str, Any] = {"name": job, "labels": {JOB_LABEL: job}}
+    if training_job is not None:
+        metadata["ownerReferences"] = [owner_reference(training_job)]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata,
+        "spec": {
+            "clusterIP": "None",
+            "selector": {JOB_LABEL: job},
+            "publishNotReadyAddresses": True,
+        },
+    }
