@@ -1,0 +1,264 @@
+"""The Kubernetes backend's pure mappings: Nodes to node records, worker groups to pods,
+cordons to patches, job statuses to the status subresource and Events."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from resurge.cluster import WORKER_GROUP_ENV, NodeInfo, WorkerGroupSpec
+from resurge.cluster.kubernetes_objects import (
+    CORDON_REASON_ANNOTATION,
+    MONITOR_ANNOTATION,
+    UNHEALTHY_TAINT,
+    cordon_patch,
+    group_of_pod,
+    node_info,
+    node_manifest,
+    pod_manifest,
+    pod_name,
+    report_patch,
+    uncordon_patch,
+)
+from resurge.cluster.kubernetes_status import event_manifests, status_patch
+
+NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+
+
+def kube_node(
+    name: str = "gpu-1",
+    gpus: int | None = 8,
+    ready: str | None = "True",
+    report: NodeInfo | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    node: dict[str, Any] = {
+        "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": "a"}},
+        "spec": spec,
+        "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.9"}]},
+    }
+    if gpus is not None:
+        node["status"]["allocatable"] = {"nvidia.com/gpu": str(gpus), "cpu": "64"}
+    if ready is not None:
+        node["status"]["conditions"] = [
+            {"type": "MemoryPressure", "status": "False"},
+            {"type": "Ready", "status": ready, "lastHeartbeatTime": "2026-12-03T11:59:50Z"},
+        ]
+    if report is not None:
+        node["metadata"] = {**node["metadata"], **report_patch(None, report)["metadata"]}
+        node["metadata"]["labels"] = {
+            "topology.kubernetes.io/zone": "a",
+            **{k: v for k, v in report.labels.items()},
+        }
+    return node
+
+
+def report(slots: int = 8, healthy: bool = True, **labels: str) -> NodeInfo:
+    return NodeInfo(name="gpu-1", slots=slots, healthy=healthy, labels=labels, heartbeat=NOW)
+
+
+def test_a_ready_node_with_a_monitor_report_is_schedulable_with_its_gpus() -> None:
+    info = node_info(kube_node(report=report(slots=8)))
+    assert (info.name, info.slots, info.address) == ("gpu-1", 8, "10.0.0.9")
+    assert info.healthy and info.schedulable and not info.cordoned
+    assert info.heartbeat == NOW  # the monitor's, not the kubelet's
+    assert info.labels["topology.kubernetes.io/zone"] == "a"
+
+
+def test_slots_are_the_monitors_capped_by_allocatable_gpus() -> None:
+    assert node_info(kube_node(gpus=6, report=report(slots=8))).slots == 6  # plugin lost two
+    assert node_info(kube_node(gpus=8, report=report(slots=4))).slots == 4
+    assert node_info(kube_node(gpus=None, report=report(slots=4))).slots == 4  # no plugin
+    assert node_info(kube_node(gpus=8)).slots == 8  # no monitor yet
+
+
+def test_not_ready_or_an_unhealthy_gpu_makes_a_node_unhealthy() -> None:
+    assert not node_info(kube_node(ready="False", report=report())).healthy
+    assert not node_info(kube_node(ready="Unknown", report=report())).healthy
+    assert not node_info(kube_node(report=report(healthy=False))).healthy
+    assert node_info(kube_node(ready=None, report=report())).healthy  # no condition yet
+
+
+def test_cordon_taints_and_keeps_other_taints_and_uncordon_undoes_it() -> None:
+    other = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    node = kube_node(taints=[other])
+    patch = cordon_patch(node, "XID 79 on GPU 3")
+    assert patch["spec"]["unschedulable"] is True
+    assert patch["spec"]["taints"] == [
+        other,
+        {"key": UNHEALTHY_TAINT, "value": "true", "effect": "NoSchedule"},
+    ]
+    assert patch["metadata"]["annotations"][CORDON_REASON_ANNOTATION] == "XID 79 on GPU 3"
+
+    cordoned = kube_node(**patch["spec"])
+    cordoned["metadata"]["annotations"] = patch["metadata"]["annotations"]
+    info = node_info(cordoned)
+    assert info.cordoned and not info.schedulable and info.cordon_reason == "XID 79 on GPU 3"
+
+    undone = uncordon_patch(cordoned)
+    assert undone["spec"] == {"unschedulable": None, "taints": [other]}
+    assert undone["metadata"]["annotations"] == {CORDON_REASON_ANNOTATION: None}
+
+
+def test_a_node_cordoned_by_hand_is_cordoned_without_a_reason() -> None:
+    info = node_info(kube_node(unschedulable=True))
+    assert info.cordoned and not info.healthy and info.cordon_reason == ""
+
+
+def test_a_report_replaces_the_labels_the_monitor_added_before_and_no_others() -> None:
+    before = kube_node(report=report(rack="r1", zone="a"))
+    patch = report_patch(before, report(zone="b"))
+    assert patch["metadata"]["labels"] == {"rack": None, "zone": "b"}
+    written = json.loads(patch["metadata"]["annotations"][MONITOR_ANNOTATION])
+    assert written["slots"] == 8 and written["labels"] == {"zone": "b"}
+
+
+def test_a_node_registered_from_a_report_reads_back_as_reported() -> None:
+    info = NodeInfo(name="n1", slots=4, address="10.1.1.1", labels={"zone": "a"}, heartbeat=NOW)
+    back = node_info(node_manifest(info))
+    assert back.model_dump() == info.model_dump()
+
+
+GROUP = WorkerGroupSpec(
+    job="llama",
+    replica=2,
+    node="gpu-7",
+    nproc=4,
+    command=["python", "train.py"],
+    env={"A": "1"},
+    incarnation=1,
+)
+
+TRAINING_JOB: dict[str, Any] = {
+    "apiVersion": "resurge.dev/v1alpha1",
+    "kind": "TrainingJob",
+    "metadata": {"name": "llama", "namespace": "team", "uid": "u-1"},
+    "spec": {
+        "command": ["python", "train.py"],
+        "image": "registry/train:1",
+        "queue": "team-queue",
+        "priorityClassName": "high",
+        "template": {
+            "metadata": {"labels": {"team": "nlp"}},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "trainer",
+                        "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+                        "resources": {"limits": {"memory": "64Gi"}},
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    }
+                ],
+                "volumes": [{"name": "data", "emptyDir": {}}],
+                "tolerations": [{"key": "gpu", "operator": "Exists"}],
+            },
+        },
+    },
+}
+
+AGENT_ENV = {"RESURGE_NATS_URL": "nats://nats:4222", "RESURGE_CLUSTER": "kubernetes"}
+
+
+def test_a_worker_groups_pod_is_pinned_labelled_owned_and_runs_the_agent() -> None:
+    pod = pod_manifest(GROUP, TRAINING_JOB, AGENT_ENV, "resurge:latest", host_network=True)
+    meta, spec = pod["metadata"], pod["spec"]
+    assert meta["name"] == pod_name(GROUP)
+    assert meta["labels"] == {
+        "team": "nlp",
+        "resurge.dev/job": "llama",
+        "resurge.dev/replica": "2",
+        "kueue.x-k8s.io/queue-name": "team-queue",
+    }
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": "resurge.dev/v1alpha1",
+            "kind": "TrainingJob",
+            "name": "llama",
+            "uid": "u-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    [term] = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term == {
+        "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-7"]}]
+    }
+    assert spec["priorityClassName"] == "high" and spec["restartPolicy"] == "OnFailure"
+    assert spec["hostNetwork"] is True and spec["volumes"] == [{"name": "data", "emptyDir": {}}]
+    assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    [container] = spec["containers"]
+    assert container["name"] == "trainer" and container["image"] == "registry/train:1"
+    assert container["command"] == ["resurge-node-agent", "launch"]
+    assert container["resources"] == {
+        "limits": {"memory": "64Gi", "nvidia.com/gpu": "4"},
+        "requests": {"nvidia.com/gpu": "4"},
+    }
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["NCCL_DEBUG"] == "INFO" and env["RESURGE_CLUSTER"] == "kubernetes"
+    assert WorkerGroupSpec.model_validate_json(env[WORKER_GROUP_ENV]) == GROUP
+    assert group_of_pod(pod) == GROUP
+
+
+def test_a_group_without_a_training_job_gets_the_default_image_and_no_owner() -> None:
+    pod = pod_manifest(GROUP, None, AGENT_ENV, "resurge:latest", host_network=False)
+    assert "ownerReferences" not in pod["metadata"]
+    assert "kueue.x-k8s.io/queue-name" not in pod["metadata"]["labels"]
+    assert pod["spec"]["containers"][0]["image"] == "resurge:latest"
+    assert "hostNetwork" not in pod["spec"]
+
+
+def test_a_recreated_or_moved_group_gets_a_pod_of_another_name() -> None:
+    names = {
+        pod_name(GROUP),
+        pod_name(GROUP.model_copy(update={"incarnation": 2})),
+        pod_name(GROUP.model_copy(update={"node": "gpu-8"})),
+    }
+    assert len(names) == 3 and all(n.startswith("llama-2-") for n in names)
+    assert group_of_pod({"metadata": {"name": "other"}}) is None
+
+
+def running(generation: int, **extra: object) -> dict[str, object]:
+    return {"name": "llama", "phase": "Running", "generation": generation, **extra}
+
+
+def test_status_patch_adds_conditions_restart_count_and_times() -> None:
+    first = status_patch(running(1, restarts={"process": 2, "pod": 1}), {})["status"]
+    assert first["restartCount"] == 3 and first["startTime"]
+    assert [(c["type"], c["status"]) for c in first["conditions"]] == [("Running", "True")]
+    later = status_patch({"phase": "Recovering", "message": "process restart"}, first)["status"]
+    assert [(c["type"], c["status"]) for c in later["conditions"]] == [
+        ("Running", "False"),
+        ("Recovering", "True"),
+    ]
+    assert "startTime" not in later  # kept as it was
+    done = status_patch({"phase": "Succeeded"}, {**first, "conditions": later["conditions"]})
+    assert done["status"]["completionTime"]
+
+
+def test_each_recovery_and_resize_is_one_event() -> None:
+    recovery = {"level": "process", "reason": "crash", "seconds": None, "generation": 2}
+    before: dict[str, Any] = running(1)
+    after = running(2, lastRecovery=recovery)
+    [recovered] = event_manifests(TRAINING_JOB, before, after)
+    assert recovered["reason"] == "Recovered" and recovered["type"] == "Normal"
+    assert recovered["involvedObject"]["uid"] == "u-1"
+    assert recovered["metadata"]["namespace"] == "team"
+    # The seconds filled in later are the same recovery: no second Event.
+    filled = running(2, lastRecovery={**recovery, "seconds": 0.4})
+    assert event_manifests(TRAINING_JOB, after, filled) == []
+
+    resize = {"resize": "grow", "from": 2, "to": 4, "why": "free GPUs", "time": "t1"}
+    [resized] = event_manifests(TRAINING_JOB, filled, {**filled, "lastResize": resize})
+    assert resized["reason"] == "Resized" and "from 2 to 4" in resized["message"]
+
+    failed = {"phase": "Failed", "message": "restart limit reached"}
+    [ended] = event_manifests(TRAINING_JOB, filled, failed)
+    assert (ended["reason"], ended["type"]) == ("Failed", "Warning")
+
+
+def test_an_old_heartbeat_is_read_as_old() -> None:
+    stale = report().model_copy(update={"heartbeat": NOW - timedelta(minutes=5)})
+    assert not node_info(kube_node(report=stale)).alive(NOW, 15.0)
