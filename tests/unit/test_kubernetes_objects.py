@@ -254,7 +254,7 @@ def test_each_recovery_and_resize_is_one_event() -> None:
     [resized] = event_manifests(TRAINING_JOB, filled, {**filled, "lastResize": resize})
     assert resized["reason"] == "Resized" and "from 2 to 4" in resized["message"]
 
-    failed = {"phase": "Failed", "message": "restart limit reached"}
+    failed: dict[str, object] = {"phase": "Failed", "message": "restart limit reached"}
     [ended] = event_manifests(TRAINING_JOB, filled, failed)
     assert (ended["reason"], ended["type"]) == ("Failed", "Warning")
 
