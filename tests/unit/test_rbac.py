@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from kubernetes import client as k8s
+
 from tests.unit.test_deploy import BUILDS, NAMESPACE, REPO, Doc, build, of_kind
 
 CLUSTER = REPO / "shared" / "resurge" / "cluster"

@@ -28,10 +28,10 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from kubernetes.client.exceptions import ApiException
-
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
 from resurge.cluster.kubernetes_objects import (
     cordon_patch,
     node_info,

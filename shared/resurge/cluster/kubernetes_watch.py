@@ -26,9 +26,8 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
-from kubernetes.client.exceptions import ApiException
-
 from kubernetes import watch as k8s_watch
+from kubernetes.client.exceptions import ApiException
 
 __all__ = ["SYNCED", "Change", "drain", "follow", "object_key"]
 
