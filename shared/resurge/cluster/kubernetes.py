@@ -78,7 +78,10 @@ def api_client() -> k8s.ApiClient:
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     else:
-        k8s_config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        # The client reads $KUBECONFIG once, when imported; read it now.
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=os.environ.get("KUBECONFIG") or None, client_configuration=configuration
+        )
     return k8s.ApiClient(configuration)
 
 
@@ -318,19 +321,26 @@ class KubernetesBackend:
         synced = asyncio.Event()
 
         async def nodes() -> None:
-            async for kind, obj in follow(self.core.list_node, **selector):
-                if kind == SYNCED:
-                    synced.set()
-                elif node is None or _node_name(obj) == node:
-                    await queue.put(_node_change(kind, obj))
+            async with contextlib.aclosing(follow(self.core.list_node, **selector)) as events:
+                async for kind, obj in events:
+                    await on_node(kind, obj)
+
+        async def on_node(kind: str, obj: dict[str, Any]) -> None:
+            if kind == SYNCED:
+                synced.set()
+            elif node is None or _node_name(obj) == node:
+                await queue.put(_node_change(kind, obj))
 
         async def groups() -> None:
             await synced.wait()  # the nodes as they are come first
-            async for change in watch_changes(None, None, self.records.groups, _no_node, node):
-                await queue.put(change)
+            watched = watch_changes(None, None, self.records.groups, _no_node, node)
+            async with contextlib.aclosing(watched) as changes:
+                async for change in changes:
+                    await queue.put(change)
 
-        async for change in drain(queue, [nodes(), groups()]):
-            yield change
+        async with contextlib.aclosing(drain(queue, [nodes(), groups()])) as changes:
+            async for change in changes:
+                yield change
 
     async def reconcile(self) -> None:
         """Run the controller until cancelled (:mod:`.kubernetes_controller`)."""

@@ -23,6 +23,7 @@ each over a watch that resumes and relists (:mod:`.kubernetes_watch`):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -203,12 +204,13 @@ class Controller:
 
         for spec in await self.backend.records.list_worker_groups():
             self.desired[(spec.job, spec.replica)] = spec
-        async for kind, item in drain(queue, [pods(), groups()]):
-            for key in self._apply(kind, item):
-                try:
-                    await self._reconcile(key)
-                except Exception:
-                    log.exception("could not reconcile the pod of %s/%s", *key)
+        async with contextlib.aclosing(drain(queue, [pods(), groups()])) as changes:
+            async for kind, item in changes:
+                for key in self._apply(kind, item):
+                    try:
+                        await self._reconcile(key)
+                    except Exception:
+                        log.exception("could not reconcile the pod of %s/%s", *key)
 
     def _apply(self, kind: str, item: Any) -> list[Key]:
         """Take one change into the controller's view; the groups it may have unsettled."""
