@@ -24,7 +24,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -313,7 +313,7 @@ class KubernetesBackend:
 
     # -- changes ------------------------------------------------------------------------
 
-    async def watch(self, node: str | None = None) -> AsyncIterator[ClusterChange]:
+    async def watch(self, node: str | None = None) -> AsyncGenerator[ClusterChange, None]:
         """Nodes (from a Node watch that resumes and relists, :mod:`.kubernetes_watch`)
         and worker group records now, then each change."""
         selector = {} if node is None else {"field_selector": f"metadata.name={node}"}

@@ -23,7 +23,7 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, TypeVar
 
 from kubernetes import watch as k8s_watch
@@ -184,7 +184,7 @@ class _Follower:
         self.emit(("ADDED" if before is None else "MODIFIED", obj))
 
 
-async def follow(list_fn: Callable[..., Any], **kwargs: Any) -> AsyncIterator[Change]:
+async def follow(list_fn: Callable[..., Any], **kwargs: Any) -> AsyncGenerator[Change, None]:
     """Every object ``list_fn(**kwargs)`` lists, then each change, until cancelled.
 
     ``list_fn`` is a list method of the official client (``CoreV1Api().list_node``,
@@ -213,7 +213,7 @@ async def follow(list_fn: Callable[..., Any], **kwargs: Any) -> AsyncIterator[Ch
 
 async def drain(
     queue: asyncio.Queue[T], producers: list[Coroutine[Any, Any, None]]
-) -> AsyncIterator[T]:
+) -> AsyncGenerator[T, None]:
     """What ``producers`` (run as tasks) put on ``queue``, until cancelled; a producer
     that fails ends it with its error. The producers are cancelled on leaving."""
     tasks = [asyncio.create_task(p) for p in producers]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
@@ -107,7 +107,7 @@ async def watch_changes(
     groups: KeyValue,
     read_node: ReadNode,
     node: str | None = None,
-) -> AsyncIterator[ClusterChange]:
+) -> AsyncGenerator[ClusterChange, None]:
     """Every node and worker group now, then each change (see the module docstring).
 
     Without ``nodes`` and ``cordons``, only the worker groups (a backend that keeps its
