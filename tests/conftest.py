@@ -75,8 +75,8 @@ async def no_leaked_tasks() -> AsyncIterator[None]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The five-minute soak first: under ``pytest -n 2`` one worker runs it while the
-    other runs the rest, so it overlaps the suite instead of ending it."""
+    """The soak first: under ``pytest -n 2`` one worker runs it while the other runs the
+    rest, so it overlaps the suite instead of ending it."""
     soak = [item for item in items if item.nodeid.startswith("tests/e2e/test_no_false_positive")]
     if soak:
         rest = [item for item in items if item not in soak]
