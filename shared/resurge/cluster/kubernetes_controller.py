@@ -13,8 +13,9 @@ each over a watch that resumes and relists (:mod:`.kubernetes_watch`):
   pod carrying its spec (:func:`~.kubernetes_objects.pod_manifest`); a pod whose spec
   is not its record's (a new incarnation, another node) or whose record is gone is
   deleted, and a record without its pod gets one, so a pod deleted behind resurge's
-  back, or evicted (phase Failed), comes back. Each job with a record has its headless
-  Service.
+  back, or evicted (phase Failed), comes back; but not when the job's TrainingJob is
+  gone or going (its pods were garbage-collected with it, and the scaler is about to
+  delete the records). Each job with a record has its headless Service.
 - **Nodes**: a change of a Node's readiness, schedulability or slots is published as
   ``CapacityChanged``, as the node monitors publish theirs, so a node turning NotReady
   is acted on without waiting for its monitor to fall silent.
@@ -40,7 +41,7 @@ from resurge.cluster.kubernetes_objects import (
     pod_manifest,
     pod_name,
 )
-from resurge.cluster.kubernetes_watch import SYNCED, drain, follow
+from resurge.cluster.kubernetes_watch import SYNCED, drain, follow, raise_if_cancelled
 from resurge.cluster.local_watch import watch_changes
 from resurge.cluster.protocol import BackendError, WorkerGroupSpec
 from resurge.events import CapacityChanged, JobDeleted, JobSubmitted
@@ -82,10 +83,13 @@ class Controller:
         self.deleting: set[str] = set()
         self.services: set[str] = set()
         self.training_jobs: dict[str, dict[str, Any]] = {}
+        self.gone: set[str] = set()  # jobs whose TrainingJob was deleted
 
     async def run(self) -> None:
         """All three loops until cancelled."""
-        await asyncio.gather(self.follow_jobs(), self.follow_pods(), self.follow_nodes())
+        async with asyncio.TaskGroup() as loops:  # cancelled, it waits for all three
+            for loop in (self.follow_jobs(), self.follow_pods(), self.follow_nodes()):
+                loops.create_task(loop)
 
     # -- TrainingJobs ---------------------------------------------------------------------
 
@@ -106,18 +110,21 @@ class Controller:
                 await self.on_training_job(kind, obj)
             except Exception:  # one job's trouble never stops the others'
                 log.exception("could not act on TrainingJob %s", _name(obj))
+            raise_if_cancelled()
 
     async def on_training_job(self, kind: str, obj: dict[str, Any]) -> None:
         """Act on one watch event of a TrainingJob (the module docstring)."""
         name = _name(obj)
         if kind == "DELETED":
             self.training_jobs.pop(name, None)
+            self.gone.add(name)
             await self.bus.publish(
                 self.bus.subjects.job(name), JobDeleted(source=self.bus.source, job=name)
             )
             log.info("TrainingJob %s deleted", name, extra={"job": name})
             return
         self.training_jobs[name] = obj
+        self.gone.discard(name)
         digest = spec_digest(obj)
         if (obj.get("status") or {}).get("submittedSpec") == digest:
             return
@@ -211,6 +218,7 @@ class Controller:
                         await self._reconcile(key)
                     except Exception:
                         log.exception("could not reconcile the pod of %s/%s", *key)
+                raise_if_cancelled()
 
     def _apply(self, kind: str, item: Any) -> list[Key]:
         """Take one change into the controller's view; the groups it may have unsettled."""
@@ -251,15 +259,25 @@ class Controller:
         if not any(k[0] == job for k in self.desired) and job in self.services:
             await self._delete_service(job)
 
-    async def _training_job(self, job: str) -> dict[str, Any] | None:
-        found = self.training_jobs.get(job)
-        if found is None:
-            found = await self.backend.training_job(job)
-        return found
+    def _owner_gone(self, job: str, training_job: dict[str, Any] | None) -> bool:
+        """Whether ``job`` came from a TrainingJob that is deleted or being deleted."""
+        if training_job is None:
+            return job in self.training_jobs or job in self.gone
+        return bool((training_job.get("metadata") or {}).get("deletionTimestamp"))
 
     async def _create_pod(self, spec: WorkerGroupSpec) -> None:
         settings = self.backend.settings
-        training_job = await self._training_job(spec.job)
+        # Read now, not from the TrainingJob watch: the pods' watch may already show the
+        # garbage collection of a deletion that watch has not delivered yet.
+        training_job = await self.backend.training_job(spec.job)
+        if self._owner_gone(spec.job, training_job):
+            log.info(
+                "no pod for %s replica %d: its TrainingJob is deleted",
+                spec.job,
+                spec.replica,
+                extra={"job": spec.job},
+            )
+            return
         if spec.job not in self.services:
             await self._create(
                 "Service",
@@ -340,6 +358,7 @@ class Controller:
             if kind == "DELETED":
                 told.pop(name, None)
                 await self._capacity(name, 0, 0, False, {})
+                raise_if_cancelled()
                 continue
             info = node_info(obj)
             healthy = node_ready(obj) and info.schedulable
@@ -353,6 +372,7 @@ class Controller:
             used = sum(s.nproc for s in self.desired.values() if s.node == name)
             free = max(0, info.slots - used) if healthy else 0
             await self._capacity(name, info.slots, free, healthy, info.labels)
+            raise_if_cancelled()
 
     async def _capacity(
         self, node: str, total: int, free: int, healthy: bool, labels: dict[str, str]

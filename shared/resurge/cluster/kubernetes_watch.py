@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
-__all__ = ["SYNCED", "Change", "drain", "follow", "object_key"]
+__all__ = ["SYNCED", "Change", "drain", "follow", "object_key", "raise_if_cancelled"]
 
 log = logging.getLogger("resurge.cluster.kubernetes")
 
@@ -61,6 +61,11 @@ def _version(obj: dict[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
 
+def _close(response: Any) -> None:
+    with contextlib.suppress(Exception):
+        response.close()
+
+
 class _Gone(Exception):
     """The server no longer has the version the watch asked for."""
 
@@ -89,9 +94,8 @@ class _Follower:
         if active is not None:
             active.stop()  # type: ignore[no-untyped-call]  # the client is untyped
             response = getattr(active, "_resp", None)  # the open stream, to unblock a read
-            if response is not None:
-                with contextlib.suppress(Exception):
-                    response.close()
+            if response is not None:  # closing may wait for the reading thread: not here
+                threading.Thread(target=_close, args=(response,), daemon=True).start()
 
     def run(self) -> None:
         try:
@@ -196,7 +200,10 @@ async def follow(list_fn: Callable[..., Any], **kwargs: Any) -> AsyncGenerator[C
     queue: asyncio.Queue[Change | BaseException] = asyncio.Queue()
 
     def emit(item: Change | BaseException) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, item)
+        if follower.stopped.is_set():
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed as the thread ended
+            loop.call_soon_threadsafe(queue.put_nowait, item)
 
     follower = _Follower(list_fn, kwargs, emit)
     thread = threading.Thread(target=follower.run, name="kubernetes-watch", daemon=True)
@@ -217,6 +224,7 @@ async def drain(
     """What ``producers`` (run as tasks) put on ``queue``, until cancelled; a producer
     that fails ends it with its error. The producers are cancelled on leaving."""
     tasks = [asyncio.create_task(p) for p in producers]
+    getter: asyncio.Future[T] | None = None
     try:
         while True:
             getter = asyncio.ensure_future(queue.get())
@@ -224,12 +232,22 @@ async def drain(
             if getter in done:
                 yield getter.result()
                 continue
-            getter.cancel()
             for task in tasks:
                 if task.done():
                     task.result()  # raises what ended it
             raise RuntimeError("a watch ended")
     finally:
-        for task in tasks:
-            task.cancel()
+        for pending in [*tasks, getter]:
+            if pending is not None:
+                pending.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def raise_if_cancelled() -> None:
+    """Raise CancelledError if the current task was asked to stop and something it
+    awaited swallowed that (Python 3.11's ``asyncio.wait_for``, used by nats.py, does so
+    when its future completes as the cancellation arrives): a loop over a watch calls it
+    after each event, so it stops instead of waiting for the next one."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
