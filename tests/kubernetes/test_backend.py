@@ -325,3 +325,30 @@ async def test_a_broken_watch_resumes_and_a_410_relists_without_missing_or_repea
         while rest[-1][0].node != "n4":
             rest.append(await next_changes(changes, 1))
         assert {c.node for [c] in rest} <= {"n1", "n4"}, rest
+
+
+async def test_kueue_admission_is_read_back_from_the_scheduling_gate(
+    kube_api_thread: KubeApi, backend: ClusterBackend, controller: None
+) -> None:
+    kube_api_thread.add_node("n1", gpus=4)
+    kube_api_thread.create("trainingjobs", training_job("llama"))
+    await backend.create_worker_group(group("llama", 0, "n1"))
+    [pod] = await until("its pod", lambda: pods_of(kube_api_thread, "llama"))
+    name = pod["metadata"]["name"]
+    assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-queue"
+    core = k8s.CoreV1Api(kube_api_thread.api_client())
+    merge = "application/merge-patch+json"
+
+    def reasons() -> list[str]:
+        return [e["reason"] for e in kube_api_thread.objects("events", "default")]
+
+    # Kueue's webhook gates the pod until the workload is admitted (no Kueue here: the
+    # test sets and lifts the gate as Kueue would).
+    gate = {"spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}}
+    await asyncio.to_thread(core.patch_namespaced_pod, name, "default", gate, _content_type=merge)
+    await until("WaitingForKueue", lambda: "WaitingForKueue" in reasons())
+    lifted = {"spec": {"schedulingGates": None}}
+    await asyncio.to_thread(core.patch_namespaced_pod, name, "default", lifted, _content_type=merge)
+    await until("AdmittedByKueue", lambda: "AdmittedByKueue" in reasons())
+    assert reasons().count("WaitingForKueue") == 1
+    assert [p["metadata"]["name"] for p in pods_of(kube_api_thread, "llama")] == [name]

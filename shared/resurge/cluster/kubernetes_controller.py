@@ -54,6 +54,10 @@ __all__ = ["Controller", "spec_digest"]
 
 log = logging.getLogger("resurge.cluster.kubernetes")
 
+# Kueue's pod integration holds each pod of a queued workload behind a scheduling gate
+# of this name until the workload is admitted.
+KUEUE_GATE_PREFIX = "kueue.x-k8s.io/"
+
 # A group's key: (job, replica).
 Key = tuple[str, int]
 
@@ -83,6 +87,7 @@ class Controller:
         self.deleting: set[str] = set()
         self.services: set[str] = set()
         self.training_jobs: dict[str, dict[str, Any]] = {}
+        self.gated: set[str] = set()  # jobs with a pod Kueue has not admitted yet
         self.gone: set[str] = set()  # jobs whose TrainingJob was deleted
 
     async def run(self) -> None:
@@ -170,7 +175,9 @@ class Controller:
             _preload_content=False,
         )
 
-    async def _event(self, training_job: dict[str, Any], reason: str, message: str) -> None:
+    async def _event(
+        self, training_job: dict[str, Any], reason: str, message: str, warning: bool = True
+    ) -> None:
         from resurge.cluster.kubernetes_status import event
 
         try:
@@ -178,7 +185,7 @@ class Controller:
                 f"record an Event on {_name(training_job)}",
                 self.backend.core.create_namespaced_event,
                 self.namespace,
-                event(training_job, reason, message, warning=True),
+                event(training_job, reason, message, warning=warning),
                 _preload_content=False,
             )
         except (BackendError, ApiException) as error:
@@ -213,12 +220,18 @@ class Controller:
             self.desired[(spec.job, spec.replica)] = spec
         async with contextlib.aclosing(drain(queue, [pods(), groups()])) as changes:
             async for kind, item in changes:
-                for key in self._apply(kind, item):
-                    try:
-                        await self._reconcile(key)
-                    except Exception:
-                        log.exception("could not reconcile the pod of %s/%s", *key)
+                await self._on_change(kind, item)
                 raise_if_cancelled()
+
+    async def _on_change(self, kind: str, item: Any) -> None:
+        """One pod event or worker-group change: note Kueue's gate, then reconcile."""
+        if kind not in ("group", "DELETED"):
+            await self._note_kueue(item)
+        for key in self._apply(kind, item):
+            try:
+                await self._reconcile(key)
+            except Exception:
+                log.exception("could not reconcile the pod of %s/%s", *key)
 
     def _apply(self, kind: str, item: Any) -> list[Key]:
         """Take one change into the controller's view; the groups it may have unsettled."""
@@ -240,6 +253,28 @@ class Controller:
         key = (spec.job, spec.replica)
         self.pods[name] = (key, spec, item)
         return [key]
+
+    async def _note_kueue(self, pod: dict[str, Any]) -> None:
+        """Read Kueue's admission back: a job's pods wait behind Kueue's scheduling gate
+        until its workload is admitted; the first gated pod and the gate's lifting are
+        each an Event on the TrainingJob."""
+        spec = group_of_pod(pod)
+        if spec is None:
+            return
+        gates = (pod.get("spec") or {}).get("schedulingGates") or []
+        gated = any(str(g.get("name", "")).startswith(KUEUE_GATE_PREFIX) for g in gates)
+        if gated == (spec.job in self.gated):
+            return
+        training_job = self.training_jobs.get(spec.job)
+        if gated:
+            self.gated.add(spec.job)
+            reason, message = "WaitingForKueue", "pods wait for Kueue to admit the workload"
+        else:
+            self.gated.discard(spec.job)
+            reason, message = "AdmittedByKueue", "Kueue admitted the workload; pods schedule"
+        log.info("%s: %s", spec.job, message, extra={"job": spec.job})
+        if training_job is not None:
+            await self._event(training_job, reason, message, warning=False)
 
     async def _reconcile(self, key: Key) -> None:
         wanted = self.desired.get(key)
