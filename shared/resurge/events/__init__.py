@@ -164,28 +164,45 @@ def encode_event(event: Envelope) -> bytes:
 
 
 def decode_event(data: bytes) -> Event:
-    """Decode one message body, or raise :class:`DecodeError`."""
+    """Decode one message body, or raise :class:`DecodeError` (and nothing else)."""
     try:  # the fast path: pydantic-core parses and validates in one go
-        return EVENT_ADAPTER.validate_json(data)
+        event = EVENT_ADAPTER.validate_json(data)
     except ValueError:
         pass  # find out why, below
+    else:
+        _check_version(event)
+        return event
     try:
         document: Any = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise DecodeError(DeadLetterReason.NOT_JSON, str(error)) from None
+    # Bad UTF-8 and bad JSON, but also an integer of more digits than Python converts
+    # (a plain ValueError) and nesting deeper than the parser's recursion.
+    except (ValueError, RecursionError) as error:
+        raise DecodeError(DeadLetterReason.NOT_JSON, str(error)[:500]) from None
     if not isinstance(document, dict):
         raise DecodeError(DeadLetterReason.INVALID, "a message must be a JSON object")
     kind = document.get("kind")
-    if kind not in EVENT_KINDS:
+    if not isinstance(kind, str) or kind not in EVENT_KINDS:  # a list is not even hashable
         raise DecodeError(
             DeadLetterReason.UNKNOWN_KIND,
-            f"kind {kind!r} is not one of {', '.join(sorted(EVENT_KINDS))}",
+            f"kind {str(kind)[:100]!r} is not one of {', '.join(sorted(EVENT_KINDS))}",
         )
     try:
-        return EVENT_ADAPTER.validate_python(document)
+        event = EVENT_ADAPTER.validate_python(document)
     except ValidationError as error:
         details = "; ".join(
             f"{'.'.join(str(p) for p in item['loc'][1:]) or '(event)'}: {item['msg']}"
             for item in error.errors()
         )
         raise DecodeError(DeadLetterReason.INVALID, details) from None
+    _check_version(event)
+    return event
+
+
+def _check_version(event: Envelope) -> None:
+    """A schema version this build does not know is refused, never half-understood."""
+    if event.schema_version != SCHEMA_VERSION:
+        raise DecodeError(
+            DeadLetterReason.INVALID,
+            f"schema_version: {event.schema_version} is not supported; "
+            f"this build reads {event.kind} version {SCHEMA_VERSION}",
+        )
