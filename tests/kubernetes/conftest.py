@@ -19,6 +19,10 @@ The helpers are synchronous and run on the server's loop whichever thread calls 
 Kinds are named by plural, singular, Kind or short name ("pods", "Pod", "tj"); for a
 namespaced kind no namespace means "default", except in ``objects``, where it means all.
 
+``kube_api_module`` is ``kube_api_thread`` shared by a module's tests. ``process_kubelet``
+is a stand-in kubelet and scheduler (kubelet.py) that runs the pods pinned to its nodes
+as local processes, for end-to-end tests.
+
 How the official client (``kubernetes`` 37) sees the two stream failures:
 
 - ``break_watches()``: the server ends each stream cleanly. ``Watch().stream(...)`` without
@@ -51,6 +55,7 @@ import pytest
 import yaml
 
 from tests.kubernetes.emulator import ClusterEmulator
+from tests.kubernetes.kubelet import ProcessKubelet, process_environment, running_kubelet
 
 T = TypeVar("T")
 
@@ -285,6 +290,28 @@ def _run_in_thread(
 @pytest.fixture
 def kube_api_thread(tmp_path: Path) -> Iterator[KubeApi]:
     """The emulator on its own event loop in its own thread (see the module doc)."""
+    yield from _serve_in_thread(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def kube_api_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeApi]:
+    """``kube_api_thread`` shared by a module's tests (end-to-end tests that share one
+    control plane); its objects outlive each test, so each test names its own."""
+    yield from _serve_in_thread(tmp_path_factory.mktemp("kube-api"))
+
+
+@pytest.fixture
+def process_kubelet(kube_api_thread: KubeApi, tmp_path: Path) -> Iterator[ProcessKubelet]:
+    """A process kubelet (tests/kubernetes/kubelet.py) on ``kube_api_thread``: it stands
+    in for the kubelet and the scheduler, which the emulator lacks, running pods pinned
+    to the nodes it serves (none at first: ``.serve(name)``) as local processes. Pod
+    output goes to ``tmp_path/pods``; every process is stopped at teardown."""
+    env = process_environment(kube_api_thread.env)
+    with running_kubelet(kube_api_thread.kubeconfig, env, tmp_path / "pods") as kubelet:
+        yield kubelet
+
+
+def _serve_in_thread(path: Path) -> Iterator[KubeApi]:
     started: concurrent.futures.Future[KubeApi] = concurrent.futures.Future()
     stop: asyncio.Event | None = None
 
@@ -292,7 +319,7 @@ def kube_api_thread(tmp_path: Path) -> Iterator[KubeApi]:
         nonlocal stop
         stop = asyncio.Event()
         try:
-            async for api in _serve(tmp_path):
+            async for api in _serve(path):
                 started.set_result(api)
                 await stop.wait()
         except BaseException as exc:

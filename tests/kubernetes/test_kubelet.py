@@ -1,0 +1,129 @@
+"""The process kubelet (kubelet.py), the end-to-end tests' stand-in for the kubelet and the
+scheduler: it binds pinned pods, runs them as processes, reports their phase, restarts
+them as their restartPolicy says and stops every process of a deleted pod."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.kubernetes.conftest import KubeApi
+from tests.kubernetes.e2e_cluster import eventually
+from tests.kubernetes.kubelet import ProcessKubelet, pod_processes
+
+
+def pinned_pod(
+    name: str, node: str, script: str, policy: str = "Never", **spec: Any
+) -> dict[str, Any]:
+    """A pod running ``sh -c SCRIPT``, pinned to ``node`` as resurge pins its pods."""
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": policy,
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+                }
+            },
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "none",
+                    "command": ["sh", "-c", script],
+                    "env": [
+                        {"name": "GREETING", "value": "hello"},
+                        {
+                            "name": "MY_NODE",
+                            "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+                        },
+                    ],
+                }
+            ],
+            **spec,
+        },
+    }
+
+
+def phase(api: KubeApi, name: str) -> str | None:
+    return (api.get("pods", name).get("status") or {}).get("phase")
+
+
+def test_a_pinned_pod_is_bound_run_with_its_env_and_succeeds(
+    kube_api_thread: KubeApi, process_kubelet: ProcessKubelet
+) -> None:
+    kube_api_thread.add_node("node-a")
+    process_kubelet.serve("node-a")
+    kube_api_thread.create("pods", pinned_pod("ok", "node-a", 'echo "$GREETING from $MY_NODE"'))
+    eventually(lambda: phase(kube_api_thread, "ok") == "Succeeded", 20, "pod ok Succeeded")
+    pod = kube_api_thread.get("pods", "ok")
+    assert pod["spec"]["nodeName"] == "node-a", "bound as a scheduler would"
+    [status] = pod["status"]["containerStatuses"]
+    assert status["state"]["terminated"]["exitCode"] == 0 and status["restartCount"] == 0
+    assert "hello from node-a" in (process_kubelet.log_dir / "ok.log").read_text()
+
+
+def test_on_failure_restarts_and_counts_and_never_fails_the_pod(
+    kube_api_thread: KubeApi, process_kubelet: ProcessKubelet, tmp_path: Path
+) -> None:
+    kube_api_thread.add_node("node-a")
+    process_kubelet.serve("node-a")
+    flag = tmp_path / "ran-once"
+    script = f"test -e {flag} && exit 0; touch {flag}; exit 3"
+    kube_api_thread.create("pods", pinned_pod("flaky", "node-a", script, "OnFailure"))
+    eventually(lambda: phase(kube_api_thread, "flaky") == "Succeeded", 20, "pod flaky Succeeded")
+    [status] = kube_api_thread.get("pods", "flaky")["status"]["containerStatuses"]
+    assert status["restartCount"] == 1
+    run = process_kubelet.run_of("flaky")
+    assert run is not None and run.exit_codes == [3, 0]
+
+    kube_api_thread.create("pods", pinned_pod("broken", "node-a", "exit 4", "Never"))
+    eventually(lambda: phase(kube_api_thread, "broken") == "Failed", 20, "pod broken Failed")
+
+
+def test_a_deleted_pod_loses_every_process_even_ones_in_other_sessions(
+    kube_api_thread: KubeApi, process_kubelet: ProcessKubelet
+) -> None:
+    kube_api_thread.add_node("node-a")
+    process_kubelet.serve("node-a")
+    # Ignores SIGTERM, and leaves a child in a session of its own: only SIGKILL after the
+    # grace, and the pod's marker, end them.
+    script = "trap '' TERM; setsid sleep 600 & sleep 600"
+    body = pinned_pod("stubborn", "node-a", script, terminationGracePeriodSeconds=1)
+    kube_api_thread.create("pods", body)
+    uid = kube_api_thread.get("pods", "stubborn")["metadata"]["uid"]
+    eventually(lambda: len(pod_processes(uid)) >= 3, 20, "sh and both sleeps running")
+    kube_api_thread.delete("pods", "stubborn")
+    eventually(lambda: not pod_processes(uid), 15, lambda: f"left: {pod_processes(uid)}")
+    assert ("stubborn", uid) in process_kubelet.deleted
+
+
+def test_pods_of_cordoned_or_foreign_nodes_are_not_run(
+    kube_api_thread: KubeApi, process_kubelet: ProcessKubelet
+) -> None:
+    kube_api_thread.add_node("node-a")
+    kube_api_thread.add_node("node-b")
+    process_kubelet.serve("node-a")
+    kube_api_thread.call(
+        lambda em: em.patch_object("nodes", "node-a", {"spec": {"unschedulable": True}})
+    )
+    kube_api_thread.create("pods", pinned_pod("cordoned", "node-a", "exit 0"))
+    kube_api_thread.create("pods", pinned_pod("elsewhere", "node-b", "exit 0"))
+
+    def unschedulable() -> bool:
+        conditions = (kube_api_thread.get("pods", "cordoned").get("status") or {}).get(
+            "conditions"
+        ) or []
+        return any(c.get("reason") == "Unschedulable" for c in conditions)
+
+    eventually(unschedulable, 20, "pod cordoned marked Unschedulable")
+    assert "nodeName" not in kube_api_thread.get("pods", "cordoned")["spec"]
+    assert process_kubelet.run_of("elsewhere") is None, "node-b is not this kubelet's"
+    kube_api_thread.call(
+        lambda em: em.patch_object("nodes", "node-a", {"spec": {"unschedulable": None}})
+    )
+    eventually(
+        lambda: phase(kube_api_thread, "cordoned") == "Succeeded", 20, "runs once uncordoned"
+    )
