@@ -93,3 +93,8 @@ def document_of(event: Envelope) -> dict[str, Any]:
     """The JSON object of ``event``, as it travels."""
     document: dict[str, Any] = json.loads(encode_event(event))
     return document
+
+
+VALID_JOB_DOCUMENT: dict[str, Any] = json.loads(
+    EXAMPLE_JOB.model_dump_json(by_alias=True, exclude_none=True)
+)

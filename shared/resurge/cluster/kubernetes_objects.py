@@ -81,10 +81,29 @@ def _time(text: object) -> datetime | None:
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
+def _mapping(value: object) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else empty: a malformed part of an object is
+    read as missing, never a crash of the watch that reads it."""
+    return value if isinstance(value, dict) else {}
+
+
+def _objects(value: object) -> list[dict[str, Any]]:
+    """The JSON objects in ``value`` if it is a list, else none."""
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def _count(value: object) -> int:
+    """A whole, non-negative quantity such as ``"8"``; 0 when it is anything else."""
+    try:
+        return max(0, int(str(value)))
+    except ValueError:  # "abc", "1.5", "4Gi", more digits than Python converts
+        return 0
+
+
 def _ready(node: dict[str, Any]) -> tuple[bool, datetime | None]:
     """Whether the node is Ready (no Ready condition yet counts as ready) and when its
     kubelet last said so."""
-    for condition in (node.get("status") or {}).get("conditions") or []:
+    for condition in _objects(_mapping(node.get("status")).get("conditions")):
         if condition.get("type") == "Ready":
             return condition.get("status") == "True", _time(condition.get("lastHeartbeatTime"))
     return True, None
@@ -92,8 +111,8 @@ def _ready(node: dict[str, Any]) -> tuple[bool, datetime | None]:
 
 def monitor_report(node: dict[str, Any]) -> MonitorReport | None:
     """The monitor's report on ``node``; None where none (or an unreadable one) is."""
-    text = ((node.get("metadata") or {}).get("annotations") or {}).get(MONITOR_ANNOTATION)
-    if not text:
+    text = _mapping(_mapping(node.get("metadata")).get("annotations")).get(MONITOR_ANNOTATION)
+    if not text or not isinstance(text, str):
         return None
     try:
         return MonitorReport.model_validate_json(text)
@@ -106,25 +125,34 @@ def _unhealthy_taint(node: dict[str, Any]) -> bool:
 
 
 def _taints(node: dict[str, Any]) -> list[dict[str, Any]]:
-    return list((node.get("spec") or {}).get("taints") or [])
+    return _objects(_mapping(node.get("spec")).get("taints"))
 
 
 def node_info(node: dict[str, Any]) -> NodeInfo:
-    """The :class:`NodeInfo` of a Node object."""
-    meta = node.get("metadata") or {}
-    status = node.get("status") or {}
+    """The :class:`NodeInfo` of a Node object.
+
+    A malformed part reads as missing (an allocatable GPU count that is not a whole
+    number as 0 slots), so one odd Node never stops the watch that reads the others."""
+    node = _mapping(node)
+    meta = _mapping(node.get("metadata"))
+    status = _mapping(node.get("status"))
+    annotations = _mapping(meta.get("annotations"))
     report = monitor_report(node)
     ready, kubelet_heartbeat = _ready(node)
-    allocatable = (status.get("allocatable") or {}).get(GPU_RESOURCE)
+    allocatable = _mapping(status.get("allocatable")).get(GPU_RESOURCE)
     slots = report.slots if report is not None else 0
     if allocatable is not None:
-        gpus = int(str(allocatable))
+        gpus = _count(allocatable)
         slots = min(slots, gpus) if report is not None else gpus
     address = next(
-        (a.get("address") for a in status.get("addresses") or [] if a.get("type") == "InternalIP"),
+        (
+            a["address"]
+            for a in _objects(status.get("addresses"))
+            if a.get("type") == "InternalIP" and isinstance(a.get("address"), str)
+        ),
         None,
     )
-    cordoned = bool((node.get("spec") or {}).get("unschedulable")) or _unhealthy_taint(node)
+    cordoned = bool(_mapping(node.get("spec")).get("unschedulable")) or _unhealthy_taint(node)
     heartbeat = (
         report.heartbeat
         if report is not None
@@ -135,11 +163,13 @@ def node_info(node: dict[str, Any]) -> NodeInfo:
         slots=slots,
         healthy=ready and not cordoned and (report is None or report.healthy),
         cordoned=cordoned,
-        cordon_reason=str((meta.get("annotations") or {}).get(CORDON_REASON_ANNOTATION) or "")
-        if cordoned
-        else "",
+        cordon_reason=str(annotations.get(CORDON_REASON_ANNOTATION) or "") if cordoned else "",
         address=address or (report.address if report is not None else "127.0.0.1"),
-        labels=dict(meta.get("labels") or {}),
+        labels={
+            key: value
+            for key, value in _mapping(meta.get("labels")).items()
+            if isinstance(value, str)
+        },
         heartbeat=heartbeat,
     )
 
@@ -304,12 +334,12 @@ def pod_manifest(
 
 def group_of_pod(pod: dict[str, Any]) -> WorkerGroupSpec | None:
     """The worker group a pod runs; None for a pod that is not one."""
-    text = ((pod.get("metadata") or {}).get("annotations") or {}).get(GROUP_ANNOTATION)
-    if not text:
+    text = _mapping(_mapping(pod.get("metadata")).get("annotations")).get(GROUP_ANNOTATION)
+    if not text or not isinstance(text, str):
         return None
     try:
         return WorkerGroupSpec.model_validate(json.loads(text))
-    except ValueError:
+    except (ValueError, RecursionError):  # bad JSON, or nested past the parser's depth
         return None
 
 

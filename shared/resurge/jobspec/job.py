@@ -183,4 +183,8 @@ def load_job(path: Path) -> TrainingJob:
         document = yaml.safe_load(path.read_text())
     except yaml.YAMLError as error:
         raise JobSpecError(f"{path}: not valid YAML: {error}") from None
+    except UnicodeDecodeError as error:
+        raise JobSpecError(f"{path}: not UTF-8 text: {error}") from None
+    except RecursionError:
+        raise JobSpecError(f"{path}: not valid YAML: nested too deeply") from None
     return parse_job(document)

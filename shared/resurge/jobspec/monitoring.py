@@ -126,7 +126,9 @@ class LogRule(SpecModel):
         if pattern is not None:
             try:
                 re.compile(pattern)
-            except re.error as error:
+            # A repeat count too large for the engine is an OverflowError, nesting too
+            # deep a RecursionError: both a bad pattern, never a crash of the caller.
+            except (re.error, OverflowError, RecursionError) as error:
                 rule = info.data.get("name", "?")
                 field = to_camel(info.field_name or "")
                 raise ValueError(
