@@ -161,8 +161,13 @@ async def test_socket_is_short_private_and_removed_on_close() -> None:
     assert mode is not None
     assert stat.S_ISSOCK(mode)
     assert stat.S_IMODE(mode) == 0o600
+    folder = file_mode(str(Path(path).parent))
+    assert folder is not None
+    assert stat.S_ISDIR(folder)
+    assert stat.S_IMODE(folder) == 0o700
     await channel.close()
     assert file_mode(path) is None
+    assert file_mode(str(Path(path).parent)) is None
     await channel.close()
 
 
@@ -291,6 +296,7 @@ async def test_worker_ignores_garbage_and_notices_for_older_generations() -> Non
         writer.close()
 
     path = socket_path_for("bare", 0)
+    Path(path).parent.mkdir(mode=0o700)
     server = await asyncio.start_unix_server(serve, path=path)
     try:
         result = await run_worker(AWAIT_STOP, path, generation=5)
@@ -300,6 +306,7 @@ async def test_worker_ignores_garbage_and_notices_for_older_generations() -> Non
         server.close()
         await server.wait_closed()
         remove(path)
+        Path(path).parent.rmdir()
 
 
 # -- bad input --

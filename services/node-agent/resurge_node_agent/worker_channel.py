@@ -26,6 +26,16 @@ counts rejections by reason (:data:`~resurge.worker.wire.REJECT_REASONS`), and
 each reason is logged at most once a minute. A connection's last line may lack its
 newline.
 
+No client can crash or stall the channel for others. The socket lives in a private
+folder (mode 0700, made by :meth:`WorkerChannel.start` and removed by ``close``) and
+is itself 0600, so only this user's processes connect at all. Each connection is
+served by its own task, reads at most :data:`~resurge.worker.wire.MAX_LINE_BYTES` of
+one line (longer ones are dropped as ``too_long``), and is closed, counted under
+``rejected``, when it: has not said hello within ``hello_timeout`` seconds
+(``hello_timeout``: a silent or half-written hello), would be one more than
+``max_connections`` (``too_many_connections``), or does not read what the agent sends
+it until more than :data:`MAX_WRITE_BACKLOG_BYTES` wait (``write_backlog``).
+
 ``notify_stop_pending(g, reason)`` sends ``stop_pending`` to every connected worker of
 generation g or older, and remembers it: a worker of such a generation that says
 hello later (started late, or reconnected) gets it then.
@@ -43,6 +53,7 @@ import hashlib
 import logging
 import os
 import secrets
+import stat
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
@@ -63,6 +74,9 @@ from resurge.worker.wire import (
 )
 
 __all__ = [
+    "HELLO_TIMEOUT_SECONDS",
+    "MAX_CONNECTIONS",
+    "MAX_WRITE_BACKLOG_BYTES",
     "SOCKET_PATH_MAX_BYTES",
     "CheckpointCallback",
     "ProgressCallback",
@@ -76,6 +90,13 @@ __all__ = [
 SOCKET_PATH_MAX_BYTES = 107
 _READ_CHUNK = 64 * 1024
 _CLOSE_WAIT_SECONDS = 5.0
+# A worker says hello as soon as it connects; a connection silent that long is not one.
+HELLO_TIMEOUT_SECONDS = 10.0
+# Far more than the workers of one agent (one per GPU, plus a reconnect each).
+MAX_CONNECTIONS = 256
+# Agent-to-worker lines waiting for a worker that does not read: a live worker's link
+# thread reads at once, so this much pending means it is gone or hostile.
+MAX_WRITE_BACKLOG_BYTES = 1024 * 1024
 
 ProgressCallback = Callable[[int, int, dict[str, float]], Awaitable[None]]
 CheckpointCallback = Callable[[int, int, str], Awaitable[None]]
@@ -88,14 +109,14 @@ log = logging.getLogger(__name__)
 def socket_path_for(job: str, replica: int) -> str:
     """A new, short socket path for ``job``'s ``replica`` in the temporary folder.
 
-    ``resurge-<hash of job>-<replica>-<random>.sock``: the hash keeps any job name
-    short, the random part keeps two agents of a same-named job apart (two local
-    clusters, parallel tests). Call it once per agent and pass the path on.
+    ``resurge-<hash of job>-<replica>-<random>/agent.sock``: the hash keeps any job
+    name short, the random part keeps two agents of a same-named job apart (two local
+    clusters, parallel tests). The folder is made private by
+    :meth:`WorkerChannel.start`. Call it once per agent and pass the path on.
     """
     digest = hashlib.sha256(job.encode()).hexdigest()[:12]
-    path = str(
-        Path(tempfile.gettempdir()) / f"resurge-{digest}-{replica}-{secrets.token_hex(4)}.sock"
-    )
+    folder = f"resurge-{digest}-{replica}-{secrets.token_hex(4)}"
+    path = str(Path(tempfile.gettempdir()) / folder / "agent.sock")
     _check_length(path)
     return path
 
@@ -114,8 +135,32 @@ def _restrict(path: str) -> None:
     Path(path).chmod(0o600)
 
 
-def _remove(path: str) -> None:
+def _private_folder(folder: Path) -> bool:
+    """Make ``folder`` (mode 0700), or check an existing one is this user's alone;
+    True when it was made here. Local, instant calls."""
+    try:
+        folder.mkdir(mode=0o700)
+    except FileExistsError:
+        info = folder.lstat()
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+            raise PermissionError(
+                f"the worker socket's folder {folder} is not a folder of this user"
+            ) from None
+        if info.st_mode & 0o077:
+            raise PermissionError(
+                f"the worker socket's folder {folder} is open to other users "
+                f"(mode {stat.S_IMODE(info.st_mode):o}); it must be private (700)"
+            ) from None
+        return False
+    folder.chmod(0o700)  # whatever the umask took away or left
+    return True
+
+
+def _remove(path: str, folder: Path | None) -> None:
     Path(path).unlink(missing_ok=True)
+    if folder is not None:
+        with contextlib.suppress(OSError):  # not empty: someone else's files, kept
+            folder.rmdir()
 
 
 class _Lines:
@@ -169,8 +214,12 @@ class WorkerChannel:
         *,
         on_report: ReportCallback | None = None,
         logger: logging.Logger | None = None,
+        hello_timeout: float = HELLO_TIMEOUT_SECONDS,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.path = path
+        self.hello_timeout = hello_timeout
+        self.max_connections = max_connections
         self.rejected: dict[str, int] = {}
         self._on_progress = on_progress
         self._on_checkpoint = on_checkpoint
@@ -181,6 +230,7 @@ class WorkerChannel:
         self._connections: dict[asyncio.Task[None], _Connection] = {}
         self._stop_notice: tuple[int, bytes] | None = None
         self._closing = False
+        self._folder: Path | None = None  # the private folder start() made
 
     @property
     def workers(self) -> list[Hello]:
@@ -209,10 +259,21 @@ class WorkerChannel:
                 return connection
         return None
 
+    @property
+    def connections(self) -> int:
+        """Connections open now (said hello or not)."""
+        return len(self._connections)
+
     async def start(self) -> None:
-        """Listen on ``path`` (replacing a stale socket there), readable by this user only."""
+        """Listen on ``path`` (replacing a stale socket there) in a private folder (made
+        if missing, refused if others may enter it), the socket for this user only."""
         _check_length(self.path)
-        self._server = await asyncio.start_unix_server(self._accept, path=self.path)
+        folder = Path(self.path).parent
+        if _private_folder(folder):
+            self._folder = folder
+        self._server = await asyncio.start_unix_server(
+            self._accept, path=self.path, limit=_READ_CHUNK
+        )
         _restrict(self.path)
 
     async def close(self) -> None:
@@ -231,7 +292,8 @@ class WorkerChannel:
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None
-            _remove(self.path)
+            _remove(self.path, self._folder)
+            self._folder = None
 
     async def notify_stop_pending(self, generation: int, reason: str) -> int:
         """Tell workers of ``generation`` or older that a stop is coming; returns how many.
@@ -264,15 +326,31 @@ class WorkerChannel:
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # A plain function, so the task is known from the moment the connection is.
         connection = _Connection(writer)
+        if len(self._connections) >= self.max_connections or self._closing:
+            writer.close()
+            self._reject(connection, "too_many_connections", f"over {self.max_connections}")
+            return
         task = asyncio.create_task(self._serve(reader, connection))
         self._connections[task] = connection
         task.add_done_callback(self._connections.pop)
 
     async def _serve(self, reader: asyncio.StreamReader, connection: _Connection) -> None:
         lines = _Lines()
+        loop = asyncio.get_running_loop()
+        hello_by = loop.time() + self.hello_timeout
         try:
             while not self._closing:
-                chunk = await reader.read(_READ_CHUNK)
+                if connection.hello is None:
+                    try:
+                        async with asyncio.timeout_at(hello_by):
+                            chunk = await reader.read(_READ_CHUNK)
+                    except TimeoutError:
+                        self._reject(
+                            connection, "hello_timeout", f"no hello in {self.hello_timeout} s"
+                        )
+                        return
+                else:
+                    chunk = await reader.read(_READ_CHUNK)
                 if not chunk:
                     last = lines.end()
                     if last is not None:
@@ -329,10 +407,20 @@ class WorkerChannel:
             )
 
     def _write(self, connection: _Connection, line: bytes) -> int:
+        writer = connection.writer
         with contextlib.suppress(ConnectionError, RuntimeError):
-            if not connection.writer.is_closing():
-                connection.writer.write(line)
-                return 1
+            if writer.is_closing():
+                return 0
+            if writer.transport.get_write_buffer_size() + len(line) > MAX_WRITE_BACKLOG_BYTES:
+                self._reject(
+                    connection,
+                    "write_backlog",
+                    f"the worker left over {MAX_WRITE_BACKLOG_BYTES} bytes unread",
+                )
+                writer.transport.abort()  # its reader ends; the worker may reconnect
+                return 0
+            writer.write(line)
+            return 1
         return 0
 
     def _reject(self, connection: _Connection, reason: str, detail: str) -> None:
