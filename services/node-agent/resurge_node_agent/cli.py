@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     async def setup(ctx: ServiceContext) -> None:
         await LaunchAgent(ctx, spec).start()
 
-    return run_service("node-agent", Settings(), setup)
+    return run_service("node-agent", Settings(), setup, manage_streams=False)
 
 
 def _monitor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -140,7 +140,7 @@ def _monitor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     async def setup(ctx: ServiceContext) -> None:
         await NodeMonitor(ctx, config).start()
 
-    return run_service("node-monitor", Settings(), setup)
+    return run_service("node-monitor", Settings(), setup, manage_streams=False)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,11 @@ set, else the local cluster recorded in the state folder by ``resurge up``; with
 recorded there, or one whose supervisor or NATS server is gone, they fail at once, naming
 the folder and how to point at a cluster. ``resurge node add`` and ``remove`` change the
 local cluster's processes, so they always act on the state folder's cluster and ignore
-``RESURGE_NATS_URL``. ``--state-dir`` goes before or after any subcommand
+``RESURGE_NATS_URL``. On a local cluster a command connects as the NATS user of its
+role, from the folder's credentials: ``viewer`` to read (status, events, node list),
+``admin`` to change (submit, delete, inject, node add/remove/cordon/uncordon); against
+``RESURGE_NATS_URL`` it uses ``RESURGE_NATS_CREDENTIALS`` (or ``RESURGE_NATS_USER``
+and ``RESURGE_NATS_PASSWORD``). ``--state-dir`` goes before or after any subcommand
 (:func:`_state_dir_everywhere` gives it to every subparser).
 """
 
@@ -258,12 +262,15 @@ class NoClusterError(Exception):
     """No cluster to talk to: the message says where resurge looked and what to do."""
 
 
-def _settings(state_dir: Path | None, local_only: bool = False) -> tuple[Settings, bool]:
+def _settings(
+    state_dir: Path | None, local_only: bool = False, role: str = "viewer"
+) -> tuple[Settings, bool]:
     """Settings for the cluster to talk to, and whether it is a local one.
 
     With ``RESURGE_NATS_URL`` set (and not ``local_only``), that server; else the local
     cluster recorded in the state folder, which must be running (:class:`NoClusterError`
-    at once otherwise)."""
+    at once otherwise), as ``role``'s NATS user from the folder's credentials."""
+    from resurge.local.access import LocalAccess
     from resurge.local.state import ClusterState, StateLock, resolve_state_dir
     from resurge.runtime.settings import Settings
 
@@ -290,7 +297,14 @@ def _settings(state_dir: Path | None, local_only: bool = False) -> tuple[Setting
             f"{folder / 'logs'}): `resurge down` then `resurge up` starts it again; or "
             f"{elsewhere}"
         )
-    return Settings(nats_url=state.nats_url, namespace=state.namespace), True
+    credentials = LocalAccess.credentials_file(folder, role)
+    settings = Settings(
+        nats_url=state.nats_url,
+        namespace=state.namespace,
+        nats_credentials=credentials if credentials.exists() else None,
+        nats_tls_ca=Path(state.tls_ca) if state.tls_ca else None,
+    )
+    return settings, True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -338,8 +352,12 @@ def _on_cluster(args: argparse.Namespace) -> int:
             print(f"resurge submit: {error}", file=sys.stderr)
             return 2
     try:
+        from resurge.local.access import ADMIN_COMMANDS
+
         local_only = args.command == "node" and args.node_command in ("add", "remove")
-        settings, local = _settings(args.state_dir, local_only)
+        command = args.node_command if args.command == "node" else args.command
+        role = "admin" if command in ADMIN_COMMANDS else "viewer"
+        settings, local = _settings(args.state_dir, local_only, role)
         return asyncio.run(run_command(args, settings, local=local))
     except NoClusterError as error:
         print(f"resurge {args.command}: {error}", file=sys.stderr)

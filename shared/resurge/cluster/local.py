@@ -64,9 +64,14 @@ class Cordon(BaseModel):
 
 
 async def _bucket(bus: Bus, name: str) -> KeyValue:
-    return await bus.js.create_key_value(
-        KeyValueConfig(bucket=bus.subjects.kv_bucket(name), history=1)
-    )
+    """Bind bucket ``name``, creating it only where it is missing (a node agent's or a
+    viewer's NATS user may read a bucket but not create one)."""
+    try:
+        return await bus.js.key_value(bus.subjects.kv_bucket(name))
+    except nats.js.errors.BucketNotFoundError:
+        return await bus.js.create_key_value(
+            KeyValueConfig(bucket=bus.subjects.kv_bucket(name), history=1)
+        )
 
 
 async def _get(kv: KeyValue, key: str) -> bytes | None:

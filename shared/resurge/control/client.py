@@ -36,10 +36,11 @@ __all__ = [
 
 @asynccontextmanager
 async def connected(settings: Settings) -> AsyncIterator[Bus]:
-    """A bus connection with the streams in place, closed on leaving."""
+    """A bus connection with the streams in place, closed on leaving (the CLI creates
+    missing streams but never changes them: that is the services' part)."""
     bus = await Bus.connect(settings, "cli")
     try:
-        await bus.ensure_streams()
+        await bus.ensure_streams(update=False)
         yield bus
     finally:
         await bus.close()

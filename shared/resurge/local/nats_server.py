@@ -2,7 +2,9 @@
 
 :class:`NatsServer` starts it with JetStream in a folder of its own, on a given or a
 random loopback port, and returns once it accepts connections; the same class serves
-``resurge demo`` and the test fixtures.
+``resurge demo`` and the test fixtures. Given a config file (``resurge up`` writes one
+with its users, their permissions and TLS: :mod:`resurge.local.access`), the server
+reads it too, and :meth:`NatsServer.reload` has it read the file again.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -42,17 +45,26 @@ def nats_server_binary() -> str:
 class NatsServer:
     """One nats-server process with JetStream, its data and log under ``state_dir``."""
 
-    def __init__(self, state_dir: Path, port: int = 0, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        config: Path | None = None,
+        scheme: str = "nats",
+    ) -> None:
         self.state_dir = Path(state_dir)
         self.host = host
         self.port = port
+        self.config = config
+        self.scheme = scheme
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = self.state_dir / "nats-server.log"
 
     @property
     def url(self) -> str:
         """Where clients connect; the real port only once started."""
-        return f"nats://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     def start(self, timeout: float = 15.0) -> NatsServer:
         """Start the server and return once it accepts connections, within ``timeout``."""
@@ -72,6 +84,8 @@ class NatsServer:
             "--ports_file_dir",
             str(ports_dir),
         ]
+        if self.config is not None:  # users, permissions, TLS (resurge.local.access)
+            args += ["-c", str(self.config)]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -104,6 +118,11 @@ class NatsServer:
                 return True
         except OSError:
             return False
+
+    def reload(self) -> None:
+        """Have the server read its config file again (SIGHUP), e.g. for a new user."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGHUP)
 
     def stop(self) -> None:
         """Terminate the server (SIGKILL after 10 s) and wait for it; no-op if not running."""

@@ -2,6 +2,7 @@
 
 The folder (``--state-dir``, else ``RESURGE_STATE_DIR``, else ``.resurge`` in the
 current folder) holds ``cluster.json`` (NATS URL, namespace, supervisor pid, nodes),
+the NATS users' credentials (``credentials/``, :mod:`resurge.local.access`),
 the lock the running supervisor holds, the wanted nodes (``nodes.json`` and its lock,
 :mod:`resurge.local.node_set`), the NATS server's data and every log.
 """
@@ -40,6 +41,7 @@ class ClusterState:
     pid: int
     nodes: list[str]
     gpus_per_node: int
+    tls_ca: str | None = None  # the CA that verifies the server, when it speaks TLS
 
     @staticmethod
     def path(state_dir: Path) -> Path:

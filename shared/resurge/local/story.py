@@ -36,7 +36,6 @@ from resurge.jobspec import TrainingJob
 from resurge.local.state import ClusterState, StateLock
 from resurge.local.supervisor import Supervisor
 from resurge.runtime.bus import Bus
-from resurge.runtime.settings import Settings
 
 __all__ = ["Observed", "StoryResult", "Watch", "run_job"]
 
@@ -187,9 +186,7 @@ async def run_job(
     supervisor.state().save(state_dir)  # `resurge --state-dir STATE_DIR ...` finds it
     try:
         assert supervisor.nats_url is not None
-        bus = await Bus.connect(
-            Settings(nats_url=supervisor.nats_url, namespace=namespace), "story"
-        )
+        bus = await Bus.connect(supervisor.settings("admin"), "story")
         try:
             await _subscribe(bus, job.name, recorder)
             if before_submit is not None:

@@ -38,6 +38,8 @@ import nats.js.errors
 
 from resurge.cluster import open_backend
 from resurge.cluster.local import LocalBackend
+from resurge.contract.subjects import Subjects
+from resurge.local.access import LocalAccess, tls_block
 from resurge.local.nats_server import NatsServer
 from resurge.local.node_set import NodeEntry, NodeSet, plan
 from resurge.local.restore import restore
@@ -70,6 +72,7 @@ _NODE_STOP_GRACE_SECONDS = 30.0
 class _Child:
     name: str
     argv: list[str]
+    role: str = "agent"  # its NATS user's role (a node monitor: its node's agent user)
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     next_start: float = 0.0
@@ -95,6 +98,8 @@ class Supervisor:
     children: dict[str, _Child] = field(default_factory=dict)
     server: NatsServer | None = None
     node_set: NodeSet | None = None
+    access: LocalAccess | None = None  # the NATS users, when this supervisor runs NATS
+    tls_ca: Path | None = None  # the CA clients verify the embedded server with
     _forget: set[str] = field(default_factory=set)
 
     @property
@@ -125,12 +130,45 @@ class Supervisor:
             **self.extra_env,
         }
 
+    def credentials(self, role: str, node: str | None = None) -> dict[str, str]:
+        """The variables that connect a party of ``role`` (an agent: ``node``'s) with
+        its own NATS user and this cluster's TLS; none where NATS runs without users."""
+        env = {"RESURGE_NATS_TLS_CA": str(self.tls_ca)} if self.tls_ca else {}
+        if self.access is not None:
+            env["RESURGE_NATS_CREDENTIALS"] = str(self.access.path(role, node))
+        return env
+
+    def settings(self, role: str = "admin") -> Settings:
+        """Settings that reach this cluster's NATS as ``role`` (the supervisor: admin)."""
+        assert self.nats_url is not None
+        given = self.credentials(role)
+        return Settings(
+            nats_url=self.nats_url,
+            namespace=self.namespace,
+            nats_credentials=given.get("RESURGE_NATS_CREDENTIALS"),
+            nats_tls_ca=given.get("RESURGE_NATS_TLS_CA", self.tls_ca),
+        )
+
+    def _start_server(self) -> None:
+        """The embedded NATS server with a user per role and node (and TLS where
+        RESURGE_NATS_TLS_CERT and _KEY are set): no anonymous connection gets on."""
+        assert self.node_set is not None
+        self.access = LocalAccess(self.state_dir, Subjects(self.namespace))
+        self.access.prepare(self.node_set.names)
+        tls = ""
+        ours = Settings()
+        if ours.nats_tls_cert is not None and ours.nats_tls_key is not None:
+            tls = tls_block(ours.nats_tls_cert, ours.nats_tls_key, None)
+            self.tls_ca = ours.nats_tls_ca
+        config = self.access.write_config(self.node_set.names, tls)
+        scheme = "tls" if tls else "nats"
+        server = NatsServer(self.state_dir / "nats", self.nats_port, config=config, scheme=scheme)
+        self.server = server.start()
+        self.nats_url = self.server.url
+
     def start(self, timeout: float = 60.0) -> None:
         """Start everything and return once it is ready."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        if self.nats_url is None:
-            self.server = NatsServer(self.state_dir / "nats", port=self.nats_port).start()
-            self.nats_url = self.server.url
         earlier = NodeSet.load(self.state_dir)
         self.node_set = earlier if self.keep_nodes else None
         if self.node_set is None:
@@ -139,13 +177,15 @@ class Supervisor:
                 self.node_set.next_index = max(self.nodes, earlier.next_index)
             self.node_set.save(self.state_dir)
         self.gpus_per_node = self.node_set.gpus_per_node
+        if self.nats_url is None:
+            self._start_server()
         asyncio.run(self._restore())
         python = sys.executable
         for name, args in SERVICES.items():
-            self.children[name] = _Child(name, [python, *args])
+            self.children[name] = _Child(name, [python, *args], role=name)
         for extra in range(2, self.restarters + 1):  # replicas share the restarter's consumers
             name = f"restarter-{extra}"
-            self.children[name] = _Child(name, [python, *SERVICES["restarter"]])
+            self.children[name] = _Child(name, [python, *SERVICES["restarter"]], role="restarter")
         for node in self.node_set.nodes:
             self.children[node.name] = self._monitor(node)
         for child in self.children.values():
@@ -163,7 +203,7 @@ class Supervisor:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=self.env(),
+                env={**self.env(), **self.credentials(child.role, child.name)},
                 cwd=self.cwd,
                 start_new_session=True,
             )
@@ -171,10 +211,7 @@ class Supervisor:
     async def _restore(self) -> None:
         """Before any service runs: jobs of an earlier run go back to Pending, and the
         records of nodes no longer wanted are forgotten."""
-        assert self.nats_url is not None
-        bus = await Bus.connect(
-            Settings(nats_url=self.nats_url, namespace=self.namespace), "supervisor"
-        )
+        bus = await Bus.connect(self.settings(), "supervisor")
         try:
             await bus.ensure_streams()
             await restore(bus)
@@ -187,10 +224,7 @@ class Supervisor:
             await bus.close()
 
     async def _forget_nodes(self, names: set[str]) -> None:
-        assert self.nats_url is not None
-        bus = await Bus.connect(
-            Settings(nats_url=self.nats_url, namespace=self.namespace), "supervisor"
-        )
+        bus = await Bus.connect(self.settings(), "supervisor")
         try:
             backend = await LocalBackend.open(bus)
             for name in sorted(names):
@@ -199,8 +233,7 @@ class Supervisor:
             await bus.close()
 
     async def _wait_ready(self, wait_seconds: float) -> None:
-        assert self.nats_url is not None
-        settings = Settings(nats_url=self.nats_url, namespace=self.namespace)
+        settings = self.settings()
         bus = await Bus.connect(settings, "supervisor")
         try:
             await bus.ensure_streams()
@@ -291,12 +324,50 @@ class Supervisor:
         if self._forget:
             self._forget_stopped()
         started = [node for node in steps.start if node.name not in self._forget]
+        self._add_users([node.name for node in started])
         for node in started:  # a node whose old record is not yet forgotten waits for it
             child = self.children[node.name] = self._monitor(node)
             self._spawn(child)
             assert child.process is not None
             log.info("started %s (pid %d): %d GPU(s)", node.name, child.process.pid, node.gpus)
         return bool(gone or started)
+
+    def _add_users(self, nodes: list[str]) -> None:
+        """Give each of ``nodes`` that has none its agent user, and have the server
+        take the new users in (a config reload) before their monitors start."""
+        if self.access is None or self.server is None or self.node_set is None:
+            return
+        new = [node for node in nodes if self.access.add_node(node)]
+        if not new:
+            return
+        self.access.write_config(self.node_set.names, self._tls_config())
+        self.server.reload()
+        asyncio.run(self._wait_user(new[-1]))
+        log.info("NATS users added for %s", ", ".join(new))
+
+    def _tls_config(self) -> str:
+        ours = Settings()
+        if self.tls_ca is None and (ours.nats_tls_cert is None or ours.nats_tls_key is None):
+            return ""
+        assert ours.nats_tls_cert is not None and ours.nats_tls_key is not None
+        return tls_block(ours.nats_tls_cert, ours.nats_tls_key, None)
+
+    async def _wait_user(self, node: str, wait_seconds: float = 10.0) -> None:
+        """Return once ``node``'s agent user may connect (the reload took), or after
+        ``wait_seconds`` (its monitor then retries as any client would)."""
+        settings = self.settings("agent").model_copy(
+            update={"nats_credentials": self.access.path("agent", node) if self.access else None}
+        )
+        deadline = time.monotonic() + wait_seconds
+        while time.monotonic() < deadline:
+            try:
+                bus = await Bus.connect(settings, "supervisor", connect_timeout=1.0)
+            except ConnectionError:
+                await asyncio.sleep(0.05)  # another process's config reload: polled, bounded
+                continue
+            await bus.close()
+            return
+        log.warning("the NATS user of %s was not accepted within %g s", node, wait_seconds)
 
     def _stop_node(self, child: _Child) -> bool:
         """One step of stopping a node's monitor for good; True once it has exited."""
@@ -352,6 +423,7 @@ class Supervisor:
             pid=os.getpid(),
             nodes=self.node_names,
             gpus_per_node=self.gpus_per_node,
+            tls_ca=str(self.tls_ca) if self.tls_ca else None,
         )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -51,6 +52,7 @@ from resurge.events import (
 )
 from resurge.runtime.dead_letters import DeadLetterOffice
 from resurge.runtime.logs import RateLimitedLog
+from resurge.runtime.nats_auth import CredentialsError, connect_options
 from resurge.runtime.settings import Settings
 
 __all__ = ["Bus", "Handler", "PermanentError", "TransientError"]
@@ -59,6 +61,9 @@ __all__ = ["Bus", "Handler", "PermanentError", "TransientError"]
 # 30 s); what is left unacked is delivered again to whoever takes over. Seen in CI: a
 # detector took over 20 s to stop after SIGTERM.
 DRAIN_TIMEOUT_SECONDS = 5
+
+# Refusals of the first connection (0.2 s apart) after which a server is taken to mean it.
+_REFUSALS = 5
 
 # Tries at binding a durable consumer another instance may be creating at the same time.
 _BIND_ATTEMPTS = 5
@@ -138,8 +143,15 @@ class Bus:
         connect_timeout = connect_timeout or settings.connect_timeout_seconds
 
         errors = RateLimitedLog(log, interval=30.0)
+        refused = asyncio.Event()
+        refusals = 0
 
         async def on_error(error: Exception) -> None:
+            nonlocal refusals
+            if _is_refusal(error) and not nc.is_connected:
+                refusals += 1  # a server reloading its users may refuse a new one briefly
+                if refusals >= _REFUSALS:
+                    refused.set()
             errors.warning(type(error).__name__, f"nats error: {error}")
 
         async def on_disconnected() -> None:
@@ -149,39 +161,52 @@ class Bus:
         async def on_reconnected() -> None:
             log.info("reconnected to nats at %s", nc.connected_url)
 
-        nc = Client()
         try:
-            # nats.py retries the first connection as it retries reconnects (forever here),
-            # so the deadline is kept from outside.
-            await asyncio.wait_for(
-                nc.connect(
-                    servers=settings.nats_url.split(","),
-                    name=f"{settings.namespace}-{service}",
-                    error_cb=on_error,
-                    disconnected_cb=on_disconnected,
-                    reconnected_cb=on_reconnected,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.2,  # type: ignore[arg-type]  # typed int, takes float
-                    connect_timeout=2,
-                    allow_reconnect=True,
-                    drain_timeout=DRAIN_TIMEOUT_SECONDS,
-                ),
-                timeout=connect_timeout,
-            )
-        except (OSError, nats.errors.NoServersError, TimeoutError) as error:
-            await nc.close()
+            auth = connect_options(settings)
+        except (CredentialsError, OSError, ssl.SSLError) as error:
+            raise ConnectionError(f"cannot connect to nats: {error}") from error
+        nc = Client()
+        # nats.py retries the first connection as it retries reconnects (forever here),
+        # so the deadline is kept from outside, and so is giving up on a refusing server.
+        connecting = asyncio.ensure_future(
+            nc.connect(
+                servers=settings.nats_url.split(","),
+                name=f"{settings.namespace}-{service}",
+                error_cb=on_error,
+                disconnected_cb=on_disconnected,
+                reconnected_cb=on_reconnected,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.2,  # type: ignore[arg-type]  # typed int, takes float
+                connect_timeout=2,
+                allow_reconnect=True,
+                drain_timeout=DRAIN_TIMEOUT_SECONDS,
+                **auth,
+            ),
+        )
+        if await _connected(connecting, refused, connect_timeout):
+            return cls(nc, settings, service, registry or CollectorRegistry())
+        await nc.close()
+        if refused.is_set():
             raise ConnectionError(
-                f"cannot reach nats at {settings.nats_url} within {connect_timeout} s"
-            ) from error
-        return cls(nc, settings, service, registry or CollectorRegistry())
+                f"nats at {settings.nats_url} refused the connection: {_who(auth)}"
+            )
+        raise ConnectionError(
+            f"cannot reach nats at {settings.nats_url} within {connect_timeout} s"
+        )
 
     @property
     def connected(self) -> bool:
         """Whether the NATS connection is up now."""
         return bool(self.nc.is_connected)
 
-    async def ensure_streams(self) -> None:
-        """Create or update every stream and the job-record bucket; safe to repeat."""
+    async def ensure_streams(self, update: bool = True) -> None:
+        """Create or update every stream and the job-record bucket; safe to repeat.
+
+        ``update`` False: only create what is missing, reading (never changing) what
+        exists, for parties whose user may not manage streams (agents, viewers)."""
+        if not update:
+            await self._create_missing()
+            return
         for family, is_raw in _FAMILIES.items():
             max_age = (
                 self.settings.raw_max_age_seconds
@@ -202,6 +227,18 @@ class Bus:
         await self.js.create_key_value(
             KeyValueConfig(bucket=self.subjects.kv_bucket(JOBS_BUCKET), history=5)
         )
+
+    async def _create_missing(self) -> None:
+        for family in _FAMILIES:
+            try:
+                await self.js.stream_info(self.subjects.stream(family))
+            except nats.js.errors.NotFoundError:
+                await self.ensure_streams()
+                return
+        try:
+            await self.jobs_bucket()
+        except nats.js.errors.BucketNotFoundError:
+            await self.ensure_streams()
 
     async def jobs_bucket(self) -> KeyValue:
         """The KV bucket of job records (``<namespace>_jobs``)."""
@@ -240,6 +277,7 @@ class Bus:
         """
         consumer = _Consumer(subject, durable, expects, handler, kind_token)
         config = ConsumerConfig(
+            name=durable,  # named, the filter is in the create request's subject (below)
             ack_wait=ack_wait_seconds,
             max_deliver=max_deliver,
             deliver_policy=_DELIVER[start],
@@ -261,6 +299,10 @@ class Bus:
         **options: Any,
     ) -> None:
         """Bind durable push consumer ``durable`` (a queue group of that name).
+
+        The consumer is created by name, so the create request's subject ends in its
+        filter (``$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>``), which NATS
+        permissions can allow or deny per filter (docs/security.md).
 
         Two instances binding a new consumer at once both find it missing and both create
         it, each with its own deliver subject; the server refuses the second (a
@@ -306,6 +348,7 @@ class Bus:
         that flushes partial lists (cancelled when the bus closes).
         """
         config = ConsumerConfig(
+            name=durable,
             ack_policy=AckPolicy.ALL,
             ack_wait=ack_wait_seconds,
             max_ack_pending=batch * 20,
@@ -436,6 +479,45 @@ class Bus:
         already = (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError)
         with contextlib.suppress(*already):
             await self.nc.drain()
+
+
+async def _connected(
+    connecting: asyncio.Future[None], refused: asyncio.Event, wait_seconds: float
+) -> bool:
+    """Wait for ``connecting`` until ``refused`` is set or ``wait_seconds`` pass; True once
+    connected, else False with the attempt stopped."""
+    refusing = asyncio.ensure_future(refused.wait())
+    try:
+        await asyncio.wait(
+            (connecting, refusing), timeout=wait_seconds, return_when="FIRST_COMPLETED"
+        )
+    except BaseException:  # cancelled: stop trying
+        connecting.cancel()
+        raise
+    finally:
+        refusing.cancel()
+    if connecting.done() and connecting.exception() is None:
+        return True
+    connecting.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await connecting
+    return False
+
+
+def _is_refusal(error: Exception) -> bool:
+    """Whether the server refused the connection's user (nats.py reports it as a plain
+    Error naming it, or as AuthorizationError)."""
+    if isinstance(error, nats.errors.AuthorizationError):
+        return True
+    return "authorization violation" in str(error).lower()
+
+
+def _who(options: dict[str, Any]) -> str:
+    """Whom a refused connection tried to be, in words."""
+    user = options.get("user")
+    if user is None:
+        return "it needs a user (set RESURGE_NATS_CREDENTIALS, or RESURGE_NATS_USER and PASSWORD)"
+    return f"user {user!r} and its password were not accepted"
 
 
 def _decode_checked(

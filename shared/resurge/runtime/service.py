@@ -56,13 +56,16 @@ class ServiceContext:
 
 
 async def _serve(
-    name: str, settings: Settings, setup: Callable[[ServiceContext], Awaitable[None]]
+    name: str,
+    settings: Settings,
+    setup: Callable[[ServiceContext], Awaitable[None]],
+    manage_streams: bool,
 ) -> int:
     registry = CollectorRegistry()
     async with AsyncExitStack() as stack:
         bus = await Bus.connect(settings, name, registry)
         stack.push_async_callback(bus.close)
-        await bus.ensure_streams()
+        await bus.ensure_streams(update=manage_streams)
         ctx = ServiceContext(name, settings, bus, registry, stack)
         if settings.metrics_port is not None:
             server = MetricsServer(
@@ -94,11 +97,20 @@ async def _cancel_all(tasks: set[asyncio.Task[None]]) -> None:
             await task
 
 
-def run_service(name: str, settings: S, setup: Callable[[ServiceContext], Awaitable[None]]) -> int:
-    """Run a service until SIGTERM/SIGINT or until it sets ``ctx.stopping``."""
+def run_service(
+    name: str,
+    settings: S,
+    setup: Callable[[ServiceContext], Awaitable[None]],
+    *,
+    manage_streams: bool = True,
+) -> int:
+    """Run a service until SIGTERM/SIGINT or until it sets ``ctx.stopping``.
+
+    ``manage_streams`` False (node agents): the streams are only created where missing,
+    never updated, as an agent's NATS user may not change them."""
     configure_logging(name, settings.log_level, settings.log_format)
     try:
-        return asyncio.run(_serve(name, settings, setup))
+        return asyncio.run(_serve(name, settings, setup, manage_streams))
     except ConnectionError as error:
         logging.getLogger(f"resurge.{name}").error("%s", error)
         return 2

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from resurge.contract.subjects import Subjects
@@ -23,6 +24,25 @@ class Settings(BaseSettings):
     namespace: str = Field(
         default="resurge", description="First subject token; separates clusters on one server."
     )
+    nats_credentials: Path | None = Field(
+        default=None,
+        description="A credentials file (JSON with 'user' and 'password', mode 0600) to "
+        "connect to NATS with; `resurge up` writes one per role into the state folder.",
+    )
+    nats_user: str | None = Field(
+        default=None, description="NATS user (instead of a credentials file)."
+    )
+    nats_password: SecretStr | None = Field(default=None, description="NATS password of nats_user.")
+    nats_tls_ca: Path | None = Field(
+        default=None,
+        description="CA certificate to verify the NATS server with; set, the connection is TLS.",
+    )
+    nats_tls_cert: Path | None = Field(
+        default=None,
+        description="Certificate this party presents (a client certificate; the embedded "
+        "server's own one under `resurge up`).",
+    )
+    nats_tls_key: Path | None = Field(default=None, description="Private key of nats_tls_cert.")
     connect_timeout_seconds: float = Field(
         default=30.0, gt=0, description="How long to retry the first connection to NATS."
     )

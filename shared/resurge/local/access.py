@@ -1,0 +1,348 @@
+"""Who may say what on the bus: NATS users per role, their permissions, the server config.
+
+Roles (docs/security.md has the table and the reasons):
+
+- ``agent``: node agents (monitor and launch). A local node's agents share one user,
+  ``agent-<node>``, that publishes only raw subjects ending in its node; on Kubernetes
+  one ``agent`` user serves every node (any node token).
+- ``detector``, ``restarter``, ``scaler``: the services; only restarter and scaler
+  publish commands.
+- ``viewer``: reads only (``resurge status``, ``events``, ``node list``).
+- ``admin``: the CLI's writing commands and the local supervisor.
+
+Permissions are lists of subjects each user may publish to and subscribe to (nothing
+else: NATS denies whatever a user's allow list does not name). JetStream is reached
+through subjects too: ``$JS.API.*`` requests (stream and consumer info and creation,
+message gets), ``$JS.ACK.*`` acknowledgements, ``$JS.FC.*`` flow control, and writes
+to KV buckets are publishes to ``$KV.<bucket>.<key>``. Every reply a user gets comes to
+its own inbox prefix ``_INBOX_<user>`` (:mod:`resurge.runtime.nats_auth`), the only
+inboxes it may subscribe to.
+
+:class:`LocalAccess` keeps a local cluster's users in its state folder: one credentials
+file per role (and per node agent) under ``credentials/`` (folder 0700, files 0600),
+and the server's ``authorization`` block in ``nats/auth.conf`` (0600).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from resurge.cluster.local_keys import (
+    CORDONS_BUCKET,
+    JOB_STATUS_BUCKET,
+    NODES_BUCKET,
+    WORKER_GROUPS_BUCKET,
+    node_key,
+)
+from resurge.contract.subjects import Subjects, escape_token
+from resurge.runtime.bus import JOBS_BUCKET
+from resurge.runtime.nats_auth import Credentials, inbox_prefix, write_credentials
+
+__all__ = [
+    "ADMIN_COMMANDS",
+    "DETECTOR_STATE_BUCKET",
+    "ROLES",
+    "LocalAccess",
+    "Permissions",
+    "agent_user",
+    "authorization_block",
+    "role_permissions",
+]
+
+ROLES = ("agent", "detector", "restarter", "scaler", "viewer", "admin")
+# The detector's own bucket (resurge_detector.state_store.STATE_BUCKET: a service the
+# shared library cannot import; a unit test keeps the two equal).
+DETECTOR_STATE_BUCKET = "detector_state"
+_FAMILIES = ("raw", "fault", "capacity", "cmd", "action", "job", "dlq")
+_BUCKETS = (
+    JOBS_BUCKET,
+    NODES_BUCKET,
+    CORDONS_BUCKET,
+    WORKER_GROUPS_BUCKET,
+    JOB_STATUS_BUCKET,
+    DETECTOR_STATE_BUCKET,
+)
+# CLI commands (and `node` subcommands) that change the cluster: they run as admin.
+ADMIN_COMMANDS = frozenset({"submit", "delete", "inject", "add", "remove", "cordon", "uncordon"})
+_API = "$JS.API"
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """What one user may publish to and subscribe to (NATS allow lists)."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+
+    def as_config(self) -> dict[str, dict[str, list[str]]]:
+        """The ``permissions`` object of a nats-server user."""
+        return {
+            "publish": {"allow": list(self.publish)},
+            "subscribe": {"allow": list(self.subscribe)},
+        }
+
+
+@dataclass
+class _Grants:
+    publish: list[str] = field(default_factory=list)
+    subscribe: list[str] = field(default_factory=list)
+
+    def pub(self, *subjects: str) -> None:
+        self.publish += [s for s in subjects if s not in self.publish]
+
+    def sub(self, *subjects: str) -> None:
+        self.subscribe += [s for s in subjects if s not in self.subscribe]
+
+
+class _Namespace:
+    """The subjects, streams and buckets of one namespace, as permissions name them."""
+
+    def __init__(self, subjects: Subjects) -> None:
+        self.s = subjects
+        self.root = subjects.root
+
+    def stream(self, family: str) -> str:
+        return self.s.stream(family)
+
+    def kv_stream(self, bucket: str) -> str:
+        return f"KV_{self.s.kv_bucket(bucket)}"
+
+    def all_streams(self) -> list[str]:
+        return [self.stream(f) for f in _FAMILIES] + [self.kv_stream(b) for b in _BUCKETS]
+
+    def info(self, g: _Grants) -> None:
+        """Read every stream's and bucket's configuration and state (not its messages)."""
+        g.pub(*(f"{_API}.STREAM.INFO.{name}" for name in self.all_streams()))
+
+    def manage(self, g: _Grants, *buckets: str) -> None:
+        """Create and update the streams of every family and ``buckets``."""
+        for name in [self.stream(f) for f in _FAMILIES] + [self.kv_stream(b) for b in buckets]:
+            g.pub(f"{_API}.STREAM.CREATE.{name}", f"{_API}.STREAM.UPDATE.{name}")
+
+    def consume(self, g: _Grants, family: str, filter_subject: str) -> None:
+        """Bind and create named durable consumers of ``family`` filtered on exactly
+        ``filter_subject`` (a wildcard in it is allowed as a wildcard only), and ack."""
+        stream = self.stream(family)
+        g.pub(
+            f"{_API}.CONSUMER.INFO.{stream}.*",
+            f"{_API}.CONSUMER.CREATE.{stream}.*.{filter_subject}",
+            f"$JS.ACK.{stream}.>",
+        )
+
+    def kv_read(self, g: _Grants, bucket: str) -> None:
+        """Get keys, list them and watch them (ephemeral ordered consumers)."""
+        stream = self.kv_stream(bucket)
+        g.pub(
+            f"{_API}.STREAM.INFO.{stream}",
+            f"{_API}.DIRECT.GET.{stream}.>",
+            f"{_API}.STREAM.MSG.GET.{stream}",
+            f"{_API}.CONSUMER.CREATE.{stream}",
+            f"{_API}.CONSUMER.INFO.{stream}.*",
+            f"{_API}.CONSUMER.DELETE.{stream}.*",
+            f"$JS.FC.{stream}.>",
+        )
+
+    def kv_write(self, g: _Grants, bucket: str, key: str = ">") -> None:
+        """Put, create, update, delete and purge ``key`` (default: every key)."""
+        g.pub(f"$KV.{self.s.kv_bucket(bucket)}.{key}")
+
+    def events(self, g: _Grants, *families: str) -> None:
+        g.pub(*(self.s.all(f) for f in families))
+
+    def dead_letters(self, g: _Grants, *services: str) -> None:
+        g.pub(*(self.s.dlq(service) for service in services))
+
+
+def agent_user(node: str | None) -> str:
+    """The user of ``node``'s agents (``agent-<node>``), or ``agent`` for every node."""
+    return "agent" if node is None else f"agent-{escape_token(node)}"
+
+
+def _agent(ns: _Namespace, g: _Grants, node: str | None) -> None:
+    subjects = ns.s
+    node_token = "*" if node is None else escape_token(node)
+    g.pub(f"{subjects.root}.raw.*.*.{node_token}")
+    ns.dead_letters(g, "node-agent", "node-monitor")
+    ns.consume(g, "cmd", subjects.cmd(None, None))
+    for bucket in (NODES_BUCKET, CORDONS_BUCKET, WORKER_GROUPS_BUCKET):
+        ns.kv_read(g, bucket)
+    ns.kv_write(g, NODES_BUCKET, "*" if node is None else node_key(node))
+
+
+def _detector(ns: _Namespace, g: _Grants, node: str | None) -> None:
+    ns.manage(g, JOBS_BUCKET, DETECTOR_STATE_BUCKET)
+    ns.consume(g, "raw", ns.s.all("raw"))
+    ns.events(g, "fault", "job", "capacity")
+    ns.dead_letters(g, "detector")
+    ns.kv_read(g, JOBS_BUCKET)
+    ns.kv_read(g, DETECTOR_STATE_BUCKET)
+    ns.kv_write(g, DETECTOR_STATE_BUCKET)
+
+
+def _control(ns: _Namespace, g: _Grants, role: str) -> None:
+    """What restarter and scaler share: commands, the job records, the worker groups."""
+    ns.manage(g, *_BUCKETS[:5])
+    ns.events(g, "cmd", "action", "capacity")
+    ns.dead_letters(g, role)
+    for bucket in _BUCKETS[:5]:
+        ns.kv_read(g, bucket)
+    for bucket in (JOBS_BUCKET, CORDONS_BUCKET, WORKER_GROUPS_BUCKET, JOB_STATUS_BUCKET):
+        ns.kv_write(g, bucket)
+
+
+def _restarter(ns: _Namespace, g: _Grants, node: str | None) -> None:
+    _control(ns, g, "restarter")
+    ns.consume(g, "fault", ns.s.all("fault"))
+    for kind in ("process_started", "progress", "checkpoint_saved"):
+        ns.consume(g, "raw", ns.s.raw(None, kind, None))
+
+
+def _scaler(ns: _Namespace, g: _Grants, node: str | None) -> None:
+    _control(ns, g, "scaler")
+    ns.consume(g, "job", ns.s.all("job"))
+    ns.consume(g, "action", ns.s.action(None))
+    ns.consume(g, "capacity", ns.s.all("capacity"))
+    g.sub(ns.s.raw(None, "agent_state", None))  # the replicas a resize adds, coming up
+
+
+def _viewer(ns: _Namespace, g: _Grants, node: str | None) -> None:
+    g.sub(f"{ns.root}.>")
+    for bucket in _BUCKETS[:5]:
+        ns.kv_read(g, bucket)
+
+
+def _admin(ns: _Namespace, g: _Grants, node: str | None) -> None:
+    """A viewer that may also change the cluster (and run the local supervisor)."""
+    _viewer(ns, g, node)
+    ns.manage(g, *_BUCKETS[:5])
+    for family in _FAMILIES:  # the supervisor waits for the services' consumers
+        g.pub(f"{_API}.CONSUMER.INFO.{ns.stream(family)}.*")
+    ns.events(g, "job", "cmd", "capacity")
+    ns.dead_letters(g, "cli", "supervisor")
+    for bucket in (JOBS_BUCKET, NODES_BUCKET, CORDONS_BUCKET):
+        ns.kv_write(g, bucket)
+
+
+_ROLE_GRANTS = {
+    "agent": _agent,
+    "detector": _detector,
+    "restarter": _restarter,
+    "scaler": _scaler,
+    "viewer": _viewer,
+    "admin": _admin,
+}
+
+
+def role_permissions(role: str, subjects: Subjects, node: str | None = None) -> Permissions:
+    """What ``role`` may publish and subscribe to under ``subjects``' namespace;
+    ``node`` narrows an agent to one node's raw subjects and record (None: any node)."""
+    if role not in _ROLE_GRANTS:
+        raise ValueError(f"no role {role!r} (roles: {', '.join(ROLES)})")
+    user = agent_user(node) if role == "agent" else role
+    ns = _Namespace(subjects)
+    g = _Grants()
+    g.sub(f"{inbox_prefix(user)}.>")
+    ns.info(g)
+    _ROLE_GRANTS[role](ns, g, node)
+    return Permissions(tuple(g.publish), tuple(g.subscribe))
+
+
+def authorization_block(users: Iterable[tuple[str, str, Permissions]]) -> str:
+    """nats-server's ``authorization`` block for ``users`` (name, password, permissions).
+
+    A password written ``$NAME`` is a reference the server resolves from its environment
+    (how the Kubernetes overlay passes Secrets in); any other is written as a string."""
+    lines = ["authorization {", "  users: ["]
+    for user, password, permissions in users:
+        secret = password if password.startswith("$") else json.dumps(password)
+        lines += [
+            "    {",
+            f"      user: {json.dumps(user)}",
+            f"      password: {secret}",
+            f"      permissions: {json.dumps(permissions.as_config(), indent=2)}".replace(
+                "\n", "\n      "
+            ),
+            "    }",
+        ]
+    lines += ["  ]", "}", ""]
+    return "\n".join(lines)
+
+
+def tls_block(cert: Path, key: Path, ca: Path | None) -> str:
+    """nats-server's ``tls`` block: its certificate, and the CA of client certificates."""
+    config = {"cert_file": str(cert), "key_file": str(key)}
+    if ca is not None:
+        config["ca_file"] = str(ca)
+    return f"tls: {json.dumps(config, indent=2)}\n"
+
+
+class LocalAccess:
+    """A local cluster's NATS users: credentials files and the server's config.
+
+    Passwords are made once per state folder and kept (a CLI command or a node agent
+    started by an earlier run of the folder goes on working); a node gets its agent user
+    when it is first added (:meth:`add_node`)."""
+
+    def __init__(self, state_dir: Path, subjects: Subjects) -> None:
+        self.state_dir = state_dir
+        self.subjects = subjects
+        self.folder = state_dir / "credentials"
+        self.config_path = state_dir / "nats" / "auth.conf"
+
+    @staticmethod
+    def credentials_file(state_dir: Path, role: str, node: str | None = None) -> Path:
+        """Where the credentials of ``role`` (an agent: ``node``'s) live in ``state_dir``."""
+        return state_dir / "credentials" / f"{agent_user(node) if role == 'agent' else role}.json"
+
+    def path(self, role: str, node: str | None = None) -> Path:
+        """The credentials file of ``role`` (an agent: of ``node``'s agents)."""
+        return self.credentials_file(self.state_dir, role, node)
+
+    def _ensure(self, path: Path, user: str) -> None:
+        if not path.exists():
+            write_credentials(path, Credentials(user, secrets.token_urlsafe(32)))
+
+    def prepare(self, nodes: Iterable[str]) -> None:
+        """Make the folders private and every role's credentials (and each node's agent
+        user) that is missing."""
+        for folder in (self.state_dir, self.folder, self.config_path.parent):
+            folder.mkdir(parents=True, exist_ok=True)
+            folder.chmod(0o700)
+        for role in ROLES:
+            if role != "agent":
+                self._ensure(self.path(role), role)
+        for node in nodes:
+            self._ensure(self.path("agent", node), agent_user(node))
+
+    def add_node(self, node: str) -> bool:
+        """Make ``node``'s agent user if it has none; True when it is new."""
+        path = self.path("agent", node)
+        if path.exists():
+            return False
+        self._ensure(path, agent_user(node))
+        return True
+
+    def write_config(self, nodes: Iterable[str], tls: str = "") -> Path:
+        """Write the server's ``authorization`` (and ``tls``) config (mode 0600)."""
+        from resurge.runtime.nats_auth import read_credentials
+
+        users: list[tuple[str, str | None]] = [(role, None) for role in ROLES if role != "agent"]
+        users += [("agent", node) for node in nodes]
+        entries = []
+        for role, node in users:
+            credentials = read_credentials(self.path(role, node))
+            permissions = role_permissions(role, self.subjects, node)
+            entries.append((credentials.user, credentials.password, permissions))
+        text = authorization_block(entries) + tls
+        tmp = self.config_path.with_name(f".{self.config_path.name}.tmp")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        tmp.replace(self.config_path)
+        return self.config_path
