@@ -495,3 +495,62 @@ def test_dockerfile_builds_a_non_root_image_without_torch(scratch: Path) -> None
     assert "torch" not in "\n".join(instructions)
     ignored = (REPO / ".dockerignore").read_text().splitlines()
     assert ".venv" in ignored and ".git" in ignored
+
+
+# The NATS role each workload connects as (docs/security.md), through its Secret.
+NATS_ROLES = {
+    "resurge-detector": "detector",
+    "resurge-restarter": "restarter",
+    "resurge-scaler": "scaler",
+    "resurge-node-monitor": "agent",
+}
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_every_service_takes_its_roles_nats_user_from_its_secret(name: str, scratch: Path) -> None:
+    for workload, container in resurge_containers(build(name, scratch)):
+        role = NATS_ROLES[workload["metadata"]["name"]]
+        env = {e["name"]: e for e in container.get("env") or []}
+        for variable, key in (("RESURGE_NATS_USER", "user"), ("RESURGE_NATS_PASSWORD", "password")):
+            # Optional: against a NATS without users the services connect without one.
+            assert env[variable]["valueFrom"]["secretKeyRef"] == {
+                "name": f"resurge-nats-{role}",
+                "key": key,
+                "optional": True,
+            }, where(workload)
+            assert "value" not in env[variable]
+
+
+def test_dev_nats_admits_only_the_users_of_each_role(scratch: Path) -> None:
+    from resurge.contract.subjects import Subjects
+    from resurge.local.access import ROLES, kubernetes_config
+
+    docs = build("dev", scratch)
+    committed = (DEPLOY / "overlays" / "dev" / "nats.conf").read_text()
+    assert committed == kubernetes_config(Subjects(settings(docs)["RESURGE_NAMESPACE"])), (
+        "deploy/overlays/dev/nats.conf is stale: write it again with "
+        "resurge.local.access.kubernetes_config"
+    )
+    nats = named(docs, "Deployment", "nats")
+    pod = nats["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = container["args"]
+    assert args[args.index("-c") + 1] == "/etc/nats/nats.conf"
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/nats"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    (config,) = [
+        c
+        for c in of_kind(docs, "ConfigMap")
+        if c["metadata"]["name"] == volume["configMap"]["name"]
+    ]
+    assert config["data"]["nats.conf"] == committed
+    passwords = {
+        e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e
+    }
+    assert passwords == {
+        f"RESURGE_{role.upper()}_PASSWORD": {"name": f"resurge-nats-{role}", "key": "password"}
+        for role in ROLES
+    }
+    for role in ROLES:  # every password the config refers to comes from the environment
+        assert f"password: $RESURGE_{role.upper()}_PASSWORD" in committed
+    assert settings(docs)["RESURGE_KUBE_AGENT_SECRET"] == "resurge-nats-agent"

@@ -210,6 +210,29 @@ def test_a_group_without_a_training_job_gets_the_default_image_and_no_owner() ->
     assert "hostNetwork" not in pod["spec"]
 
 
+def test_the_agent_gets_its_nats_user_from_a_secret_reference_only() -> None:
+    template_env = [
+        {"name": "RESURGE_NATS_PASSWORD", "value": "typed-into-the-job"},
+        {"name": "NCCL_DEBUG", "value": "INFO"},
+    ]
+    job = {**TRAINING_JOB, "spec": {"template": {"spec": {"containers": [{"env": template_env}]}}}}
+    pod = pod_manifest(
+        GROUP, job, AGENT_ENV, "resurge:latest", host_network=False, agent_secret="nats-agent"
+    )
+    env = pod["spec"]["containers"][0]["env"]
+    by_name = {e["name"]: e for e in env}
+    assert [e["name"] for e in env].count("RESURGE_NATS_PASSWORD") == 1
+    for name, key in (("RESURGE_NATS_USER", "user"), ("RESURGE_NATS_PASSWORD", "password")):
+        assert by_name[name] == {
+            "name": name,
+            "valueFrom": {"secretKeyRef": {"name": "nats-agent", "key": key}},
+        }
+    assert by_name["NCCL_DEBUG"]["value"] == "INFO"
+    # Without a Secret named, no user: the pods connect as before.
+    plain = pod_manifest(GROUP, None, AGENT_ENV, "resurge:latest", host_network=False)
+    assert not any(e["name"] == "RESURGE_NATS_USER" for e in plain["spec"]["containers"][0]["env"])
+
+
 def test_a_recreated_or_moved_group_gets_a_pod_of_another_name() -> None:
     names = {
         pod_name(GROUP),

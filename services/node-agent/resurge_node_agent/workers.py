@@ -24,6 +24,11 @@ from resurge_node_agent.spawners import READ_LIMIT, SpawnedProcess, Spawner
 
 __all__ = ["WorkerExit", "WorkerProcesses"]
 
+# The agent's own NATS user: a worker (the user's code) never gets it.
+AGENT_ONLY_ENV = frozenset(
+    {"RESURGE_NATS_CREDENTIALS", "RESURGE_NATS_USER", "RESURGE_NATS_PASSWORD"}
+)
+
 MAX_LINE_CHARS = 4096
 
 Stream = Literal["stdout", "stderr"]
@@ -98,7 +103,8 @@ class WorkerProcesses:
     async def start(self) -> None:
         """Spawn every worker, then report each start and begin watching it."""
         for local_rank, extra in enumerate(self.environments):
-            proc = await self._spawner.spawn(self.command, {**os.environ, **extra}, self.cwd)
+            env = {k: v for k, v in os.environ.items() if k not in AGENT_ONLY_ENV}
+            proc = await self._spawner.spawn(self.command, {**env, **extra}, self.cwd)
             self._procs[local_rank] = proc
         for local_rank, proc in self._procs.items():
             await self._on_start(local_rank, proc.pid)

@@ -327,7 +327,12 @@ class Controller:
             "RESURGE_LOG_FORMAT": settings.log_format,
         }
         manifest = pod_manifest(
-            spec, training_job, agent_env, settings.kube_image, settings.kube_host_network
+            spec,
+            training_job,
+            agent_env,
+            settings.kube_image,
+            settings.kube_host_network,
+            agent_secret=settings.kube_agent_secret,
         )
         await self._create("Pod", self.backend.core.create_namespaced_pod, manifest)
         log.info(

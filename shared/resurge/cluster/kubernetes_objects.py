@@ -251,18 +251,26 @@ def owner_reference(training_job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# The agent's NATS user, from a Secret (resurge.runtime.settings: nats_user, nats_password).
+_NATS_USER = "RESURGE_NATS_USER"
+_NATS_PASSWORD = "RESURGE_NATS_PASSWORD"
+
+
 def pod_manifest(
     spec: WorkerGroupSpec,
     training_job: dict[str, Any] | None,
     agent_env: dict[str, str],
     default_image: str,
     host_network: bool,
+    agent_secret: str | None = None,
 ) -> dict[str, Any]:
     """The pod of worker group ``spec``.
 
     The TrainingJob's ``spec.template`` is the starting point (its first container
     becomes the agent's); resurge sets the name, labels, node affinity, GPUs, command
-    and environment over it. ``agent_env`` is the agent's connection settings."""
+    and environment over it. ``agent_env`` is the agent's connection settings;
+    ``agent_secret`` names the Secret whose ``user`` and ``password`` keys are the agent
+    role's NATS user (``RESURGE_NATS_USER`` and ``RESURGE_NATS_PASSWORD``)."""
     job_spec = (training_job or {}).get("spec") or {}
     template = copy.deepcopy(job_spec.get("template") or {})
     meta = template.get("metadata") or {}
@@ -277,6 +285,13 @@ def pod_manifest(
     container = dict(containers[0])
     env = [e for e in container.get("env") or [] if e.get("name") not in agent_env]
     env += [{"name": k, "value": v} for k, v in sorted(agent_env.items())]
+    if agent_secret:
+        secret_env = {_NATS_USER: "user", _NATS_PASSWORD: "password"}
+        env = [e for e in env if e.get("name") not in secret_env]
+        env += [
+            {"name": name, "valueFrom": {"secretKeyRef": {"name": agent_secret, "key": key}}}
+            for name, key in secret_env.items()
+        ]
     env = [e for e in env if e.get("name") != WORKER_GROUP_ENV]
     env.append({"name": WORKER_GROUP_ENV, "value": spec.model_dump_json()})
     resources = copy.deepcopy(container.get("resources") or {})

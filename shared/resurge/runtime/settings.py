@@ -77,6 +77,12 @@ class Settings(BaseSettings):
         "do), so ranks reach each other at the node's address; a job's pod template may "
         "set hostNetwork itself.",
     )
+    kube_agent_secret: str | None = Field(
+        default=None,
+        description="Kubernetes: the Secret (in kube_namespace) whose 'user' and 'password' "
+        "keys are the agent role's NATS user; a job's pods get them as RESURGE_NATS_USER "
+        "and RESURGE_NATS_PASSWORD. Unset: the pods connect without a user.",
+    )
     log_level: str = Field(default="INFO", description="Root log level.")
     log_format: str = Field(default="json", description="'json' or 'text'.")
     stream_max_age_seconds: float = Field(
