@@ -40,12 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from resurge.cluster import NodeInfo
-from resurge.control.records import JobRecord, Placement
-from resurge.events import JobPhase
-from resurge.jobspec import TrainingJob
-from resurge.local import job_factory
-from resurge_scaler.admission import admission_order, place
-from resurge_scaler.elastic_decision import (
+from resurge.control.admission import admission_order, place
+from resurge.control.elastic_decision import (
     ZONE_LABEL,
     Cluster,
     JobShape,
@@ -56,6 +52,10 @@ from resurge_scaler.elastic_decision import (
     applied,
     decide,
 )
+from resurge.control.records import JobRecord, Placement
+from resurge.events import JobPhase
+from resurge.jobspec import TrainingJob
+from resurge.local import job_factory
 
 SLOTS = 8
 ZONES = 16

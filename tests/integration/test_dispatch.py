@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from resurge.cluster import BackendError, ClusterBackend, NodeInfo
 from resurge.control.planner import command_id
 from resurge.control.records import JobRecord, JobStore, Placement
+from resurge.control.recovery_policy import ClusterView, apply_fault
 from resurge.control.worker_groups import worker_group, worker_groups
 from resurge.events import (
     Assign,
@@ -45,7 +46,6 @@ from resurge.jobspec import parse_job
 from resurge.runtime.bus import Bus
 from resurge.runtime.service import ServiceContext
 from resurge.runtime.settings import Settings
-from resurge_restarter.policy import ClusterView, apply_fault
 from resurge_restarter.service import Restarter
 from tests.integration.fake_backend import WRITES, Call, FakeBackend
 

@@ -1,11 +1,7 @@
 from datetime import UTC, datetime, timedelta
 
 from resurge.cluster import NodeInfo
-from resurge.control.records import JobRecord
-from resurge.events import JobPhase
-from resurge.jobspec import TrainingJob
-from resurge.local import job_factory
-from resurge_scaler.admission import (
+from resurge.control.admission import (
     admission_order,
     mark_replica_finished,
     new_record,
@@ -15,6 +11,10 @@ from resurge_scaler.admission import (
     wait_reason,
     why_waiting,
 )
+from resurge.control.records import JobRecord
+from resurge.events import JobPhase
+from resurge.jobspec import TrainingJob
+from resurge.local import job_factory
 
 
 def job(name: str = "j", replicas: int = 2, nproc: int = 2) -> TrainingJob:

@@ -7,10 +7,7 @@ from typing import Any
 import pytest
 
 from resurge.cluster import NodeInfo
-from resurge.control.records import JobRecord, Placement, RestartEntry
-from resurge.events import JobPhase, RecoveryLevel
-from resurge.local import job_factory
-from resurge_scaler.elastic_decision import (
+from resurge.control.elastic_decision import (
     ZONE_LABEL,
     Cluster,
     JobShape,
@@ -22,6 +19,9 @@ from resurge_scaler.elastic_decision import (
     decide,
     plan,
 )
+from resurge.control.records import JobRecord, Placement, RestartEntry
+from resurge.events import JobPhase, RecoveryLevel
+from resurge.local import job_factory
 from resurge_scaler.shapes import lost_since, shapes_from
 
 NOW = 10_000.0

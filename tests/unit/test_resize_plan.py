@@ -4,12 +4,12 @@ restarter carries out; and elastic jobs admitted past their ``min``."""
 from datetime import UTC, datetime
 
 from resurge.cluster import NodeInfo
+from resurge.control.admission import place
+from resurge.control.elastic_decision import Kind, Resize
 from resurge.control.records import JobRecord, Placement, status_view
+from resurge.control.recovery_policy import Verdict, apply_fault
 from resurge.events import FaultDetected, FaultScope, JobPhase, RecoveryLevel, Source
 from resurge.local import job_factory
-from resurge_restarter.policy import Verdict, apply_fault
-from resurge_scaler.admission import place
-from resurge_scaler.elastic_decision import Kind, Resize
 from resurge_scaler.resize_plan import apply_resize, removed_nodes
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)

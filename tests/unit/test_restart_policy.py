@@ -8,9 +8,7 @@ import pytest
 
 from resurge.cluster import NodeInfo
 from resurge.control.records import JobRecord, Placement, RestartEntry
-from resurge.events import FaultDetected, FaultScope, JobPhase, RecoveryLevel, Source
-from resurge.local import job_factory
-from resurge_restarter.policy import (
+from resurge.control.recovery_policy import (
     SETTLE_SECONDS,
     ClusterView,
     Verdict,
@@ -21,6 +19,8 @@ from resurge_restarter.policy import (
     claim,
     mark_dispatched,
 )
+from resurge.events import FaultDetected, FaultScope, JobPhase, RecoveryLevel, Source
+from resurge.local import job_factory
 
 SOURCE = Source(service="detector", instance="here:1")
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)

@@ -33,10 +33,10 @@ from resurge.cluster import ClusterBackend
 from resurge.control.job_messages import announce_phase, send_assignments, send_stops
 from resurge.control.planner import command_id
 from resurge.control.records import JobRecord, JobStore
+from resurge.control.recovery_policy import ClusterView, mark_dispatched
 from resurge.control.worker_groups import worker_group
 from resurge.events import JobPhase, RecoveryLevel, RecoveryStarted
 from resurge.runtime.service import ServiceContext
-from resurge_restarter.policy import ClusterView, mark_dispatched
 
 __all__ = ["Dispatcher", "cluster_view"]
 

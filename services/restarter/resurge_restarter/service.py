@@ -1,6 +1,6 @@
 """The restarter service: faults in, new generations out, at the cheapest level that works.
 
-On a fault: decide (see :mod:`resurge_restarter.policy`) and write the decision and its
+On a fault: decide (see :mod:`resurge.control.recovery_policy`) and write the decision and its
 plan into the job record with one compare-and-set, claimed by this instance; only then
 carry the plan out (:mod:`resurge_restarter.dispatch`): RecoveryStarted, Stop(g) to the
 old placements, cordons, moved and recreated worker groups, the backoff wait,
@@ -29,6 +29,16 @@ from datetime import UTC, datetime
 from resurge.cluster import ClusterBackend, open_backend
 from resurge.control.job_messages import announce_phase, send_stops
 from resurge.control.records import JobRecord, JobStore
+from resurge.control.recovery_policy import (
+    ClusterView,
+    Decision,
+    Verdict,
+    apply_checkpoint,
+    apply_fault,
+    apply_progress_capability,
+    apply_sign_of_life,
+    claim,
+)
 from resurge.events import (
     CheckpointSaved,
     FaultDetected,
@@ -40,16 +50,6 @@ from resurge.events import (
 )
 from resurge.runtime.service import ServiceContext
 from resurge_restarter.dispatch import Dispatcher, cluster_view
-from resurge_restarter.policy import (
-    ClusterView,
-    Decision,
-    Verdict,
-    apply_checkpoint,
-    apply_fault,
-    apply_progress_capability,
-    apply_sign_of_life,
-    claim,
-)
 
 __all__ = ["LEASE_SECONDS", "Restarter", "setup"]
 

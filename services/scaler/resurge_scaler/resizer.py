@@ -1,8 +1,9 @@
-"""The scaler's resizes: decide (:mod:`.elastic_decision`), checkpoint, write the plan.
+"""The scaler's resizes: decide (:mod:`resurge.control.elastic_decision`), checkpoint,
+write the plan.
 
 :meth:`Resizer.rebalance` reads every job record and the live nodes, builds the
 decision's input (:mod:`.shapes`) and carries out what it returns: grow, shrink and
-suspend. Admissions are the scaler's admission pass (:mod:`.admission`); a waiting
+suspend. Admissions are the scaler's admission pass (:mod:`resurge.control.admission`); a waiting
 job that needs room makes the decision shrink or suspend lower-priority jobs, and the
 admission pass places it once their slots are free.
 
@@ -39,13 +40,13 @@ from datetime import UTC, datetime
 from functools import partial
 
 from resurge.cluster import ClusterBackend, NodeInfo
+from resurge.control.elastic_decision import Kind, Resize, plan
 from resurge.control.job_messages import send_checkpoint_requests
 from resurge.control.nodes import is_being_removed
 from resurge.control.records import JobRecord, JobStore, Placement
 from resurge.control.worker_groups import worker_group
 from resurge.events import AgentState, AgentStateChanged, Event, ScaleDecided
 from resurge.runtime.service import ServiceContext
-from resurge_scaler.elastic_decision import Kind, Resize, plan
 from resurge_scaler.resize_plan import apply_resize, removed_nodes
 from resurge_scaler.shapes import lost_since, shapes_from
 

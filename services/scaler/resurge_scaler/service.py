@@ -22,6 +22,17 @@ from datetime import UTC, datetime
 from functools import partial
 
 from resurge.cluster import ClusterBackend, open_backend
+from resurge.control.admission import (
+    admission_order,
+    mark_replica_finished,
+    needed_replicas,
+    new_record,
+    place,
+    start,
+    update_live,
+    wait_reason,
+    why_waiting,
+)
 from resurge.control.job_messages import announce_phase, send_assignments, send_stops
 from resurge.control.records import JobRecord, JobStore
 from resurge.control.worker_groups import worker_groups
@@ -38,17 +49,6 @@ from resurge.events import (
 )
 from resurge.runtime.bus import TransientError
 from resurge.runtime.service import ServiceContext
-from resurge_scaler.admission import (
-    admission_order,
-    mark_replica_finished,
-    needed_replicas,
-    new_record,
-    place,
-    start,
-    update_live,
-    wait_reason,
-    why_waiting,
-)
 from resurge_scaler.resizer import Resizer
 from resurge_scaler.status_writer import StatusWriter
 

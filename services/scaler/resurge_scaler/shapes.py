@@ -1,4 +1,4 @@
-"""The input of :func:`resurge_scaler.elastic_decision.decide`, built from job records and nodes.
+"""The input of :func:`resurge.control.elastic_decision.decide`, built from job records and nodes.
 
 Pure functions, no I/O: the scaler service reads the records and the live nodes, keeps
 two small maps of its own between decisions (when it last resized each job; when it
@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from resurge.cluster import NodeInfo
+from resurge.control.elastic_decision import ZONE_LABEL, Cluster, JobShape, Node, Phase
 from resurge.control.records import JobRecord
 from resurge.events import JobPhase
-from resurge_scaler.elastic_decision import ZONE_LABEL, Cluster, JobShape, Node, Phase
 
 __all__ = ["cluster_from", "lost_since", "shape_of", "shapes_from"]
 

@@ -1,5 +1,8 @@
 """Recovery decisions: pure functions over a job record, a fault and a view of the nodes.
 
+The restarter service decides with them, and so does the goodput simulator
+(:mod:`resurge.simulation`): one policy, no copy of it.
+
 :func:`apply_fault` edits a record in place and returns what was decided; the record,
 with the plan in ``pending_recovery``, is written (compare-and-set) before any command
 goes out, so a fault is acted on once: a fault already in ``handled_faults``, or from

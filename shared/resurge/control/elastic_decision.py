@@ -1,5 +1,8 @@
 """The scaler's decision for elastic jobs (DESIGN section 5): a pure function, no I/O.
 
+The scaler service decides with it, and so does the goodput simulator
+(:mod:`resurge.simulation`).
+
 :func:`decide` takes the cluster (:class:`Cluster`: nodes with their slots,
 schedulability and labels), every unfinished job's shape (:class:`JobShape`) and the
 clock ``now`` (seconds, any epoch, the same as the shapes' times) and returns the
@@ -55,7 +58,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from resurge_scaler.free_slots import Group, Pool
+from resurge.control.free_slots import Group, Pool
 
 __all__ = [
     "ZONE_LABEL",

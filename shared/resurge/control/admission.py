@@ -1,5 +1,8 @@
 """Admission, placement and completion for fixed-size jobs: pure functions, no I/O.
 
+The scaler service admits with them; the goodput simulator starts a requeued job with
+:func:`start`.
+
 A submitted job becomes a Pending record. Pending jobs are admitted in priority order
 (then submission order) when ``replicas.min`` worker groups of ``nprocPerNode`` slots
 fit on schedulable nodes the job does not avoid (nodes that faulted under it), and
