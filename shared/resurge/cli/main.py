@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from resurge.cli.convert import add_convert_parser
+from resurge.cli.simulate import add_simulate_parser
 
 if TYPE_CHECKING:
     from resurge.runtime.settings import Settings
@@ -188,7 +189,8 @@ def _parser() -> argparse.ArgumentParser:
         help="write the TrainingJob CustomResourceDefinition (YAML) to FILE",
     )
     _state_dir_everywhere(parser)
-    add_convert_parser(commands)  # after: convert needs no state folder
+    add_convert_parser(commands)  # after: convert and simulate need no state folder
+    add_simulate_parser(commands)
     return parser
 
 
@@ -328,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
         from resurge.cli.convert import run_convert
 
         return run_convert(args)
+    if args.command == "simulate":
+        from resurge.cli.simulate import run_simulate
+
+        return run_simulate(args)
     if args.command == "schema":
         from resurge.cli.schemas import write_crd, write_schemas
 

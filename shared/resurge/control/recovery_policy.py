@@ -273,10 +273,11 @@ def _move_targets(
     for p in record.placements:
         if p not in leaving:
             staying[p.node] = staying.get(p.node, 0) + nproc
+    avoid = set(record.avoid_nodes)
     free = {
         n.name: n.slots - cluster.used.get(n.name, 0) - staying.get(n.name, 0)
         for n in cluster.nodes
-        if n.schedulable and n.name not in gone and n.name not in record.avoid_nodes
+        if n.schedulable and n.name not in gone and n.name not in avoid
     }
     spares = [n for n in record.spare_nodes if n in free]  # held by the scaler, not used
     moves = []

@@ -1,0 +1,216 @@
+"""The simulator's configuration: one YAML document, every field checked.
+
+:func:`load_config` reads a file and :func:`parse_config` a mapping; both raise
+:class:`ConfigError` naming the bad field by its path (``policies[0].recovery.levels``)
+for anything unknown, missing or out of range. Every field but ``cluster.nodes`` has a
+default (:mod:`.defaults`); docs/simulation.md lists them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from resurge.contract.vocabulary import RecoveryLevel
+from resurge.jobspec.recovery import RecoverySpec
+from resurge.simulation.defaults import (
+    DEFAULT_FAILURES,
+    DEFAULT_POLICIES,
+    DEFAULT_RESTART_SECONDS,
+)
+
+__all__ = [
+    "CheckpointConfig",
+    "ClusterConfig",
+    "ConfigError",
+    "FailureKind",
+    "PolicyConfig",
+    "SimulationConfig",
+    "TraceJob",
+    "load_config",
+    "parse_config",
+]
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the field."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClusterConfig(_Model):
+    """Nodes, GPUs on each, and how many of the nodes are held empty as spares."""
+
+    nodes: int = Field(ge=1, description="Nodes in all, spares included.")
+    gpus_per_node: int = Field(default=8, ge=1)
+    spares: int = Field(default=0, ge=0, description="Nodes held empty for node recoveries.")
+
+    @model_validator(mode="after")
+    def _room_for_a_job(self) -> ClusterConfig:
+        if self.spares >= self.nodes:
+            raise ValueError(f"spares ({self.spares}) must be fewer than nodes ({self.nodes})")
+        return self
+
+
+class FailureKind(_Model):
+    """One kind of failure: how often, what it takes down, how soon it is seen, the
+    cheapest rung that fixes it, and (for a node) how long the node is away."""
+
+    per_1000_node_days: float = Field(ge=0)
+    scope: Literal["process", "node"]
+    detection_seconds: float = Field(default=0.0, ge=0)
+    lowest_rung: RecoveryLevel = RecoveryLevel.PROCESS
+    repair_hours: float = Field(default=24.0, ge=0)
+
+
+class CheckpointConfig(_Model):
+    """Checkpoint every ``interval_minutes`` of training; each write stops training
+    ``write_seconds``."""
+
+    interval_minutes: float = Field(default=30.0, gt=0)
+    write_seconds: float = Field(default=30.0, ge=0)
+
+
+class PolicyConfig(_Model):
+    """One policy to compare: a job's ``spec.recovery`` block as in its YAML (the
+    restarter's ladder and limits), restart costs that differ from the config's, and,
+    for trace runs, whether jobs are elastic (else each is held at its ``min``)."""
+
+    name: str = Field(min_length=1)
+    recovery: RecoverySpec = Field(default_factory=RecoverySpec)
+    restart_seconds: dict[RecoveryLevel, NonNegativeFloat] = Field(default_factory=dict)
+    checkpoint: CheckpointConfig | None = None
+    elastic: bool = True
+
+
+class TraceJob(_Model):
+    """A job of a trace: when it arrives and leaves (hours from the start), its replicas
+    (``min_replicas`` to ``max_replicas``; equal for a fixed-size job), GPUs per replica
+    (default: a whole node) and priority."""
+
+    name: str = Field(min_length=1)
+    start_hours: float = Field(default=0.0, ge=0)
+    hours: float = Field(gt=0)
+    min_replicas: int = Field(ge=1)
+    max_replicas: int | None = Field(default=None, ge=1)
+    nproc: int | None = Field(default=None, ge=1)
+    priority: int = 0
+
+    @model_validator(mode="after")
+    def _max_not_below_min(self) -> TraceJob:
+        if self.max_replicas is not None and self.max_replicas < self.min_replicas:
+            raise ValueError(
+                f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})"
+            )
+        return self
+
+    @property
+    def upper(self) -> int:
+        """The most replicas it runs with."""
+        return self.max_replicas or self.min_replicas
+
+
+class SimulationConfig(_Model):
+    """A whole simulation: the cluster, its failures, checkpoints, restart costs, the
+    policies to compare and, for elastic runs, a job trace (without one, a single
+    fixed-size job runs on every node but the spares)."""
+
+    seed: int = 0
+    days: float = Field(default=30.0, gt=0)
+    cluster: ClusterConfig
+    failures: dict[str, FailureKind] = Field(
+        default_factory=lambda: {
+            name: FailureKind.model_validate(kind) for name, kind in DEFAULT_FAILURES.items()
+        }
+    )
+    failure_rate_scale: float = Field(default=1.0, ge=0)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    step_seconds: float = Field(default=10.0, gt=0)
+    restart_seconds: dict[RecoveryLevel, NonNegativeFloat] = Field(
+        default_factory=lambda: dict(DEFAULT_RESTART_SECONDS)
+    )
+    policies: list[PolicyConfig] = Field(
+        default_factory=lambda: [PolicyConfig.model_validate(p) for p in DEFAULT_POLICIES],
+        min_length=1,
+    )
+    trace: list[TraceJob] | None = None
+    decision_seconds: float = Field(default=60.0, gt=0)
+
+    @field_validator("restart_seconds", mode="before")
+    @classmethod
+    def _over_defaults(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {**{k.value: v for k, v in DEFAULT_RESTART_SECONDS.items()}, **value}
+        return value
+
+    @field_validator("policies")
+    @classmethod
+    def _unique_names(cls, value: list[PolicyConfig]) -> list[PolicyConfig]:
+        names = [p.name for p in value]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"policy names must be unique: {', '.join(twice)} repeated")
+        return value
+
+    @model_validator(mode="after")
+    def _spares_fit(self) -> SimulationConfig:
+        for i, policy in enumerate(self.policies):
+            if policy.recovery.spares > self.cluster.spares:
+                raise ValueError(
+                    f"policies[{i}].recovery.spares ({policy.recovery.spares}) is more than "
+                    f"cluster.spares ({self.cluster.spares}), the nodes the job leaves free"
+                )
+        return self
+
+    def restart_cost(self, policy: PolicyConfig) -> dict[RecoveryLevel, float]:
+        """Seconds per rung for ``policy``: the config's, with the policy's overrides."""
+        return {**self.restart_seconds, **policy.restart_seconds}
+
+    def checkpoint_of(self, policy: PolicyConfig) -> CheckpointConfig:
+        """The checkpoint settings ``policy`` runs with."""
+        return policy.checkpoint or self.checkpoint
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def parse_config(data: Any, source: str = "config") -> SimulationConfig:
+    """The :class:`SimulationConfig` of ``data`` (a parsed YAML document)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of fields, got {type(data).__name__}")
+    try:
+        return SimulationConfig.model_validate(data)
+    except ValidationError as error:
+        problems = [
+            f"{_where(tuple(e['loc']))}: {e['msg']}"
+            for e in error.errors(include_url=False, include_context=False)
+        ]
+        raise ConfigError(f"{source}: " + "; ".join(problems)) from None
+
+
+def load_config(path: Path) -> SimulationConfig:
+    """Read and check the YAML config at ``path``."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"{path}: {error.strerror or error}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not YAML: {error}") from None
+    return parse_config(data, str(path))

@@ -1,0 +1,370 @@
+"""One fixed-size job on a cluster with failures: a discrete-event run on a simulated clock.
+
+The job runs one replica on every node but the spares (``nproc`` = the node's GPUs) and
+trains in cycles: ``interval`` seconds of steps, then a checkpoint write of ``write``
+seconds that stops training. A failure (:mod:`.failures`) on a node the job runs on:
+
+- a node-scope kind takes the node away for its ``repair_hours`` (then it is fit again,
+  uncordoned) and stops the job; it is seen ``detection_seconds`` later, stamped with
+  the generation running then (a node that died during a restart fails the restart's
+  generation, as its agent does);
+- a process-scope kind stops the job, only while it trains (no process runs during a
+  restart), and is stamped with the generation it hit.
+
+On detection the restarter's policy decides (:class:`.RecoveryDesk`): ignore, restart at
+a rung (moving replicas off bad nodes, spares first), requeue (no node to move to: wait
+until the job fits again, replicas and spares, then start as a full restart), or fail
+(a limit spent: the job is submitted again, as an operator would, and waits the same
+way). A restart costs its rung's seconds after any backoff; it fails if a replica's
+node is still away (the node is reported again, so the policy escalates). The new
+generation's first step (``step_seconds``) tells the policy the restart worked.
+
+Time is charged by cause (:class:`.Ledger`): training kept is productive; training since
+the last checkpoint when a failure stops it is ``redone``; checkpoint writes; from a
+failure to its detection, ``detection``; from a decision to training again (backoff
+included), ``restart``; requeued or resubmitted until the job fits, ``waiting``. The
+cost of a run is a few operations per failure and per restart, not per node or per step.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from resurge.cluster import NodeInfo
+from resurge.control.recovery_policy import Verdict
+from resurge.events import FaultScope, RecoveryLevel
+from resurge.jobspec.recovery import RecoverySpec
+from resurge.simulation.config import FailureKind, SimulationConfig
+from resurge.simulation.failures import Candidate, FailureStream
+from resurge.simulation.recovery_desk import EPOCH, FaultInput, Outcome, RecoveryDesk
+from resurge.simulation.results import Ledger
+
+__all__ = ["JobRun", "JobSettings", "run_job"]
+
+_RUNNING, _DETECTION, _RESTART, _WAITING = "running", "detection", "restart", "waiting"
+_DETECT, _RESTART_DONE, _FIRST_STEP, _REPAIR = range(4)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings:
+    """What one run needs: the cluster and its failures, the policy and its costs."""
+
+    nodes: int
+    gpus_per_node: int
+    spares: int
+    days: float
+    failures: dict[str, FailureKind]
+    failure_rate_scale: float
+    recovery: RecoverySpec
+    restart_seconds: dict[RecoveryLevel, float]
+    interval: float
+    """Seconds of training between checkpoints."""
+    write: float
+    """Seconds one checkpoint write stops training."""
+    step_seconds: float
+    seed: int
+
+    @staticmethod
+    def of(config: SimulationConfig, policy_index: int) -> JobSettings:
+        """The settings of ``config``'s policy number ``policy_index``."""
+        policy = config.policies[policy_index]
+        checkpoint = config.checkpoint_of(policy)
+        return JobSettings(
+            nodes=config.cluster.nodes,
+            gpus_per_node=config.cluster.gpus_per_node,
+            spares=config.cluster.spares,
+            days=config.days,
+            failures=dict(config.failures),
+            failure_rate_scale=config.failure_rate_scale,
+            recovery=policy.recovery,
+            restart_seconds=config.restart_cost(policy),
+            interval=checkpoint.interval_minutes * 60.0,
+            write=checkpoint.write_seconds,
+            step_seconds=config.step_seconds,
+            seed=config.seed,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Detect:
+    kind: str
+    replica: int
+    node: int
+    rank: int | None
+    generation: int | None  # None: the generation running when it is seen
+
+
+@dataclass(slots=True)
+class JobRun:
+    """The outcome of one run: the ledger (seconds of the job's wall time), restarts by
+    rung, faults by kind, how often the policy failed the job, and every decision in
+    order (the fault as the policy saw it, and the outcome)."""
+
+    replicas: int
+    ledger: Ledger
+    restarts: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+    job_failures: int = 0
+    decisions: list[tuple[float, FaultInput, Outcome]] = field(default_factory=list)
+
+
+def _name(index: int) -> str:
+    return f"node-{index}"
+
+
+class _Simulation:
+    """The state of one run (see the module); :meth:`run` runs it to the end."""
+
+    def __init__(self, settings: JobSettings, keep_decisions: bool) -> None:
+        self.s = settings
+        self.keep = keep_decisions
+        self.replicas = settings.nodes - settings.spares
+        recovery = settings.recovery
+        self.held = recovery.spares
+        capable = RecoveryLevel.IN_PROCESS in recovery.levels
+        self.desk = RecoveryDesk("simulated", recovery, settings.gpus_per_node,
+                                 in_process_capable=capable)  # fmt: skip
+        self.stream = FailureStream(
+            settings.failures, settings.nodes, settings.gpus_per_node,
+            scale=settings.failure_rate_scale, seed=settings.seed,
+        )  # fmt: skip
+        self.out = JobRun(replicas=self.replicas, ledger=Ledger())
+        self.horizon = settings.days * 86_400.0
+        self.node_replica = list(range(self.replicas)) + [-1] * settings.spares
+        self.replica_node = list(range(self.replicas))
+        self.away: dict[int, str] = {}  # node -> the kind that took it away
+        self.idle = set(range(self.replicas, settings.nodes))
+        self.dead: set[int] = set()  # nodes away that still hold a replica
+        self.undetected: dict[int, int] = {}  # node -> node faults there not yet seen
+        self.pending = 0  # detections scheduled, not yet handled
+        self.infos: dict[int, NodeInfo] = {}
+        self.events: list[tuple[float, int, int, object]] = []
+        self.seq = itertools.count()
+        self.fault_ids = itertools.count()
+        self.mode = _RUNNING
+        self.mark = 0.0
+        self.segment = 0.0  # when training (re)started
+        self.committed = 0.0  # training seconds kept by the last checkpoint
+        self.epoch = 0
+        spares = sorted(self.idle)[: self.held]
+        self.desk.start(0.0, 0, _name(0), [_name(i) for i in spares])
+        self.desk.started(0.0)
+        self.desk.stepped(0.0)
+
+    # the clock
+
+    def _at(self, time: float, what: int, payload: object = None) -> None:
+        heapq.heappush(self.events, (time, next(self.seq), what, payload))
+
+    def run(self) -> JobRun:
+        """Run to the horizon; the outcome."""
+        candidate = self.stream.after(0.0)
+        while True:
+            head = self.events[0][0] if self.events else math.inf
+            if candidate is not None and candidate.time < min(head, self.horizon):
+                self._candidate(candidate)
+                candidate = self.stream.after(candidate.time)
+                continue
+            if head >= self.horizon:
+                self._finish()
+                return self.out
+            time, _, what, payload = heapq.heappop(self.events)
+            if what == _DETECT:
+                assert isinstance(payload, _Detect)
+                self._detect(time, payload)
+            elif what == _RESTART_DONE:
+                self._restart_done(time, payload)
+            elif what == _FIRST_STEP:
+                if payload == self.epoch and self.mode == _RUNNING:
+                    self.desk.stepped(time)
+            else:
+                assert isinstance(payload, int)
+                self._repaired(time, payload)
+
+    # time accounting
+
+    def _switch(self, now: float, mode: str) -> None:
+        if self.mode != _RUNNING:
+            self.out.ledger.charge(self.mode, now - self.mark)
+        self.mark = now
+        self.mode = mode
+
+    def _trained(self, now: float, stopped: bool) -> None:
+        """Charge the training segment up to ``now``; ``stopped``: by a failure (training
+        since the last checkpoint is lost) rather than by the end of the run."""
+        s, ledger = self.s, self.out.ledger
+        elapsed = now - self.segment
+        cycles = math.floor(elapsed / (s.interval + s.write))
+        rest = elapsed - cycles * (s.interval + s.write)
+        ledger.productive += cycles * s.interval
+        ledger.charge("checkpoint", cycles * s.write + max(rest - s.interval, 0.0))
+        self.committed += cycles * s.interval
+        if stopped:
+            ledger.charge("redone", min(rest, s.interval))
+            self.desk.checkpoint(int(self.committed / s.step_seconds))
+        else:
+            ledger.productive += min(rest, s.interval)
+
+    def _halt(self, now: float) -> None:
+        if self.mode == _RUNNING:
+            self._trained(now, stopped=True)
+            self._switch(now, _DETECTION)
+
+    def _finish(self) -> None:
+        if self.mode == _RUNNING:
+            self._trained(self.horizon, stopped=False)
+        else:
+            self._switch(self.horizon, self.mode)
+
+    # failures
+
+    def _candidate(self, c: Candidate) -> None:
+        kind = self.s.failures[c.kind]
+        node, now = c.node, c.time
+        if node in self.away:
+            return
+        replica = self.node_replica[node]
+        if kind.scope == "node":
+            self.away[node] = c.kind
+            self.idle.discard(node)
+            self._at(now + kind.repair_hours * 3600.0, _REPAIR, node)
+            if replica < 0:
+                return
+            self.dead.add(node)
+            self.undetected[node] = self.undetected.get(node, 0) + 1
+            generation = None
+        elif replica < 0 or self.mode != _RUNNING:
+            return
+        else:
+            generation = self.desk.generation
+        self.out.faults[c.kind] += 1
+        self._halt(now)
+        rank = replica * self.s.gpus_per_node + c.gpu if kind.scope == "process" else None
+        self.pending += 1
+        self._at(now + kind.detection_seconds, _DETECT,
+                 _Detect(c.kind, replica, node, rank, generation))  # fmt: skip
+
+    def _detect(self, now: float, d: _Detect) -> None:
+        self.pending -= 1
+        if d.generation is None:
+            self.undetected[d.node] -= 1
+        kind = self.s.failures[d.kind]
+        fault = FaultInput(
+            fault_id=f"fault-{next(self.fault_ids)}",
+            reason=d.kind,
+            scope=FaultScope.NODE if kind.scope == "node" else FaultScope.PROCESS,
+            lowest_rung=kind.lowest_rung,
+            replica=d.replica,
+            node=_name(d.node),
+            rank=d.rank,
+            generation=self.desk.generation if d.generation is None else d.generation,
+        )
+        here = _name(self.replica_node[d.replica])
+        outcome = self.desk.fault(now, fault, self._free(), here)
+        if self.keep:
+            self.out.decisions.append((now, fault, outcome))
+        if outcome.verdict is Verdict.FAIL:
+            self.out.job_failures += 1
+            self._requeue(now)
+        elif outcome.verdict is Verdict.RESTART and outcome.level is not None:
+            self._restart(now, outcome, outcome.level)
+        elif self.mode == _DETECTION and self.pending == 0:
+            self._resume(now)  # nothing to restart: the job goes on
+
+    def _free(self) -> list[NodeInfo]:
+        slots = self.s.gpus_per_node
+        infos = self.infos
+        for i in self.idle:
+            if i not in infos:
+                infos[i] = NodeInfo(name=_name(i), slots=slots, heartbeat=EPOCH)
+        return [infos[i] for i in sorted(self.idle)]
+
+    # recoveries
+
+    def _restart(self, now: float, outcome: Outcome, level: RecoveryLevel) -> None:
+        self.out.restarts[level.value] += 1
+        for replica, from_node, to_node in outcome.moves:
+            old, new = int(from_node.rsplit("-", 1)[1]), int(to_node.rsplit("-", 1)[1])
+            self.node_replica[old] = -1
+            self.dead.discard(old)
+            if old not in self.away:
+                self.idle.add(old)
+            self.replica_node[replica] = new
+            self.node_replica[new] = replica
+            self.idle.discard(new)
+        if outcome.requeue:
+            self._requeue(now)
+            return
+        self._switch(now, _RESTART)
+        self.epoch += 1
+        begin = max(now, outcome.start_at)
+        self._at(begin + self.s.restart_seconds[level], _RESTART_DONE, self.epoch)
+
+    def _requeue(self, now: float) -> None:
+        """Every replica released; wait until the job and its spares fit again."""
+        for node in self.replica_node:
+            self.node_replica[node] = -1
+            if node not in self.away:
+                self.idle.add(node)
+        self.dead.clear()
+        self.epoch += 1
+        self._switch(now, _WAITING)
+        self._admit(now)
+
+    def _admit(self, now: float) -> None:
+        """Start a waiting job where it and its spares fit (the scaler's rule)."""
+        avoid = set(self.desk.avoid_nodes)
+        fit = sorted(i for i in self.idle if _name(i) not in avoid)
+        if len(fit) < self.replicas + self.held:
+            return
+        self.replica_node = fit[: self.replicas]
+        for replica, node in enumerate(self.replica_node):
+            self.node_replica[node] = replica
+        spares = fit[self.replicas : self.replicas + self.held]
+        self.idle.difference_update(self.replica_node)
+        self.desk.start(now, 0, _name(self.replica_node[0]), [_name(i) for i in spares])
+        self._switch(now, _RESTART)
+        self.epoch += 1
+        self._at(now + self.s.restart_seconds[RecoveryLevel.JOB], _RESTART_DONE, self.epoch)
+
+    def _restart_done(self, now: float, epoch: object) -> None:
+        if epoch != self.epoch or self.mode != _RESTART:
+            return
+        if self.dead:
+            # A replica's node is still away: the restart fails there; the node is
+            # reported again unless a report of it is on its way.
+            for node in sorted(self.dead):
+                if not self.undetected.get(node):
+                    kind = self.away[node]
+                    self.pending += 1
+                    self._at(now, _DETECT, _Detect(kind, self.node_replica[node], node, None, None))
+                    self.undetected[node] = self.undetected.get(node, 0) + 1
+                    self.out.faults[kind] += 1
+            return
+        self.desk.started(now)
+        self._resume(now)
+
+    def _resume(self, now: float) -> None:
+        self._switch(now, _RUNNING)
+        self.segment = now
+        self._at(now + self.s.step_seconds, _FIRST_STEP, self.epoch)
+
+    def _repaired(self, now: float, node: int) -> None:
+        self.away.pop(node)
+        self.desk.uncordon(_name(node))
+        if self.node_replica[node] >= 0:
+            self.dead.discard(node)
+        else:
+            self.idle.add(node)
+        if self.mode == _WAITING:
+            self._admit(now)
+
+
+def run_job(settings: JobSettings, *, keep_decisions: bool = False) -> JobRun:
+    """Simulate one job under ``settings`` (see the module); ``keep_decisions`` records
+    every decision the policy made, in order."""
+    return _Simulation(settings, keep_decisions).run()
