@@ -66,7 +66,7 @@ def agent_logs(state_dir: Path) -> str:
 def test_a_job_running_at_down_resumes_from_its_checkpoint_after_up(
     state_dir: Path, tmp_path: Path
 ) -> None:
-    assert resurge(state_dir, "submit", str(example(tmp_path, 150))).returncode == 0
+    assert resurge(state_dir, "submit", str(example(tmp_path, 400))).returncode == 0
     wait_until(lambda: (status(state_dir).get("latestCheckpoint") or {}).get("step", 0) >= 20, 90)
     before = status(state_dir)
     assert resurge(state_dir, "down").returncode == 0
@@ -85,7 +85,7 @@ def test_a_job_running_at_down_resumes_from_its_checkpoint_after_up(
 def test_no_room_after_an_xid_waits_as_pending_saying_why_until_uncordoned(
     state_dir: Path, tmp_path: Path
 ) -> None:
-    assert resurge(state_dir, "submit", str(example(tmp_path, 120))).returncode == 0
+    assert resurge(state_dir, "submit", str(example(tmp_path, 300))).returncode == 0
     wait_until(lambda: (status(state_dir).get("latestCheckpoint") or {}).get("step", 0) >= 10, 90)
     assert resurge(state_dir, "inject", "xid", "--node", "node-0", "--gpu", "0",
                    "--code", "79").returncode == 0  # fmt: skip
