@@ -17,8 +17,6 @@ import pytest
 
 from resurge.control.client import submit_job
 from resurge.events import (
-    AgentState,
-    AgentStateChanged,
     Assign,
     FaultDetected,
     JobPhase,
@@ -28,39 +26,11 @@ from resurge.events import (
     ScaleDecided,
 )
 from resurge.jobspec import TrainingJob
-from resurge.local import story
 from resurge.local.job_factory import EXAMPLE, python_job
 from resurge.local.story import Observed, StoryResult, Watch, run_job
 from resurge.runtime.bus import Bus
 
 pytestmark = pytest.mark.e2e
-
-
-def final_replicas_exited(seen: list[Observed], replicas: int) -> bool:
-    """Every replica of the job's last generation has said it exits.
-
-    After the job ends, :func:`run_job` waits (20 s at most) for the job's agents to say
-    they exit, so the events they send last are in the result. Its own test counts every
-    replica that ever reported, but a replica a shrink took away (or one lost with its
-    node) never says it exits: its agent's last word is "stopping". So after any resize
-    the story sat out the whole 20 s, whatever happened. This test waits for what is
-    there to wait for: the replicas of the last generation (``replicas`` is unused; it
-    keeps the signature it replaces).
-    """
-    agents = [o.event for o in seen if isinstance(o.event, AgentStateChanged)]
-    jobs = {e.job for e in agents}  # only the story's job's agents are watched
-    assigned = [o.event for o in seen if isinstance(o.event, Assign) and o.event.job in jobs]
-    if not assigned:
-        return False
-    last = max(a.generation for a in assigned)
-    final = {a.replica for a in assigned if a.generation == last}
-    said = {e.replica: e.state for e in agents}
-    return all(said.get(replica) is AgentState.EXITING for replica in final)
-
-
-@pytest.fixture(autouse=True)
-def wait_for_the_final_replicas_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(story, "_all_exited", final_replicas_exited)
 
 
 REPO = Path(__file__).resolve().parents[2]

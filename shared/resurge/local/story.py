@@ -200,9 +200,8 @@ async def run_job(
                 end_with_during=end_with_during,
             )
             if recorder.done.is_set():
-                replicas = job.spec.replicas.min
                 with contextlib.suppress(TimeoutError):
-                    await watch.wait_for(lambda seen: _all_exited(seen, replicas), 20)
+                    await watch.wait_for(lambda seen: _all_exited(seen, job.name), 20)
             alive = supervisor.alive()
         finally:
             await bus.close()
@@ -293,6 +292,14 @@ def _last_agent_states(observed: list[Observed]) -> dict[int, AgentState]:
     return last
 
 
-def _all_exited(observed: list[Observed], replicas: int) -> bool:
-    last = _last_agent_states(observed)
-    return len(last) >= replicas and all(s is AgentState.EXITING for s in last.values())
+def _all_exited(observed: list[Observed], job: str) -> bool:
+    """Every replica of ``job``'s last assigned generation said it exits. A replica a
+    shrink took away, or one lost with its node, never says so (its agent's last word is
+    "stopping"), so only the last generation's replicas are waited for."""
+    assigned = [o.event for o in observed if isinstance(o.event, Assign) and o.event.job == job]
+    if not assigned:
+        return False
+    last = max(a.generation for a in assigned)
+    final = {a.replica for a in assigned if a.generation == last and a.replica is not None}
+    said = _last_agent_states(observed)
+    return all(said.get(replica) is AgentState.EXITING for replica in final)
