@@ -40,7 +40,10 @@ def write_plot(summary: Summary, path: Path, title: str = "") -> Path:
         ) from None
     results = summary.results
     names = [r.policy for r in results]
-    figure, axes = plt.subplots(figsize=(max(6.0, 1.6 * len(names) + 2.5), 4.5))
+    if len(set(names)) < len(names):  # one policy at several checkpoint intervals
+        names = [f"{r.policy}\n{r.checkpoint_interval_minutes:g} min ckpt" for r in results]
+    places = list(range(len(results)))
+    figure, axes = plt.subplots(figsize=(max(6.0, 1.5 * len(names) + 2.5), 4.8))
     bottoms = [0.0] * len(results)
     for part in ("productive", *CAUSES):
         shares = []
@@ -48,10 +51,11 @@ def write_plot(summary: Summary, path: Path, title: str = "") -> Path:
             held = r.productive_gpu_hours + sum(r.lost_gpu_hours.values())
             hours = r.productive_gpu_hours if part == "productive" else r.lost_gpu_hours[part]
             shares.append(hours / held if held else 0.0)
-        axes.bar(names, shares, bottom=bottoms, label=part, color=_COLOURS[part])
+        axes.bar(places, shares, bottom=bottoms, label=part, color=_COLOURS[part])
         bottoms = [b + s for b, s in zip(bottoms, shares, strict=True)]
     for x, r in enumerate(results):
         axes.text(x, r.ettr / 2, f"ETTR\n{r.ettr:.3f}", ha="center", va="center", fontsize=9)
+    axes.set_xticks(places, names, fontsize=8)
     axes.set_ylim(0, 1)
     axes.set_ylabel("share of GPU time held")
     axes.set_title(title or "Goodput by policy")
