@@ -326,14 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         from resurge.local.demo import run_demo
 
         return run_demo()
-    if args.command == "convert":
-        from resurge.cli.convert import run_convert
-
-        return run_convert(args)
-    if args.command == "simulate":
-        from resurge.cli.simulate import run_simulate
-
-        return run_simulate(args)
+    if args.command in ("convert", "simulate"):
+        return _without_cluster(args)
     if args.command == "schema":
         from resurge.cli.schemas import write_crd, write_schemas
 
@@ -344,6 +338,17 @@ def main(argv: list[str] | None = None) -> int:
             print(write_crd(args.crd))
         return 0
     return _on_cluster(args)
+
+
+def _without_cluster(args: argparse.Namespace) -> int:
+    """The commands that need no cluster and no state folder: convert, simulate."""
+    if args.command == "convert":
+        from resurge.cli.convert import run_convert
+
+        return run_convert(args)
+    from resurge.cli.simulate import run_simulate
+
+    return run_simulate(args)
 
 
 def _on_cluster(args: argparse.Namespace) -> int:
