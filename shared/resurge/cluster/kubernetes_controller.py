@@ -72,7 +72,8 @@ def spec_digest(training_job: dict[str, Any]) -> str:
 
 
 def _name(obj: dict[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("name") or "")
+    meta = obj.get("metadata")
+    return str(meta.get("name") or "") if isinstance(meta, dict) else ""
 
 
 class Controller:
