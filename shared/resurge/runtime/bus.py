@@ -38,7 +38,7 @@ from nats.js.api import (
     StreamConfig,
 )
 from nats.js.kv import KeyValue
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from resurge.contract.subjects import Subjects
 from resurge.events import (
@@ -55,7 +55,7 @@ from resurge.runtime.logs import RateLimitedLog
 from resurge.runtime.nats_auth import CredentialsError, connect_options
 from resurge.runtime.settings import Settings
 
-__all__ = ["Bus", "Handler", "PermanentError", "TransientError"]
+__all__ = ["BatchReader", "Bus", "Handler", "PermanentError", "TransientError"]
 
 # A stopping service waits this long for its subscriptions' handlers to finish (nats.py:
 # 30 s); what is left unacked is delivered again to whoever takes over. Seen in CI: a
@@ -108,6 +108,77 @@ class _Consumer:
     kind_token: int | None = None
 
 
+class BatchReader:
+    """The batching of :meth:`Bus.consume_batches`, apart from the subscription.
+
+    :meth:`on_message` is the subscription's callback (nats.py calls it for one message
+    at a time). Each message is decoded and kept; the list is handed to ``handler``,
+    then its last message acked (ack-all), as soon as ``waiting()`` (the messages
+    already in the subscription, not yet given to the callback) is 0, or the list
+    holds ``batch`` messages. There is no timer and no batch window: an event on a
+    quiet bus is handled within the call that received it, and under load the lists
+    fill with whatever arrived meanwhile (the subscription keeps receiving while the
+    handler runs), up to ``batch``. ``flushes`` counts the lists handed over.
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[list[Event]], Awaitable[None]],
+        waiting: Callable[[], int],
+        *,
+        batch: int,
+        decode: Callable[[Msg], tuple[Event | None, tuple[DeadLetterReason, str] | None]],
+        dead_letter: Callable[[Msg, DeadLetterReason, str], Awaitable[None]],
+        outcomes: Counter,
+        backlog: Any,
+        batches: Any,
+    ) -> None:
+        self.handler = handler
+        self.waiting = waiting
+        self.batch = batch
+        self.decode = decode
+        self.dead_letter = dead_letter
+        self.outcomes = outcomes
+        self.backlog = backlog
+        self.batches = batches
+        self.flushes = 0
+        self._events: list[Event] = []
+        self._last: Msg | None = None
+        self._held = 0
+
+    async def on_message(self, msg: Msg) -> None:
+        """Keep one message; hand the list over if nothing else is waiting or it is full."""
+        event, problem = self.decode(msg)
+        if problem is not None:
+            await self.dead_letter(msg, *problem)
+        elif event is not None:
+            self._events.append(event)
+        self._last = msg
+        self._held += 1
+        waiting = self.waiting()
+        if waiting == 0 or self._held >= self.batch:
+            self.backlog.set(waiting)
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Hand the kept events over, then ack the last message (all of them)."""
+        msg, events = self._last, self._events
+        if msg is None:
+            return
+        self._last, self._events, self._held = None, [], 0
+        self.flushes += 1
+        self.batches.inc()
+        if events:
+            try:
+                await self.handler(events)
+            except Exception:  # not acked: the list comes again after ack_wait
+                log.exception("handling a batch of %d events failed", len(events))
+                self.outcomes.labels("retried").inc(len(events))
+                return
+        self.outcomes.labels("handled").inc(len(events))
+        await msg.ack()
+
+
 class Bus:
     """One service's connection to NATS: publishing, consuming with dead letters, streams."""
 
@@ -127,8 +198,20 @@ class Bus:
             ["outcome"],
             registry=registry,
         )
+        self._backlog = Gauge(
+            "resurge_batch_consumer_backlog_messages",
+            "Messages a batch consumer had waiting in its subscription when it last handed a "
+            "list over (at most its max_ack_pending; the rest waits in the stream).",
+            ["consumer"],
+            registry=registry,
+        )
+        self._batches = Counter(
+            "resurge_batch_consumer_batches_total",
+            "Lists a batch consumer handed over (events handled / lists: the mean list size).",
+            ["consumer"],
+            registry=registry,
+        )
         self._subscriptions: list[Any] = []
-        self._tasks: list[asyncio.Task[None]] = []
 
     @classmethod
     async def connect(
@@ -297,7 +380,7 @@ class Bus:
         on_message: Callable[[Msg], Awaitable[None]],
         config: ConsumerConfig,
         **options: Any,
-    ) -> None:
+    ) -> Any:
         """Bind durable push consumer ``durable`` (a queue group of that name).
 
         The consumer is created by name, so the create request's subject ends in its
@@ -326,9 +409,10 @@ class Bus:
                 await asyncio.sleep(0.05 * (attempt + 1))
                 continue
             self._subscriptions.append(sub)
-            return
+            return sub
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def consume_batches(  # noqa: C901 — three closures around one pending list and lock
+    async def consume_batches(
         self,
         subject: str,
         durable: str,
@@ -336,16 +420,22 @@ class Bus:
         *,
         kind_token: int | None = None,
         batch: int = 500,
-        flush_seconds: float = 0.02,
         ack_wait_seconds: float = 30.0,
-    ) -> asyncio.Task[None]:
+    ) -> None:
         """Read a high-rate stream in batches (telemetry): decode, check, hand over a list.
 
         A durable push consumer with ack-all: events are handed to ``handler`` in lists of
-        up to ``batch`` (or whatever arrived within ``flush_seconds``), and one ack after
-        the handler returned covers the list, so a list is redelivered if the service dies
-        mid-way. Bad messages are dead-lettered as in :meth:`consume`. Returns the task
-        that flushes partial lists (cancelled when the bus closes).
+        up to ``batch``, and one ack after the handler returned covers the list, so a list
+        is redelivered if the service dies mid-way. Bad messages are dead-lettered as in
+        :meth:`consume`.
+
+        A list is handed over as soon as no further message is waiting in the
+        subscription (or it is full): nothing waits for more to arrive, so a lone event
+        on a quiet bus is handled at once, and under load the lists grow by themselves
+        with whatever arrived while the previous one was handled (see
+        :class:`BatchReader`). Bounds: the server has at most ``batch * 20`` messages
+        unacked (``max_ack_pending``), so the subscription never buffers more than that;
+        the rest waits in the stream (backpressure, nothing dropped).
         """
         config = ConsumerConfig(
             name=durable,
@@ -355,46 +445,26 @@ class Bus:
             deliver_policy=DeliverPolicy.ALL,
             filter_subject=subject,
         )
-        pending: list[Event] = []
-        last: list[Msg] = []
-        lock = asyncio.Lock()
+        subscribed: list[Any] = []
 
-        async def flush() -> None:
-            async with lock:
-                if not last:
-                    return
-                events, msg = pending[:], last[-1]
-                pending.clear()
-                last.clear()
-                if events:
-                    try:
-                        await handler(events)
-                    except Exception:  # not acked: the list comes again after ack_wait
-                        log.exception("handling a batch of %d events failed", len(events))
-                        self._handled.labels("retried").inc(len(events))
-                        return
-                self._handled.labels("handled").inc(len(events))
-                await msg.ack()
+        def waiting() -> int:  # before the subscription is known: nothing assumed waiting
+            return int(subscribed[0].pending_msgs) if subscribed else 0
 
-        async def on_message(msg: Msg) -> None:
-            event, problem = _decode_checked(msg, kind_token)
-            if problem is not None:
-                await self._dead_letter(msg, *problem)
-            elif event is not None:
-                pending.append(event)
-            last.append(msg)
-            if len(last) >= batch:
-                await flush()
-
-        async def flusher() -> None:
-            while True:
-                await asyncio.sleep(flush_seconds)
-                await flush()
-
-        await self._bind(subject, durable, on_message, config, pending_msgs_limit=batch * 40)
-        task = asyncio.get_running_loop().create_task(flusher())
-        self._tasks.append(task)
-        return task
+        reader = BatchReader(
+            handler,
+            waiting,
+            batch=batch,
+            decode=lambda msg: _decode_checked(msg, kind_token),
+            dead_letter=self._dead_letter,
+            outcomes=self._handled,
+            backlog=self._backlog.labels(durable),
+            batches=self._batches.labels(durable),
+        )
+        subscribed.append(
+            await self._bind(
+                subject, durable, reader.on_message, config, pending_msgs_limit=batch * 40
+            )
+        )
 
     async def _check(self, msg: Msg, kind_token: int | None) -> Event | None:
         """The decoded event, or None after dead-lettering it (without acking it)."""
@@ -469,11 +539,6 @@ class Bus:
 
     async def close(self) -> None:
         """Drain subscriptions and pending publishes, then close."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         if self.nc.is_closed:
             return
         already = (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError)
