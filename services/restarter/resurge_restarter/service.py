@@ -50,6 +50,7 @@ from resurge.events import (
 )
 from resurge.runtime.service import ServiceContext
 from resurge_restarter.dispatch import Dispatcher, cluster_view
+from resurge_restarter.known_jobs import KnownJobs
 
 __all__ = ["LEASE_SECONDS", "Restarter", "setup"]
 
@@ -82,12 +83,12 @@ class Restarter:
         self.dispatcher = Dispatcher(
             ctx, store, backend, self.me, lease_seconds, retry=self.take_over_by_name
         )
-        # Jobs with a recovery in flight (job -> generation being started), jobs known to
-        # report progress, and the newest generation of each seen past its resume point:
+        # Jobs with a recovery in flight (job -> generation being started; an entry lives
+        # while its recovery does), and, bounded (:mod:`.known_jobs`), jobs known to
+        # report progress and the newest generation of each seen past its resume point:
         # other progress events need no record read.
         self.pending: dict[str, int] = {}
-        self.reporting: set[str] = set()
-        self.progressed: dict[str, int] = {}
+        self.known = KnownJobs(ctx.registry)
 
     async def start(self) -> None:
         """Finish the plans left undispatched, watch for others', then consume events."""
@@ -193,9 +194,9 @@ class Restarter:
         progress = isinstance(event, Progress)
         if (
             progress
-            and event.job in self.reporting
+            and self.known.reports(event.job)
             and self.pending.get(event.job) != event.generation
-            and self.progressed.get(event.job, -1) >= event.generation
+            and self.known.progressed(event.job) >= event.generation
         ):
             return
         generation = event.generation
@@ -212,9 +213,9 @@ class Restarter:
             return
         before, after = result
         if after.reports_progress:
-            self.reporting.add(after.name)
+            self.known.set_reports(after.name)
         if after.progressed_generation is not None:
-            self.progressed[after.name] = after.progressed_generation
+            self.known.set_progressed(after.name, after.progressed_generation)
         if before.pending_recovery is None or after.pending_recovery is not None:
             return
         self.pending.pop(after.name, None)

@@ -6,14 +6,58 @@ are made and written (compare-and-set) before these are called.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+from collections.abc import Iterable
 
 from resurge.control.planner import assignments, command_id
 from resurge.control.records import JobRecord, Placement
-from resurge.events import CheckpointNow, JobPhase, PhaseChanged, RecoveryLevel, Stop
+from resurge.events import (
+    CheckpointNow,
+    Envelope,
+    JobPhase,
+    PhaseChanged,
+    RecoveryLevel,
+    Stop,
+)
 from resurge.runtime.bus import Bus
 
-__all__ = ["announce_phase", "send_assignments", "send_checkpoint_requests", "send_stops"]
+__all__ = [
+    "PUBLISH_WINDOW",
+    "announce_phase",
+    "publish_all",
+    "send_assignments",
+    "send_checkpoint_requests",
+    "send_stops",
+]
+
+# Commands to one job's replicas in flight at once (sent, their stream acks awaited).
+PUBLISH_WINDOW = 256
+
+
+async def publish_all(bus: Bus, messages: Iterable[tuple[str, Envelope]]) -> None:
+    """Publish every ``(subject, event)``, at most :data:`PUBLISH_WINDOW` awaiting their
+    stream acks at once, and return once all are stored; raise the first failure (after
+    the rest of its window finished). Sent in order on one connection, so one subject's
+    messages are stored in the order given; one round trip per window, not per message.
+    """
+    window: list[tuple[str, Envelope]] = []
+
+    async def send() -> None:
+        results = await asyncio.gather(
+            *(bus.publish(subject, event) for subject, event in window), return_exceptions=True
+        )
+        window.clear()
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    for message in messages:
+        window.append(message)
+        if len(window) >= PUBLISH_WINDOW:
+            await send()
+    if window:
+        await send()
 
 
 async def send_stops(
@@ -31,6 +75,7 @@ async def send_stops(
     also ends the agents. Workers get SIGTERM and the job's ``stopGraceSeconds``, except
     the global ranks in ``hung_ranks`` (SIGKILLed at once), or every worker at once when
     ``graceful`` is false."""
+    stops: list[tuple[str, Envelope]] = []
     for placement in record.placements if placements is None else placements:
         kind = "stop-final" if final else "stop"
         stop = Stop(
@@ -45,7 +90,8 @@ async def send_stops(
             hung_ranks=hung_ranks or [],
             reason=reason,
         )
-        await bus.publish(bus.subjects.cmd(record.name, placement.replica), stop)
+        stops.append((bus.subjects.cmd(record.name, placement.replica), stop))
+    await publish_all(bus, stops)
 
 
 async def send_checkpoint_requests(bus: Bus, record: JobRecord, reason: str) -> None:
@@ -78,9 +124,11 @@ def _digest(text: str) -> str:
 
 async def send_assignments(bus: Bus, record: JobRecord, level: RecoveryLevel | None = None) -> None:
     """Assign(record.generation) to every replica of ``record``."""
+    commands: list[tuple[str, Envelope]] = []
     for assign in assignments(record, bus.source, level):
         assert assign.replica is not None
-        await bus.publish(bus.subjects.cmd(record.name, assign.replica), assign)
+        commands.append((bus.subjects.cmd(record.name, assign.replica), assign))
+    await publish_all(bus, commands)
 
 
 async def announce_phase(bus: Bus, before: JobPhase | None, after: JobRecord) -> None:
