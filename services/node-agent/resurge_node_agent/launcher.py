@@ -54,6 +54,9 @@ import signal
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import nats.errors
+from prometheus_client import Counter
+
 from resurge.cluster.protocol import WorkerGroupSpec
 from resurge.contract.subjects import escape_token
 from resurge.events import (
@@ -125,6 +128,12 @@ class LaunchAgent:
         self.rejoins: Rejoins | None = None
         self.channel = WorkerChannel(
             socket_path_for(spec.job, spec.replica), on_report=self._report, logger=ctx.log
+        )
+        self._dropped = Counter(
+            "resurge_agent_telemetry_dropped_total",
+            "Log lines and progress reports dropped while the connection's buffer was full.",
+            ["kind"],
+            registry=ctx.registry,
         )
 
     async def start(self) -> None:
@@ -431,8 +440,19 @@ class LaunchAgent:
 
     async def _line(self, assign: Assign, local_rank: int, stream: Stream, line: str) -> None:
         event = LogLine(stream=stream, line=line, **self._envelope(assign, local_rank))
+        await self._telemetry(event)
+
+    async def _telemetry(self, event: Envelope) -> None:
+        """Send a log line or a progress report without waiting for the stream's ack.
+
+        Bounded: while the connection is down the client buffers up to its pending
+        size (2 MiB), and then telemetry is dropped and counted, never raised: the
+        output pump that calls this must go on to report its worker's exit."""
         subject = self.bus.subjects.raw(self.spec.job, event.kind, self.spec.node)
-        await self.bus.publish_nowait(subject, event)
+        try:
+            await self.bus.publish_nowait(subject, event)
+        except (nats.errors.Error, OSError):
+            self._dropped.labels(event.kind).inc()
 
     async def _exited(self, assign: Assign, exit_: WorkerExit) -> None:
         if self.rejoins is not None and self.assign is assign:
@@ -456,9 +476,7 @@ class LaunchAgent:
             event: Envelope = Progress(
                 step=report.step, metrics=report.metrics, in_process=hello.in_process, **envelope
             )
-            await self.bus.publish_nowait(
-                self.bus.subjects.raw(self.spec.job, event.kind, self.spec.node), event
-            )
+            await self._telemetry(event)
         elif isinstance(report, CheckpointReport):
             await self._publish(CheckpointSaved(step=report.step, path=report.path, **envelope))
         elif isinstance(report, FaultReport):
