@@ -214,8 +214,10 @@ class Controller:
 
         async def groups() -> None:
             await synced.wait()
-            async for change in watch_changes(None, None, self.backend.records.groups, _none):
-                await queue.put(("group", change))
+            watched = watch_changes(None, None, self.backend.records.groups, _none)
+            async with contextlib.aclosing(watched) as changes:
+                async for change in changes:
+                    await queue.put(("group", change))
 
         for spec in await self.backend.records.list_worker_groups():
             self.desired[(spec.job, spec.replica)] = spec

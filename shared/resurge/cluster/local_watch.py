@@ -83,6 +83,19 @@ def _group_change(entry: KeyValue.Entry) -> ClusterChange | None:
     )
 
 
+async def _open_watcher(bucket: KeyValue, key_filter: str) -> KeyValue.KeyWatcher:
+    """``bucket.watch(key_filter)``; cancelled meanwhile, the watcher it made is stopped
+    (its consumer's tasks would outlive the caller otherwise)."""
+    opening = asyncio.ensure_future(bucket.watch(key_filter))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            watcher = await opening
+            await watcher.stop()  # type: ignore[no-untyped-call]  # nats.py: untyped
+        raise
+
+
 async def _pump(
     source: str,
     watcher: KeyValue.KeyWatcher,
@@ -125,7 +138,7 @@ async def watch_changes(
         ):
             if bucket is None:
                 continue
-            watcher = await bucket.watch(key_filter)
+            watcher = await _open_watcher(bucket, key_filter)
             watchers.append((source, watcher))
             for entry in await _initial(watcher):
                 change = None if source == "cordon" else await _change(source, entry, read_node)
