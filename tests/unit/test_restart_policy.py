@@ -480,3 +480,20 @@ def test_a_hang_names_the_hung_rank_in_the_plan_so_it_is_killed_without_grace() 
     progressed(rec, 1)
     apply_fault(rec, fault("c", 1, rank=2), now=at(2))
     assert rec.pending_recovery is not None and rec.pending_recovery.hung_ranks == []
+
+
+def test_a_node_fault_climbed_to_the_job_rung_still_leaves_its_node() -> None:
+    rec = record()
+    view = cluster(("n0", 0), ("n1", 0), ("n2", 2), ("n3", 2))
+    apply_fault(rec, xid("x0", 0), now=at(0), cluster=view)  # n0 lost: replica 0 to n2
+    view = cluster(("n0", 0), ("n1", 0), ("n2", 0), ("n3", 2))
+    # n1 fails before the new generation made progress: the restart "did not fix it",
+    # so the ladder climbs to the job rung; it must not restart replica 1 on n1 again.
+    decision = apply_fault(rec, xid("x1", 1, node="n1"), now=at(5), cluster=view)
+    assert decision.level is RecoveryLevel.JOB
+    plan = rec.pending_recovery
+    assert plan is not None and plan.cordon == ["n1"]
+    assert [(m.replica, m.from_node, m.to_node) for m in plan.moves] == [(1, "n1", "n3")]
+    assert plan.recreate == [0]
+    assert sorted((p.replica, p.node) for p in rec.placements) == [(0, "n2"), (1, "n3")]
+    assert "n1" in rec.avoid_nodes

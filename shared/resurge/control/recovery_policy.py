@@ -367,9 +367,11 @@ def apply_fault(  # noqa: C901 - the ladder in order: ignore, pick a level, edit
     requeue = False
     if level is RecoveryLevel.POD:
         recreate = [fault.replica] if fault.replica in replicas else replicas
-    elif level is RecoveryLevel.JOB:
-        recreate = replicas
-    elif level is RecoveryLevel.NODE:
+    if level is RecoveryLevel.NODE or (
+        level is RecoveryLevel.JOB and (node_scoped or offender) and node is not None
+    ):
+        # A job-level restart for a node's fault (one climbed to from the node rung) also
+        # leaves that node: restarting every replica where it was would run one on it again.
         leaving = [p for p in old_placements if p.node == node]
         if node_scoped:
             cordon = [node] if node is not None else []
@@ -383,6 +385,9 @@ def apply_fault(  # noqa: C901 - the ladder in order: ignore, pick a level, edit
             record.placements = _moved(old_placements, moves, cluster or ClusterView())
             used_spares = {m.to_node for m in moves}
             record.spare_nodes = [n for n in record.spare_nodes if n not in used_spares]
+    if level is RecoveryLevel.JOB:
+        moved = {m.replica for m in moves}
+        recreate = [] if requeue else [r for r in replicas if r not in moved]
     for replica in recreate:
         record.incarnations = {
             **record.incarnations,
