@@ -11,6 +11,10 @@ round begins. Printed: p50 / p99 over the rounds, first-Assign times for compari
 and the resident memory (current and peak) of the restarter and of nats-server.
 
     .venv/bin/python bench/fanout.py [--replicas 1024] [--rounds 10] [--agent-processes 4]
+
+nats-server (2.15) refuses a stream's 1,001st consumer ("maximum consumers limit
+reached", err_code 10026), and every agent of every job holds one on the one command
+stream: at 1,024 replicas the last agents cannot bind, and the bench says so.
 """
 
 from __future__ import annotations
@@ -250,6 +254,8 @@ async def main(replicas: int, rounds: int, processes: int) -> int:
             tail = (Path(tmp) / "children.log").read_text()[-1500:]
     if "Traceback" in tail:
         print("agents' and restarter's log (end):", tail)
+    if "maximum consumers limit reached" in tail:
+        print("some agents could not bind their command consumer: the stream's limit")
     ordered = sorted(to_last)
     p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
     print(
