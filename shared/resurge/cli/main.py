@@ -260,6 +260,11 @@ def _label(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+# Commands (and `node` subcommands) that change the cluster: on a local cluster they
+# connect as its admin user, every other command as its viewer (docs/security.md).
+ADMIN_COMMANDS = frozenset({"submit", "delete", "inject", "add", "remove", "cordon", "uncordon"})
+
+
 class NoClusterError(Exception):
     """No cluster to talk to: the message says where resurge looked and what to do."""
 
@@ -272,8 +277,12 @@ def _settings(
     With ``RESURGE_NATS_URL`` set (and not ``local_only``), that server; else the local
     cluster recorded in the state folder, which must be running (:class:`NoClusterError`
     at once otherwise), as ``role``'s NATS user from the folder's credentials."""
-    from resurge.local.access import LocalAccess
-    from resurge.local.state import ClusterState, StateLock, resolve_state_dir
+    from resurge.local.state import (
+        ClusterState,
+        StateLock,
+        credentials_path,
+        resolve_state_dir,
+    )
     from resurge.runtime.settings import Settings
 
     if "RESURGE_NATS_URL" in os.environ and not local_only:
@@ -299,7 +308,7 @@ def _settings(
             f"{folder / 'logs'}): `resurge down` then `resurge up` starts it again; or "
             f"{elsewhere}"
         )
-    credentials = LocalAccess.credentials_file(folder, role)
+    credentials = credentials_path(folder, role)
     settings = Settings(
         nats_url=state.nats_url,
         namespace=state.namespace,
@@ -363,8 +372,6 @@ def _on_cluster(args: argparse.Namespace) -> int:
             print(f"resurge submit: {error}", file=sys.stderr)
             return 2
     try:
-        from resurge.local.access import ADMIN_COMMANDS
-
         local_only = args.command == "node" and args.node_command in ("add", "remove")
         command = args.node_command if args.command == "node" else args.command
         role = "admin" if command in ADMIN_COMMANDS else "viewer"

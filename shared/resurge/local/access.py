@@ -40,11 +40,11 @@ from resurge.cluster.local_keys import (
     node_key,
 )
 from resurge.contract.subjects import Subjects, escape_token
+from resurge.local.state import credentials_path
 from resurge.runtime.bus import JOBS_BUCKET
 from resurge.runtime.nats_auth import Credentials, inbox_prefix, write_credentials
 
 __all__ = [
-    "ADMIN_COMMANDS",
     "DETECTOR_STATE_BUCKET",
     "ROLES",
     "LocalAccess",
@@ -68,8 +68,6 @@ _BUCKETS = (
     JOB_STATUS_BUCKET,
     DETECTOR_STATE_BUCKET,
 )
-# CLI commands (and `node` subcommands) that change the cluster: they run as admin.
-ADMIN_COMMANDS = frozenset({"submit", "delete", "inject", "add", "remove", "cordon", "uncordon"})
 _API = "$JS.API"
 
 
@@ -314,7 +312,7 @@ class LocalAccess:
     @staticmethod
     def credentials_file(state_dir: Path, role: str, node: str | None = None) -> Path:
         """Where the credentials of ``role`` (an agent: ``node``'s) live in ``state_dir``."""
-        return state_dir / "credentials" / f"{agent_user(node) if role == 'agent' else role}.json"
+        return credentials_path(state_dir, agent_user(node) if role == "agent" else role)
 
     def path(self, role: str, node: str | None = None) -> Path:
         """The credentials file of ``role`` (an agent: of ``node``'s agents)."""

@@ -19,10 +19,15 @@ from pathlib import Path
 from typing import IO
 from urllib.parse import urlsplit
 
-__all__ = ["ClusterState", "StateLock", "resolve_state_dir"]
+__all__ = ["ClusterState", "StateLock", "credentials_path", "resolve_state_dir"]
 
 # Where the local cluster keeps its files when no --state-dir is given.
 STATE_DIR = "RESURGE_STATE_DIR"
+
+
+def credentials_path(state_dir: Path, user: str) -> Path:
+    """Where the NATS credentials of ``user`` live in ``state_dir`` (resurge.local.access)."""
+    return state_dir / "credentials" / f"{user}.json"
 
 
 def resolve_state_dir(given: Path | None) -> Path:
