@@ -115,9 +115,9 @@ def resurge_in(folder: Path, *argv: str, timeout: float = 60) -> subprocess.Comp
 def test_away_from_any_cluster_a_command_says_so_at_once(
     tmp_path: Path, command: list[str]
 ) -> None:
-    started = time.monotonic()
-    result = resurge_in(tmp_path, *command, timeout=10)  # it used to wait 30 s
-    assert time.monotonic() - started < 5, "the command waited for a cluster"
+    # It used to retry the connection for 30 s; the subprocess timeout (20 s, room for a
+    # loaded machine) fails the test if it waits for a cluster again.
+    result = resurge_in(tmp_path, *command, timeout=20)
     assert result.returncode == 2
     assert f"no local cluster found in {tmp_path / '.resurge'}" in result.stderr
     for hint in ("resurge up", "--state-dir", "RESURGE_STATE_DIR", "RESURGE_NATS_URL"):
