@@ -22,7 +22,7 @@ import nats.errors
 import pytest
 from nats.aio.client import Client
 
-from resurge.events import Assign, FaultDetected, JobDeleted, NodeReport, ReplicaSlot
+from resurge.events import Assign, Event, FaultDetected, JobDeleted, NodeReport, ReplicaSlot
 from resurge.local.access import LocalAccess
 from resurge.local.nats_server import NatsServer
 from resurge.runtime.bus import Bus
@@ -253,6 +253,13 @@ async def test_detector_says_faults_but_no_commands(
             source=bus.source, job=job, fault_id=f"{job}-f", scope="process", reason="crash"
         )
         await bus.publish(bus.subjects.fault(job, "process"), fault)
+
+        async def ignore(events: list[Event]) -> None:
+            del events
+
+        # Its fault lane: a consumer of the raw stream filtered on one kind.
+        lane = bus.subjects.raw(None, "process_exited", None)
+        await bus.consume_batches(lane, "detector-process-exited", ignore, kind_token=4)
     async with _client(cluster, "detector") as detector:
         s = Settings(namespace=NAMESPACE).subjects
         assert await detector.publish_denied(s.cmd(job, 0))

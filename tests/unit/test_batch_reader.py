@@ -3,6 +3,7 @@ is waiting, never held for a window, and under load it grows up to its bound."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,3 +129,24 @@ async def test_a_failed_handler_leaves_the_list_unacked() -> None:
     await h.deliver(msg, waiting=0)
     assert msg.acked == 0
     assert h.registry.get_sample_value("m_total", {"outcome": "retried"}) == 1
+
+
+async def test_a_deep_backlog_lets_other_tasks_run_between_its_messages() -> None:
+    h = Harness(batch=1000)
+    turns = 0
+
+    async def other() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.ensure_future(other())
+    await asyncio.sleep(0)
+    assert turns == 1
+    for i in range(320):
+        await h.deliver(FakeMsg(event(i)), waiting=1000)  # always more waiting: no list
+    task.cancel()
+    # One turn for the other task every 32 messages kept (none without the yields).
+    assert turns == 1 + 320 // 32
+    assert h.handed == []

@@ -15,13 +15,31 @@ Durable state (detectors that implement :class:`~resurge.detection.DurableState`
 :meth:`DetectorRuntime.state_changes` collects what changed as
 ``(detector, job, key) -> value or None``, and :meth:`DetectorRuntime.restore_state`
 hands a stored entry back to its detector when this replica judges the job.
+
+Lanes: the fault-grade raw kinds (:data:`LANE_KINDS`: worker exits, worker fault
+reports, agent states, GPU errors) are few and urgent, and the service reads them
+through consumers of their own (the *fault lane*), apart from the telemetry consumer
+(the *main lane*), so a telemetry backlog never delays them. ``observe_all(..., lane=)``
+decides, per event and detector, which lane hands the event over, so each reaches each
+of its detectors once:
+
+- a detector that takes telemetry too (the hang detector reads exits beside progress)
+  gets a fault-grade event from the main lane, in order with the telemetry before it;
+- a detector that takes fault-grade kinds only gets it from the fault lane, unless the
+  event's job has log rules and a detector here reads log lines: a log rule's fault on
+  the last lines of a worker must still come before the fault of its exit (the
+  restarter acts on the first fault of a generation), so those events go in order
+  through the main lane, as before;
+- either lane skips what the other already handled (by event id, a bounded memory),
+  so a job record changing between the two looks neither loses nor repeats an event
+  (a redelivery to the lane that handled it is handled again, as before).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -32,7 +50,13 @@ from resurge.detection import Detector, DetectorContext, DurableState
 from resurge.events import CapacityChanged, Envelope, Source
 from resurge.runtime.logs import RateLimitedLog
 
-__all__ = ["DetectorRuntime", "Partition", "StateKey"]
+__all__ = ["LANE_KINDS", "DetectorRuntime", "Partition", "StateKey"]
+
+# Raw event kinds read through the fault lane (see the module docstring).
+LANE_KINDS = frozenset({"process_exited", "worker_fault", "agent_state", "gpu_error"})
+
+# Fault-grade events remembered as handled by one lane, so the other skips them.
+_HANDLED_MEMORY = 100_000
 
 StateKey = tuple[str, str, str]  # detector, job, key
 
@@ -72,11 +96,48 @@ class DetectorRuntime:
             for kind in detector.kinds:
                 self._by_kind[kind].append(detector)
         self._log = RateLimitedLog(log, interval=60.0)
+        # Detectors that take fault-grade kinds only: the fault lane may feed them.
+        self._lane_detectors = {id(d) for d in self.detectors if d.kinds <= LANE_KINDS}
+        self._reads_logs = "log_line" in self._by_kind
+        self._handled: OrderedDict[tuple[str, str], bool] = OrderedDict()
 
     @property
     def kinds(self) -> set[str]:
         """Every raw event kind some detector takes."""
         return set(self._by_kind)
+
+    @property
+    def lane_kinds(self) -> set[str]:
+        """The fault-grade kinds that some detector may take through the fault lane."""
+        return {
+            kind
+            for kind in LANE_KINDS
+            if any(id(d) in self._lane_detectors for d in self._by_kind.get(kind, ()))
+        }
+
+    def _in_order(self, event: Envelope) -> bool:
+        """Whether ``event`` must reach its detectors in order with its job's log lines."""
+        if not self._reads_logs or event.job is None:
+            return False
+        record = self.jobs.get(event.job)
+        return record is not None and bool(record.spec.spec.monitoring.log_rules)
+
+    def _take(self, event: Envelope, detector: Detector, lane: bool | None) -> bool:
+        """Whether ``detector`` gets ``event`` from this call (``lane``: see observe_all)."""
+        if lane is None or event.kind not in LANE_KINDS:
+            return lane is not True
+        if id(detector) not in self._lane_detectors:
+            return not lane  # it reads telemetry too: in order, from the main lane
+        key = (detector.name, event.id)
+        handled_by = self._handled.get(key)
+        if handled_by is not None:
+            return handled_by is lane  # a redelivery to the same lane is handled again
+        if lane and self._in_order(event):
+            return False
+        self._handled[key] = lane
+        if len(self._handled) > _HANDLED_MEMORY:
+            self._handled.popitem(last=False)
+        return True
 
     def set_job(self, name: str, record: JobRecord | None) -> None:
         """Keep ``name``'s record if this replica judges it; None forgets it."""
@@ -93,8 +154,14 @@ class DetectorRuntime:
         """What the detectors conclude from one event."""
         return self.observe_all([event], now)
 
-    def observe_all(self, events: Iterable[Envelope], now: datetime) -> list[Envelope]:
-        """Hand each event to the detectors of its kind; what they conclude, in order."""
+    def observe_all(
+        self, events: Iterable[Envelope], now: datetime, *, lane: bool | None = None
+    ) -> list[Envelope]:
+        """Hand each event to the detectors of its kind; what they conclude, in order.
+
+        ``lane``: None hands every event to every detector of its kind; True: these
+        events came through the fault lane, False: through the main lane (each event
+        then reaches each detector through one of them, see the module docstring)."""
         ctx = DetectorContext(now=now, source=self.source, jobs=self.jobs)
         out: list[Envelope] = []
         for event in events:
@@ -102,6 +169,8 @@ class DetectorRuntime:
             if not detectors or not self.owns_event(event):
                 continue
             for detector in detectors:
+                if not self._take(event, detector, lane):
+                    continue
                 try:
                     out += detector.observe(event, ctx)
                 except Exception as error:

@@ -1,8 +1,13 @@
 """The detector service: raw events in, faults, finished replicas and capacity out.
 
 One durable consumer reads every raw subject (checking each event's kind against its
-subject); a KV watch keeps the records of the jobs this replica judges, so a changed
-job spec (log rules, timeouts) takes effect on the next event; a tick every
+subject); beside it, one durable consumer per fault-grade kind (process exits, worker
+fault reports, agent states, GPU errors: :data:`~resurge_detector.runtime.LANE_KINDS`)
+reads that kind alone, so a backlog of telemetry (GPU samples, progress, log lines)
+never delays a fault (the fault lane: :mod:`resurge_detector.runtime` says which lane
+hands an event to which detector, and why log rules keep some in order). A KV watch
+keeps the records of the jobs this replica judges, so a changed job spec (log rules,
+timeouts) takes effect on the next event; a tick every
 ``RESURGE_DETECTOR_TICK_SECONDS`` lets detectors judge silences and windows. The
 detectors come from the entry-point group ``resurge.detectors`` (``RESURGE_DETECTORS``:
 ``all`` or a comma-separated list).
@@ -34,6 +39,9 @@ from resurge_detector.settings import DetectorSettings
 from resurge_detector.state_store import StateStore
 
 __all__ = ["DetectorService", "make_setup"]
+
+# Raw events judged between two turns of the event loop.
+_SLICE = 64
 
 
 class DetectorService:
@@ -93,6 +101,13 @@ class DetectorService:
             durable = "detector"
         else:
             durable = f"detector-{partition.index}-of-{partition.replicas}"
+        for kind in sorted(self.runtime.lane_kinds):
+            await bus.consume_batches(
+                bus.subjects.raw(None, kind, None),
+                f"{durable}-{kind.replace('_', '-')}",
+                self.on_lane,
+                kind_token=RAW_KIND_TOKEN,
+            )
         await bus.consume_batches(
             bus.subjects.all("raw"), durable, self.on_raw, kind_token=RAW_KIND_TOKEN
         )
@@ -138,9 +153,23 @@ class DetectorService:
 
     async def on_raw(self, events: list[Event]) -> None:
         """One batch of raw events: publish the conclusions, save the state, then ack."""
+        await self._handle(events, lane=False)
+
+    async def on_lane(self, events: list[Event]) -> None:
+        """One batch of fault-grade raw events from the fault lane, handled as ``on_raw``."""
+        await self._handle(events, lane=True)
+
+    async def _handle(self, events: list[Event], *, lane: bool) -> None:
         now = datetime.now(UTC)
-        self.seen.inc(len(events))
-        await self.publish(self.runtime.observe_all(events, now))
+        if not lane:  # the fault lane's events are in the main consumer's count too
+            self.seen.inc(len(events))
+        # A long list is judged in slices, the loop free between them, so the fault
+        # lane's consumers are not held for a whole list of telemetry.
+        for start in range(0, len(events), _SLICE):
+            if start:
+                await asyncio.sleep(0)
+            part = events[start : start + _SLICE]
+            await self.publish(self.runtime.observe_all(part, now, lane=lane))
         await self.state.save()  # before the batch is acked: a failure redelivers it
 
 

@@ -9,6 +9,8 @@ replica judges back to its detector.
 
 from __future__ import annotations
 
+import asyncio
+
 import nats.js.errors
 from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
@@ -36,6 +38,7 @@ class StateStore:
         self.kv = kv
         self.runtime = runtime
         self._unsaved: dict[StateKey, bytes | None] = {}
+        self._saving = asyncio.Lock()
 
     @classmethod
     async def open(cls, bus: Bus, runtime: DetectorRuntime) -> StateStore:
@@ -48,15 +51,19 @@ class StateStore:
         return cls(kv, runtime)
 
     async def save(self) -> None:
-        """Write what the detectors' state changed; what fails is retried next time."""
-        self._unsaved.update(self.runtime.state_changes())
-        for where, value in list(self._unsaved.items()):
-            key = state_entry_key(*where)
-            if value is None:
-                await self.kv.delete(key)
-            else:
-                await self.kv.put(key, value)
-            del self._unsaved[where]
+        """Write what the detectors' state changed; what fails is retried next time.
+
+        One save at a time (both lanes and the tick save): the changes are taken and
+        written in order, so an older value of a key is never written after a newer."""
+        async with self._saving:
+            self._unsaved.update(self.runtime.state_changes())
+            for where, value in list(self._unsaved.items()):
+                key = state_entry_key(*where)
+                if value is None:
+                    await self.kv.delete(key)
+                else:
+                    await self.kv.put(key, value)
+                del self._unsaved[where]
 
     async def restore(self) -> int:
         """Hand every stored entry of the jobs this replica judges back to its detector;

@@ -119,6 +119,11 @@ class BatchReader:
     quiet bus is handled within the call that received it, and under load the lists
     fill with whatever arrived meanwhile (the subscription keeps receiving while the
     handler runs), up to ``batch``. ``flushes`` counts the lists handed over.
+
+    Every ``yield_every`` messages kept without a hand-over, the reader lets the event
+    loop run other tasks: nats.py calls it back to back while its subscription holds
+    messages, so a deep backlog would otherwise hold the loop for a whole list of
+    decodes, and other consumers of the process (a service's urgent ones) would wait.
     """
 
     def __init__(
@@ -132,10 +137,12 @@ class BatchReader:
         outcomes: Counter,
         backlog: Any,
         batches: Any,
+        yield_every: int = 32,
     ) -> None:
         self.handler = handler
         self.waiting = waiting
         self.batch = batch
+        self.yield_every = yield_every
         self.decode = decode
         self.dead_letter = dead_letter
         self.outcomes = outcomes
@@ -159,6 +166,8 @@ class BatchReader:
         if waiting == 0 or self._held >= self.batch:
             self.backlog.set(waiting)
             await self.flush()
+        elif self._held % self.yield_every == 0:
+            await asyncio.sleep(0)  # let the loop's other tasks run (see the docstring)
 
     async def flush(self) -> None:
         """Hand the kept events over, then ack the last message (all of them)."""
