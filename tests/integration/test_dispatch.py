@@ -310,3 +310,31 @@ async def test_a_claim_held_by_a_live_restarter_is_not_taken_before_it_lapses(
     assert taken_over and all(c.at >= plan.claimed_until for c in taken_over)
     assert plain([c for c in taken_over if c.method in WRITES]) == THE_PLAN
     await assert_carried_out_once(bus, store, cluster)
+
+
+async def test_a_process_restart_goes_out_in_one_window_in_order(
+    bus: Bus, store: JobStore, cluster: FakeBackend, restarter: RestarterFactory
+) -> None:
+    crash = FaultDetected(
+        source=DETECTOR,
+        job=JOB,
+        generation=1,
+        rank=1,
+        node="n0",
+        fault_id="process_exit:team.job:g1:r1",
+        scope=FaultScope.PROCESS,
+        reason="process_crash",
+    )
+    await restarter(cluster, "restarter-a").on_fault(crash)
+    assert cluster.writes() == []  # nothing to change in the cluster
+    record = await record_of(store)
+    assert record.pending_recovery is not None and record.pending_recovery.dispatched
+    sent = await commands(bus)
+    # Each replica's Stop of the failed generation is stored before its Assign.
+    for replica in (0, 1):
+        mine = [(type(e), e.generation) for e in sent if e.replica == replica]
+        assert mine == [(Stop, 1), (Assign, 2)]
+    announced = await actions(bus)
+    assert [type(e) for e in announced] == [RecoveryStarted, PhaseChanged]
+    assert isinstance(announced[0], RecoveryStarted)
+    assert announced[0].level is RecoveryLevel.PROCESS

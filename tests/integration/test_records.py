@@ -54,3 +54,21 @@ async def test_mutate_without_change_writes_nothing(bus: Bus) -> None:
     assert result is not None and result[0] is result[1]
     assert before is not None and after is not None and before[1] == after[1]
     assert await store.mutate("missing", lambda rec: True) is None
+
+
+async def test_mutate_from_a_stale_read_reads_again_and_loses_no_write(bus: Bus) -> None:
+    store = JobStore(await bus.jobs_bucket())
+    await store.create(record())
+    stale = await store.get("team.job")
+    assert stale is not None
+
+    def bump(rec: JobRecord) -> bool:
+        rec.generation += 1
+        return True
+
+    await store.mutate("team.job", bump)  # written after the read the next call reuses
+    result = await store.mutate("team.job", bump, read=stale)
+    assert result is not None
+    assert (result[0].generation, result[1].generation) == (1, 2)
+    found = await store.get("team.job")
+    assert found is not None and found[0].generation == 2

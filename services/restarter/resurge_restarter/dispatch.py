@@ -30,12 +30,17 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 from resurge.cluster import ClusterBackend
-from resurge.control.job_messages import announce_phase, send_assignments, send_stops
+from resurge.control.job_messages import (
+    assignment_messages,
+    phase_message,
+    publish_all,
+    stop_messages,
+)
 from resurge.control.planner import command_id
 from resurge.control.records import JobRecord, JobStore
 from resurge.control.recovery_policy import ClusterView, mark_dispatched
 from resurge.control.worker_groups import worker_group
-from resurge.events import JobPhase, RecoveryLevel, RecoveryStarted
+from resurge.events import Envelope, JobPhase, RecoveryLevel, RecoveryStarted
 from resurge.runtime.service import ServiceContext
 
 __all__ = ["Dispatcher", "cluster_view"]
@@ -51,6 +56,16 @@ async def cluster_view(backend: ClusterBackend, exclude_job: str | None = None) 
         if group.job != exclude_job:
             used[group.node] = used.get(group.node, 0) + group.nproc
     return ClusterView(nodes=await backend.live_nodes(), used=used)
+
+
+def _changes_cluster(record: JobRecord) -> bool:
+    """Whether step 3 has anything to do for ``record``'s plan."""
+    plan = record.pending_recovery
+    assert plan is not None
+    if plan.cordon or plan.moves or plan.requeue or plan.resize:
+        return True
+    placed = {p.replica for p in record.placements}
+    return any(replica in placed for replica in plan.recreate)
 
 
 class Dispatcher:
@@ -98,16 +113,21 @@ class Dispatcher:
             from_generation=plan.from_generation,
             to_generation=plan.to_generation,
         )
+        # Steps 1 and 2 in one publishing window (sent in order on one connection, so
+        # stored in that order; one round trip of acks instead of one per step).
+        messages: list[tuple[str, Envelope]] = []
         if not plan.resize:  # a resize was announced by the scaler (ScaleDecided)
-            await bus.publish(bus.subjects.action(record.name), started)
-        await announce_phase(bus, previous, record)
+            messages.append((bus.subjects.action(record.name), started))
+        phase = phase_message(bus, previous, record)
+        if phase is not None:
+            messages.append(phase)
         if plan.resize:
-            await send_stops(
+            messages += stop_messages(
                 bus, record, plan.from_generation, plan.reason, placements=plan.stop_placements
             )
         elif plan.level is not RecoveryLevel.IN_PROCESS:
             why = f"{plan.level.value} restart after {plan.fault_id}"
-            await send_stops(
+            messages += stop_messages(
                 bus,
                 record,
                 plan.from_generation,
@@ -115,6 +135,14 @@ class Dispatcher:
                 placements=plan.stop_placements,
                 hung_ranks=plan.hung_ranks,
             )
+        delay = (plan.start_at - datetime.now(UTC)).total_seconds()
+        if delay <= 0 and not _changes_cluster(record):
+            # Nothing happens between the stops and the new generation: step 5's
+            # Assigns follow in the same window (after the Stops on each replica's
+            # subject), and the plan is marked dispatched once all are stored.
+            await self._start_generation(record, first=messages)
+            return
+        await publish_all(bus, messages)
         await self._change_cluster(record)
         delay = (plan.start_at - datetime.now(UTC)).total_seconds()
         if delay <= 0:
@@ -160,13 +188,18 @@ class Dispatcher:
                 when = datetime.now(UTC) + timedelta(seconds=self.lease_seconds)
                 self.recheck_at(record.name, when, self.retry)
 
-    async def _start_generation(self, record: JobRecord) -> None:
-        """Steps 5 and 6: Assign to every replica (none for a requeue), then dispatched."""
+    async def _start_generation(
+        self, record: JobRecord, first: list[tuple[str, Envelope]] | None = None
+    ) -> None:
+        """Steps 5 and 6: Assign to every replica (none for a requeue; after ``first``,
+        in one publishing window), then dispatched."""
         plan = record.pending_recovery
         assert plan is not None
+        messages = list(first or ())
         if not plan.requeue:
             level = plan.level if plan.level is RecoveryLevel.IN_PROCESS else None
-            await send_assignments(self.ctx.bus, record, level)
+            messages += assignment_messages(self.ctx.bus, record, level)
+        await publish_all(self.ctx.bus, messages)
         await self.store.mutate(record.name, lambda r: mark_dispatched(r, plan.to_generation))
 
     def recheck_at(self, name: str, when: datetime, check: Check) -> None:

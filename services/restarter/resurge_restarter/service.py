@@ -155,7 +155,7 @@ class Restarter:
             ]
             return decisions[0].verdict is not Verdict.IGNORE
 
-        result = await self.store.mutate(fault.job, change)
+        result = await self.store.mutate(fault.job, change, read=found)
         if result is None:
             return
         before, after = result

@@ -25,10 +25,13 @@ from resurge.runtime.bus import Bus
 __all__ = [
     "PUBLISH_WINDOW",
     "announce_phase",
+    "assignment_messages",
+    "phase_message",
     "publish_all",
     "send_assignments",
     "send_checkpoint_requests",
     "send_stops",
+    "stop_messages",
 ]
 
 # Commands to one job's replicas in flight at once (sent, their stream acks awaited).
@@ -75,6 +78,32 @@ async def send_stops(
     also ends the agents. Workers get SIGTERM and the job's ``stopGraceSeconds``, except
     the global ranks in ``hung_ranks`` (SIGKILLed at once), or every worker at once when
     ``graceful`` is false."""
+    stops = stop_messages(
+        bus,
+        record,
+        generation,
+        reason,
+        final=final,
+        placements=placements,
+        hung_ranks=hung_ranks,
+        graceful=graceful,
+    )
+    await publish_all(bus, stops)
+
+
+def stop_messages(
+    bus: Bus,
+    record: JobRecord,
+    generation: int,
+    reason: str,
+    *,
+    final: bool = False,
+    placements: list[Placement] | None = None,
+    hung_ranks: list[int] | None = None,
+    graceful: bool = True,
+) -> list[tuple[str, Envelope]]:
+    """The ``(subject, Stop)`` pairs :func:`send_stops` publishes, for sending them in one
+    window with other messages (:func:`publish_all`)."""
     stops: list[tuple[str, Envelope]] = []
     for placement in record.placements if placements is None else placements:
         kind = "stop-final" if final else "stop"
@@ -91,7 +120,7 @@ async def send_stops(
             reason=reason,
         )
         stops.append((bus.subjects.cmd(record.name, placement.replica), stop))
-    await publish_all(bus, stops)
+    return stops
 
 
 async def send_checkpoint_requests(bus: Bus, record: JobRecord, reason: str) -> None:
@@ -124,17 +153,34 @@ def _digest(text: str) -> str:
 
 async def send_assignments(bus: Bus, record: JobRecord, level: RecoveryLevel | None = None) -> None:
     """Assign(record.generation) to every replica of ``record``."""
+    await publish_all(bus, assignment_messages(bus, record, level))
+
+
+def assignment_messages(
+    bus: Bus, record: JobRecord, level: RecoveryLevel | None = None
+) -> list[tuple[str, Envelope]]:
+    """The ``(subject, Assign)`` pairs :func:`send_assignments` publishes."""
     commands: list[tuple[str, Envelope]] = []
     for assign in assignments(record, bus.source, level):
         assert assign.replica is not None
         commands.append((bus.subjects.cmd(record.name, assign.replica), assign))
-    await publish_all(bus, commands)
+    return commands
 
 
 async def announce_phase(bus: Bus, before: JobPhase | None, after: JobRecord) -> None:
     """Publish PhaseChanged on the job's action subject if the phase changed."""
+    message = phase_message(bus, before, after)
+    if message is not None:
+        await bus.publish(*message)
+
+
+def phase_message(
+    bus: Bus, before: JobPhase | None, after: JobRecord
+) -> tuple[str, Envelope] | None:
+    """The ``(subject, PhaseChanged)`` :func:`announce_phase` publishes; None when the
+    phase did not change."""
     if before == after.phase:
-        return
+        return None
     event = PhaseChanged(
         id=f"phase-{command_id(after.phase.value, after.name, 0, after.generation, after.uid)}",
         source=bus.source,
@@ -144,4 +190,4 @@ async def announce_phase(bus: Bus, before: JobPhase | None, after: JobRecord) ->
         previous=before,
         message=after.message,
     )
-    await bus.publish(bus.subjects.action(after.name), event)
+    return bus.subjects.action(after.name), event

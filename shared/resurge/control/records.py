@@ -313,15 +313,22 @@ class JobStore:
         return True
 
     async def mutate(
-        self, name: str, change: Callable[[JobRecord], bool]
+        self,
+        name: str,
+        change: Callable[[JobRecord], bool],
+        *,
+        read: tuple[JobRecord, int] | None = None,
     ) -> tuple[JobRecord, JobRecord] | None:
         """Apply ``change`` (which edits a copy and returns whether it changed anything).
 
         Returns ``(before, after)``, ``after`` being ``before`` when nothing changed, or
-        ``None`` when no such job exists. Retries on a concurrent write.
+        ``None`` when no such job exists. Retries on a concurrent write. ``read``: the
+        record and revision the caller just got (:meth:`get`), used for the first
+        attempt instead of reading again; the compare-and-set still refuses it if it is
+        no longer the newest, and the next attempt reads.
         """
-        for _ in range(_CAS_ATTEMPTS):
-            found = await self.get(name)
+        for attempt in range(_CAS_ATTEMPTS):
+            found = read if attempt == 0 and read is not None else await self.get(name)
             if found is None:
                 return None
             before, revision = found
