@@ -107,6 +107,7 @@ class DetectorService:
                 f"{durable}-{kind.replace('_', '-')}",
                 self.on_lane,
                 kind_token=RAW_KIND_TOKEN,
+                dead_letters=False,  # the main consumer reads them too and dead-letters
             )
         await bus.consume_batches(
             bus.subjects.all("raw"), durable, self.on_raw, kind_token=RAW_KIND_TOKEN

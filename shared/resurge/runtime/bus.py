@@ -108,6 +108,10 @@ class _Consumer:
     kind_token: int | None = None
 
 
+async def _skip_bad(msg: Msg, reason: DeadLetterReason, detail: str) -> None:
+    """Leave a bad message to the consumer that dead-letters it."""
+
+
 class BatchReader:
     """The batching of :meth:`Bus.consume_batches`, apart from the subscription.
 
@@ -430,8 +434,13 @@ class Bus:
         kind_token: int | None = None,
         batch: int = 500,
         ack_wait_seconds: float = 30.0,
+        dead_letters: bool = True,
     ) -> None:
         """Read a high-rate stream in batches (telemetry): decode, check, hand over a list.
+
+        ``dead_letters`` False skips bad messages without dead-lettering them, for a
+        consumer whose messages another consumer of the service also reads and
+        dead-letters (so each bad message is dead-lettered and counted once).
 
         A durable push consumer with ack-all: events are handed to ``handler`` in lists of
         up to ``batch``, and one ack after the handler returned covers the list, so a list
@@ -464,7 +473,7 @@ class Bus:
             waiting,
             batch=batch,
             decode=lambda msg: _decode_checked(msg, kind_token),
-            dead_letter=self._dead_letter,
+            dead_letter=self._dead_letter if dead_letters else _skip_bad,
             outcomes=self._handled,
             backlog=self._backlog.labels(durable),
             batches=self._batches.labels(durable),
