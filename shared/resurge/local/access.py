@@ -221,9 +221,12 @@ def _admin(ns: _Namespace, g: _Grants, node: str | None) -> None:
     ns.manage(g, *_BUCKETS[:5])
     for family in _FAMILIES:  # the supervisor waits for the services' consumers
         g.pub(f"{_API}.CONSUMER.INFO.{ns.stream(family)}.*")
-    ns.events(g, "job", "cmd", "capacity")
+    # action: a local cluster started again announces the phase of each job it requeues.
+    ns.events(g, "job", "cmd", "capacity", "action")
     ns.dead_letters(g, "cli", "supervisor")
-    for bucket in (JOBS_BUCKET, NODES_BUCKET, CORDONS_BUCKET):
+    # Worker groups: a local cluster started again deletes the groups of the run before
+    # (resurge.local.restore) before it requeues their jobs.
+    for bucket in (JOBS_BUCKET, NODES_BUCKET, CORDONS_BUCKET, WORKER_GROUPS_BUCKET):
         ns.kv_write(g, bucket)
 
 
