@@ -32,8 +32,27 @@ def test_hyperpod_names_are_accepted() -> None:
 
 
 def test_unknown_field_is_named() -> None:
-    with pytest.raises(JobSpecError, match=r"spec\.nprocPerNod: Extra inputs"):
+    with pytest.raises(
+        JobSpecError, match=r"unknown field spec\.nprocPerNod, did you mean nprocPerNode\?"
+    ):
         parse_job(minimal(nprocPerNod=2))
+
+
+def test_unknown_field_with_no_close_name_lists_the_known_ones() -> None:
+    with pytest.raises(JobSpecError, match=r"unknown field spec\.zzz \(known here: .*nprocPerNode"):
+        parse_job(minimal(zzz=2))
+
+
+def test_wrong_shape_reads_as_a_sentence() -> None:
+    with pytest.raises(JobSpecError, match=r"spec\.replicas must be a mapping, not a whole number"):
+        parse_job(minimal(replicas=2))
+
+
+def test_a_file_that_does_not_validate_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(minimal(nprocsPerNode=2)))
+    with pytest.raises(JobSpecError, match=rf"^{re.escape(str(path))}: invalid TrainingJob: "):
+        load_job(path)
 
 
 def test_bad_values_are_named() -> None:
@@ -304,7 +323,7 @@ def test_allowed_sizes(replicas: dict[str, object], sizes: list[int]) -> None:
     ],
 )
 def test_unknown_nested_field_is_named_by_its_full_path(spec: dict[str, object], path: str) -> None:
-    with pytest.raises(JobSpecError, match=rf"spec\.{re.escape(path)}: Extra inputs"):
+    with pytest.raises(JobSpecError, match=rf"unknown field spec\.{re.escape(path)}\b"):
         parse_job(minimal(**spec))
 
 

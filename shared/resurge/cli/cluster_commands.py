@@ -10,6 +10,7 @@ from pathlib import Path
 
 from resurge.cluster import open_backend
 from resurge.control.client import (
+    SubmitRefused,
     connected,
     delete_job,
     event_line,
@@ -119,7 +120,11 @@ async def run_command(args: argparse.Namespace, settings: Settings, *, local: bo
         return await _submit(args.file, settings, local=local)
     async with connected(settings) as bus:
         if command == "delete":
-            await delete_job(bus, args.job)
+            try:
+                await delete_job(bus, args.job)
+            except LookupError as error:
+                print(f"resurge delete: {error.args[0]}", file=sys.stderr)
+                return 1
             print(f"trainingjob {args.job} deleted")
         elif command == "status":
             return await _status(bus, args)
@@ -148,8 +153,12 @@ async def _submit(file: Path, settings: Settings, *, local: bool) -> int:
             update={"spec": job.spec.model_copy(update={"working_dir": str(Path.cwd())})}
         )
     async with connected(settings) as bus:
-        await submit_job(bus, job)
-        print(f"trainingjob {job.name} submitted")
+        try:
+            outcome = await submit_job(bus, job)
+        except SubmitRefused as error:
+            print(f"resurge submit: {error}", file=sys.stderr)
+            return 1
+    print(f"trainingjob {job.name} {'submitted' if outcome == 'created' else outcome}")
     return 0
 
 

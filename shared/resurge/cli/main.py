@@ -174,24 +174,39 @@ def _parser() -> argparse.ArgumentParser:
         help="how long to wait for the jobs on it to leave (default 300)",
     )
     schema = commands.add_parser(
-        "schema", help="write the JSON Schema of every event kind, or the TrainingJob CRD"
+        "schema",
+        help="print the JSON Schema of every event kind, or write them, or the TrainingJob CRD",
     )
     schema.add_argument(
         "--out",
         type=Path,
-        help="folder to write the JSON Schemas into (default docs/schemas, unless only "
-        "--crd is given)",
+        metavar="DIR",
+        help="write each schema to DIR/NAME.schema.json instead of printing them all as one "
+        "JSON document ({name: schema}) on stdout",
     )
     schema.add_argument(
         "--crd",
         type=Path,
         metavar="FILE",
-        help="write the TrainingJob CustomResourceDefinition (YAML) to FILE",
+        help="write the TrainingJob CustomResourceDefinition (YAML) to FILE ('-': stdout)",
     )
     _state_dir_everywhere(parser)
     add_convert_parser(commands)  # after: convert and simulate need no state folder
     add_simulate_parser(commands)
+    _describe_subcommands(parser)
     return parser
+
+
+def _describe_subcommands(parser: argparse.ArgumentParser) -> None:
+    """Give every subcommand without a description its one-line help as one, so that
+    ``resurge CMD --help`` says what CMD does."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for choice in action._choices_actions:
+                sub = action.choices[choice.dest]
+                if not sub.description and choice.help:
+                    sub.description = choice.help[:1].upper() + choice.help[1:] + "."
+                _describe_subcommands(sub)
 
 
 def _state_dir_everywhere(parser: argparse.ArgumentParser) -> None:
@@ -235,8 +250,11 @@ def _check_inject(args: argparse.Namespace) -> None:
         if name not in _INJECT_TAKES[kind] and getattr(args, name) not in (None, "")
     ]
     parser: argparse.ArgumentParser = args.inject_parser
+    if args.fault == "log" and not args.line:
+        missing.append("--line")
     if missing:
         needs = " ".join(f"--{name}" for name in _INJECT_NEEDS[kind])
+        needs += " --line" if args.fault == "log" else ""
         parser.error(f"inject {args.fault} needs {needs}; missing {', '.join(missing)}")
     if stray:
         parser.error(f"inject {args.fault} does not take {', '.join(stray)}")
@@ -319,7 +337,18 @@ def _settings(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one ``resurge`` command from ``argv`` (default ``sys.argv[1:]``); its exit status."""
+    """Run one ``resurge`` command from ``argv`` (default ``sys.argv[1:]``); its exit status.
+
+    Output piped into a reader that stops early (``| head``) ends the command quietly."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's own flush cannot fail
+        return 0
+
+
+def _main(argv: list[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "inject":
         _check_inject(args)
@@ -338,14 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("convert", "simulate"):
         return _without_cluster(args)
     if args.command == "schema":
-        from resurge.cli.schemas import write_crd, write_schemas
+        from resurge.cli.schemas import run_schema
 
-        if args.out is not None or args.crd is None:
-            for path in write_schemas(args.out or Path("docs/schemas")):
-                print(path)
-        if args.crd is not None:
-            print(write_crd(args.crd))
-        return 0
+        return run_schema(args.out, args.crd)
     return _on_cluster(args)
 
 

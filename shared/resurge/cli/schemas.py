@@ -4,6 +4,7 @@ and the TrainingJob CustomResourceDefinition as YAML, for deploy/base/crd/."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import yaml
@@ -12,7 +13,14 @@ from resurge.events import EVENT_ADAPTER, EVENT_KINDS
 from resurge.jobspec import TrainingJob
 from resurge.jobspec.crd import training_job_crd
 
-__all__ = ["CRD_HEADER", "all_schemas", "crd_yaml", "write_crd", "write_schemas"]
+__all__ = [
+    "CRD_HEADER",
+    "all_schemas",
+    "crd_yaml",
+    "run_schema",
+    "write_crd",
+    "write_schemas",
+]
 
 CRD_HEADER = (
     "# Generated from the TrainingJob models (shared/resurge/jobspec/) by\n"
@@ -51,3 +59,19 @@ def write_crd(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(crd_yaml())
     return path
+
+
+def run_schema(out: Path | None, crd: Path | None) -> int:
+    """``resurge schema``: every schema as one JSON document on stdout, or (``out``) one
+    file each in that folder; ``crd``: the CRD to that file, or to stdout for ``-``."""
+    if crd is not None:
+        if str(crd) == "-":
+            sys.stdout.write(crd_yaml())
+        else:
+            print(write_crd(crd))
+    if out is not None:
+        for path in write_schemas(out):
+            print(path)
+    elif crd is None:
+        print(json.dumps(all_schemas(), indent=2, sort_keys=True))
+    return 0

@@ -24,6 +24,7 @@ from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 
 __all__ = [
+    "SubmitRefused",
     "connected",
     "delete_job",
     "inject_fault",
@@ -46,15 +47,60 @@ async def connected(settings: Settings) -> AsyncIterator[Bus]:
         await bus.close()
 
 
-async def submit_job(bus: Bus, job: TrainingJob) -> None:
-    """Publish JobSubmitted for ``job``."""
+class SubmitRefused(ValueError):
+    """A job of that name exists and the submission would not do what it seems to."""
+
+
+async def submit_job(bus: Bus, job: TrainingJob) -> str:
+    """Submit ``job`` as ``kubectl apply`` would; what happened: ``created``,
+    ``unchanged`` (the same spec is running: nothing sent) or ``configured`` (a running
+    job takes the new monitoring settings).
+
+    :class:`SubmitRefused` names the reason when a job of that name has finished (it
+    would run again from the start over its own checkpoints: delete it first) or runs
+    and the new spec changes more than ``spec.monitoring`` (which a running job cannot
+    take)."""
+    found = await JobStore(await bus.jobs_bucket()).get(job.name)
+    outcome = "created"
+    if found is not None:
+        record = found[0]
+        if record.phase.finished:
+            raise SubmitRefused(
+                f"trainingjob {job.name} already exists and has {record.phase.value}; "
+                f"`resurge delete {job.name}` first to run it again from the start"
+            )
+        if record.spec.spec == job.spec:
+            return "unchanged"
+        changed = _changed_fields(record.spec, job)
+        if changed != ["spec.monitoring"]:
+            fields = ", ".join(f for f in changed if f != "spec.monitoring")
+            raise SubmitRefused(
+                f"trainingjob {job.name} is {record.phase.value}: only spec.monitoring can "
+                f"change while it runs, and this changes {fields}; `resurge delete "
+                f"{job.name}` first to start it again with the new spec"
+            )
+        outcome = "configured"
     await bus.publish(
         bus.subjects.job(job.name), JobSubmitted(source=bus.source, job=job.name, spec=job)
     )
+    return outcome
+
+
+def _changed_fields(old: TrainingJob, new: TrainingJob) -> list[str]:
+    """The top-level spec fields (``spec.<name>``, camelCase) that differ."""
+    before = old.spec.model_dump(by_alias=True)
+    after = new.spec.model_dump(by_alias=True)
+    return [
+        f"spec.{key}"
+        for key in sorted(set(before) | set(after))
+        if before.get(key) != after.get(key)
+    ]
 
 
 async def delete_job(bus: Bus, name: str) -> None:
-    """Publish JobDeleted for the job ``name``."""
+    """Publish JobDeleted for the job ``name``; :class:`LookupError` if there is none."""
+    if await JobStore(await bus.jobs_bucket()).get(name) is None:
+        raise LookupError(f"no job named {name!r}")
     await bus.publish(bus.subjects.job(name), JobDeleted(source=bus.source, job=name))
 
 
@@ -73,6 +119,10 @@ async def inject_fault(bus: Bus, job: str, rank: int, fault: str, line: str = ""
     if found is None:
         raise LookupError(f"no job named {job!r}")
     record = found[0]
+    if record.phase.finished:
+        raise LookupError(
+            f"job {job!r} has {record.phase.value}: no worker is running to inject into"
+        )
     nproc = record.spec.spec.nproc_per_node
     world = nproc * len(record.placements)
     if not 0 <= rank < world:

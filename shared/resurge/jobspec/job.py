@@ -10,6 +10,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from resurge.jobspec._base import SpecModel
 from resurge.jobspec.elastic import ElasticSpec, fold_elastic_policy
+from resurge.jobspec.errors import describe
 from resurge.jobspec.monitoring import MonitoringSpec
 from resurge.jobspec.recovery import RecoverySpec
 from resurge.jobspec.replicas import ReplicaSpec
@@ -159,14 +160,6 @@ class JobSpecError(ValueError):
     """A job spec that does not validate; the message names every bad field."""
 
 
-def _describe(error: ValidationError) -> str:
-    lines = []
-    for item in error.errors():
-        where = ".".join(str(part) for part in item["loc"]) or "(document)"
-        lines.append(f"{where}: {item['msg'].removeprefix('Value error, ')}")
-    return "; ".join(lines)
-
-
 def parse_job(document: Any) -> TrainingJob:
     """Validate a decoded YAML/JSON document as a TrainingJob."""
     if not isinstance(document, dict):
@@ -174,7 +167,7 @@ def parse_job(document: Any) -> TrainingJob:
     try:
         return TrainingJob.model_validate(document)
     except ValidationError as error:
-        raise JobSpecError(f"invalid TrainingJob: {_describe(error)}") from None
+        raise JobSpecError(f"invalid TrainingJob: {describe(error, TrainingJob)}") from None
 
 
 def load_job(path: Path) -> TrainingJob:
@@ -187,4 +180,7 @@ def load_job(path: Path) -> TrainingJob:
         raise JobSpecError(f"{path}: not UTF-8 text: {error}") from None
     except RecursionError:
         raise JobSpecError(f"{path}: not valid YAML: nested too deeply") from None
-    return parse_job(document)
+    try:
+        return parse_job(document)
+    except JobSpecError as error:
+        raise JobSpecError(f"{path}: {error}") from None
