@@ -1,12 +1,12 @@
-"""The launch agent drops telemetry it cannot send (counted), and never raises from it:
-the output pump that publishes log lines goes on to report its worker's exit."""
+"""The launch agent never waits on a bus that is down, and never raises from it: the
+output pump that publishes log lines goes on to report its worker's exit, which waits
+in the agent's outbox (in order, behind the lines) until the bus is back."""
 
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
 from typing import Any
 
-import nats.errors
 from prometheus_client import CollectorRegistry
 
 from resurge.cluster.protocol import WorkerGroupSpec
@@ -19,26 +19,28 @@ from resurge_node_agent.workers import WorkerExit
 SOURCE = Source(service="node-agent", instance="n:1")
 
 
-class FullBus:
-    """A bus whose connection is down with its buffer full: fire-and-forget publishes
-    raise as nats.py's do, acked publishes are recorded."""
+class DownBus:
+    """A bus whose connection is down until ``connected`` is set; publishes are recorded."""
 
     def __init__(self, settings: Settings) -> None:
         self.subjects = settings.subjects
         self.source = SOURCE
-        self.acked: list[Any] = []
+        self.connected = False
+        self.sent: list[Any] = []
 
-    async def publish_nowait(self, _subject: str, _event: Any) -> None:
-        raise nats.errors.OutboundBufferLimitError
+    async def publish_nowait(self, _subject: str, event: Any) -> None:
+        assert self.connected
+        self.sent.append(event)
 
     async def publish(self, _subject: str, event: Any) -> None:
-        self.acked.append(event)
+        assert self.connected
+        self.sent.append(event)
 
 
-async def test_telemetry_is_dropped_and_counted_and_the_exit_still_published() -> None:
+async def test_events_wait_in_order_while_the_bus_is_down_and_are_sent_when_it_is_back() -> None:
     settings = Settings(nats_url="nats://127.0.0.1:1", namespace="t")
     registry = CollectorRegistry()
-    bus = FullBus(settings)
+    bus = DownBus(settings)
     async with AsyncExitStack() as stack:
         ctx = ServiceContext("node-agent", settings, bus, registry, stack)  # type: ignore[arg-type]
         spec = WorkerGroupSpec(job="j", replica=0, node="n", nproc=1, command=["x"])
@@ -54,11 +56,14 @@ async def test_telemetry_is_dropped_and_counted_and_the_exit_still_published() -
             master_addr="127.0.0.1",
             master_port=29500,
         )
+        agent.outbox.start()
         for _ in range(3):
             await agent._line(assign, 0, "stdout", "a line")
         await agent._exited(assign, WorkerExit(0, 42, 1, None, expected=False))
-    dropped = registry.get_sample_value(
-        "resurge_agent_telemetry_dropped_total", {"kind": "log_line"}
-    )
-    assert dropped == 3
-    assert [e.kind for e in bus.acked] == ["process_exited"]
+        assert registry.get_sample_value("resurge_outbox_buffered_events") == 4
+        assert bus.sent == []
+        bus.connected = True
+        assert await agent.outbox.flushed(5.0)
+        await agent.outbox.close()
+    assert [e.kind for e in bus.sent] == ["log_line"] * 3 + ["process_exited"]
+    assert registry.get_sample_value("resurge_outbox_buffered_events") == 0

@@ -42,7 +42,11 @@ workers of ``command`` with ``env`` in ``working_dir``, on ``node``.
 Everything it sees is published on ``raw.<job>.<kind>.<node>``: process started and
 exited, every output line, the agent's own state, and its workers' reports: progress
 (``in_process`` true for restartable workers), checkpoints, and the exceptions
-restartable workers caught (WorkerFault). InjectFault ``exception`` makes a restartable
+restartable workers caught (WorkerFault). It is all published through an
+:class:`~resurge.runtime.outbox.Outbox`: while NATS is down the agent goes on (nothing
+waits on the bus) and its events wait, in order, to be sent once it is back; a full
+outbox drops the oldest log lines and progress reports first, never an exit, a state
+or a fault. InjectFault ``exception`` makes a restartable
 worker raise inside its training function; other workers are left alone.
 """
 
@@ -53,9 +57,6 @@ import os
 import signal
 from dataclasses import dataclass
 from datetime import UTC, datetime
-
-import nats.errors
-from prometheus_client import Counter
 
 from resurge.cluster.protocol import WorkerGroupSpec
 from resurge.contract.subjects import escape_token
@@ -77,6 +78,7 @@ from resurge.events import (
     WorkerFault,
 )
 from resurge.runtime.bus import Bus
+from resurge.runtime.outbox import Outbox
 from resurge.runtime.service import ServiceContext
 from resurge.worker.wire import (
     CheckpointReport,
@@ -129,12 +131,7 @@ class LaunchAgent:
         self.channel = WorkerChannel(
             socket_path_for(spec.job, spec.replica), on_report=self._report, logger=ctx.log
         )
-        self._dropped = Counter(
-            "resurge_agent_telemetry_dropped_total",
-            "Log lines and progress reports dropped while the connection's buffer was full.",
-            ["kind"],
-            registry=ctx.registry,
-        )
+        self.outbox = Outbox(self.bus, ctx.registry)
 
     async def start(self) -> None:
         """Open the worker socket and the fork server, then take commands; the service's
@@ -143,6 +140,9 @@ class LaunchAgent:
         self.ctx.exit_stack.push_async_callback(self.channel.close)
         self.spawner = await self._make_spawner()
         self.ctx.exit_stack.push_async_callback(self.spawner.close)
+        # Not a task of the context's: it outlives them, to send the last states and exits.
+        self.outbox.start()
+        self.ctx.exit_stack.push_async_callback(self.outbox.close)
         self.ctx.exit_stack.push_async_callback(self._shutdown)
         # One consumer per (node, incarnation): an agent started again after a crash goes
         # on where it stopped; a recreated or moved one starts from the newest command,
@@ -443,16 +443,10 @@ class LaunchAgent:
         await self._telemetry(event)
 
     async def _telemetry(self, event: Envelope) -> None:
-        """Send a log line or a progress report without waiting for the stream's ack.
-
-        Bounded: while the connection is down the client buffers up to its pending
-        size (2 MiB), and then telemetry is dropped and counted, never raised: the
-        output pump that calls this must go on to report its worker's exit."""
-        subject = self.bus.subjects.raw(self.spec.job, event.kind, self.spec.node)
-        try:
-            await self.bus.publish_nowait(subject, event)
-        except (nats.errors.Error, OSError):
-            self._dropped.labels(event.kind).inc()
+        """Queue a log line or a progress report; a full outbox drops the oldest first,
+        counted, never raised: the output pump that calls this must go on to report its
+        worker's exit."""
+        await self._publish(event)
 
     async def _exited(self, assign: Assign, exit_: WorkerExit) -> None:
         if self.rejoins is not None and self.assign is assign:
@@ -507,6 +501,6 @@ class LaunchAgent:
         await self._publish(event)
 
     async def _publish(self, event: Envelope) -> None:
-        await self.bus.publish(
-            self.bus.subjects.raw(self.spec.job, event.kind, self.spec.node), event
-        )
+        """Queue ``event`` on its raw subject, behind what is queued; it never waits for
+        the bus (the outbox sends it, see the module docstring)."""
+        self.outbox.put(self.bus.subjects.raw(self.spec.job, event.kind, self.spec.node), event)

@@ -7,9 +7,9 @@
   finds GPUs. The node offers ``--gpus`` slots either way.
 - Every heartbeat (and whenever a worker group or a GPU's health changes) it reports the
   node to the cluster backend (``healthy`` false while a GPU is unhealthy; the
-  ``--label`` labels as the node's labels),
-  publishes a NodeReport on ``raw._.node_report.<node>`` (stored, acked) and a GpuSample
-  on ``raw._.gpu_sample.<node>`` (not waited for). The detector's node-health detector
+  ``--label`` labels as the node's labels), and publishes a NodeReport on
+  ``raw._.node_report.<node>`` and a GpuSample on ``raw._.gpu_sample.<node>`` (not
+  waited for: a newer one supersedes each). The detector's node-health detector
   turns these reports into CapacityChanged events (a node appearing, changing, lost).
 - Every GPU error (XID event, GPU fallen off the bus, rise in uncorrected ECC errors) is
   published as a GpuError on ``raw._.gpu_error.<node>`` as it happens. A GPU whose XID
@@ -25,6 +25,10 @@
   ``RESURGE_WORKER_GROUP``; a bumped ``incarnation`` recreates it, a deleted group
   stops it. A launch agent that exits non-zero while its group still exists is started
   again (restartPolicy OnFailure).
+
+Its events go out through an :class:`~resurge.runtime.outbox.Outbox`: while NATS is
+down they wait, in order, to be sent once it is back (a full outbox drops the oldest
+node reports and GPU samples first, never a GPU error or a lost agent).
 
 It acts on the cluster only through :class:`~resurge.cluster.protocol.ClusterBackend`
 (:func:`resurge.cluster.open_backend`, chosen by ``RESURGE_CLUSTER``).
@@ -55,6 +59,7 @@ from resurge.events import (
     NodeReport,
 )
 from resurge.runtime.bus import PermanentError
+from resurge.runtime.outbox import Outbox
 from resurge.runtime.service import ServiceContext
 from resurge_node_agent.gpus import GpuErrorReport, GpuSource, SimulatedGpus, select_gpus
 from resurge_node_agent.group_spec import spec_environment
@@ -63,7 +68,6 @@ __all__ = ["MonitorConfig", "NodeMonitor"]
 
 HEARTBEAT_SECONDS = 3.0
 _RESTART_BACKOFF_SECONDS = 1.0
-_PUBLISH_ATTEMPTS = 5
 
 
 # A worker group on this node: (job, replica).
@@ -104,6 +108,7 @@ class NodeMonitor:
         self.gpus = gpus
         self._gpu_errors: asyncio.Queue[GpuErrorReport] = asyncio.Queue()
         self._reporting = asyncio.Lock()
+        self.outbox = Outbox(ctx.bus, ctx.registry)
 
     @property
     def free_slots(self) -> int:
@@ -120,6 +125,9 @@ class NodeMonitor:
         """Open the backend and the GPUs, report the node, then reconcile and beat."""
         bus = self.ctx.bus
         self.backend = await open_backend(bus, self.ctx.settings)
+        # Not a task of the context's: it outlives them, to send what the shutdown says.
+        self.outbox.start()
+        self.ctx.exit_stack.push_async_callback(self.outbox.close)
         self.ctx.exit_stack.push_async_callback(self._shutdown)
         if self.gpus is None:
             self.gpus = await asyncio.to_thread(select_gpus, self.config.slots, self.config.node)
@@ -188,7 +196,7 @@ class NodeMonitor:
             unhealthy_gpus=unhealthy,
             labels=self.config.labels,
         )
-        await bus.publish(bus.subjects.raw(NODE_LEVEL_JOB, "node_report", node), report)
+        self.outbox.put(bus.subjects.raw(NODE_LEVEL_JOB, "node_report", node), report)
         if readings:
             sample = GpuSample(
                 source=bus.source,
@@ -196,7 +204,7 @@ class NodeMonitor:
                 gpus=readings,
                 simulated=bool(self.gpus is not None and self.gpus.simulated),
             )
-            await bus.publish_nowait(bus.subjects.raw(NODE_LEVEL_JOB, "gpu_sample", node), sample)
+            self.outbox.put(bus.subjects.raw(NODE_LEVEL_JOB, "gpu_sample", node), sample)
 
     async def _publish_gpu_errors(self) -> None:
         bus, node = self.ctx.bus, self.config.node
@@ -218,20 +226,8 @@ class NodeMonitor:
                 report.message,
                 extra={"node": node},
             )
-            subject = bus.subjects.raw(NODE_LEVEL_JOB, "gpu_error", node)
-            for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
-                try:  # the same event id each time: the stream keeps one copy
-                    await bus.publish(subject, event)
-                    break
-                except Exception as error:
-                    self.ctx.log.warning(
-                        "publishing GPU %d's error failed (%d of %d): %s",
-                        report.gpu,
-                        attempt,
-                        _PUBLISH_ATTEMPTS,
-                        error,
-                    )
-                    await asyncio.sleep(_RESTART_BACKOFF_SECONDS)  # retry pace
+            # Sent until the stream has it (the outbox retries with the same event id).
+            self.outbox.put(bus.subjects.raw(NODE_LEVEL_JOB, "gpu_error", node), event)
             if report.gpu in self.unhealthy_gpus:
                 try:
                     await self._report()  # tell the cluster now, not at the next beat
@@ -343,10 +339,7 @@ class NodeMonitor:
             detail=f"the agent (pid {process.pid}, incarnation {spec.incarnation}) exited "
             f"with {code} without being stopped",
         )
-        with contextlib.suppress(Exception):  # the restart below matters more
-            await self.ctx.bus.publish(
-                self.ctx.bus.subjects.raw(spec.job, lost.kind, self.config.node), lost
-            )
+        self.outbox.put(self.ctx.bus.subjects.raw(spec.job, lost.kind, self.config.node), lost)
         await asyncio.sleep(_RESTART_BACKOFF_SECONDS)
         if self.groups.get(key) is running:
             await self._launch(key, spec)

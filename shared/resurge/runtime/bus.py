@@ -1,7 +1,15 @@
 """The bus: one NATS connection per service, typed publish and consume, streams at start.
 
 - :meth:`Bus.connect` retries the first connection, then reconnects forever; every
-  connection change is logged.
+  connection change is logged, and handed to the listeners of
+  :meth:`Bus.on_connection_change` (a party that must not count an outage as
+  silence, such as the detector's clock). Durable consumers and core subscriptions
+  carry on after a reconnect by themselves, also to a restarted server that kept its
+  data folder (the consumers live in the server's store; nats.py subscribes again).
+  Ordered consumers (every KV watch) live in the server's memory only: at each
+  reconnect the bus creates them again from the message after the last one each had
+  (:func:`_renew_ordered_consumers`), rather than leaving them silent until nats.py
+  notices two missed heartbeats (10 s or more).
 - :meth:`Bus.ensure_streams` creates (or updates) the JetStream streams of DESIGN
   section 2 and the job-record bucket, idempotently.
 - :meth:`Bus.publish` stores an event in its stream and waits for the ack, with the
@@ -225,6 +233,19 @@ class Bus:
             registry=registry,
         )
         self._subscriptions: list[Any] = []
+        self._listeners: list[Callable[[bool], None]] = []
+
+    def on_connection_change(self, listener: Callable[[bool], None]) -> None:
+        """Call ``listener(False)`` whenever the connection goes down and
+        ``listener(True)`` whenever it is back (from the event loop, at once)."""
+        self._listeners.append(listener)
+
+    def _connection_changed(self, connected: bool) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(connected)
+            except Exception:
+                log.exception("a connection listener failed")
 
     @classmethod
     async def connect(
@@ -241,6 +262,7 @@ class Bus:
         errors = RateLimitedLog(log, interval=30.0)
         refused = asyncio.Event()
         refusals = 0
+        changes = _ConnectionChanges()
 
         async def on_error(error: Exception) -> None:
             nonlocal refusals
@@ -250,18 +272,11 @@ class Bus:
                     refused.set()
             errors.warning(type(error).__name__, f"nats error: {error}")
 
-        async def on_disconnected() -> None:
-            if not nc.is_closed and not nc.is_draining:
-                log.warning("disconnected from nats")
-
-        async def on_reconnected() -> None:
-            log.info("reconnected to nats at %s", nc.connected_url)
-
         try:
             auth = connect_options(settings)
         except (CredentialsError, OSError, ssl.SSLError) as error:
             raise ConnectionError(f"cannot connect to nats: {error}") from error
-        nc = Client()
+        nc = changes.nc = Client()
         # nats.py retries the first connection as it retries reconnects (forever here),
         # so the deadline is kept from outside, and so is giving up on a refusing server.
         connecting = asyncio.ensure_future(
@@ -269,8 +284,8 @@ class Bus:
                 servers=settings.nats_url.split(","),
                 name=f"{settings.namespace}-{service}",
                 error_cb=on_error,
-                disconnected_cb=on_disconnected,
-                reconnected_cb=on_reconnected,
+                disconnected_cb=changes.disconnected,
+                reconnected_cb=changes.reconnected,
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.2,  # type: ignore[arg-type]  # typed int, takes float
                 connect_timeout=2,
@@ -280,7 +295,8 @@ class Bus:
             ),
         )
         if await _connected(connecting, refused, connect_timeout):
-            return cls(nc, settings, service, registry or CollectorRegistry())
+            bus = changes.bus = cls(nc, settings, service, registry or CollectorRegistry())
+            return bus
         await nc.close()
         if refused.is_set():
             raise ConnectionError(
@@ -562,6 +578,56 @@ class Bus:
         already = (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError)
         with contextlib.suppress(*already):
             await self.nc.drain()
+
+
+class _ConnectionChanges:
+    """nats.py's disconnected and reconnected callbacks: each change is logged, and
+    told to the bus's listeners once the bus exists."""
+
+    def __init__(self) -> None:
+        self.nc: Client | None = None
+        self.bus: Bus | None = None
+
+    async def disconnected(self) -> None:
+        nc = self.nc
+        if nc is None or nc.is_closed or nc.is_draining:
+            return
+        log.warning("disconnected from nats")
+        if self.bus is not None:
+            self.bus._connection_changed(False)
+
+    async def reconnected(self) -> None:
+        nc = self.nc
+        log.info("reconnected to nats at %s", nc.connected_url if nc else None)
+        if nc is not None:
+            renewed = await _renew_ordered_consumers(nc)
+            if renewed:
+                log.info("created %d ordered consumer(s) (KV watches) again", renewed)
+        if self.bus is not None:
+            self.bus._connection_changed(True)
+
+
+async def _renew_ordered_consumers(nc: Client) -> int:
+    """Have every ordered consumer of ``nc`` created again, from the stream sequence
+    after the last message it delivered; how many. A restarted server lost them (they
+    are kept in memory), and a consumer that still exists is left to expire (its
+    inactive threshold) while the new one takes over, so nothing is lost or repeated.
+
+    This is what nats.py itself does when it notices missed heartbeats
+    (``reset_ordered_consumer``), done at once; it reads nats.py's own fields, and
+    where a version lacks them it does nothing (nats.py's heartbeat check remains)."""
+    renewed = 0
+    for sub in list(getattr(nc, "_subs", {}).values()):
+        jsi = getattr(sub, "_jsi", None)
+        if jsi is None or not getattr(jsi, "_ordered", False) or not hasattr(jsi, "_sseq"):
+            continue
+        try:
+            await jsi.reset_ordered_consumer(jsi._sseq + 1)
+        except Exception as error:  # never fail the reconnect: the heartbeat check remains
+            log.warning("could not create an ordered consumer again: %r", error)
+        else:
+            renewed += 1
+    return renewed
 
 
 async def _connected(
