@@ -18,13 +18,17 @@ the service gives the entries of the jobs it judges back to their detectors; aft
 batch of raw events (and each tick) it publishes what the detectors concluded, then
 writes what their state changed, and only then acks the batch, so a restart or a
 failed write redelivers the batch rather than losing a change.
+
+Every time the detectors see (``now`` of each batch and tick) is read from a
+:class:`~resurge_detector.connected_clock.ConnectedClock` fed by the bus's connection
+changes: it stands still while the detector is cut off from NATS and for a grace after
+it is back, so an outage of the bus never counts as workers' silence.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
 
 from nats.js.kv import KeyValue
 from prometheus_client import Counter
@@ -34,6 +38,7 @@ from resurge.control.records import JobRecord
 from resurge.detection import Detector, load_detectors
 from resurge.events import CapacityChanged, Envelope, Event, FaultDetected, ReplicaFinished
 from resurge.runtime.service import ServiceContext
+from resurge_detector.connected_clock import ConnectedClock
 from resurge_detector.runtime import DetectorRuntime, Partition
 from resurge_detector.settings import DetectorSettings
 from resurge_detector.state_store import StateStore
@@ -53,12 +58,14 @@ class DetectorService:
         settings: DetectorSettings,
         runtime: DetectorRuntime,
         state: StateStore,
+        clock: ConnectedClock | None = None,
     ) -> None:
         self.ctx = ctx
         self.bus = ctx.bus
         self.settings = settings
         self.runtime = runtime
         self.state = state
+        self.clock = clock or ConnectedClock()
         self.published = Counter(
             "resurge_detector_events_total",
             "Events concluded, by kind.",
@@ -92,6 +99,7 @@ class DetectorService:
     async def start(self) -> None:
         """Follow the job records, tick, and consume the raw subjects."""
         bus = self.bus
+        bus.on_connection_change(self._connection_changed)
         watcher = await (await bus.jobs_bucket()).watch(">")
         self.ctx.spawn(self.follow_jobs(watcher))
         self.ctx.spawn(self.tick())
@@ -112,6 +120,17 @@ class DetectorService:
         await bus.consume_batches(
             bus.subjects.all("raw"), durable, self.on_raw, kind_token=RAW_KIND_TOKEN
         )
+
+    def _connection_changed(self, connected: bool) -> None:
+        self.clock.connection_changed(connected)
+        if connected:
+            self.ctx.log.info(
+                "bus back: the detectors' clock runs again in %g s (%.1f s excluded so far)",
+                self.clock.grace.total_seconds(),
+                self.clock.excluded_seconds,
+            )
+        else:
+            self.ctx.log.warning("bus down: the detectors' clock stands still until it is back")
 
     async def publish(self, events: list[Envelope]) -> None:
         """Publish what the detectors concluded, each on its subject."""
@@ -146,7 +165,7 @@ class DetectorService:
         """Every tick: the detectors judge silences and windows; their state is saved."""
         while True:
             await asyncio.sleep(self.settings.detector_tick_seconds)
-            await self.publish(self.runtime.tick(datetime.now(UTC)))
+            await self.publish(self.runtime.tick(self.clock.now()))
             try:
                 await self.state.save()
             except Exception as error:  # the next batch or tick tries again
@@ -161,7 +180,7 @@ class DetectorService:
         await self._handle(events, lane=True)
 
     async def _handle(self, events: list[Event], *, lane: bool) -> None:
-        now = datetime.now(UTC)
+        now = self.clock.now()
         if not lane:  # the fault lane's events are in the main consumer's count too
             self.seen.inc(len(events))
         # A long list is judged in slices, the loop free between them, so the fault
