@@ -22,6 +22,7 @@ import nats.errors
 import pytest
 from nats.aio.client import Client
 
+from resurge.control.history import read_history
 from resurge.events import Assign, Event, FaultDetected, JobDeleted, NodeReport, ReplicaSlot
 from resurge.local.access import LocalAccess
 from resurge.local.nats_server import NatsServer
@@ -302,6 +303,8 @@ async def test_viewer_only_reads(cluster: tuple[str, LocalAccess], streams: None
         async with _bus(cluster, "admin") as admin:
             await admin.publish(admin.subjects.job(job), JobDeleted(source=admin.source, job=job))
         await asyncio.wait_for(seen.wait(), 10)
+        history = await read_history(viewer, job=job)  # what `resurge events` does
+        assert [stored.event.kind for stored in history.events] == ["job_deleted"]
     async with _client(cluster, "viewer") as viewer_client:
         s = Settings(namespace=NAMESPACE).subjects
         for subject in (

@@ -50,7 +50,7 @@ def test_the_viewer_publishes_only_read_requests() -> None:
     for subject in role_permissions("viewer", S).publish:
         assert subject.startswith(
             ("$JS.API.STREAM.INFO.", "$JS.API.DIRECT.GET.", "$JS.API.STREAM.MSG.GET.")
-        ) or subject.startswith(("$JS.API.CONSUMER.", "$JS.FC.KV_")), subject
+        ) or subject.startswith(("$JS.API.CONSUMER.", "$JS.FC.")), subject  # FC: reading back
         assert "CONSUMER.CREATE" not in subject or subject.count(".") == 4  # ephemeral only
 
 

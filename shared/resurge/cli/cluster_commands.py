@@ -3,25 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
 
+from resurge.cli.events import show_events
 from resurge.cluster import open_backend
 from resurge.control.client import (
     SubmitRefused,
     connected,
     delete_job,
-    event_line,
     inject_fault,
     inject_xid,
     job_status,
     submit_job,
-    watch_events,
 )
 from resurge.control.nodes import node_views, set_cordon
-from resurge.events import Event
 from resurge.jobspec import JobSpecError, load_job
 from resurge.local.membership import MembershipError, add_node, remove_node
 from resurge.local.state import resolve_state_dir
@@ -133,11 +130,7 @@ async def run_command(args: argparse.Namespace, settings: Settings, *, local: bo
         elif command == "node":
             return await _node(bus, args)
         elif command == "events":
-
-            async def show(event: Event, subject: str) -> None:
-                print(event_line(event, args.json), flush=True)
-
-            await watch_events(bus, f"{bus.subjects.root}.{args.filter}", show, asyncio.Event())
+            return await show_events(bus, args)
     return 0
 
 

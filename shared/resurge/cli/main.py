@@ -74,14 +74,43 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="show one job's status, or every job's")
     status.add_argument("job", nargs="?")
     status.add_argument("--json", action="store_true", help="print JSON")
-    events = commands.add_parser("events", help="print events as they happen (Ctrl-C stops)")
+    events = commands.add_parser(
+        "events",
+        help="print what happened, read back from the durable streams; --follow goes on",
+        description="Print what happened to jobs and nodes, oldest first, one line per "
+        "event, read back from the durable streams (raw telemetry is kept an hour, the "
+        "rest a day): faults, recoveries, phases, resizes, process exits, checkpoints and "
+        "progress every N steps. -v prints every event with all its fields, --json each "
+        "event as stored.",
+    )
     events.add_argument(
         "filter",
         nargs="?",
-        default=">",
-        help="subject filter under <namespace>.v1, e.g. 'fault.>' (default: all)",
+        default=None,
+        help="only this subject filter under <namespace>.v1, e.g. 'fault.>' (every kind "
+        "on it is shown)",
+    )
+    events.add_argument("--job", help="only this job's events")
+    events.add_argument(
+        "--since",
+        type=_age,
+        metavar="AGE",
+        help="only events younger than AGE, e.g. 90s, 10m, 1h, 2d (default: all kept)",
+    )
+    events.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing new events (Ctrl-C stops)"
+    )
+    events.add_argument(
+        "-v", "--verbose", action="store_true", help="every event, with all its fields"
     )
     events.add_argument("--json", action="store_true", help="print each event as JSON")
+    events.add_argument(
+        "--every",
+        type=_positive,
+        default=100,
+        metavar="N",
+        help="show rank 0's progress every N steps (default 100)",
+    )
     inject = commands.add_parser(
         "inject",
         help="break a worker or a simulated GPU on purpose",
@@ -258,6 +287,23 @@ def _check_inject(args: argparse.Namespace) -> None:
         parser.error(f"inject {args.fault} needs {needs}; missing {', '.join(missing)}")
     if stray:
         parser.error(f"inject {args.fault} does not take {', '.join(stray)}")
+
+
+def _age(text: str) -> float:
+    """An argparse type: an age such as ``90s``, ``10m``, ``1h`` or ``2d``, in seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = text[:-1], text[-1:]
+    if unit not in units:
+        number, unit = text, "s"
+    try:
+        value = float(number) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an age such as 90s, 10m, 1h or 2d"
+        ) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not above 0")
+    return value
 
 
 def _positive(text: str) -> int:

@@ -3,21 +3,17 @@ inject faults."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from resurge.cluster import ClusterBackend, NodeInfo, UnknownNodeError, open_backend
 from resurge.contract.xid import action_for, lookup
 from resurge.control.records import JobStore, status_view
 from resurge.events import (
-    Event,
     InjectFault,
     InjectGpuError,
     JobDeleted,
     JobSubmitted,
-    encode_event,
 )
 from resurge.jobspec import TrainingJob
 from resurge.runtime.bus import Bus
@@ -31,7 +27,6 @@ __all__ = [
     "inject_xid",
     "job_status",
     "submit_job",
-    "watch_events",
 ]
 
 
@@ -164,46 +159,3 @@ async def _node_record(backend: ClusterBackend, node: str) -> NodeInfo:
         known = ", ".join(sorted(nodes)) or "none"
         raise UnknownNodeError(f"no node named {node!r} (nodes: {known})")
     return nodes[node]
-
-
-async def watch_events(
-    bus: Bus, subject: str, on_event: Callable[[Event, str], Awaitable[None]], until: asyncio.Event
-) -> None:
-    """Feed every event on ``subject`` (core subscription, from now on) until ``until`` is set."""
-    sub = await bus.subscribe(subject, on_event)
-    try:
-        await until.wait()
-    finally:
-        await sub.unsubscribe()
-
-
-def event_line(event: Event, as_json: bool) -> str:
-    if as_json:
-        return encode_event(event).decode()
-    context = " ".join(
-        f"{key}={value}"
-        for key, value in (
-            ("job", event.job),
-            ("replica", event.replica),
-            ("rank", event.rank),
-            ("gen", event.generation),
-        )
-        if value is not None
-    )
-    body = event.model_dump(
-        exclude={
-            "id",
-            "kind",
-            "schema_version",
-            "time",
-            "source",
-            "job",
-            "replica",
-            "node",
-            "rank",
-            "generation",
-            "spec",
-        },
-        mode="json",
-    )
-    return f"{event.time:%H:%M:%S.%f} {event.kind:<17} {context} {json.dumps(body)}"

@@ -146,6 +146,18 @@ class _Namespace:
             f"$JS.FC.{stream}.>",
         )
 
+    def history(self, g: _Grants) -> None:
+        """Read every family's stored events back (ephemeral ordered consumers)."""
+        for family in _FAMILIES:
+            stream = self.stream(family)
+            g.pub(
+                f"{_API}.STREAM.INFO.{stream}",
+                f"{_API}.CONSUMER.CREATE.{stream}",
+                f"{_API}.CONSUMER.INFO.{stream}.*",
+                f"{_API}.CONSUMER.DELETE.{stream}.*",
+                f"$JS.FC.{stream}.>",
+            )
+
     def kv_write(self, g: _Grants, bucket: str, key: str = ">") -> None:
         """Put, create, update, delete and purge ``key`` (default: every key)."""
         g.pub(f"$KV.{self.s.kv_bucket(bucket)}.{key}")
@@ -211,6 +223,7 @@ def _scaler(ns: _Namespace, g: _Grants, node: str | None) -> None:
 
 def _viewer(ns: _Namespace, g: _Grants, node: str | None) -> None:
     g.sub(f"{ns.root}.>")
+    ns.history(g)  # `resurge events` and `resurge report` read the streams back
     for bucket in _BUCKETS[:5]:
         ns.kv_read(g, bucket)
 

@@ -16,13 +16,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from resurge.control.client import event_line, inject_fault
+from resurge.control.client import inject_fault
+from resurge.control.event_words import event_line
 from resurge.events import (
     AgentState,
     Assign,
     CheckpointSaved,
     JobPhase,
-    ProcessStarted,
     Progress,
 )
 from resurge.jobspec import TrainingJob
@@ -122,13 +122,9 @@ async def _demo(state_dir: Path) -> int:
 
     def show(item: Observed) -> None:
         event = item.event
-        if isinstance(event, Progress) and (event.rank != 0 or event.step % 10):
-            return
-        if isinstance(event, CheckpointSaved) and event.rank != 0:
-            return
-        if isinstance(event, ProcessStarted) and event.local_rank != 0:
-            return
-        print(event_line(event, as_json=False)[:160], flush=True)
+        line = event_line(event, every=10)
+        if line is not None:
+            print(line, flush=True)
 
     print(f"starting a local cluster in {state_dir}: 2 nodes x 2 simulated GPUs", flush=True)
     result = await run_job(
