@@ -16,7 +16,7 @@ $(INSTALLED): pyproject.toml scripts/install-torch examples/custom-detector/pypr
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	TORCH_SPEC="$(TORCH_SPEC)" sh scripts/install-torch $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[test,lint,train,kubernetes,simulate]"
+	$(BIN)/python -m pip install --quiet -e ".[test,lint,train,kubernetes,simulate,report]"
 	$(BIN)/python -m pip install --quiet --no-deps -e examples/custom-detector
 	touch $(INSTALLED)
 

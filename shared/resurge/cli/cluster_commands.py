@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from resurge.cli.events import show_events
+from resurge.cli.report import write_report
 from resurge.cluster import open_backend
 from resurge.control.client import (
     SubmitRefused,
@@ -131,6 +132,8 @@ async def run_command(args: argparse.Namespace, settings: Settings, *, local: bo
             return await _node(bus, args)
         elif command == "events":
             return await show_events(bus, args)
+        elif command == "report":
+            return await write_report(bus, args)
     return 0
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from resurge.cli.convert import add_convert_parser
+from resurge.cli.report import add_report_parser
 from resurge.cli.simulate import add_simulate_parser
 
 if TYPE_CHECKING:
@@ -219,6 +220,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="write the TrainingJob CustomResourceDefinition (YAML) to FILE ('-': stdout)",
     )
+    add_report_parser(commands)
     _state_dir_everywhere(parser)
     add_convert_parser(commands)  # after: convert and simulate need no state folder
     add_simulate_parser(commands)

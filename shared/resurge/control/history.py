@@ -67,6 +67,8 @@ def _filters(
     builders = {"job": subjects.job, "action": subjects.action}
     if family in builders:
         return [builders[family](job)]
+    if family == "cmd":
+        return [subjects.cmd(job, None)]
     if family == "fault":
         return [subjects.fault(job, None)]
     return [f"{subjects.root}.{family}.>"]

@@ -1,0 +1,227 @@
+"""A job's timeline and goodput, worked out from its stored events. Pure, no I/O.
+
+:func:`build_timeline` takes a job's events in time order (``resurge.control.history``)
+and returns what the report draws and tabulates:
+
+- ``steps``: (seconds since start, step) of rank 0's progress;
+- ``world``: (seconds, world size) at each generation's assignment;
+- ``faults``, ``recoveries``, ``resizes``, ``phases``: the marks, in seconds since start;
+- ``summary``: wall time, productive time and time lost by cause.
+
+Time lost, by cause (each counted once, in seconds):
+
+- ``detection``: from a worker's unexpected exit to the fault that names it;
+- ``restart``: each recovery's duration (the fault's detection to the new generation's
+  first sign of life) and each resize's pause (the last step at the old size to the
+  first at the new);
+- ``redone_steps``: steps trained again after a restart resumed from an older
+  checkpoint, at the job's median step time;
+- ``waiting_for_capacity``: time in ``Pending`` after the job first ran.
+
+Goodput is productive time (wall time less those) over wall time.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from resurge.events import (
+    Assign,
+    Event,
+    FaultDetected,
+    JobPhase,
+    PhaseChanged,
+    ProcessExited,
+    Progress,
+    RecoveryFinished,
+    RecoveryStarted,
+    ScaleDecided,
+)
+
+__all__ = ["Timeline", "build_timeline"]
+
+
+@dataclass
+class Timeline:
+    """What a report shows of one job (times in seconds since ``start``)."""
+
+    job: str
+    start: str = ""
+    end: str = ""
+    phase: str = ""
+    steps: list[tuple[float, int]] = field(default_factory=list)
+    world: list[tuple[float, int]] = field(default_factory=list)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
+    resizes: list[dict[str, Any]] = field(default_factory=list)
+    phases: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Everything, as JSON-ready data."""
+        return asdict(self)
+
+
+def build_timeline(job: str, events: list[Event]) -> Timeline:
+    """The timeline of ``job`` from its events (time order); empty if there are none."""
+    mine = [e for e in events if e.job == job]
+    timeline = Timeline(job=job)
+    if not mine:
+        return timeline
+    t0 = mine[0].time
+
+    def at(when: datetime) -> float:
+        return round((when - t0).total_seconds(), 3)
+
+    timeline.start, timeline.end = t0.isoformat(), mine[-1].time.isoformat()
+    for event in mine:
+        _mark(timeline, event, at)
+    timeline.summary = _summary(timeline, mine, at)
+    return timeline
+
+
+def _mark(timeline: Timeline, event: Event, at: Any) -> None:
+    when = at(event.time)
+    if isinstance(event, Progress) and event.rank == 0:
+        timeline.steps.append((when, event.step))
+    elif isinstance(event, Assign) and event.replica in (0, None):
+        if not timeline.world or timeline.world[-1][1] != event.world_size:
+            timeline.world.append((when, event.world_size))
+    elif isinstance(event, FaultDetected):
+        timeline.faults.append(
+            {
+                "time": when,
+                "reason": event.reason,
+                "scope": event.scope.value,
+                "rank": event.rank,
+                "node": event.node,
+                "alert": event.alert_only,
+                "message": event.message,
+            }
+        )
+    elif isinstance(event, RecoveryStarted):
+        timeline.recoveries.append(
+            {"time": when, "level": event.level.value, "reason": event.reason, "seconds": None}
+        )
+    elif isinstance(event, RecoveryFinished):
+        started = [r for r in timeline.recoveries if r["seconds"] is None]
+        if started:
+            started[-1]["seconds"] = round(event.duration_seconds, 3)
+        else:
+            timeline.recoveries.append(
+                {
+                    "time": round(when - event.duration_seconds, 3),
+                    "level": event.level.value,
+                    "reason": event.reason,
+                    "seconds": round(event.duration_seconds, 3),
+                }
+            )
+    elif isinstance(event, ScaleDecided):
+        timeline.resizes.append(
+            {
+                "time": when,
+                "resize": event.resize,
+                "from": event.from_replicas,
+                "to": event.to_replicas,
+                "why": event.why,
+            }
+        )
+    elif isinstance(event, PhaseChanged):
+        timeline.phases.append({"time": when, "phase": event.phase.value})
+        timeline.phase = event.phase.value
+
+
+def _summary(timeline: Timeline, events: list[Event], at: Any) -> dict[str, Any]:
+    wall = at(events[-1].time)
+    lost = {
+        "detection": _detection(events),
+        "restart": sum(r["seconds"] or 0.0 for r in timeline.recoveries) + _resize_pauses(timeline),
+        "redone_steps": _redone(timeline),
+        "waiting_for_capacity": _waiting(timeline, wall),
+    }
+    lost = {cause: round(seconds, 3) for cause, seconds in lost.items()}
+    productive = max(wall - sum(lost.values()), 0.0)
+    return {
+        "wall_seconds": round(wall, 3),
+        "productive_seconds": round(productive, 3),
+        "goodput": round(productive / wall, 4) if wall > 0 else None,
+        "lost_seconds": lost,
+        "faults": sum(1 for f in timeline.faults if not f["alert"]),
+        "alerts": sum(1 for f in timeline.faults if f["alert"]),
+        "recoveries_by_level": _count(r["level"] for r in timeline.recoveries),
+        "resizes": len(timeline.resizes),
+        "final_step": max((s for _, s in timeline.steps), default=0),
+        "phase": timeline.phase,
+    }
+
+
+def _count(values: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return counts
+
+
+def _detection(events: list[Event]) -> float:
+    """Seconds from each unexpected exit to the first fault after it naming its rank."""
+    total = 0.0
+    exits: dict[int | None, datetime] = {}
+    for event in events:
+        if isinstance(event, ProcessExited) and not event.expected and event.exit_code != 0:
+            exits.setdefault(event.rank, event.time)
+        elif isinstance(event, FaultDetected) and event.rank in exits:
+            total += max((event.time - exits.pop(event.rank)).total_seconds(), 0.0)
+    return total
+
+
+def _step_seconds(timeline: Timeline) -> float:
+    gaps = [
+        (t1 - t0) / (s1 - s0)
+        for (t0, s0), (t1, s1) in zip(timeline.steps, timeline.steps[1:], strict=False)
+        if s1 > s0
+    ]
+    return statistics.median(gaps) if gaps else 0.0
+
+
+def _redone(timeline: Timeline) -> float:
+    """Steps reported again (a step at or below the highest one seen before it)."""
+    redone, highest = 0, 0
+    for _, step in timeline.steps:
+        if step <= highest:
+            redone += 1
+        highest = max(highest, step)
+    return redone * _step_seconds(timeline)
+
+
+def _resize_pauses(timeline: Timeline) -> float:
+    """For each resize: the last step before it to the first step after the next
+    world-size change."""
+    total = 0.0
+    for resize in timeline.resizes:
+        before = [t for t, _ in timeline.steps if t <= resize["time"]]
+        changes = [t for t, _ in timeline.world if t > resize["time"]]
+        if not before or not changes:
+            continue
+        after = [t for t, _ in timeline.steps if t > changes[0]]
+        if after:
+            total += after[0] - before[-1]
+    return total
+
+
+def _waiting(timeline: Timeline, wall: float) -> float:
+    """Time in Pending after the job first ran."""
+    total, pending_since, ran = 0.0, None, False
+    for mark in timeline.phases:
+        if mark["phase"] == JobPhase.RUNNING.value:
+            ran = True
+        if pending_since is not None:
+            total += mark["time"] - pending_since
+            pending_since = None
+        if ran and mark["phase"] == JobPhase.PENDING.value:
+            pending_since = mark["time"]
+    if pending_since is not None:
+        total += wall - pending_since
+    return total
