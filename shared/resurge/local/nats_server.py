@@ -4,7 +4,9 @@
 random loopback port, and returns once it accepts connections; the same class serves
 ``resurge demo`` and the test fixtures. Given a config file (``resurge up`` writes one
 with its users, their permissions and TLS: :mod:`resurge.local.access`), the server
-reads it too, and :meth:`NatsServer.reload` has it read the file again.
+reads it too, and :meth:`NatsServer.reload` has it read the file again. A server that
+died can be started again with :meth:`NatsServer.start`: once it has a port, it is
+the same port, with the same JetStream data folder.
 """
 
 from __future__ import annotations
@@ -62,12 +64,20 @@ class NatsServer:
         self.log_path = self.state_dir / "nats-server.log"
 
     @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs; None otherwise."""
+        if self.process is None or self.process.poll() is not None:
+            return None
+        return self.process.pid
+
+    @property
     def url(self) -> str:
         """Where clients connect; the real port only once started."""
         return f"{self.scheme}://{self.host}:{self.port}"
 
     def start(self, timeout: float = 15.0) -> NatsServer:
-        """Start the server and return once it accepts connections, within ``timeout``."""
+        """Start the server and return once it accepts connections, within ``timeout``
+        (again after it died: on the port it had, with its data)."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
         ports_dir = self.state_dir / "ports"
         shutil.rmtree(ports_dir, ignore_errors=True)

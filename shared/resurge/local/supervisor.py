@@ -16,7 +16,9 @@ counts it as lost. At start, records of nodes the file does not want (left by an
 run) are forgotten too. Before any service starts, the
 jobs of an earlier run of the cluster go back to Pending (:mod:`resurge.local.restore`),
 to resume from their checkpoints. Like a Deployment, it starts
-again any child that dies, and says so in its log. ``python -m
+again any child that dies, and says so in its log; so too the embedded nats-server
+(on the same port, with the same JetStream data folder, so streams, consumers and
+job records are as it left them, and every client reconnects by itself). ``python -m
 resurge.local.supervisor`` is what ``resurge up`` runs in the background.
 """
 
@@ -100,7 +102,9 @@ class Supervisor:
     node_set: NodeSet | None = None
     access: LocalAccess | None = None  # the NATS users, when this supervisor runs NATS
     tls_ca: Path | None = None  # the CA clients verify the embedded server with
+    server_restarts: int = 0  # times the embedded server was started again
     _forget: set[str] = field(default_factory=set)
+    _server_next_start: float = 0.0
 
     @property
     def node_names(self) -> list[str]:
@@ -266,6 +270,7 @@ class Supervisor:
     def check(self) -> bool:
         """Reconcile the node monitors with ``nodes.json``, and start again any child
         that died (with backoff), and log it. True when the nodes run changed."""
+        self._check_server()
         changed = self._reconcile_nodes()
         now = time.monotonic()
         for child in self.children.values():
@@ -289,6 +294,42 @@ class Supervisor:
                 self._spawn(child)
                 log.warning("%s started again (pid %d)", child.name, child.process.pid)
         return changed
+
+    def _check_server(self) -> None:
+        """Start the embedded nats-server again if it died (with the children's backoff),
+        on its port and data folder, and log it."""
+        server = self.server
+        if server is None or server.process is None or server.process.poll() is None:
+            return
+        now = time.monotonic()
+        if self._server_next_start == 0.0:
+            self.server_restarts += 1
+            delay = min(_MAX_BACKOFF_SECONDS, 0.5 * 2 ** min(self.server_restarts - 1, 5))
+            self._server_next_start = now + delay
+            log.warning(
+                "nats-server exited with code %s; starting it again on port %d in %.1f s "
+                "(restart %d)",
+                server.process.returncode,
+                server.port,
+                delay,
+                self.server_restarts,
+            )
+            return
+        if now < self._server_next_start:
+            return
+        try:
+            server.start()
+        except (RuntimeError, TimeoutError, OSError) as error:
+            self._server_next_start = 0.0  # counted as another restart, with more backoff
+            log.warning("nats-server did not start again: %s", error)
+            return
+        self._server_next_start = 0.0
+        log.warning(
+            "nats-server started again (pid %d) at %s with its data in %s",
+            server.process.pid,
+            server.url,
+            server.state_dir,
+        )
 
     def fail_node(self, name: str) -> list[int]:
         """Node ``name``'s machine dies, for tests and demos: its monitor and every process
