@@ -114,14 +114,17 @@ async def inject_fault(bus: Bus, job: str, rank: int, fault: str, line: str = ""
     if found is None:
         raise LookupError(f"no job named {job!r}")
     record = found[0]
+    nproc = record.spec.spec.nproc_per_node
+    world = nproc * len(record.placements)
+    out_of_range = LookupError(f"rank {rank} is not in {job} (world size {world})")
+    if world and not 0 <= rank < world:
+        raise out_of_range
     if record.phase.finished:
         raise LookupError(
             f"job {job!r} has {record.phase.value}: no worker is running to inject into"
         )
-    nproc = record.spec.spec.nproc_per_node
-    world = nproc * len(record.placements)
     if not 0 <= rank < world:
-        raise LookupError(f"rank {rank} is not in {job} (world size {world})")
+        raise out_of_range
     replica, local_rank = divmod(rank, nproc)
     event = InjectFault(
         source=bus.source,
