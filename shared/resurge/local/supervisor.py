@@ -131,6 +131,8 @@ class Supervisor:
             "RESURGE_NAMESPACE": self.namespace,
             "RESURGE_STATE_DIR": str(self.state_dir),
             "PYTHONUNBUFFERED": "1",
+            # Readable logs in the state folder; RESURGE_LOG_FORMAT=json for a shipper.
+            "RESURGE_LOG_FORMAT": os.environ.get("RESURGE_LOG_FORMAT", "text"),
             **self.extra_env,
         }
 

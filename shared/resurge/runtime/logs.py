@@ -1,4 +1,5 @@
-"""Structured logging: one JSON object per line, with fixed context keys.
+"""Logging: one JSON object per line (for log shippers), or one readable text line,
+each with fixed context keys.
 
 Pass context through ``extra`` (``log.info("...", extra={"job": name})``); the keys in
 :data:`CONTEXT_KEYS` appear when set. :class:`RateLimitedLog` logs a recurring
@@ -52,13 +53,32 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """``time service LEVEL message key=value ...``: the context keys that are set."""
+
+    def __init__(self, service: str) -> None:
+        super().__init__(f"%(asctime)s {service} %(levelname)s %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        context = " ".join(
+            f"{key}={record.__dict__[key]}"
+            for key in CONTEXT_KEYS[1:]
+            if record.__dict__.get(key) is not None
+        )
+        if not context:
+            return line
+        head, newline, rest = line.partition("\n")  # after the message, before a traceback
+        return f"{head} [{context}]{newline}{rest}"
+
+
 def configure_logging(service: str, level: str = "INFO", fmt: str = "json") -> None:
     """Send every log record to stderr, as JSON (default) or plain text."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter(service))
     else:
-        handler.setFormatter(logging.Formatter(f"%(asctime)s {service} %(levelname)s %(message)s"))
+        handler.setFormatter(TextFormatter(service))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
