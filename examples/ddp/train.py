@@ -364,7 +364,7 @@ def train(
         last = step
         value = float(reduced[0]) / world_size
         requested = float(reduced[1]) > 0
-        run.progress(step, loss=value)
+        run.progress(step, loss=value, total_steps=args.steps)  # `resurge status` progress bar
         if rank == 0 and (step % args.log_every == 0 or step == start):
             print(f"step {step} loss {value:.6f}", flush=True)
         if requested or (args.checkpoint_every > 0 and step % args.checkpoint_every == 0):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from resurge.cli.events import show_events
 from resurge.cli.report import write_report
+from resurge.cli.status import show_status
 from resurge.cluster import open_backend
 from resurge.control.client import (
     SubmitRefused,
@@ -16,7 +17,6 @@ from resurge.control.client import (
     delete_job,
     inject_fault,
     inject_xid,
-    job_status,
     submit_job,
 )
 from resurge.control.nodes import node_views, set_cordon
@@ -27,35 +27,6 @@ from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 
 __all__ = ["run_command"]
-
-
-def _say(views: list[dict[str, object]], as_json: bool, one: bool) -> None:
-    if as_json:
-        print(json.dumps(views[0] if one else views, indent=2))
-        return
-    for view in views:
-        restarts = view["restarts"]
-        counts = (
-            ",".join(f"{k}:{v}" for k, v in restarts.items()) if isinstance(restarts, dict) else ""
-        )
-        last = view.get("lastRecovery")
-        recovered = (
-            f" last={last['level']}/{last['reason']}/{last['seconds']:.2f}s"
-            if isinstance(last, dict)
-            else ""
-        )
-        replicas = view.get("replicas")
-        shape = (
-            f" replicas={replicas['current']}/{replicas['target']}"
-            if isinstance(replicas, dict)
-            else ""
-        )
-        resize = view.get("lastResize")
-        resized = f" resized={resize['from']}->{resize['to']}" if isinstance(resize, dict) else ""
-        print(
-            f"{view['name']:<24} {view['phase']:<11} gen={view['generation']}{shape} "
-            f"restarts={{{counts}}}{recovered}{resized} {view['message']}"
-        )
 
 
 async def _node(bus: Bus, args: argparse.Namespace) -> int:
@@ -125,7 +96,7 @@ async def run_command(args: argparse.Namespace, settings: Settings, *, local: bo
                 return 1
             print(f"trainingjob {args.job} deleted")
         elif command == "status":
-            return await _status(bus, args)
+            return await show_status(bus, args)
         elif command == "inject":
             return await _inject(bus, args)
         elif command == "node":
@@ -155,15 +126,6 @@ async def _submit(file: Path, settings: Settings, *, local: bool) -> int:
             print(f"resurge submit: {error}", file=sys.stderr)
             return 1
     print(f"trainingjob {job.name} {'submitted' if outcome == 'created' else outcome}")
-    return 0
-
-
-async def _status(bus: Bus, args: argparse.Namespace) -> int:
-    views = await job_status(bus, args.job)
-    if args.job and not views:
-        print(f"resurge status: no job named {args.job!r}", file=sys.stderr)
-        return 1
-    _say(views, args.json, one=args.job is not None)
     return 0
 
 

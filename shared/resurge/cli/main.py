@@ -72,9 +72,20 @@ def _parser() -> argparse.ArgumentParser:
     submit.add_argument("file", type=Path)
     delete = commands.add_parser("delete", help="delete a job and stop its workers")
     delete.add_argument("job")
-    status = commands.add_parser("status", help="show one job's status, or every job's")
-    status.add_argument("job", nargs="?")
-    status.add_argument("--json", action="store_true", help="print JSON")
+    status = commands.add_parser(
+        "status",
+        help="every job in a table (live on a terminal), or one job described",
+        description="Without JOB: every job in a table (phase, generation, replicas, step "
+        "and pace, restarts, last fault, last recovery, goodput, progress toward the final "
+        "step when the job reports one), refreshed every second on a terminal until Ctrl-C. "
+        "With JOB: the job described (faults in words, recoveries, alerts, checkpoint, why "
+        "a Pending job waits).",
+    )
+    status.add_argument("job", nargs="?", help="describe this job")
+    status.add_argument("--json", action="store_true", help="print every field as JSON")
+    status.add_argument(
+        "--once", action="store_true", help="print the table once, even on a terminal"
+    )
     events = commands.add_parser(
         "events",
         help="print what happened, read back from the durable streams; --follow goes on",

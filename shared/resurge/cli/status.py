@@ -1,0 +1,188 @@
+"""``resurge status [JOB] [--json] [--watch]``: the jobs as a table, one job described.
+
+- Without JOB: a table of every job (phase, generation, replicas, step and pace,
+  restarts, last fault, last recovery, goodput, a progress bar toward the final step
+  when the job reports one). On a terminal it refreshes every second until Ctrl-C
+  (``--once`` prints it once); piped, it prints once as plain text.
+- With JOB: a ``kubectl describe``-like view: the record's fields, the last faults in
+  words (rank, node, evidence), recent recoveries with level and duration, the newest
+  checkpoint, alerts, and why a Pending job waits.
+- ``--json``: every field, for scripts (DESIGN section 7's object, plus the overview).
+
+rich draws the table and the live refresh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from resurge.control.client import job_status
+from resurge.control.job_overview import overview
+from resurge.runtime.bus import Bus
+
+__all__ = ["describe", "jobs_table", "show_status"]
+
+REFRESH_SECONDS = 1.0
+BAR_WIDTH = 40
+
+
+async def _views(bus: Bus, job: str | None) -> list[dict[str, Any]]:
+    """The status objects of ``job`` (or of every job), each with its overview."""
+    views: list[dict[str, Any]] = await job_status(bus, job)
+    for view in views:
+        view.update((await overview(bus, str(view["name"]))).as_json())
+    return views
+
+
+def _restarts(view: dict[str, Any]) -> str:
+    counts = view.get("restarts") or {}
+    return ",".join(f"{level}:{n}" for level, n in counts.items()) or "0"
+
+
+def _last_fault(view: dict[str, Any]) -> str:
+    fault = view.get("lastFault")
+    return str(fault["reason"]) if isinstance(fault, dict) else "-"
+
+
+def _last_recovery(view: dict[str, Any]) -> str:
+    last = view.get("lastRecovery")
+    return f"{last['level']} {last['seconds']:.2f}s" if isinstance(last, dict) else "-"
+
+
+def _step(view: dict[str, Any]) -> str:
+    step, final, pace = view.get("step"), view.get("finalStep"), view.get("stepsPerSecond")
+    if step is None:
+        return "-"
+    shown = f"{step}/{final}" if final else str(step)
+    return f"{shown} {pace:.1f}/s" if pace else shown
+
+
+def _goodput(view: dict[str, Any]) -> str:
+    goodput = view.get("goodput")
+    return f"{goodput:.0%}" if isinstance(goodput, float) else "-"
+
+
+def jobs_table(views: list[dict[str, Any]]) -> Group | Text:
+    """Every job in one table, then a progress bar for each job that reports its final
+    step (or "no jobs")."""
+    if not views:
+        return Text("no jobs")
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("JOB", "PHASE", "GEN", "REPL", "STEP", "RESTARTS", "FAULT", "RECOVERY"):
+        table.add_column(column, overflow="fold")
+    table.add_column("GOODPUT", justify="right")
+    bars = Table.grid(padding=(0, 1))
+    for view in views:
+        replicas = view.get("replicas") or {}
+        table.add_row(
+            str(view["name"]),
+            str(view["phase"]),
+            str(view["generation"]),
+            f"{replicas.get('current', 0)}/{replicas.get('target', 0)}",
+            _step(view),
+            _restarts(view),
+            _last_fault(view),
+            _last_recovery(view),
+            _goodput(view),
+        )
+        final, step = view.get("finalStep"), view.get("step")
+        if final and step is not None:
+            done = min(step, final)
+            bar = ProgressBar(total=float(final), completed=float(done), width=BAR_WIDTH)
+            bars.add_row(str(view["name"]), bar, f"{done / final:.0%}")
+    return Group(table, Text(""), bars) if bars.row_count else Group(table)
+
+
+def describe(view: dict[str, Any]) -> Group:
+    """One job, as ``kubectl describe`` shows an object."""
+    lines: list[Text | Table] = []
+    fields = Table.grid(padding=(0, 2))
+    replicas = view.get("replicas") or {}
+    for name, value in (
+        ("Name", view["name"]),
+        ("Phase", view["phase"]),
+        ("Message", view.get("message") or "-"),
+        ("Generation", view["generation"]),
+        ("Replicas", f"{replicas.get('current', 0)} current, {replicas.get('target', 0)} target"),
+        ("Step", _step(view)),
+        ("Restarts", _restarts(view)),
+        ("Goodput", _goodput(view)),
+        ("Time lost", _lost(view)),
+        ("Checkpoint", _checkpoint(view)),
+    ):
+        fields.add_row(f"{name}:", str(value))
+    lines.append(fields)
+    if view["phase"] == "Pending":
+        lines.append(Text(f"Waiting: {view.get('message') or 'for room on the nodes'}"))
+    lines.append(_section("Faults", [_fault_words(f) for f in view.get("recentFaults", [])]))
+    lines.append(
+        _section("Recoveries", [_recovery_words(r) for r in view.get("recentRecoveries", [])])
+    )
+    lines.append(_section("Alerts", [_fault_words(a) for a in view.get("alerts", [])]))
+    return Group(*lines)
+
+
+def _section(title: str, items: list[str]) -> Text:
+    body = "\n".join(f"  {item}" for item in items) or "  none"
+    return Text(f"{title}:\n{body}")
+
+
+def _lost(view: dict[str, Any]) -> str:
+    lost = view.get("lostSeconds") or {}
+    shown = [
+        f"{cause.replace('_', ' ')} {seconds:.1f}s" for cause, seconds in lost.items() if seconds
+    ]
+    return ", ".join(shown) or "none"
+
+
+def _checkpoint(view: dict[str, Any]) -> str:
+    newest = view.get("newestCheckpoint") or view.get("latestCheckpoint")
+    return f"step {newest['step']} at {newest['path']}" if isinstance(newest, dict) else "none"
+
+
+def _fault_words(fault: dict[str, Any]) -> str:
+    where = ", ".join(f"{k} {fault[k]}" for k in ("rank", "node") if fault.get(k) is not None)
+    evidence = ", ".join(f"{k}={v}" for k, v in (fault.get("evidence") or {}).items())
+    text = f"{fault['time'][11:19]} {fault['reason']}"
+    text += f" ({where})" if where else ""
+    text += f": {fault['message']}" if fault.get("message") else ""
+    return text + (f" [{evidence}]" if evidence else "")
+
+
+def _recovery_words(recovery: dict[str, Any]) -> str:
+    return (
+        f"{recovery['time'][11:19]} {recovery['level']} level, from {recovery['reason']}, "
+        f"in {recovery['seconds']:.2f} s"
+    )
+
+
+async def show_status(bus: Bus, args: argparse.Namespace) -> int:
+    """Print the status ``args`` asks for; 1 for an unknown JOB."""
+    views = await _views(bus, args.job)
+    if args.job and not views:
+        print(f"resurge status: no job named {args.job!r}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(views[0] if args.job else views, indent=2))
+        return 0
+    console = Console()
+    if args.job:
+        console.print(describe(views[0]))
+        return 0
+    if args.once or not console.is_terminal:
+        console.print(jobs_table(views))
+        return 0
+    with Live(jobs_table(views), console=console, auto_refresh=False) as live:
+        while True:  # until Ctrl-C
+            await asyncio.sleep(REFRESH_SECONDS)
+            live.update(jobs_table(await _views(bus, None)), refresh=True)
