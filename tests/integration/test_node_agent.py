@@ -259,6 +259,8 @@ async def test_injected_faults_hang_log_and_crash_a_worker(
         )
         [fake] = [e for e in raw_events.of(LogLine) if e.line.startswith("CUDA error")]
         assert (fake.local_rank, fake.stream) == (0, "stderr")
+        logged = (tmp_path / "agent.log").read_text()  # the worker's output, as the agent echoes it
+        assert "CUDA error: an illegal memory access" in logged
         await bus.publish(subject, inject("hang", 1))
         await bus.publish(subject, inject("crash", 0))
         await raw_events.wait_for(lambda items: any(isinstance(e, ProcessExited) for e in items))

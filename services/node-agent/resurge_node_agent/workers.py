@@ -88,8 +88,15 @@ class WorkerProcesses:
         return proc.pid if proc is not None and proc.returncode is None else None
 
     async def emit_line(self, local_rank: int, stream: Stream, line: str) -> None:
-        """Report ``line`` as if worker ``local_rank`` had printed it (fault injection)."""
+        """Report ``line`` as if worker ``local_rank`` had printed it (fault injection),
+        and write it to the worker's output as its own lines are (the agent's log)."""
+        self._echo(local_rank, stream, line)
         await self._on_line(local_rank, stream, line[:MAX_LINE_CHARS])
+
+    def _echo(self, local_rank: int, stream: Stream, line: str) -> None:
+        echo = sys.stdout if stream == "stdout" else sys.stderr
+        echo.write(f"{self._echo_prefix(local_rank)}{line}\n")
+        echo.flush()
 
     def running_pids(self) -> dict[int, int]:
         """Local rank -> pid of every worker still running."""
@@ -174,8 +181,6 @@ class WorkerProcesses:
         await self._on_exit(exit_)
 
     async def _pump(self, local_rank: int, name: Stream, reader: asyncio.StreamReader) -> None:
-        echo = sys.stdout if name == "stdout" else sys.stderr
-        prefix = self._echo_prefix(local_rank)
         while True:
             try:
                 raw = await reader.readline()
@@ -184,6 +189,5 @@ class WorkerProcesses:
             if not raw:
                 return
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
-            echo.write(f"{prefix}{line}\n")
-            echo.flush()
+            self._echo(local_rank, name, line)
             await self._on_line(local_rank, name, line[:MAX_LINE_CHARS])
