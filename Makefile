@@ -61,6 +61,8 @@ bench: $(INSTALLED)
 
 schemas: $(INSTALLED)
 	$(BIN)/resurge schema --out docs/schemas --crd deploy/base/crd/trainingjobs.yaml
+	$(BIN)/resurge schema | $(BIN)/python -m resurge.contract.reference events docs/events.md
+	$(BIN)/resurge schema | $(BIN)/python -m resurge.contract.reference asyncapi docs/asyncapi.yaml
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
