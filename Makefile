@@ -40,13 +40,14 @@ lint: $(INSTALLED)
 typecheck: $(INSTALLED)
 	$(BIN)/mypy
 
-# pytest exits 5 when it collects no test; make treats that as a failure too. The whole
-# suite runs in one process unless PYTEST_WORKERS says how many pytest-xdist workers
-# (with 2 the five-minute soak runs beside the rest); the fast tests always use two.
-PYTEST_WORKERS ?= 0
+# pytest exits 5 when it collects no test; make treats that as a failure too. The suite
+# runs in two pytest-xdist workers that steal work from each other (the slowest
+# end-to-end tests are collected first, see tests/conftest.py); PYTEST_WORKERS=0 runs
+# it in one process.
+PYTEST_WORKERS ?= 2
 
 pytest: $(INSTALLED)
-	$(BIN)/pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) $(if $(filter 0,$(PYTEST_WORKERS)),,--dist worksteal) $(PYTEST_ARGS)
 
 pytest-fast: $(INSTALLED)
 	$(BIN)/pytest -n 2 -m "not e2e" $(PYTEST_ARGS)

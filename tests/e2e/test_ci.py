@@ -26,7 +26,13 @@ def test_make_pytest_fails_when_a_test_fails_or_none_runs(
 ) -> None:
     (tmp_path / "test_sample.py").write_text(test_source)
     result = subprocess.run(
-        ["make", "--no-print-directory", "pytest", f"PYTEST_ARGS=-p no:cacheprovider {tmp_path}"],
+        [
+            "make",
+            "--no-print-directory",
+            "pytest",
+            "PYTEST_WORKERS=0",
+            f"PYTEST_ARGS=-p no:cacheprovider {tmp_path}",
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
