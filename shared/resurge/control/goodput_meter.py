@@ -1,0 +1,156 @@
+"""Each job's goodput as it happens: running sums of the time lost, by cause. Pure, no I/O.
+
+:class:`GoodputMeter` is fed what a service sees live (faults, finished recoveries and
+resizes, rank 0's steps, phase changes) and keeps, per job, the seconds lost by cause,
+in the words of :mod:`resurge.control.timeline` (which works the same causes out from
+stored events for ``resurge report``), so the two agree:
+
+- ``detection``: from a worker's unexpected exit (the fault's ``exited_at`` evidence)
+  to the fault that names it; each fault counted once;
+- ``restart``: each recovery's duration (the fault's detection to the new generation's
+  first sign of life) and each resize's pause (the resize decided to the new size's
+  first sign of life);
+- ``redone_steps``: steps trained again after a restart resumed from an older
+  checkpoint (a rank-0 step at or below the highest one seen before it), at the job's
+  median step time (over its recent steps);
+- ``waiting_for_capacity``: time in ``Pending`` after the job first ran.
+
+Goodput is productive time (wall time less those) over wall time; wall time runs from
+the job's submission to now, or to the moment it finished.
+
+Memory is bounded: a job is forgotten when it is deleted, and at most
+``keep_finished`` finished jobs are kept (the longest finished first out).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from resurge.contract.vocabulary import JobPhase
+
+__all__ = ["CAUSES", "GoodputMeter", "JobGoodput"]
+
+CAUSES = ("detection", "restart", "redone_steps", "waiting_for_capacity")
+"""The causes of lost time, as :mod:`resurge.control.timeline` names them."""
+
+# Rank-0 step gaps a job's median step time is taken over.
+_GAPS_KEPT = 64
+# Fault ids remembered per job, so a redelivered fault is not counted twice.
+_FAULTS_KEPT = 64
+
+
+@dataclass
+class JobGoodput:
+    """One job's running sums (seconds) and what they are worked out from."""
+
+    submitted: datetime
+    finished_at: datetime | None = None
+    detection: float = 0.0
+    restart: float = 0.0
+    waiting: float = 0.0
+    redone: int = 0
+    ran: bool = False
+    pending_since: datetime | None = None
+    highest_step: int | None = None
+    last_step: tuple[int, datetime] | None = None
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=_GAPS_KEPT))
+    faults: deque[str] = field(default_factory=lambda: deque(maxlen=_FAULTS_KEPT))
+
+    def step_seconds(self) -> float:
+        """The median of the recent rank-0 step times (0 before two steps)."""
+        return statistics.median(self.gaps) if self.gaps else 0.0
+
+    def lost(self, now: datetime) -> dict[str, float]:
+        """Seconds lost so far, by cause (waiting counted up to ``now`` if still Pending)."""
+        waiting = self.waiting
+        if self.pending_since is not None:
+            waiting += max((self._end(now) - self.pending_since).total_seconds(), 0.0)
+        return {
+            "detection": self.detection,
+            "restart": self.restart,
+            "redone_steps": self.redone * self.step_seconds(),
+            "waiting_for_capacity": waiting,
+        }
+
+    def wall(self, now: datetime) -> float:
+        """Seconds from submission to ``now`` (or to the job's end)."""
+        return max((self._end(now) - self.submitted).total_seconds(), 0.0)
+
+    def goodput(self, now: datetime) -> float | None:
+        """Productive time over wall time; None while no time has passed."""
+        wall = self.wall(now)
+        if wall <= 0:
+            return None
+        return max(wall - sum(self.lost(now).values()), 0.0) / wall
+
+    def _end(self, now: datetime) -> datetime:
+        return self.finished_at if self.finished_at is not None else now
+
+
+class GoodputMeter:
+    """The running goodput sums of every job a service sees."""
+
+    def __init__(self, keep_finished: int = 100) -> None:
+        self.keep_finished = keep_finished
+        self.jobs: dict[str, JobGoodput] = {}
+        self._finished: OrderedDict[str, None] = OrderedDict()
+
+    def phase(self, job: str, phase: JobPhase, submitted: datetime, at: datetime) -> None:
+        """``job``'s record is in ``phase`` at ``at`` (submitted at ``submitted``).
+
+        A record submitted anew (the same name again) starts the sums over."""
+        known = self.jobs.get(job)
+        if known is None or known.submitted != submitted:
+            known = self.jobs[job] = JobGoodput(submitted=submitted)
+            self._finished.pop(job, None)
+        if known.finished_at is not None:
+            return
+        if phase is JobPhase.RUNNING:
+            known.ran = True
+        if known.pending_since is not None and phase is not JobPhase.PENDING:
+            known.waiting += max((at - known.pending_since).total_seconds(), 0.0)
+            known.pending_since = None
+        elif known.ran and phase is JobPhase.PENDING and known.pending_since is None:
+            known.pending_since = at
+        if phase.finished:
+            known.finished_at = at
+            self._finished[job] = None
+            while len(self._finished) > self.keep_finished:
+                self.forget(next(iter(self._finished)))
+
+    def fault(self, job: str, fault_id: str, detected: datetime, exited: datetime | None) -> None:
+        """A fault of ``job`` detected at ``detected``; ``exited``: when the worker it
+        names exited (None: not an exit, no detection time is counted)."""
+        known = self.jobs.get(job)
+        if known is None or exited is None or fault_id in known.faults:
+            return
+        known.faults.append(fault_id)
+        known.detection += max((detected - exited).total_seconds(), 0.0)
+
+    def restarted(self, job: str, seconds: float) -> None:
+        """A recovery or a resize of ``job`` took ``seconds`` (to the first sign of life)."""
+        known = self.jobs.get(job)
+        if known is not None:
+            known.restart += max(seconds, 0.0)
+
+    def step(self, job: str, step: int, at: datetime) -> None:
+        """Rank 0 of ``job`` completed ``step`` at ``at``."""
+        known = self.jobs.get(job)
+        if known is None:
+            return
+        if known.highest_step is not None and step <= known.highest_step:
+            known.redone += 1
+        else:
+            known.highest_step = step
+        last = known.last_step
+        if last is not None and step > last[0]:
+            known.gaps.append(max((at - last[1]).total_seconds(), 0.0) / (step - last[0]))
+        known.last_step = (step, at)
+
+    def forget(self, job: str) -> None:
+        """Drop everything about ``job`` (deleted, or finished long enough ago)."""
+        self.jobs.pop(job, None)
+        self._finished.pop(job, None)
