@@ -40,14 +40,14 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import OrderedDict, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from resurge.contract.subjects import NODE_LEVEL_JOB
 from resurge.control.records import JobRecord
 from resurge.detection import Detector, DetectorContext, DurableState
-from resurge.events import CapacityChanged, Envelope, Source
+from resurge.events import CapacityChanged, Envelope, FaultDetected, Source
 from resurge.runtime.logs import RateLimitedLog
 
 __all__ = ["LANE_KINDS", "DetectorRuntime", "Partition", "StateKey"]
@@ -100,6 +100,8 @@ class DetectorRuntime:
         self._lane_detectors = {id(d) for d in self.detectors if d.kinds <= LANE_KINDS}
         self._reads_logs = "log_line" in self._by_kind
         self._handled: OrderedDict[tuple[str, str], bool] = OrderedDict()
+        # Told of each fault a raw event led to, with that event (detection latency).
+        self.on_fault: Callable[[Envelope, FaultDetected], None] | None = None
 
     @property
     def kinds(self) -> set[str]:
@@ -172,10 +174,20 @@ class DetectorRuntime:
                 if not self._take(event, detector, lane):
                     continue
                 try:
-                    out += detector.observe(event, ctx)
+                    concluded = list(detector.observe(event, ctx))
                 except Exception as error:
                     self._failed(detector, error)
+                    continue
+                out += concluded
+                self._tell_faults(event, concluded)
         return self._keep(out)
+
+    def _tell_faults(self, event: Envelope, concluded: Iterable[Envelope]) -> None:
+        if self.on_fault is None:
+            return
+        for fault in concluded:
+            if isinstance(fault, FaultDetected):
+                self.on_fault(event, fault)
 
     def tick(self, now: datetime) -> list[Envelope]:
         """What the detectors conclude from the passing of time, at ``now``."""

@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 from resurge.cluster import ClusterBackend
+from resurge.contract.subjects import unescape_token
 from resurge.control.job_messages import (
     assignment_messages,
     phase_message,
@@ -218,17 +219,28 @@ class Dispatcher:
         self.ctx.tasks.add(task)  # cancelled when the service stops
         task.add_done_callback(self.ctx.tasks.discard)
 
-    async def watch_records(self, on_record: Callable[[JobRecord], Awaitable[None]]) -> None:
+    async def watch_records(
+        self,
+        on_record: Callable[[JobRecord], Awaitable[None]],
+        seen: Callable[[str, JobRecord | None], None] | None = None,
+    ) -> None:
         """Hand every job record written from now on whose plan is undispatched and
-        claimed by another instance to ``on_record`` (in a background task)."""
+        claimed by another instance to ``on_record`` (in a background task); ``seen``
+        gets every record as it is written (None: the job's record was deleted)."""
         watcher = await self.store.kv.watchall()
 
         async def pump() -> None:
             async for entry in watcher:
-                if entry is None or not entry.value:
+                if entry is None:
+                    continue
+                if not entry.value:
+                    if seen is not None:
+                        seen(unescape_token(entry.key), None)
                     continue
                 with contextlib.suppress(ValueError):  # a record of a newer schema
                     record = JobRecord.model_validate_json(entry.value)
+                    if seen is not None:
+                        seen(record.name, record)
                     plan = record.pending_recovery
                     if plan is not None and not plan.dispatched and plan.claimed_by != self.me:
                         try:

@@ -24,6 +24,7 @@ backend (:func:`resurge.cluster.open_backend`) and starts a :class:`Restarter`.
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime
 
 from resurge.cluster import ClusterBackend, open_backend
@@ -51,6 +52,7 @@ from resurge.events import (
 from resurge.runtime.service import ServiceContext
 from resurge_restarter.dispatch import Dispatcher, cluster_view
 from resurge_restarter.known_jobs import KnownJobs
+from resurge_restarter.metrics import RestarterMetrics
 
 __all__ = ["LEASE_SECONDS", "Restarter", "setup"]
 
@@ -89,11 +91,12 @@ class Restarter:
         # other progress events need no record read.
         self.pending: dict[str, int] = {}
         self.known = KnownJobs(ctx.registry)
+        self.metrics = RestarterMetrics(ctx.registry)
 
     async def start(self) -> None:
         """Finish the plans left undispatched, watch for others', then consume events."""
         await self.resume_unfinished()
-        await self.dispatcher.watch_records(self.take_over)
+        await self.dispatcher.watch_records(self.take_over, self._record_seen)
         bus = self.bus
         await bus.consume(
             bus.subjects.all("fault"), "restarter", self.on_fault, expects=(FaultDetected,)
@@ -131,6 +134,7 @@ class Restarter:
         """
         if fault.job is None:
             return
+        self._meter_fault(fault)
         found = await self.store.get(fault.job)
         if found is None:
             self.ctx.log.warning(
@@ -175,6 +179,7 @@ class Restarter:
             await announce_phase(self.bus, before.phase, after)
             return
         assert after.pending_recovery is not None
+        self.metrics.restarted(decision.level, fault.reason)
         self.pending[after.name] = after.pending_recovery.to_generation
         self.ctx.log.warning(
             "restarting %s at level %s: generation %d -> %d (%s)",
@@ -192,6 +197,8 @@ class Restarter:
         if event.job is None or event.generation is None:
             return
         progress = isinstance(event, Progress)
+        if isinstance(event, Progress) and event.rank == 0:
+            self.metrics.meter.step(event.job, event.step, event.time)
         if (
             progress
             and self.known.reports(event.job)
@@ -226,6 +233,9 @@ class Restarter:
         plan = before.pending_recovery
         assert plan is not None
         if plan.resize:
+            resize = after.last_resize
+            if resize is not None and resize.seconds is not None:
+                self.metrics.meter.restarted(after.name, resize.seconds)
             self.ctx.log.info(
                 "job %s runs generation %d at %d replica(s) (%s)",
                 after.name,
@@ -237,6 +247,7 @@ class Restarter:
             await announce_phase(self.bus, before.phase, after)
             return
         assert after.last_recovery_seconds is not None
+        self.metrics.recovered(after.name, plan.level, after.last_recovery_seconds)
         self.ctx.log.info(
             "job %s recovered in %.3f s",
             after.name,
@@ -254,6 +265,24 @@ class Restarter:
         )
         await self.bus.publish(self.bus.subjects.action(after.name), finished)
         await announce_phase(self.bus, before.phase, after)
+
+    def _meter_fault(self, fault: FaultDetected) -> None:
+        """Count the detection time of a fault that names an exited worker."""
+        if fault.job is None:
+            return
+        exited_at = fault.evidence.get("exited_at")
+        exited = None
+        if isinstance(exited_at, str):
+            with contextlib.suppress(ValueError):
+                exited = datetime.fromisoformat(exited_at)
+        self.metrics.meter.fault(fault.job, fault.fault_id, fault.time, exited)
+
+    def _record_seen(self, name: str, record: JobRecord | None) -> None:
+        """Follow a job's phase for its goodput; a deleted job's series go."""
+        if record is None:
+            self.metrics.meter.forget(name)
+        else:
+            self.metrics.meter.phase(name, record.phase, record.submitted, datetime.now(UTC))
 
     async def on_checkpoint(self, event: CheckpointSaved) -> None:
         """Count a rank's saved checkpoint into the job record."""

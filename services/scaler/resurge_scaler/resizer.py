@@ -47,6 +47,7 @@ from resurge.control.records import JobRecord, JobStore, Placement
 from resurge.control.worker_groups import worker_group
 from resurge.events import AgentState, AgentStateChanged, Event, ScaleDecided
 from resurge.runtime.service import ServiceContext
+from resurge_scaler.metrics import ScalerMetrics
 from resurge_scaler.resize_plan import apply_resize, removed_nodes
 from resurge_scaler.shapes import lost_since, shapes_from
 
@@ -64,8 +65,10 @@ class Resizer:
         ctx: ServiceContext,
         store: JobStore,
         backend: ClusterBackend,
+        metrics: ScalerMetrics | None = None,
     ) -> None:
         self.ctx = ctx
+        self.metrics = metrics
         self.bus = ctx.bus
         self.store = store
         self.backend = backend
@@ -154,6 +157,8 @@ class Resizer:
             to_generation=after.generation,
         )
         await self.bus.publish(self.bus.subjects.action(after.name), decided)
+        if self.metrics is not None:
+            self.metrics.resized(resize.kind.value)
 
     async def _warm_up(self, preview: JobRecord, added: list[Placement]) -> bool:
         """Create the added replicas' worker groups and wait (at most

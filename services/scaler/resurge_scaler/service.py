@@ -49,6 +49,7 @@ from resurge.events import (
 )
 from resurge.runtime.bus import TransientError
 from resurge.runtime.service import ServiceContext
+from resurge_scaler.metrics import ScalerMetrics
 from resurge_scaler.resizer import Resizer
 from resurge_scaler.status_writer import StatusWriter
 
@@ -65,7 +66,8 @@ class Scaler:
         self.bus = ctx.bus
         self.store = store
         self.backend = backend
-        self.resizer = Resizer(ctx, store, backend)
+        self.metrics = ScalerMetrics(ctx.registry)
+        self.resizer = Resizer(ctx, store, backend, self.metrics)
         self._admitting = asyncio.Lock()
 
     @classmethod
@@ -76,7 +78,7 @@ class Scaler:
 
     async def start(self) -> None:
         """Write job statuses in the background and consume the scaler's subjects."""
-        self.ctx.spawn(StatusWriter(self.store.kv, self.backend).run())
+        self.ctx.spawn(StatusWriter(self.store.kv, self.backend, self.metrics.job_seen).run())
         self.ctx.spawn(self.backend.reconcile())
         self.ctx.spawn(self.tick())
         bus = self.bus
@@ -221,6 +223,11 @@ class Scaler:
                 await self.settle()
             except Exception:
                 self.ctx.log.exception("admitting and resizing failed; trying again")
+            try:
+                nodes = await self.backend.live_nodes()
+                self.metrics.gpus(nodes, await self.backend.list_worker_groups())
+            except Exception as error:  # the next tick tries again
+                self.ctx.log.warning("could not count the GPUs in use: %r", error)
 
     async def on_action(
         self, event: PhaseChanged | RecoveryStarted | RecoveryFinished | ScaleDecided

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 from nats.js.kv import KeyValue
 
@@ -29,9 +30,16 @@ log = logging.getLogger("resurge.scaler.status")
 class StatusWriter:
     """Follows the job records in ``jobs`` and writes each one's status to ``backend``."""
 
-    def __init__(self, jobs: KeyValue, backend: ClusterBackend) -> None:
+    def __init__(
+        self,
+        jobs: KeyValue,
+        backend: ClusterBackend,
+        seen: Callable[[str, JobRecord | None], None] | None = None,
+    ) -> None:
+        """``seen`` (metrics) gets every record as it is read, None for a deleted one."""
         self.jobs = jobs
         self.backend = backend
+        self.seen = seen
         self._written: dict[str, dict[str, object]] = {}
         self._unwritten: dict[str, dict[str, object]] = {}
 
@@ -46,8 +54,13 @@ class StatusWriter:
                 if entry.operation in ("DEL", "PURGE") or not entry.value:
                     self._written.pop(name, None)
                     self._unwritten.pop(name, None)
+                    if self.seen is not None:
+                        self.seen(name, None)
                     continue
-                self.saw(JobRecord.model_validate_json(entry.value))
+                record = JobRecord.model_validate_json(entry.value)
+                if self.seen is not None:
+                    self.seen(name, record)
+                self.saw(record)
                 await self.flush()
         finally:
             with contextlib.suppress(Exception):  # the connection may be closing

@@ -39,6 +39,9 @@ class DeadLetterOffice:
         self._publish = publish
         self._source = Source.here(service)
         self._log = RateLimitedLog(log, interval=60.0)
+        # ``reason`` is bounded: a DeadLetterReason, a closed enum. The service is the
+        # scrape target's (each service serves its own registry; the prometheus
+        # component puts it in a ``service`` label), so it needs no label here.
         self.counter = Counter(
             "resurge_dead_letters_total",
             "Messages this service could not use, by reason.",

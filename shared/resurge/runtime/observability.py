@@ -2,6 +2,11 @@
 
 The server runs in a daemon thread (prometheus-client's exposition is synchronous);
 ``/healthz`` answers 200 while the ``healthy`` callback returns true, 503 otherwise.
+
+:class:`BoundedLabel` keeps a label whose values come from outside the code (a fault's
+reason: detector plugins choose their own) bounded: the first ``limit`` values pass
+through, every later new value is counted under ``other``. docs/metrics.md lists every
+metric and its labels.
 """
 
 from __future__ import annotations
@@ -12,7 +17,32 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-__all__ = ["MetricsServer"]
+__all__ = ["OTHER", "BoundedLabel", "MetricsServer"]
+
+OTHER = "other"
+"""The value a :class:`BoundedLabel` gives every value past its limit."""
+
+
+class BoundedLabel:
+    """Label values from an open set, bounded: the first ``limit`` distinct values (each
+    cut to ``max_chars``) pass through, any later new one becomes :data:`OTHER`."""
+
+    def __init__(self, limit: int = 32, max_chars: int = 64) -> None:
+        self.limit = limit
+        self.max_chars = max_chars
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str) -> str:
+        """The label value to use for ``value``."""
+        value = value[: self.max_chars]
+        with self._lock:
+            if value in self._seen:
+                return value
+            if len(self._seen) < self.limit:
+                self._seen.add(value)
+                return value
+        return OTHER
 
 
 class MetricsServer:
