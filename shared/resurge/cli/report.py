@@ -81,6 +81,7 @@ def _figure(timeline: Timeline) -> Any:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (steps, world) = plt.subplots(
         2, 1, sharex=True, figsize=(10, 5.5), height_ratios=(3, 1), layout="constrained"
@@ -94,6 +95,7 @@ def _figure(timeline: Timeline) -> Any:
         times, sizes = zip(*[*timeline.world, (end, timeline.world[-1][1])], strict=True)
         world.step(times, sizes, where="post", color="#1f5fa8")
     world.set_ylabel("world size")
+    world.yaxis.set_major_locator(MaxNLocator(integer=True))
     world.set_xlabel("seconds since the job's first event")
     for axes in (steps, world):
         for fault in timeline.faults:

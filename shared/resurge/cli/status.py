@@ -34,6 +34,7 @@ __all__ = ["describe", "jobs_table", "show_status"]
 
 REFRESH_SECONDS = 1.0
 BAR_WIDTH = 40
+EVIDENCE_CHARS = 40
 
 
 async def _views(bus: Bus, job: str | None) -> list[dict[str, Any]]:
@@ -67,40 +68,68 @@ def _step(view: dict[str, Any]) -> str:
     return f"{shown} {pace:.1f}/s" if pace else shown
 
 
+def _step_of(view: dict[str, Any]) -> str:
+    step, final = view.get("step"), view.get("finalStep")
+    if step is None:
+        return "-"
+    return f"{step}/{final}" if final else str(step)
+
+
 def _goodput(view: dict[str, Any]) -> str:
     goodput = view.get("goodput")
     return f"{goodput:.0%}" if isinstance(goodput, float) else "-"
 
 
 def jobs_table(views: list[dict[str, Any]]) -> Group | Text:
-    """Every job in one table, then a progress bar for each job that reports its final
-    step (or "no jobs")."""
+    """Every job in one table; under it, per job, a progress bar toward the final step
+    when the job reports one, and its last fault and recovery (or "no jobs")."""
     if not views:
         return Text("no jobs")
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("JOB", "PHASE", "GEN", "REPL", "STEP", "RESTARTS", "FAULT", "RECOVERY"):
-        table.add_column(column, overflow="fold")
-    table.add_column("GOODPUT", justify="right")
-    bars = Table.grid(padding=(0, 1))
+    table.add_column("JOB", no_wrap=True, max_width=24, overflow="ellipsis")
+    for column in ("PHASE", "GEN", "REPL", "STEP"):
+        table.add_column(column, no_wrap=True)
+    for column in ("STEP/S", "RESTARTS", "GOODPUT"):
+        table.add_column(column, justify="right", no_wrap=True)
+    below: list[Table | Text] = []
+    width = max(len(str(view["name"])) for view in views)
     for view in views:
         replicas = view.get("replicas") or {}
+        pace = view.get("stepsPerSecond")
         table.add_row(
             str(view["name"]),
             str(view["phase"]),
             str(view["generation"]),
             f"{replicas.get('current', 0)}/{replicas.get('target', 0)}",
-            _step(view),
-            _restarts(view),
-            _last_fault(view),
-            _last_recovery(view),
+            _step_of(view),
+            f"{pace:.1f}" if pace else "-",
+            str(sum((view.get("restarts") or {}).values())),
             _goodput(view),
         )
         final, step = view.get("finalStep"), view.get("step")
         if final and step is not None:
             done = min(step, final)
-            bar = ProgressBar(total=float(final), completed=float(done), width=BAR_WIDTH)
-            bars.add_row(str(view["name"]), bar, f"{done / final:.0%}")
-    return Group(table, Text(""), bars) if bars.row_count else Group(table)
+            line = Table.grid(padding=(0, 1))
+            line.add_row(
+                str(view["name"]).ljust(width),
+                ProgressBar(total=float(final), completed=float(done), width=BAR_WIDTH),
+                f"{done / final:.0%}",
+            )
+            below.append(line)
+        last = _last_words(view)
+        if last:
+            below.append(Text(f"{'':{width}} {last}"))
+    return Group(table, Text(""), *below) if below else Group(table)
+
+
+def _last_words(view: dict[str, Any]) -> str:
+    fault, recovery = view.get("lastFault"), view.get("lastRecovery")
+    said = []
+    if isinstance(fault, dict):
+        said.append(f"fault {fault['reason']} {str(fault['time'])[11:19]}")
+    if isinstance(recovery, dict):
+        said.append(f"recovered at {recovery['level']} in {recovery['seconds']:.2f} s")
+    return ", ".join(said)
 
 
 def describe(view: dict[str, Any]) -> Group:
@@ -152,7 +181,11 @@ def _checkpoint(view: dict[str, Any]) -> str:
 
 def _fault_words(fault: dict[str, Any]) -> str:
     where = ", ".join(f"{k} {fault[k]}" for k in ("rank", "node") if fault.get(k) is not None)
-    evidence = ", ".join(f"{k}={v}" for k, v in (fault.get("evidence") or {}).items())
+    evidence = ", ".join(  # short facts only: a traceback belongs to `resurge events -v`
+        f"{k}={v}"
+        for k, v in (fault.get("evidence") or {}).items()
+        if len(str(v)) <= EVIDENCE_CHARS and "\n" not in str(v)
+    )
     text = f"{fault['time'][11:19]} {fault['reason']}"
     text += f" ({where})" if where else ""
     text += f": {fault['message']}" if fault.get("message") else ""

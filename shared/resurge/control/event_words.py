@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 from resurge.events import (
+    AgentState,
     AgentStateChanged,
     CapacityChanged,
     CheckpointSaved,
@@ -40,7 +41,8 @@ def readable(event: Event, every: int = 100) -> str | None:
     if isinstance(event, Progress):
         if event.rank != 0 or event.step % max(every, 1):
             return None
-        shown = ", ".join(f"{k} {v:.4g}" for k, v in sorted(event.metrics.items())[:3])
+        metrics = sorted((k, v) for k, v in event.metrics.items() if k != "total_steps")
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in metrics[:3])
         return f"step {event.step}" + (f" ({shown})" if shown else "")
     return _words(event)
 
@@ -73,8 +75,10 @@ def _words(event: Event) -> str | None:  # noqa: C901  (one branch per kind peop
             return None
         how = f"was killed by {event.signal}" if event.signal else f"exited {event.exit_code}"
         return f"{who} {how}"
-    if isinstance(event, AgentStateChanged):
-        return f"agent of replica {event.replica} {event.state.value}: {event.detail}".rstrip(": ")
+    if isinstance(event, AgentStateChanged):  # only a lost agent by default: -v shows all
+        if event.state is not AgentState.LOST:
+            return None
+        return f"agent of replica {event.replica} lost: {event.detail}".rstrip(": ")
     if isinstance(event, WorkerFault):
         return f"{who} raised {event.exception}: {event.message}"
     if isinstance(event, CheckpointSaved) and event.rank == 0:

@@ -62,8 +62,8 @@ def _filters(
     if family == "raw":
         kinds = TIMELINE_RAW_KINDS if raw_kinds is None else tuple(raw_kinds)
         return [subjects.raw(job, kind, None) for kind in kinds]
-    if family == "capacity":
-        return [subjects.capacity(None)]
+    if family == "capacity":  # node events: part of a job's history only through its faults
+        return [] if job is not None else [subjects.capacity(None)]
     builders = {"job": subjects.job, "action": subjects.action}
     if family in builders:
         return [builders[family](job)]
