@@ -32,6 +32,7 @@ from resurge_scaler.metrics import ScalerMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "resurge-dashboard.json"
+METRICS_DOC = REPO / "docs" / "metrics.md"
 
 SUFFIXES = {
     "counter": ("_total",),
@@ -65,7 +66,7 @@ def names_in(registry: CollectorRegistry) -> set[str]:
     return names
 
 
-def service_metric_names() -> set[str]:
+def service_registries() -> list[CollectorRegistry]:
     registries = [CollectorRegistry() for _ in range(4)]
     Bus(Client(), Settings(), "any", registries[0])  # messages, dead letters, batches
     RestarterMetrics(registries[1])
@@ -73,8 +74,12 @@ def service_metric_names() -> set[str]:
     ctx = cast(ServiceContext, SimpleNamespace(registry=registries[3], bus=None))
     runtime = DetectorRuntime([], Source.here("detector"), Partition())
     DetectorService(ctx, DetectorSettings(), runtime, cast(StateStore, None))
+    return registries
+
+
+def service_metric_names() -> set[str]:
     names: set[str] = set()
-    for registry in registries:
+    for registry in service_registries():
         names |= names_in(registry)
     return names
 
@@ -149,3 +154,12 @@ def test_the_datasource_is_a_prometheus_template_variable(dashboard: dict[str, A
     job = variables["job"]
     assert job["datasource"]["uid"] == "${datasource}"
     assert set(METRIC.findall(job["definition"])) <= service_metric_names()
+
+
+def test_docs_describe_every_metric_the_services_register() -> None:
+    documented = set(re.findall(r"^\| `(resurge_[a-z0-9_]+)` \|", METRICS_DOC.read_text(), re.M))
+    registered = set()
+    for registry in service_registries():
+        for family in registry.collect():
+            registered.add(family.name + ("_total" if family.type == "counter" else ""))
+    assert registered - documented == set()
