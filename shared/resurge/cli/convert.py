@@ -29,7 +29,7 @@ def add_convert_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
         "dropped. A hyperpodrun or torchrun launcher is taken off the command. Needs no "
         "cluster. Exit status 0, with warnings or without; 2 for a file that is not YAML, "
         "not a HyperPodPyTorchJob, or that converts into a job that does not validate. "
-        "docs/jobspec.md ('Coming from HyperPod') has the field mapping.",
+        "docs/coming-from-hyperpod.md has the field mapping.",
     )
     convert.add_argument("file", type=Path, help="the HyperPodPyTorchJob YAML manifest")
     convert.add_argument(

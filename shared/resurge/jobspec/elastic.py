@@ -71,8 +71,9 @@ class ElasticSpec(SpecModel):
         gt=0,
         alias="scalingTimeoutSeconds",
         validation_alias=AliasChoices("scalingTimeoutSeconds", "scalingTimeoutInSeconds"),
-        description="How long a resize may take to reach its first training step at the new "
-        "size before it is treated as a fault "
+        description="How long the replicas a grow adds may take to come up (their agents "
+        "waiting for work, warmed up) before the grow is dropped and its new worker groups "
+        "deleted; the job trains on at its size meanwhile "
         "(HyperPod: elasticPolicy.scalingTimeoutInSeconds).",
         examples=[300.0],
     )

@@ -6,7 +6,7 @@ and lets the TrainingJob models validate it: HyperPod's own blocks (``elasticPol
 they are, for the models to fold in. Each field that does not land in a TrainingJob field
 of its own gets a :class:`Note` naming it by its path in the manifest and saying where it
 went (pod-level settings stay in ``spec.template``, which only Kubernetes uses) or why it
-was dropped. docs/jobspec.md ("Coming from HyperPod") has the whole mapping.
+was dropped. docs/coming-from-hyperpod.md has the whole mapping.
 
 Errors: :class:`HyperPodError` for text that is not YAML or a document that is not a
 HyperPodPyTorchJob (or has no container command to run); :class:`JobSpecError` naming
