@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 
 import nats.js.errors
-from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
 
 from resurge.contract.subjects import escape_token, unescape_token
@@ -43,11 +42,7 @@ class StateStore:
     @classmethod
     async def open(cls, bus: Bus, runtime: DetectorRuntime) -> StateStore:
         """Create (or bind) the bucket on ``bus``'s server."""
-        kv = await bus.js.create_key_value(
-            KeyValueConfig(
-                bucket=bus.subjects.kv_bucket(STATE_BUCKET), history=1, ttl=_STATE_MAX_AGE_SECONDS
-            )
-        )
+        kv = await bus.create_bucket(STATE_BUCKET, history=1, ttl=_STATE_MAX_AGE_SECONDS)
         return cls(kv, runtime)
 
     async def save(self) -> None:

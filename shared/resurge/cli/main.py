@@ -65,6 +65,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--port", type=int, default=0, help="NATS port (default: a free one)")
     up.add_argument(
+        "--nats-cluster",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="run N NATS servers as one cluster (3 or 5; streams and buckets keep 3 copies, "
+        "so one server may die without losing a message); default 1",
+    )
+    up.add_argument(
         "--foreground", action="store_true", help="stay attached; Ctrl-C stops the cluster"
     )
     commands.add_parser("down", help="stop the local cluster and everything it runs")
@@ -418,7 +426,14 @@ def _main(argv: list[str] | None) -> int:
         state_dir = resolve_state_dir(args.state_dir)
         if args.command == "down":
             return down(state_dir)
-        return up(state_dir, args.nodes, args.gpus_per_node, args.port, args.foreground)
+        return up(
+            state_dir,
+            args.nodes,
+            args.gpus_per_node,
+            args.port,
+            args.foreground,
+            args.nats_cluster,
+        )
     if args.command == "demo":
         from resurge.local.demo import run_demo
 

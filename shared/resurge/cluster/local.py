@@ -23,7 +23,6 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import nats.js.errors
-from nats.js.api import KeyValueConfig
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -69,9 +68,7 @@ async def _bucket(bus: Bus, name: str) -> KeyValue:
     try:
         return await bus.js.key_value(bus.subjects.kv_bucket(name))
     except nats.js.errors.BucketNotFoundError:
-        return await bus.js.create_key_value(
-            KeyValueConfig(bucket=bus.subjects.kv_bucket(name), history=1)
-        )
+        return await bus.create_bucket(name, history=1)
 
 
 async def _get(kv: KeyValue, key: str) -> bytes | None:

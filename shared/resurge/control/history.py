@@ -18,6 +18,7 @@ import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 
 import nats.js.errors
 from nats.aio.msg import Msg
@@ -25,7 +26,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from resurge.contract.subjects import Subjects
 from resurge.events import DecodeError, Event, decode_event
-from resurge.runtime.bus import Bus
+from resurge.runtime.bus import Bus, until_jetstream
 
 __all__ = ["FAMILIES", "TIMELINE_RAW_KINDS", "History", "Stored", "read_history"]
 
@@ -106,8 +107,8 @@ async def _read_stream(
     bus: Bus, stream: str, subject: str, since: datetime | None, history: History
 ) -> None:
     """Read ``subject``'s stored messages of ``stream`` up to the newest stored now."""
-    try:
-        info = await bus.js.stream_info(stream)
+    try:  # on a NATS cluster electing a new leader, asked again until it answers
+        info = await until_jetstream(partial(bus.js.stream_info, stream))
     except nats.js.errors.NotFoundError:
         return
     last = info.state.last_seq
@@ -134,11 +135,18 @@ async def _read_stream(
         if since is not None
         else None
     )
-    sub = await bus.js.subscribe(
-        subject, stream=stream, cb=on_message, ordered_consumer=True, config=config
+    sub = await until_jetstream(
+        partial(
+            bus.js.subscribe,
+            subject,
+            stream=stream,
+            cb=on_message,
+            ordered_consumer=True,
+            config=config,
+        )
     )
     try:
-        consumer = await sub.consumer_info()
+        consumer = await until_jetstream(sub.consumer_info)
         delivered = consumer.delivered
         if consumer.num_pending == 0 and (delivered is None or not delivered.consumer_seq):
             return  # nothing stored matches

@@ -6,7 +6,8 @@ random loopback port, and returns once it accepts connections; the same class se
 with its users, their permissions and TLS: :mod:`resurge.local.access`), the server
 reads it too, and :meth:`NatsServer.reload` has it read the file again. A server that
 died can be started again with :meth:`NatsServer.start`: once it has a port, it is
-the same port, with the same JetStream data folder.
+the same port, with the same JetStream data folder. :func:`cluster_of` makes a NATS
+cluster of several such servers on loopback (``resurge up --nats-cluster 3``).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import subprocess
 import sys
 import sysconfig
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["NatsServer", "nats_server_binary"]
+__all__ = ["ClusterMember", "NatsServer", "cluster_of", "free_port", "nats_server_binary"]
 
 
 def nats_server_binary() -> str:
@@ -44,6 +46,60 @@ def nats_server_binary() -> str:
     return found
 
 
+@dataclass(frozen=True)
+class ClusterMember:
+    """One server's place in a NATS cluster on loopback: its name, the port its peers
+    reach it on, and theirs (every member's JetStream data is its own)."""
+
+    name: str
+    port: int
+    peers: tuple[int, ...]
+    cluster_name: str = "resurge"
+
+    def arguments(self, host: str) -> list[str]:
+        """The nats-server flags that make it this member."""
+        routes = ",".join(f"nats://{host}:{port}" for port in self.peers)
+        return [
+            "--server_name",
+            self.name,
+            "--cluster_name",
+            self.cluster_name,
+            "--cluster",
+            f"nats://{host}:{self.port}",
+            "--routes",
+            routes,
+        ]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (for a server that must know it in advance)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
+
+
+def cluster_of(
+    state_dir: Path, size: int, config: Path | None, scheme: str, host: str = "127.0.0.1"
+) -> list[NatsServer]:
+    """``size`` servers forming one cluster on loopback, each with its data in
+    ``state_dir/server-<i>``, client and cluster ports chosen now."""
+    clients = [free_port(host) for _ in range(size)]
+    routes = [free_port(host) for _ in range(size)]
+    return [
+        NatsServer(
+            state_dir / f"server-{i}",
+            clients[i],
+            host,
+            config=config,
+            scheme=scheme,
+            cluster=ClusterMember(
+                f"server-{i}", routes[i], tuple(p for j, p in enumerate(routes) if j != i)
+            ),
+        )
+        for i in range(size)
+    ]
+
+
 class NatsServer:
     """One nats-server process with JetStream, its data and log under ``state_dir``."""
 
@@ -54,12 +110,14 @@ class NatsServer:
         host: str = "127.0.0.1",
         config: Path | None = None,
         scheme: str = "nats",
+        cluster: ClusterMember | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.host = host
         self.port = port
         self.config = config
         self.scheme = scheme
+        self.cluster = cluster
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = self.state_dir / "nats-server.log"
 
@@ -96,6 +154,8 @@ class NatsServer:
         ]
         if self.config is not None:  # users, permissions, TLS (resurge.local.access)
             args += ["-c", str(self.config)]
+        if self.cluster is not None:
+            args += self.cluster.arguments(self.host)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout

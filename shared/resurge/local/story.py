@@ -154,6 +154,7 @@ async def run_job(
     cwd: Path | None = None,
     restarters: int = 1,
     end_with_during: bool = False,
+    nats_servers: int = 1,
 ) -> StoryResult:
     """Start a local cluster (on ``nats_url``, or an embedded server), run ``job`` to its end.
 
@@ -169,6 +170,7 @@ async def run_job(
         nats_url=nats_url,
         extra_env={"RESURGE_LOG_LEVEL": "INFO"},
         restarters=restarters,
+        nats_servers=nats_servers,
     )
     if cwd is not None:
         supervisor.cwd = cwd

@@ -42,7 +42,7 @@ from resurge.cluster import open_backend
 from resurge.cluster.local import LocalBackend
 from resurge.contract.subjects import Subjects
 from resurge.local.access import LocalAccess, tls_block
-from resurge.local.nats_server import NatsServer
+from resurge.local.nats_server import NatsServer, cluster_of
 from resurge.local.node_set import NodeEntry, NodeSet, plan
 from resurge.local.restore import restore
 from resurge.local.state import ClusterState, StateLock
@@ -99,12 +99,14 @@ class Supervisor:
     keep_nodes: bool = False
     children: dict[str, _Child] = field(default_factory=dict)
     server: NatsServer | None = None
+    nats_servers: int = 1  # more than 1: a NATS cluster on loopback, streams replicated
+    peers: list[NatsServer] = field(default_factory=list)  # the cluster's other servers
     node_set: NodeSet | None = None
     access: LocalAccess | None = None  # the NATS users, when this supervisor runs NATS
     tls_ca: Path | None = None  # the CA clients verify the embedded server with
     server_restarts: int = 0  # times the embedded server was started again
     _forget: set[str] = field(default_factory=set)
-    _server_next_start: float = 0.0
+    _server_next_start: dict[int, float] = field(default_factory=dict)
 
     @property
     def node_names(self) -> list[str]:
@@ -133,6 +135,7 @@ class Supervisor:
             "PYTHONUNBUFFERED": "1",
             # Readable logs in the state folder; RESURGE_LOG_FORMAT=json for a shipper.
             "RESURGE_LOG_FORMAT": os.environ.get("RESURGE_LOG_FORMAT", "text"),
+            "RESURGE_STREAM_REPLICAS": str(self.stream_replicas),
             **self.extra_env,
         }
 
@@ -153,7 +156,18 @@ class Supervisor:
             namespace=self.namespace,
             nats_credentials=given.get("RESURGE_NATS_CREDENTIALS"),
             nats_tls_ca=given.get("RESURGE_NATS_TLS_CA", self.tls_ca),
+            stream_replicas=self.stream_replicas,
         )
+
+    @property
+    def stream_replicas(self) -> int:
+        """Copies of each stream and bucket: one per server, up to 3 (NATS's own advice)."""
+        return min(self.nats_servers, 3)
+
+    @property
+    def servers(self) -> list[NatsServer]:
+        """Every embedded nats-server (none when given a URL)."""
+        return [] if self.server is None else [self.server, *self.peers]
 
     def _start_server(self) -> None:
         """The embedded NATS server with a user per role and node (and TLS where
@@ -168,6 +182,15 @@ class Supervisor:
             self.tls_ca = ours.nats_tls_ca
         config = self.access.write_config(self.node_set.names, tls)
         scheme = "tls" if tls else "nats"
+        if self.nats_servers > 1:
+            first, *self.peers = cluster_of(
+                self.state_dir / "nats", self.nats_servers, config, scheme
+            )
+            self.server = first
+            for server in self.servers:
+                server.start()
+            self.nats_url = ",".join(server.url for server in self.servers)
+            return
         server = NatsServer(self.state_dir / "nats", self.nats_port, config=config, scheme=scheme)
         self.server = server.start()
         self.nats_url = self.server.url
@@ -298,16 +321,20 @@ class Supervisor:
         return changed
 
     def _check_server(self) -> None:
-        """Start the embedded nats-server again if it died (with the children's backoff),
-        on its port and data folder, and log it."""
-        server = self.server
-        if server is None or server.process is None or server.process.poll() is None:
-            return
+        """Start every embedded nats-server that died again (with the children's
+        backoff), on its port and data folder, and log it."""
+        for index, server in enumerate(self.servers):
+            if server.process is not None and server.process.poll() is not None:
+                self._restart_server(index, server)
+
+    def _restart_server(self, index: int, server: NatsServer) -> None:
+        assert server.process is not None
         now = time.monotonic()
-        if self._server_next_start == 0.0:
+        next_start = self._server_next_start.get(index, 0.0)
+        if next_start == 0.0:
             self.server_restarts += 1
             delay = min(_MAX_BACKOFF_SECONDS, 0.5 * 2 ** min(self.server_restarts - 1, 5))
-            self._server_next_start = now + delay
+            self._server_next_start[index] = now + delay
             log.warning(
                 "nats-server exited with code %s; starting it again on port %d in %.1f s "
                 "(restart %d)",
@@ -317,15 +344,15 @@ class Supervisor:
                 self.server_restarts,
             )
             return
-        if now < self._server_next_start:
+        if now < next_start:
             return
         try:
             server.start()
         except (RuntimeError, TimeoutError, OSError) as error:
-            self._server_next_start = 0.0  # counted as another restart, with more backoff
+            self._server_next_start[index] = 0.0  # another restart, with more backoff
             log.warning("nats-server did not start again: %s", error)
             return
-        self._server_next_start = 0.0
+        self._server_next_start[index] = 0.0
         log.warning(
             "nats-server started again (pid %d) at %s with its data in %s",
             server.process.pid,
@@ -384,7 +411,8 @@ class Supervisor:
         if not new:
             return
         self.access.write_config(self.node_set.names, self._tls_config())
-        self.server.reload()
+        for server in self.servers:
+            server.reload()
         asyncio.run(self._wait_user(new[-1]))
         log.info("NATS users added for %s", ", ".join(new))
 
@@ -454,8 +482,8 @@ class Supervisor:
                 except subprocess.TimeoutExpired:
                     os.killpg(child.process.pid, signal.SIGKILL)
                     child.process.wait()
-        if self.server is not None:
-            self.server.stop()
+        for server in self.servers:
+            server.stop()
 
     def state(self) -> ClusterState:
         """The record ``cluster.json`` keeps for this running cluster."""
@@ -543,6 +571,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus-per-node", type=int, default=2)
     parser.add_argument("--namespace", default="resurge")
     parser.add_argument("--port", type=int, default=0, help="NATS port (default: a free one)")
+    parser.add_argument(
+        "--nats-cluster", type=int, default=1, help="NATS servers (more than 1: a cluster)"
+    )
     parser.add_argument("--ready-fd", type=int, default=None)
     parser.add_argument(
         "--keep-nodes",
@@ -558,6 +589,7 @@ def main(argv: list[str] | None = None) -> int:
         namespace=args.namespace,
         nats_port=args.port,
         keep_nodes=args.keep_nodes,
+        nats_servers=args.nats_cluster,
     )
     return serve(supervisor, args.ready_fd)
 

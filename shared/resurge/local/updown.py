@@ -31,16 +31,25 @@ DEFAULT_GPUS_PER_NODE = 2
 
 
 def up(
-    state_dir: Path, nodes: int | None, gpus_per_node: int | None, port: int, foreground: bool
+    state_dir: Path,
+    nodes: int | None,
+    gpus_per_node: int | None,
+    port: int,
+    foreground: bool,
+    nats_servers: int = 1,
 ) -> int:
     """Start the local cluster in ``state_dir`` (here if ``foreground``); the exit status.
 
-    ``nodes`` and ``gpus_per_node`` None: the nodes of the folder's earlier run, if any."""
+    ``nodes`` and ``gpus_per_node`` None: the nodes of the folder's earlier run, if any.
+    ``nats_servers`` above 1: a NATS cluster of that many servers (``port`` is ignored)."""
     keep_nodes = nodes is None and gpus_per_node is None
     nodes = DEFAULT_NODES if nodes is None else nodes
     gpus_per_node = DEFAULT_GPUS_PER_NODE if gpus_per_node is None else gpus_per_node
     if nodes < 1 or gpus_per_node < 1:
         print("resurge up: --nodes and --gpus-per-node must be at least 1", file=sys.stderr)
+        return 2
+    if nats_servers not in (1, 3, 5):
+        print("resurge up: --nats-cluster must be 1, 3 or 5 servers", file=sys.stderr)
         return 2
     if StateLock(state_dir).held_elsewhere():
         state = ClusterState.load(state_dir)
@@ -49,7 +58,12 @@ def up(
         return 1
     if foreground:
         supervisor = Supervisor(
-            state_dir, nodes, gpus_per_node, nats_port=port, keep_nodes=keep_nodes
+            state_dir,
+            nodes,
+            gpus_per_node,
+            nats_port=port,
+            keep_nodes=keep_nodes,
+            nats_servers=nats_servers,
         )
         configure_logging("supervisor", fmt="text")
         print(f"starting the local cluster in {state_dir} (Ctrl-C stops it)", flush=True)
@@ -59,6 +73,7 @@ def up(
     argv = [sys.executable, "-m", "resurge.local.supervisor", "--state-dir", str(state_dir)]
     argv += ["--nodes", str(nodes), "--gpus-per-node", str(gpus_per_node)]
     argv += ["--port", str(port), "--ready-fd", str(write_end)]
+    argv += ["--nats-cluster", str(nats_servers)]
     argv += ["--keep-nodes"] if keep_nodes else []
     with (state_dir / "logs" / "supervisor.log").open("ab") as log:
         subprocess.Popen(

@@ -29,7 +29,8 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from functools import partial
+from typing import Any, Literal, TypeVar
 
 import nats
 import nats.errors
@@ -63,7 +64,14 @@ from resurge.runtime.logs import RateLimitedLog
 from resurge.runtime.nats_auth import CredentialsError, connect_options
 from resurge.runtime.settings import Settings
 
-__all__ = ["BatchReader", "Bus", "Handler", "PermanentError", "TransientError"]
+__all__ = [
+    "BatchReader",
+    "Bus",
+    "Handler",
+    "PermanentError",
+    "TransientError",
+    "until_jetstream",
+]
 
 # A stopping service waits this long for its subscriptions' handlers to finish (nats.py:
 # 30 s); what is left unacked is delivered again to whoever takes over. Seen in CI: a
@@ -72,6 +80,10 @@ DRAIN_TIMEOUT_SECONDS = 5
 
 # Refusals of the first connection (0.2 s apart) after which a server is taken to mean it.
 _REFUSALS = 5
+
+# How long creating a stream or bucket waits for JetStream on a cluster that is electing
+# its leaders (a cluster just started, or one that lost a server).
+JETSTREAM_WAIT_SECONDS = 30.0
 
 # Tries at binding a durable consumer another instance may be creating at the same time.
 _BIND_ATTEMPTS = 5
@@ -331,14 +343,27 @@ class Bus:
                 storage=StorageType.FILE,
                 max_age=max_age,
                 duplicate_window=min(120.0, max_age),
+                num_replicas=self.settings.stream_replicas,
             )
-            try:
-                await self.js.add_stream(config)
-            except nats.js.errors.BadRequestError:
-                await self.js.update_stream(config)
-        await self.js.create_key_value(
-            KeyValueConfig(bucket=self.subjects.kv_bucket(JOBS_BUCKET), history=5)
+            await until_jetstream(partial(self._add_or_update, config))
+        await self.create_bucket(JOBS_BUCKET, history=5)
+
+    async def _add_or_update(self, config: StreamConfig) -> None:
+        try:
+            await self.js.add_stream(config)
+        except nats.js.errors.BadRequestError:
+            await self.js.update_stream(config)
+
+    async def create_bucket(self, name: str, history: int = 1, **options: Any) -> KeyValue:
+        """Create (or bind, if it exists alike) KV bucket ``name`` of this namespace, with
+        the ``stream_replicas`` setting's copies."""
+        config = KeyValueConfig(
+            bucket=self.subjects.kv_bucket(name),
+            history=history,
+            replicas=self.settings.stream_replicas,
+            **options,
         )
+        return await until_jetstream(lambda: self.js.create_key_value(config))
 
     async def _create_missing(self) -> None:
         for family in _FAMILIES:
@@ -628,6 +653,36 @@ async def _renew_ordered_consumers(nc: Client) -> int:
         else:
             renewed += 1
     return renewed
+
+
+T = TypeVar("T")
+
+
+async def until_jetstream(
+    request: Callable[[], Awaitable[T]], wait_seconds: float = JETSTREAM_WAIT_SECONDS
+) -> T:
+    """``request()``, asked again while JetStream is not available yet: a NATS cluster
+    that just started (or lost a server) elects its JetStream leaders first."""
+    deadline = asyncio.get_running_loop().time() + wait_seconds
+    while True:
+        try:
+            return await request()
+        except (nats.js.errors.APIError, nats.errors.TimeoutError) as error:
+            if not _electing(error) or asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.25)  # a leader election: nothing to await but the retry
+
+
+# JetStream's answers while a cluster forms or elects: no peers for a replicated
+# stream yet (10005), no leader yet (503).
+_ELECTING_CODES = frozenset({10005})
+
+
+def _electing(error: Exception) -> bool:
+    """Whether ``error`` says JetStream is electing its leaders (so: ask again)."""
+    if isinstance(error, (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError)):
+        return True
+    return isinstance(error, nats.js.errors.APIError) and error.err_code in _ELECTING_CODES
 
 
 async def _connected(

@@ -91,6 +91,13 @@ class Settings(BaseSettings):
     raw_max_age_seconds: float = Field(
         default=3600, gt=0, description="Retention of the raw telemetry stream."
     )
+    stream_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="Copies of every JetStream stream and KV bucket on a NATS cluster "
+        "(3 on a three-server cluster: one server may die without losing a message).",
+    )
 
     @property
     def subjects(self) -> Subjects:
