@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -152,3 +155,23 @@ async def test_follow_prints_the_history_then_new_events_once_each(bus: Bus) -> 
         await following
     assert sum("Succeeded" in line for line in lines) == 1
     assert len(lines) == 6
+
+
+async def test_follow_ends_quietly_when_its_reader_goes_away(bus: Bus) -> None:
+    await _story(bus, "alpha")
+    resurge = Path(sys.executable).parent / "resurge"
+    env = {**os.environ, "RESURGE_NATS_URL": bus.settings.nats_url,
+           "RESURGE_NAMESPACE": bus.settings.namespace}  # fmt: skip
+    process = await asyncio.create_subprocess_exec(
+        str(resurge), "events", "--follow", "--job", "alpha", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    first = await asyncio.wait_for(process.stdout.readline(), 30)
+    assert b"phase Running" in first
+    process.stdout.feed_eof()
+    transport = process._transport  # type: ignore[attr-defined]
+    transport.get_pipe_transport(1).close()  # the reader goes away, as `| head -1` does
+    code = await asyncio.wait_for(process.wait(), 20)  # no further event comes meanwhile
+    assert code == 0
+    assert await process.stderr.read() == b""

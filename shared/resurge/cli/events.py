@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
+import os
+import stat
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -65,8 +68,8 @@ async def show_events(
         history = await read_history(bus, job=args.job, since=since, subject=subject)
         for stored in history.events:
             lines.show(stored.event)
-        while sub is not None:
-            lines.show(await live.get())
+        if sub is not None:
+            await _follow(live, lines)
     except ValueError as error:
         print(f"resurge events: {error}", file=sys.stderr)
         return 2
@@ -74,3 +77,38 @@ async def show_events(
         if sub is not None:
             await sub.unsubscribe()
     return 0
+
+
+async def _follow(live: asyncio.Queue[Event], lines: _Lines) -> None:
+    """Show live events until cancelled, or until the pipe stdout writes into is closed
+    by its reader (``| head``): then BrokenPipeError, as a write would raise, at once
+    rather than at the next event."""
+    closed = asyncio.Event()
+    fd = _pipe_fd()
+    if fd is not None:  # a pipe's writing end turns "readable" (an error) once its reader is gone
+        asyncio.get_running_loop().add_reader(fd, closed.set)
+    gone = asyncio.ensure_future(closed.wait())
+    getting: asyncio.Future[Event] | None = None
+    try:
+        while True:
+            getting = asyncio.ensure_future(live.get())
+            await asyncio.wait((getting, gone), return_when=asyncio.FIRST_COMPLETED)
+            if not getting.done():
+                raise BrokenPipeError("the reader of the output went away")
+            lines.show(getting.result())
+    finally:
+        for waiting in (getting, gone):
+            if waiting is not None:
+                waiting.cancel()
+        if fd is not None:
+            asyncio.get_running_loop().remove_reader(fd)
+
+
+def _pipe_fd() -> int | None:
+    """Stdout's file descriptor when it is a pipe; None otherwise (a terminal, a file,
+    or no descriptor at all, as under a test's capture)."""
+    try:
+        fd = sys.stdout.fileno()
+        return fd if stat.S_ISFIFO(os.fstat(fd).st_mode) else None
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return None

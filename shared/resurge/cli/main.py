@@ -478,6 +478,8 @@ def _on_cluster(args: argparse.Namespace) -> int:
     except NoClusterError as error:
         print(f"resurge {args.command}: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the output's reader went away: not a NATS connection error
+        raise
     except ConnectionError as error:
         print(f"resurge {args.command}: {error}", file=sys.stderr)
         return 2
