@@ -59,6 +59,7 @@ bench: $(INSTALLED)
 	$(BIN)/python bench/detector_throughput.py --rate 40000
 	$(BIN)/python bench/scaler.py
 	$(BIN)/python bench/resize_pause.py
+	$(BIN)/python bench/chaos.py
 
 schemas: $(INSTALLED)
 	$(BIN)/resurge schema --out docs/schemas --crd deploy/base/crd/trainingjobs.yaml
