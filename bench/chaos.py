@@ -9,7 +9,7 @@ disturbance is picked at random:
 - ``kill_rank``: SIGKILL one worker;              - ``exception``: one raised in a worker;
 - ``stop_rank``: SIGSTOP one worker (a hang);     - ``log``: a CUDA error line in its output;
 - ``kill_agent``: SIGKILL one replica's agent;    - ``xid``: a fatal XID (79) on a node,
-- ``kill_service``: SIGKILL the detector,           uncordoned again once the job moved;
+- ``kill_service``: SIGKILL the detector,           replaced by a fresh node once the job moved;
   restarter or scaler (the supervisor starts it  - ``remove_node`` / ``add_node``: the
   again);                                           cluster shrinks by a node and grows back.
 
@@ -84,6 +84,7 @@ class Chaos:
     rss_start: dict[str, int] = field(default_factory=dict)
     rss_end: dict[str, int] = field(default_factory=dict)
     removed: list[str] = field(default_factory=list)
+    broken_nodes: list[str] = field(default_factory=list)  # a fatal XID: replaced
     skipped: Counter[str] = field(default_factory=Counter)
 
 
@@ -127,15 +128,28 @@ def service_rss(supervisor: Supervisor) -> dict[str, int]:
 
 
 def current(watch: Watch) -> tuple[int, list[ProcessStarted]]:
-    """The newest generation and its workers' starts."""
+    """The newest generation, and the newest start of each rank whose process is alive
+    (workers restarted in-process keep their processes and start no new one)."""
     assigns = [o.event for o in watch.observed if isinstance(o.event, Assign)]
     generation = max((a.generation for a in assigns), default=0)
-    starts = [
-        o.event
-        for o in watch.observed
-        if isinstance(o.event, ProcessStarted) and o.event.generation == generation
-    ]
-    return generation, starts
+    newest: dict[int | None, ProcessStarted] = {}
+    for o in watch.observed:
+        if isinstance(o.event, ProcessStarted):
+            newest[o.event.rank] = o.event
+    alive = [start for start in newest.values() if _running(start.pid)]
+    return generation, alive
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X", "T")
+
+
+def last_step(watch: Watch) -> int:
+    return max((o.event.step for o in watch.observed if isinstance(o.event, Progress)), default=0)
 
 
 def trains_after(watch: Watch, since: datetime, seen: object = None) -> bool:
@@ -169,6 +183,7 @@ async def disturb(kind: str, bus: Bus, watch: Watch, state_dir: Path, chaos: Cha
         os.kill(agents[0], signal.SIGKILL)
     elif kind == "xid" and victim is not None and victim.node is not None:
         await inject_xid(bus, victim.node, 0, 79)
+        chaos.broken_nodes.append(victim.node)
     elif kind == "kill_service":
         child = supervisor.children[random.choice(SERVICES)]
         if child.process is None or child.process.poll() is not None:
@@ -207,14 +222,15 @@ def _environ_node(pid: int) -> str:
         return ""
 
 
-async def uncordon_all(bus: Bus, state_dir: Path) -> None:
-    from resurge.cluster import open_backend
-    from resurge.control.nodes import node_views, set_cordon
-
-    backend = await open_backend(bus, bus.settings)
-    for view in await node_views(backend):
-        if view["cordoned"]:
-            await set_cordon(bus, backend, str(view["name"]), cordoned=False)
+async def replace_node(bus: Bus, state_dir: Path, name: str, chaos: Chaos) -> None:
+    """Take the broken node out (once the job has left it) and add a fresh one."""
+    try:
+        await remove_node(bus, state_dir, name, 120)
+    except Exception as error:  # still in use: it stays, cordoned, and a node is added
+        print(f"  could not remove {name}: {error}", file=sys.stderr, flush=True)
+    else:
+        chaos.removed.append(name)
+    await add_node(bus, state_dir, 1, {}, 60)
 
 
 async def run_chaos(
@@ -232,7 +248,8 @@ async def run_chaos(
             lambda seen: trains_after(watch, datetime.min.replace(tzinfo=UTC)), 180
         )
         chaos.rss_start = service_rss(supervisor)
-        while time.monotonic() < deadline:
+        total = int(job.spec.command[job.spec.command.index("--steps") + 1])
+        while time.monotonic() < deadline and last_step(watch) < 0.9 * total:
             await asyncio.sleep(every * random.uniform(0.6, 1.4))  # the pace of chaos
             kind = random.choice(KINDS)
             now = datetime.now(UTC)
@@ -250,13 +267,13 @@ async def run_chaos(
                 after = datetime.now(UTC)
                 with contextlib.suppress(TimeoutError):
                     await watch.wait_for(partial(trains_after, watch, after), 120)
-                if kind == "xid":
-                    await uncordon_all(bus, folder)
+                if kind == "xid":  # a node with a fatal XID is replaced, as in a cluster
+                    await replace_node(bus, folder, chaos.broken_nodes[-1], chaos)
         chaos.rss_end = service_rss(supervisor)
 
     result = await run_job(
         job, state_dir=folder, namespace="chaos", nodes=4, gpus_per_node=1,
-        wait_seconds=minutes * 60 * 2 + 600, during=during,
+        wait_seconds=minutes * 60 + 900, during=during,
     )  # fmt: skip
     return result, chaos, job
 
