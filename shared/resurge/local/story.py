@@ -282,7 +282,12 @@ async def _until_finished(
 
 async def _keep_alive(supervisor: Supervisor) -> None:
     while True:
-        await asyncio.to_thread(supervisor.check)  # it blocks, as in `resurge up`'s loop
+        checking = asyncio.ensure_future(asyncio.to_thread(supervisor.check))  # it blocks
+        try:
+            await asyncio.shield(checking)
+        except asyncio.CancelledError:  # the check's thread ends before anything is stopped
+            await checking
+            raise
         await asyncio.sleep(0.2)
 
 

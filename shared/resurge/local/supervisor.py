@@ -107,6 +107,7 @@ class Supervisor:
     server_restarts: int = 0  # times the embedded server was started again
     _forget: set[str] = field(default_factory=set)
     _server_next_start: dict[int, float] = field(default_factory=dict)
+    _stopping: bool = False
 
     @property
     def node_names(self) -> list[str]:
@@ -294,7 +295,10 @@ class Supervisor:
 
     def check(self) -> bool:
         """Reconcile the node monitors with ``nodes.json``, and start again any child
-        that died (with backoff), and log it. True when the nodes run changed."""
+        that died (with backoff), and log it. True when the nodes run changed. Once
+        :meth:`stop` began, nothing is started again."""
+        if self._stopping:
+            return False
         self._check_server()
         changed = self._reconcile_nodes()
         now = time.monotonic()
@@ -467,7 +471,9 @@ class Supervisor:
             self._forget.clear()
 
     def stop(self, grace: float = 20.0) -> None:
-        """Stop the nodes first (they stop their workers), then the services, then NATS."""
+        """Stop the nodes first (they stop their workers), then the services, then NATS;
+        a :meth:`check` running meanwhile (another thread's) starts nothing again."""
+        self._stopping = True
         nodes = [c for c in self.children.values() if c.node is not None]
         services = [c for c in self.children.values() if c.node is None]
         for group in (nodes, services):
