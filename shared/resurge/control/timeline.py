@@ -197,16 +197,19 @@ def _redone(timeline: Timeline) -> float:
 
 
 def _resize_pauses(timeline: Timeline) -> float:
-    """For each resize: the last step before it to the first step after the next
-    world-size change."""
+    """For each resize whose new size was assigned before the next resize: the gap
+    between the steps either side of that assignment (the last step at the old size to
+    the first at the new)."""
     total = 0.0
-    for resize in timeline.resizes:
-        before = [t for t, _ in timeline.steps if t <= resize["time"]]
-        changes = [t for t, _ in timeline.world if t > resize["time"]]
-        if not before or not changes:
-            continue
+    resizes = timeline.resizes
+    for index, resize in enumerate(resizes):
+        until = resizes[index + 1]["time"] if index + 1 < len(resizes) else float("inf")
+        changes = [t for t, _ in timeline.world if resize["time"] <= t < until]
+        if not changes:
+            continue  # dropped, or not carried out yet
+        before = [t for t, _ in timeline.steps if t <= changes[0]]
         after = [t for t, _ in timeline.steps if t > changes[0]]
-        if after:
+        if before and after:
             total += after[0] - before[-1]
     return total
 
