@@ -97,7 +97,9 @@ async def test_a_stopped_ddp_rank_under_default_monitoring_is_blamed_in_seconds_
                            during=stop_rank_1)  # fmt: skip
     states = [o.event for o in result.observed if isinstance(o.event, ProcessStateChanged)]
     assert any(s.rank == 1 and s.stopped for s in states), "the agent reported no stopped rank"
-    [fault] = result.faults  # one fault: the peers waiting on rank 1 are not faults of their own
+    seen = [(f.reason, f.rank, f.generation, f.message) for f in result.faults]
+    assert len(result.faults) == 1, seen  # the peers waiting on rank 1 are not faults of their own
+    [fault] = result.faults
     assert (fault.reason, fault.rank, fault.generation) == ("hang", 1, 0), fault
     assert fault.evidence["blamed"] == "stopped"
     waited = fault.time.timestamp() - stopped_at[0]
