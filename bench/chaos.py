@@ -127,17 +127,14 @@ def service_rss(supervisor: Supervisor) -> dict[str, int]:
     }
 
 
-def current(watch: Watch) -> tuple[int, list[ProcessStarted]]:
-    """The newest generation, and the newest start of each rank whose process is alive
-    (workers restarted in-process keep their processes and start no new one)."""
-    assigns = [o.event for o in watch.observed if isinstance(o.event, Assign)]
-    generation = max((a.generation for a in assigns), default=0)
+def live_workers(watch: Watch) -> list[ProcessStarted]:
+    """The newest start of each rank whose process is alive (workers restarted
+    in-process keep their processes and start no new one)."""
     newest: dict[int | None, ProcessStarted] = {}
     for o in watch.observed:
         if isinstance(o.event, ProcessStarted):
             newest[o.event.rank] = o.event
-    alive = [start for start in newest.values() if _running(start.pid)]
-    return generation, alive
+    return [start for start in newest.values() if _running(start.pid)]
 
 
 def _running(pid: int) -> bool:
@@ -161,7 +158,7 @@ async def disturb(kind: str, bus: Bus, watch: Watch, state_dir: Path, chaos: Cha
     """Do one disturbance of ``kind``; False if there was nothing to do it to now."""
     supervisor = watch.supervisor
     assert supervisor is not None
-    _, starts = current(watch)
+    starts = live_workers(watch)
     if kind in ("kill_rank", "stop_rank", "exception", "log") and not starts:
         return False
     victim = random.choice(starts) if starts else None

@@ -50,16 +50,6 @@ def _restarts(view: dict[str, Any]) -> str:
     return ",".join(f"{level}:{n}" for level, n in counts.items()) or "0"
 
 
-def _last_fault(view: dict[str, Any]) -> str:
-    fault = view.get("lastFault")
-    return str(fault["reason"]) if isinstance(fault, dict) else "-"
-
-
-def _last_recovery(view: dict[str, Any]) -> str:
-    last = view.get("lastRecovery")
-    return f"{last['level']} {last['seconds']:.2f}s" if isinstance(last, dict) else "-"
-
-
 def _step(view: dict[str, Any]) -> str:
     step, final, pace = view.get("step"), view.get("finalStep"), view.get("stepsPerSecond")
     if step is None:

@@ -24,6 +24,7 @@ Goodput is productive time (wall time less those) over wall time.
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -151,18 +152,11 @@ def _summary(timeline: Timeline, events: list[Event], at: Any) -> dict[str, Any]
         "lost_seconds": lost,
         "faults": sum(1 for f in timeline.faults if not f["alert"]),
         "alerts": sum(1 for f in timeline.faults if f["alert"]),
-        "recoveries_by_level": _count(r["level"] for r in timeline.recoveries),
+        "recoveries_by_level": dict(Counter(r["level"] for r in timeline.recoveries)),
         "resizes": len(timeline.resizes),
         "final_step": max((s for _, s in timeline.steps), default=0),
         "phase": timeline.phase,
     }
-
-
-def _count(values: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for value in values:
-        counts[value] = counts.get(value, 0) + 1
-    return counts
 
 
 def _detection(events: list[Event]) -> float:
