@@ -62,16 +62,26 @@ class Observed:
 
 class Watch:
     """Events observed so far, and a way to wait for a condition over them; ``supervisor``
-    is the cluster, so a story can break its services too."""
+    is the cluster, so a story can break its services too.
+
+    Each event is recorded once: the watch listens on core NATS, which passes on every
+    publish, including a publisher's retry of a message (same id) that JetStream stores
+    only once, as after a timed-out acknowledgement while a stream's leader changes.
+    """
 
     def __init__(self, supervisor: Supervisor | None = None) -> None:
         self.observed: list[Observed] = []
         self.supervisor = supervisor
         self._changed = asyncio.Condition()
+        self._ids: set[str] = set()
 
     async def add(self, item: Observed) -> None:
-        """Record ``item`` and wake whoever waits in :meth:`wait_for`."""
+        """Record ``item`` (unless an event with its id was recorded) and wake whoever
+        waits in :meth:`wait_for`."""
         async with self._changed:
+            if item.event.id in self._ids:
+                return
+            self._ids.add(item.event.id)
             self.observed.append(item)
             self._changed.notify_all()
 
