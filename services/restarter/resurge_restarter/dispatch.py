@@ -226,7 +226,8 @@ class Dispatcher:
     ) -> None:
         """Hand every job record written from now on whose plan is undispatched and
         claimed by another instance to ``on_record`` (in a background task); ``seen``
-        gets every record as it is written (None: the job's record was deleted)."""
+        gets every record as it is written (None: the job's record was deleted). The
+        store remembers each, so a fault's decision starts without reading its record."""
         watcher = await self.store.kv.watchall()
 
         async def pump() -> None:
@@ -234,11 +235,14 @@ class Dispatcher:
                 if entry is None:
                     continue
                 if not entry.value:
+                    self.store.forget(unescape_token(entry.key))
                     if seen is not None:
                         seen(unescape_token(entry.key), None)
                     continue
                 with contextlib.suppress(ValueError):  # a record of a newer schema
                     record = JobRecord.model_validate_json(entry.value)
+                    if entry.revision is not None:
+                        self.store.remember(record, entry.revision)
                     if seen is not None:
                         seen(record.name, record)
                     plan = record.pending_recovery

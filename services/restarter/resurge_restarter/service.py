@@ -135,7 +135,7 @@ class Restarter:
         if fault.job is None:
             return
         self._meter_fault(fault)
-        found = await self.store.get(fault.job)
+        found = self.store.remembered(fault.job) or await self.store.get(fault.job)
         if found is None:
             self.ctx.log.warning(
                 "fault for unknown job %s ignored", fault.job, extra={"job": fault.job}
@@ -159,7 +159,7 @@ class Restarter:
             ]
             return decisions[0].verdict is not Verdict.IGNORE
 
-        result = await self.store.mutate(fault.job, change, read=found)
+        result = await self.store.mutate(fault.job, change)
         if result is None:
             return
         before, after = result

@@ -2,6 +2,11 @@
 
 Every write is a compare-and-set on the entry's revision, so two writers never both
 win: :meth:`JobStore.mutate` re-reads and re-applies its change on a conflict. A
+store remembers the newest record it has read, written or been told of
+(:meth:`JobStore.remember`, e.g. from a KV watch), and a mutation starts from that
+instead of reading again: the compare-and-set refuses it if it is stale, and a change
+that finds nothing to do in a remembered record is tried again on a fresh read, so
+remembering saves a round trip and never decides on old state. A
 record holds what the control plane decided (generation, placement, phase, restart
 counts); events say what happened.
 """
@@ -9,6 +14,7 @@ counts); events say what happened.
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 
@@ -36,6 +42,7 @@ __all__ = [
 ]
 
 _CAS_ATTEMPTS = 20
+_RECORDS_REMEMBERED = 10_000
 _HANDLED_FAULTS_KEPT = 64
 
 
@@ -269,6 +276,27 @@ class JobStore:
 
     def __init__(self, kv: KeyValue) -> None:
         self.kv = kv
+        self._latest: OrderedDict[str, tuple[JobRecord, int]] = OrderedDict()
+
+    def remember(self, record: JobRecord, revision: int) -> None:
+        """Note ``record`` at ``revision`` as its job's newest unless a newer one is known
+        (the newest :data:`_RECORDS_REMEMBERED` jobs are kept)."""
+        known = self._latest.get(record.name)
+        if known is not None and known[1] >= revision:
+            return
+        self._latest[record.name] = (record, revision)
+        self._latest.move_to_end(record.name)
+        while len(self._latest) > _RECORDS_REMEMBERED:
+            self._latest.popitem(last=False)
+
+    def forget(self, name: str) -> None:
+        """Drop what is remembered of job ``name`` (its record was deleted)."""
+        self._latest.pop(name, None)
+
+    def remembered(self, name: str) -> tuple[JobRecord, int] | None:
+        """The newest record of ``name`` this store knows of and its revision, without
+        reading; it may be stale (see the module docstring)."""
+        return self._latest.get(name)
 
     @staticmethod
     def key(name: str) -> str:
@@ -292,24 +320,28 @@ class JobStore:
             return None
         if entry.value is None or entry.revision is None:
             return None
-        return JobRecord.model_validate_json(entry.value), entry.revision
+        record = JobRecord.model_validate_json(entry.value)
+        self.remember(record, entry.revision)
+        return record, entry.revision
 
     async def create(self, record: JobRecord) -> bool:
         """Store a new record; false if one by that name exists already."""
         try:
-            await self.kv.create(self.key(record.name), record.model_dump_json().encode())
+            written = await self.kv.create(self.key(record.name), record.model_dump_json().encode())
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
+        self.remember(record, written)
         return True
 
     async def replace(self, record: JobRecord, revision: int) -> bool:
         """Overwrite the record read at ``revision``; false if it changed since."""
         try:
-            await self.kv.update(
+            written = await self.kv.update(
                 self.key(record.name), record.model_dump_json().encode(), last=revision
             )
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
+        self.remember(record, written)
         return True
 
     async def mutate(
@@ -324,24 +356,35 @@ class JobStore:
         Returns ``(before, after)``, ``after`` being ``before`` when nothing changed, or
         ``None`` when no such job exists. Retries on a concurrent write. ``read``: the
         record and revision the caller just got (:meth:`get`), used for the first
-        attempt instead of reading again; the compare-and-set still refuses it if it is
-        no longer the newest, and the next attempt reads.
+        attempt instead of reading again; without it the first attempt starts from the
+        remembered record, if any. The compare-and-set still refuses either if it is no
+        longer the newest, and the next attempt reads; "nothing changed" is only
+        believed of a record just read.
         """
         for attempt in range(_CAS_ATTEMPTS):
-            found = read if attempt == 0 and read is not None else await self.get(name)
+            fresh = True
+            if attempt == 0 and read is not None:
+                found: tuple[JobRecord, int] | None = read
+            elif attempt == 0 and name in self._latest:
+                found, fresh = self._latest[name], False
+            else:
+                found = await self.get(name)
             if found is None:
                 return None
             before, revision = found
             after = before.model_copy(deep=True)
             if not change(after):
+                if not fresh:
+                    continue
                 return before, before
             after.updated = datetime.now(UTC)
             try:
-                await self.kv.update(
+                written = await self.kv.update(
                     self.key(name), after.model_dump_json().encode(), last=revision
                 )
             except nats.js.errors.KeyWrongLastSequenceError:
                 continue
+            self.remember(after, written)
             return before, after
         raise ConflictError(f"job record {name!r} kept changing under {_CAS_ATTEMPTS} attempts")
 
