@@ -42,6 +42,7 @@ from resurge.control.recovery_policy import (
 )
 from resurge.events import (
     CheckpointSaved,
+    Event,
     FaultDetected,
     FaultScope,
     JobPhase,
@@ -107,11 +108,13 @@ class Restarter:
             self.sign_of_life,
             expects=(ProcessStarted,),
         )
-        await bus.consume(
+        # Every rank's steps of every job: read in batches with one ack per batch, so a
+        # busy cluster's progress does not crowd out the fault consumer above.
+        await bus.consume_batches(
             bus.subjects.raw(None, "progress", None),
-            "restarter-progress",
-            self.sign_of_life,
-            expects=(Progress,),
+            "restarter-progress-batches",
+            self.on_progress,
+            kind_token=4,
             start="new",
         )
         await bus.consume(
@@ -191,6 +194,12 @@ class Restarter:
             extra={"job": after.name, "generation": after.generation},
         )
         await self.dispatcher.carry_out(after, before.phase)
+
+    async def on_progress(self, events: list[Event]) -> None:
+        """One batch of progress reports, each a sign of life, in the order they came."""
+        for event in events:
+            if isinstance(event, Progress):
+                await self.sign_of_life(event)
 
     async def sign_of_life(self, event: ProcessStarted | Progress) -> None:
         """Record a worker start or a step; the new generation's first closes its recovery."""

@@ -476,8 +476,12 @@ class Bus:
         batch: int = 500,
         ack_wait_seconds: float = 30.0,
         dead_letters: bool = True,
+        start: Literal["all", "new"] = "all",
     ) -> None:
         """Read a high-rate stream in batches (telemetry): decode, check, hand over a list.
+
+        ``start`` is where a new consumer begins (every stored message or only new ones),
+        as for :meth:`consume`.
 
         ``dead_letters`` False skips bad messages without dead-lettering them, for a
         consumer whose messages another consumer of the service also reads and
@@ -501,7 +505,7 @@ class Bus:
             ack_policy=AckPolicy.ALL,
             ack_wait=ack_wait_seconds,
             max_ack_pending=batch * 20,
-            deliver_policy=DeliverPolicy.ALL,
+            deliver_policy=_DELIVER[start],
             filter_subject=subject,
         )
         subscribed: list[Any] = []
