@@ -1,20 +1,26 @@
 """Fan-out at cluster scale: one fault in a job of many replicas -> every replica's new Assign.
 
 A job record of ``--replicas`` replicas (1 worker each, on 8 virtual nodes) is seeded in
-the jobs bucket of a real nats-server; agents that run no workers hold one durable
-command consumer each on ``cmd.<job>.<replica>`` (as ``launch`` agents do: start
-``last_per_subject``, an inactivity threshold), many agents to a process, over
-``--agent-processes`` processes; a real restarter process runs. Each round publishes one
-process fault (about the last replica) and times until the last replica holds its new
-Assign; then a worker start of the new generation closes the recovery, and the next
-round begins. Printed: p50 / p99 over the rounds, first-Assign times for comparison,
-and the resident memory (current and peak) of the restarter and of nats-server.
+the jobs bucket of a real nats-server; agents that run no workers take their commands
+on ``cmd.<job>.<replica>`` as ``launch`` agents do, through a
+:class:`~resurge.runtime.command_inbox.CommandInbox` each (a core subscription, caught
+up from the command stream by direct gets, a position per agent), many agents to a
+process, over ``--agent-processes`` processes; a real restarter process runs. Each
+round publishes one process fault (about the last replica) and times until the last
+replica holds its new Assign; then a worker start of the new generation closes the
+recovery, and the next round begins. Printed: p50 / p99 over the rounds, first-Assign
+times for comparison, and the resident memory (current and peak) of the restarter and
+of nats-server.
+
+The baseline, run first on a server of its own: the design before the inbox, one
+durable consumer per agent on the command stream (start ``last_per_subject``), with
+``--baseline-replicas`` replicas (0: none). nats-server (2.15) refuses a stream's
+1,001st consumer ("maximum consumers limit reached", err_code 10026), so the baseline
+cannot run 1,024 replicas; it runs 960 by default, and the ratios printed compare the
+two at their own sizes.
 
     .venv/bin/python bench/fanout.py [--replicas 1024] [--rounds 10] [--agent-processes 4]
-
-nats-server (2.15) refuses a stream's 1,001st consumer ("maximum consumers limit
-reached", err_code 10026), and every agent of every job holds one on the one command
-stream: at 1,024 replicas the last agents cannot bind, and the bench says so.
+        [--baseline-replicas 960]
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from nats.aio.msg import Msg
@@ -47,6 +54,7 @@ from resurge.events import (
 from resurge.local.job_factory import job
 from resurge.local.nats_server import NatsServer
 from resurge.runtime.bus import Bus
+from resurge.runtime.command_inbox import CommandInbox, position_key
 from resurge.runtime.settings import Settings
 
 NAMESPACE = "fan"
@@ -74,9 +82,11 @@ def node_of(replica: int, replicas: int) -> str:
     return f"node-{replica * NODES // replicas}"
 
 
-async def run_agents(url: str, first: int, last: int, replicas: int) -> None:
-    """Agents ``first``..``last - 1``: one consumer each, reporting every Assign held."""
+async def run_agents(url: str, first: int, last: int, replicas: int, consumers: bool) -> None:
+    """Agents ``first``..``last - 1``, reporting every Assign held: an inbox each (as
+    ``launch`` agents have), or for the baseline a durable consumer each."""
     bus = await Bus.connect(Settings(nats_url=url, namespace=NAMESPACE), "agents")
+    inboxes = []
     for replica in range(first, last):
 
         async def on_command(command: Assign | Stop, replica: int = replica) -> None:
@@ -84,14 +94,26 @@ async def run_agents(url: str, first: int, last: int, replicas: int) -> None:
                 body = f"{command.generation} {replica} {time.time()}"
                 await bus.nc.publish(GOT, body.encode())
 
-        await bus.consume(
+        node = node_of(replica, replicas)
+        if consumers:
+            await bus.consume(
+                bus.subjects.cmd(JOB, replica),
+                f"agent-{JOB}-{replica}-{node}-0",
+                on_command,
+                expects=(Assign, Stop),
+                start="last_per_subject",
+                inactive_seconds=3600.0,
+            )
+            continue
+        inbox = CommandInbox(
+            bus,
             bus.subjects.cmd(JOB, replica),
-            f"agent-{JOB}-{replica}-{node_of(replica, replicas)}-0",
             on_command,
             expects=(Assign, Stop),
-            start="last_per_subject",
-            inactive_seconds=3600.0,
+            position_key=position_key(node, JOB, replica, 0),
         )
+        await inbox.start()
+        inboxes.append(inbox)
     await bus.nc.publish(GOT, f"ready {first} {last}".encode())
     await bus.nc.flush()
     await asyncio.Event().wait()  # until terminated
@@ -117,7 +139,30 @@ async def seed(bus: Bus, replicas: int) -> None:
     await JobStore(await bus.jobs_bucket()).create(record)
 
 
-async def main(replicas: int, rounds: int, processes: int) -> int:
+@dataclass
+class Run:
+    """One design's figures: seconds from the fault to the last and first replica
+    holding its new Assign, per round, and resident memory (now, peak) in KiB."""
+
+    replicas: int
+    to_last: list[float]
+    to_first: list[float]
+    setup_seconds: float
+    restarter: tuple[int, int]
+    nats: tuple[int, int]
+    nats_idle: tuple[int, int]
+    log_tail: str
+
+    def p50(self) -> float:
+        return statistics.median(self.to_last)
+
+    def p99(self) -> float:
+        ordered = sorted(self.to_last)
+        return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+async def measure(replicas: int, rounds: int, processes: int, consumers: bool) -> Run:
+    """Run the scenario once: agents with an inbox each, or a consumer each."""
     with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp) / "nats") as server:
         assert server.process is not None
         settings = Settings(nats_url=server.url, namespace=NAMESPACE)
@@ -174,6 +219,7 @@ async def main(replicas: int, rounds: int, processes: int) -> int:
                     [
                         *(sys.executable, __file__, "--agents", str(first), str(first + per)),
                         *("--url", server.url, "--replicas", str(replicas)),
+                        *(["--consumers"] if consumers else []),
                     ],
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -186,7 +232,7 @@ async def main(replicas: int, rounds: int, processes: int) -> int:
             stderr=subprocess.STDOUT,
         )
         try:
-            await until(lambda: len(ready) == len(children), 300, "the agents' consumers")
+            await until(lambda: len(ready) == len(children), 300, "the agents' intakes")
             consumers_in = time.monotonic() - began
             while True:  # the restarter is up once its fault consumer exists
                 try:
@@ -252,27 +298,55 @@ async def main(replicas: int, rounds: int, processes: int) -> int:
             await bus.close()
             log.close()
             tail = (Path(tmp) / "children.log").read_text()[-1500:]
-    if "Traceback" in tail:
-        print("agents' and restarter's log (end):", tail)
-    if "maximum consumers limit reached" in tail:
+    return Run(
+        replicas,
+        to_last,
+        to_first,
+        consumers_in,
+        restarter_rss,
+        nats_rss,
+        nats_idle,
+        tail,
+    )
+
+
+def describe(name: str, run: Run, rounds: int) -> None:
+    if "Traceback" in run.log_tail:
+        print("agents' and restarter's log (end):", run.log_tail)
+    if "maximum consumers limit reached" in run.log_tail:
         print("some agents could not bind their command consumer: the stream's limit")
-    ordered = sorted(to_last)
-    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
     print(
-        f"replicas {replicas} on {NODES} nodes, {processes} agent processes; "
-        f"{replicas} command consumers bound in {consumers_in:.1f} s; rounds {rounds}"
+        f"{name}: replicas {run.replicas} on {NODES} nodes; agents ready in "
+        f"{run.setup_seconds:.1f} s; rounds {rounds}"
     )
     print(
-        f"fault -> last replica holds its new Assign: p50 {statistics.median(to_last) * 1000:.0f}"
-        f" ms, p99 {p99 * 1000:.0f} ms (max of {rounds}; goal p99 <= 250 ms); "
-        f"-> first replica: p50 {statistics.median(to_first) * 1000:.0f} ms"
+        f"  fault -> last replica holds its new Assign: p50 {run.p50() * 1000:.0f} ms, "
+        f"p99 {run.p99() * 1000:.0f} ms (max of {rounds}; goal p99 <= 250 ms); "
+        f"-> first replica: p50 {statistics.median(run.to_first) * 1000:.0f} ms"
     )
     print(
-        f"RSS now / peak: restarter {restarter_rss[0] / 1024:.0f} / "
-        f"{restarter_rss[1] / 1024:.0f} MiB; nats-server {nats_rss[0] / 1024:.0f} / "
-        f"{nats_rss[1] / 1024:.0f} MiB (with the consumers bound, before any fault: "
-        f"{nats_idle[0] / 1024:.0f} MiB)"
+        f"  RSS now / peak: restarter {run.restarter[0] / 1024:.0f} / "
+        f"{run.restarter[1] / 1024:.0f} MiB; nats-server {run.nats[0] / 1024:.0f} / "
+        f"{run.nats[1] / 1024:.0f} MiB (agents ready, before any fault: "
+        f"{run.nats_idle[0] / 1024:.0f} MiB)"
     )
+
+
+async def main(replicas: int, rounds: int, processes: int, baseline_replicas: int) -> int:
+    print(f"{processes} agent processes")
+    baseline = None
+    if baseline_replicas:
+        baseline = await measure(baseline_replicas, rounds, processes, consumers=True)
+        describe("baseline, a consumer per agent", baseline, rounds)
+    run = await measure(replicas, rounds, processes, consumers=False)
+    describe("a command inbox per agent", run, rounds)
+    if baseline is not None:
+        print(
+            f"inbox ({replicas} replicas) / baseline ({baseline_replicas}): "
+            f"p50 x{run.p50() / baseline.p50():.2f}, p99 x{run.p99() / baseline.p99():.2f}, "
+            f"nats-server peak RSS x{run.nats[1] / baseline.nats[1]:.2f}, "
+            f"restarter peak RSS x{run.restarter[1] / baseline.restarter[1]:.2f}"
+        )
     return 0
 
 
@@ -281,10 +355,19 @@ if __name__ == "__main__":
     parser.add_argument("--replicas", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--agent-processes", type=int, default=4)
+    parser.add_argument(
+        "--baseline-replicas",
+        type=int,
+        default=960,
+        help="replicas of the baseline run, a consumer per agent (0: no baseline)",
+    )
     parser.add_argument("--agents", type=int, nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--consumers", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.agents:
         first, last = args.agents
-        asyncio.run(run_agents(args.url, first, last, args.replicas))
-    sys.exit(asyncio.run(main(args.replicas, args.rounds, args.agent_processes)))
+        asyncio.run(run_agents(args.url, first, last, args.replicas, args.consumers))
+    sys.exit(
+        asyncio.run(main(args.replicas, args.rounds, args.agent_processes, args.baseline_replicas))
+    )

@@ -27,6 +27,7 @@ from resurge.events import Assign, Event, FaultDetected, JobDeleted, NodeReport,
 from resurge.local.access import LocalAccess
 from resurge.local.nats_server import NatsServer
 from resurge.runtime.bus import Bus
+from resurge.runtime.command_inbox import CommandInbox, position_key
 from resurge.runtime.nats_auth import CredentialsError, connect_options, read_credentials
 from resurge.runtime.settings import Settings
 
@@ -194,14 +195,22 @@ async def test_agent_reads_commands_but_no_other_stream_nor_others_inboxes(
 ) -> None:
     async with _client(cluster, "agent", "node-0") as agent:
         s = Settings(namespace=NAMESPACE).subjects
-        assert await agent.subscribe_denied(s.all("raw"))  # core: nothing of the namespace
-        assert await agent.subscribe_denied(s.cmd("j", 0))
+        assert await agent.subscribe_denied(s.all("raw"))  # core: nothing but commands
+        assert await agent.subscribe_denied(s.fault("j", "process"))
         assert await agent.subscribe_denied("_INBOX.>")  # nobody else's replies
         assert await agent.subscribe_denied("_INBOX_restarter.>")
         assert await agent.subscribe_denied("_INBOX_agent-node-1.>")
         # A consumer on another stream: the create request itself is refused.
         create = f"$JS.API.CONSUMER.CREATE.{s.stream('fault')}.spy.{s.all('fault')}"
         assert await agent.publish_denied(create)
+        # Nor on the command stream, but for its node's own node-level commands.
+        create = f"$JS.API.CONSUMER.CREATE.{s.stream('cmd')}.spy.{s.cmd('j', 0)}"
+        assert await agent.publish_denied(create)
+        # Direct gets of the command stream only; positions of its own node only.
+        assert await agent.publish_denied(f"$JS.API.DIRECT.GET.{s.stream('fault')}")
+        raw = s.raw("j", "progress", "node-0")
+        assert await agent.publish_denied(f"$JS.API.DIRECT.GET.{s.stream('raw')}.{raw}")
+        assert await agent.publish_denied(f"$KV.{s.kv_bucket('agent_positions')}.node-1.j.0.0")
         assert await agent.publish_denied(f"$JS.API.STREAM.DELETE.{s.stream('cmd')}")
         assert await agent.publish_denied(f"$JS.API.STREAM.CREATE.{s.stream('cmd')}")
 
@@ -214,9 +223,14 @@ async def test_agent_reads_commands_but_no_other_stream_nor_others_inboxes(
         came.set()
 
     async with _bus(cluster, "agent", "node-0") as agent_bus:
-        await agent_bus.consume(
-            agent_bus.subjects.cmd(job, 0), f"agent-{job}-0", on_command, expects=(Assign,)
+        inbox = CommandInbox(
+            agent_bus,
+            agent_bus.subjects.cmd(job, 0),
+            on_command,
+            expects=(Assign,),
+            position_key=position_key("node-0", job, 0, 0),
         )
+        await inbox.start()
         async with _bus(cluster, "restarter") as restarter:
             assign = Assign(
                 source=restarter.source,
@@ -230,6 +244,7 @@ async def test_agent_reads_commands_but_no_other_stream_nor_others_inboxes(
             )
             await restarter.publish(restarter.subjects.cmd(job, 0), assign)
         await asyncio.wait_for(came.wait(), 10)
+        await inbox.close()
     assert got[0].generation == 1
 
 

@@ -23,7 +23,19 @@ def test_a_node_agent_publishes_raw_subjects_of_its_node_and_writes_its_record()
     raw = [p for p in agent.publish if p.startswith("ns.v1.")]
     assert raw == ["ns.v1.raw.*.*.node_2ea", "ns.v1.dlq.node-agent", "ns.v1.dlq.node-monitor"]
     assert "$KV.ns_nodes.node_2ea" in agent.publish
-    assert agent.subscribe == ("_INBOX_agent-node_2ea.>",)
+    # Commands: live on their subjects, stored ones by direct gets of the cmd stream;
+    # consumers only on the node's own node-level commands (the monitor's).
+    assert agent.subscribe == ("_INBOX_agent-node_2ea.>", "ns.v1.cmd.*.*")
+    assert "$JS.API.DIRECT.GET.NS_CMD" in agent.publish
+    assert "$JS.API.DIRECT.GET.NS_CMD.ns.v1.cmd.*.*" in agent.publish
+    creates = [p for p in agent.publish if ".CONSUMER.CREATE.NS_CMD" in p]
+    assert creates == ["$JS.API.CONSUMER.CREATE.NS_CMD.*.ns.v1.cmd._.node_2ea"]
+    # Its command positions: the node's own keys only.
+    positions = [p for p in agent.publish if "agent_positions" in p and "INFO" not in p]
+    assert positions == [
+        "$JS.API.DIRECT.GET.KV_ns_agent_positions.$KV.ns_agent_positions.node_2ea.>",
+        "$KV.ns_agent_positions.node_2ea.>",
+    ]
     # Kubernetes: one agent user for every node.
     assert "ns.v1.raw.*.*.*" in role_permissions("agent", S).publish
     assert agent_user(None) == "agent"

@@ -27,10 +27,14 @@ workers of ``command`` with ``env`` in ``working_dir``, on ``node``.
   worker and on the fork server that forks them (:mod:`.parent_death`).
 - A worker that stops without exiting (SIGSTOP, a debugger), or runs again, is
   reported (ProcessStateChanged), sampled every ``STATE_SAMPLE_SECONDS``.
-- A new agent (one per node and incarnation of its worker group) starts from the
-  newest command on its subject (older ones are superseded), and ignores a final Stop
-  issued before it started while it has had no Assign: that Stop ended an earlier run
-  of a job by the same name.
+- Commands come through a :class:`~resurge.runtime.command_inbox.CommandInbox` (a
+  core subscription, caught up from the command stream; no consumer in the server):
+  each is acted on once, also one published while the agent was disconnected. A new
+  agent (one per node and incarnation of its worker group) starts from the newest
+  command on its subject (older ones are superseded); one started again after a crash
+  (same node and incarnation) goes on after the last command it handled. It ignores a
+  final Stop issued before it started while it has had no Assign: that Stop ended an
+  earlier run of a job by the same name.
 - CheckpointNow(g): for the generation it runs, the agent passes the request on
   (``checkpoint_now``) to every worker connected through ``resurge.worker``; they save
   and report a checkpoint, published as CheckpointSaved like any other. Workers not
@@ -59,7 +63,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from resurge.cluster.protocol import WorkerGroupSpec
-from resurge.contract.subjects import escape_token
 from resurge.events import (
     AgentState,
     AgentStateChanged,
@@ -78,6 +81,7 @@ from resurge.events import (
     WorkerFault,
 )
 from resurge.runtime.bus import Bus
+from resurge.runtime.command_inbox import CommandInbox, position_key
 from resurge.runtime.outbox import Outbox
 from resurge.runtime.service import ServiceContext
 from resurge.worker.wire import (
@@ -99,8 +103,6 @@ from resurge_node_agent.workers import Stream, WorkerExit, WorkerProcesses
 
 __all__ = ["LaunchAgent"]
 
-# The server deletes an agent's command consumer this long after its agent went away.
-AGENT_CONSUMER_INACTIVE_SECONDS = 3600.0
 # How often the agent reads its workers' process states (a /proc read per worker).
 STATE_SAMPLE_SECONDS = 0.25
 
@@ -144,22 +146,18 @@ class LaunchAgent:
         self.outbox.start()
         self.ctx.exit_stack.push_async_callback(self.outbox.close)
         self.ctx.exit_stack.push_async_callback(self._shutdown)
-        # One consumer per (node, incarnation): an agent started again after a crash goes
-        # on where it stopped; a recreated or moved one starts from the newest command,
-        # and never shares a consumer with the agent it replaces while that one exits.
+        # One position per (node, incarnation): an agent started again after a crash goes
+        # on where it stopped; a recreated or moved one starts from the newest command.
         spec = self.spec
-        durable = (
-            f"agent-{escape_token(spec.job)}-{spec.replica}-"
-            f"{escape_token(spec.node)}-{spec.incarnation}"
-        )
-        await self.bus.consume(
+        inbox = CommandInbox(
+            self.bus,
             self.bus.subjects.cmd(spec.job, spec.replica),
-            durable,
             self.on_command,
             expects=(Assign, Stop, InjectFault, CheckpointNow),
-            start="last_per_subject",
-            inactive_seconds=AGENT_CONSUMER_INACTIVE_SECONDS,
+            position_key=position_key(spec.node, spec.job, spec.replica, spec.incarnation),
         )
+        await inbox.start()
+        self.ctx.exit_stack.push_async_callback(inbox.close)
         if self.generation is None:
             await self._state(AgentState.WAITING, "waiting for an assignment")
 

@@ -41,7 +41,7 @@ from resurge.cluster.local_keys import (
 )
 from resurge.contract.subjects import Subjects, escape_token
 from resurge.local.state import credentials_path
-from resurge.runtime.bus import JOBS_BUCKET
+from resurge.runtime.bus import AGENT_POSITIONS_BUCKET, JOBS_BUCKET
 from resurge.runtime.nats_auth import Credentials, inbox_prefix, write_credentials
 
 __all__ = [
@@ -67,6 +67,7 @@ _BUCKETS = (
     WORKER_GROUPS_BUCKET,
     JOB_STATUS_BUCKET,
     DETECTOR_STATE_BUCKET,
+    AGENT_POSITIONS_BUCKET,
 )
 _API = "$JS.API"
 
@@ -119,7 +120,9 @@ class _Namespace:
         g.pub(*(f"{_API}.STREAM.INFO.{name}" for name in self.all_streams()))
 
     def manage(self, g: _Grants, *buckets: str) -> None:
-        """Create and update the streams of every family and ``buckets``."""
+        """Create and update the streams of every family, the agents' command positions
+        and ``buckets`` (what ``Bus.ensure_streams`` makes)."""
+        buckets = (*buckets, AGENT_POSITIONS_BUCKET)
         for name in [self.stream(f) for f in _FAMILIES] + [self.kv_stream(b) for b in buckets]:
             g.pub(f"{_API}.STREAM.CREATE.{name}", f"{_API}.STREAM.UPDATE.{name}")
 
@@ -131,6 +134,21 @@ class _Namespace:
             f"{_API}.CONSUMER.INFO.{stream}.*",
             f"{_API}.CONSUMER.CREATE.{stream}.*.{filter_subject}",
             f"$JS.ACK.{stream}.>",
+        )
+
+    def commands(self, g: _Grants, node: str | None) -> None:
+        """Read command subjects: live (core subscription) and stored (direct gets of
+        the ``cmd`` stream: the newest on a command subject, or the next one after a
+        sequence); keep a position per agent under ``node``'s keys (any node's for
+        None) in ``agent_positions``."""
+        stream = self.stream("cmd")
+        g.sub(self.s.cmd(None, None))
+        g.pub(f"{_API}.DIRECT.GET.{stream}", f"{_API}.DIRECT.GET.{stream}.{self.s.cmd(None, None)}")
+        bucket = self.s.kv_bucket(AGENT_POSITIONS_BUCKET)
+        own = f"{'*' if node is None else escape_token(node)}.>"
+        g.pub(
+            f"{_API}.DIRECT.GET.{self.kv_stream(AGENT_POSITIONS_BUCKET)}.$KV.{bucket}.{own}",
+            f"$KV.{bucket}.{own}",
         )
 
     def kv_read(self, g: _Grants, bucket: str) -> None:
@@ -179,7 +197,8 @@ def _agent(ns: _Namespace, g: _Grants, node: str | None) -> None:
     node_token = "*" if node is None else escape_token(node)
     g.pub(f"{subjects.root}.raw.*.*.{node_token}")
     ns.dead_letters(g, "node-agent", "node-monitor")
-    ns.consume(g, "cmd", subjects.cmd(None, None))
+    ns.commands(g, node)  # launch agents
+    ns.consume(g, "cmd", subjects.node_cmd(node))  # the monitor's node commands
     for bucket in (NODES_BUCKET, CORDONS_BUCKET, WORKER_GROUPS_BUCKET):
         ns.kv_read(g, bucket)
     ns.kv_write(g, NODES_BUCKET, "*" if node is None else node_key(node))

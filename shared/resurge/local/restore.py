@@ -4,7 +4,7 @@
 records and worker groups in JetStream outlive it. Before the services of a starting
 local cluster run, :func:`restore` requeues every job that had not finished: its
 worker groups are deleted, it goes back to Pending with a new generation and new
-incarnations (so neither stale events nor old agents' command consumers reach the
+incarnations (so neither stale events nor old agents' command positions reach the
 new run), and the scaler starts it again, from its newest checkpoint every rank
 saved, once it fits. A plan in flight is dropped: the new start replaces it. Cordons
 stay, as a Kubernetes node's do; ``resurge node list`` shows them and ``resurge node

@@ -11,7 +11,9 @@
   (:func:`_renew_ordered_consumers`), rather than leaving them silent until nats.py
   notices two missed heartbeats (10 s or more).
 - :meth:`Bus.ensure_streams` creates (or updates) the JetStream streams of DESIGN
-  section 2 and the job-record bucket, idempotently.
+  section 2, the job-record bucket and the agents' command positions, idempotently.
+  The ``cmd`` stream answers direct gets (``allow_direct``): agents read their commands
+  from it without a consumer (:mod:`resurge.runtime.command_inbox`).
 - :meth:`Bus.publish` stores an event in its stream and waits for the ack, with the
   event id as ``Nats-Msg-Id`` so a repeat is stored once; :meth:`Bus.publish_nowait`
   does the same without waiting (for high-rate telemetry such as log lines).
@@ -65,6 +67,7 @@ from resurge.runtime.nats_auth import CredentialsError, connect_options
 from resurge.runtime.settings import Settings
 
 __all__ = [
+    "AGENT_POSITIONS_BUCKET",
     "BatchReader",
     "Bus",
     "Handler",
@@ -103,6 +106,8 @@ _FAMILIES = {
     "dlq": False,
 }
 JOBS_BUCKET = "jobs"
+# Where each launch agent records the last command it handled (command_inbox).
+AGENT_POSITIONS_BUCKET = "agent_positions"
 _NAK_DELAY_SECONDS = 1.0
 _DELIVER = {
     "all": DeliverPolicy.ALL,
@@ -344,9 +349,14 @@ class Bus:
                 max_age=max_age,
                 duplicate_window=min(120.0, max_age),
                 num_replicas=self.settings.stream_replicas,
+                allow_direct=family == "cmd",
             )
             await until_jetstream(partial(self._add_or_update, config))
         await self.create_bucket(JOBS_BUCKET, history=5)
+        # A position is of no use once the commands it points into have aged out.
+        await self.create_bucket(
+            AGENT_POSITIONS_BUCKET, ttl=self.settings.stream_max_age_seconds, direct=True
+        )
 
     async def _add_or_update(self, config: StreamConfig) -> None:
         try:
@@ -372,10 +382,12 @@ class Bus:
             except nats.js.errors.NotFoundError:
                 await self.ensure_streams()
                 return
-        try:
-            await self.jobs_bucket()
-        except nats.js.errors.BucketNotFoundError:
-            await self.ensure_streams()
+        for bucket in (JOBS_BUCKET, AGENT_POSITIONS_BUCKET):
+            try:
+                await self.js.key_value(self.subjects.kv_bucket(bucket))
+            except nats.js.errors.BucketNotFoundError:
+                await self.ensure_streams()
+                return
 
     async def jobs_bucket(self) -> KeyValue:
         """The KV bucket of job records (``<namespace>_jobs``)."""
