@@ -94,3 +94,34 @@ def test_patterns_that_break_the_compiler_are_skipped() -> None:
     cache = PatternCache()
     for pattern in ["a{4294967296}", "(" * 5000 + ")" * 5000, "["]:
         assert cache.get("rule", pattern) is None
+
+
+# Patterns and lines over a small alphabet, so the required literal is often present,
+# often absent, and often cut short by a special character.
+_PATTERN_CHARS = st.sampled_from(list("abAB ") + list("\\.^$*+?{}[]()|#") + ["(?i)", "(?x)", "\\d"])
+_LINE = st.text(alphabet="abAB #0.", max_size=30)
+
+
+@given(st.lists(_PATTERN_CHARS, max_size=12).map("".join), _LINE)
+def test_a_line_is_answered_as_the_pattern_itself_answers_it(pattern: str, line: str) -> None:
+    compiled = PatternCache().get("rule", pattern)
+    if compiled is None:
+        return
+    try:
+        found = LineBudget().search(compiled, line)
+    except MatchTimeout:
+        return
+    plain = compiled.pattern.search(line)
+    assert (found is None) == (plain is None), (pattern, line, compiled.literal)
+    if found is not None and plain is not None:
+        assert found.span() == plain.span()
+
+
+@given(st.lists(_PATTERN_CHARS, max_size=12).map("".join), _LINE)
+def test_every_match_contains_the_required_literal(pattern: str, line: str) -> None:
+    compiled = PatternCache().get("rule", pattern)
+    if compiled is None:
+        return
+    match = compiled.pattern.search(line)
+    if match is not None:
+        assert compiled.literal in line[match.start() :], (pattern, line, compiled.literal)

@@ -9,8 +9,16 @@ line of ``a``) must not stall the detector. Stdlib :mod:`re` cannot be interrupt
 :data:`LINE_BUDGET_SECONDS`. A search that runs out of time raises :class:`MatchTimeout`;
 nothing else escapes.
 
-:class:`PatternCache` compiles each (rule name, pattern) once; a pattern that does not
-compile is remembered as ``None`` and warned about once.
+:class:`PatternCache` compiles each (rule name, pattern) once, as a
+:class:`BoundedPattern`; a pattern that does not compile is remembered as ``None`` and
+warned about once.
+
+A timed search costs several times an untimed one, whatever the line, so a pattern that
+begins with plain characters (``CUDA error``, ``Loss: ([0-9.]+)``) keeps them as its
+*required literal*: a line that does not contain it cannot match, and is answered
+without a search (and without spending the line's budget). Only characters that match
+themselves count (none when the pattern ignores case, is verbose, or has an
+alternative), so the answer is the search's own.
 """
 
 from __future__ import annotations
@@ -24,11 +32,13 @@ __all__ = [
     "LINE_BUDGET_SECONDS",
     "MAX_LINE_CHARS",
     "PATTERN_TIMEOUT_SECONDS",
+    "BoundedPattern",
     "LineBudget",
     "Match",
     "MatchTimeout",
     "Pattern",
     "PatternCache",
+    "required_literal",
 ]
 
 log = logging.getLogger("resurge.detector.log_rules")
@@ -41,6 +51,35 @@ _CACHE_SIZE = 1024
 Pattern = regex.Pattern[str]
 Match = regex.Match[str]
 
+# Characters that may not match themselves (or make the one before them optional).
+_SPECIAL = frozenset("\\.^$*+?{}[]()|#")
+_QUANTIFIERS = frozenset("*?{")
+# Flags under which a plain character may match something other than itself.
+_LOOSE = regex.IGNORECASE | regex.VERBOSE
+
+
+def required_literal(pattern: Pattern) -> str:
+    """Characters every match of ``pattern`` contains, in a row ("" when unsure)."""
+    source = pattern.pattern
+    if pattern.flags & _LOOSE or "|" in source:
+        return ""
+    end = 0
+    while end < len(source) and source[end] not in _SPECIAL:
+        end += 1
+    if end < len(source) and source[end] in _QUANTIFIERS:
+        end -= 1  # the last plain character may repeat zero times
+    return source[: max(end, 0)]
+
+
+class BoundedPattern:
+    """A compiled pattern and its required literal (see the module docstring)."""
+
+    __slots__ = ("literal", "pattern")
+
+    def __init__(self, pattern: Pattern) -> None:
+        self.pattern = pattern
+        self.literal = required_literal(pattern)
+
 
 class MatchTimeout(Exception):
     """A search ran out of time (its own limit or the line's budget)."""
@@ -51,16 +90,16 @@ class PatternCache:
 
     def __init__(self, size: int = _CACHE_SIZE) -> None:
         self.size = size
-        self._compiled: dict[tuple[str, str], Pattern | None] = {}
+        self._compiled: dict[tuple[str, str], BoundedPattern | None] = {}
 
-    def get(self, rule: str, pattern: str) -> Pattern | None:
+    def get(self, rule: str, pattern: str) -> BoundedPattern | None:
         """``pattern`` compiled for ``rule``; None (logged once) when it does not compile."""
         key = (rule, pattern)
         if key in self._compiled:
             return self._compiled[key]
-        compiled: Pattern | None
+        compiled: BoundedPattern | None
         try:
-            compiled = regex.compile(pattern)
+            compiled = BoundedPattern(regex.compile(pattern))
         # Whatever the pattern does to the compiler (error, overflow, recursion), the
         # rule is skipped and the detector keeps going.
         except Exception as error:
@@ -79,14 +118,26 @@ class PatternCache:
 
 
 class LineBudget:
-    """The time left for matching one line against all of its rules."""
+    """The time left for matching one line against all of its rules (counted from the
+    line's first search)."""
+
+    __slots__ = ("deadline", "seconds")
 
     def __init__(self, seconds: float = LINE_BUDGET_SECONDS) -> None:
-        self.deadline = time.perf_counter() + seconds
+        self.seconds = seconds
+        self.deadline: float | None = None
 
-    def search(self, pattern: Pattern, text: str) -> Match | None:
-        """``pattern.search(text)`` within the budget; :class:`MatchTimeout` when out of time."""
-        left = min(self.deadline - time.perf_counter(), PATTERN_TIMEOUT_SECONDS)
+    def search(self, bounded: BoundedPattern, text: str) -> Match | None:
+        """``pattern.search(text)`` within the budget; :class:`MatchTimeout` when out of time.
+
+        A line without the pattern's required literal is None at once."""
+        if bounded.literal not in text:
+            return None
+        pattern = bounded.pattern
+        now = time.perf_counter()
+        if self.deadline is None:
+            self.deadline = now + self.seconds
+        left = min(self.deadline - now, PATTERN_TIMEOUT_SECONDS)
         if left <= 0:
             raise MatchTimeout("line budget spent")
         try:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 __all__ = ["Deadlines", "Expired", "Wait"]
 
@@ -27,9 +27,8 @@ Limit = Callable[[str], float | None]
 """Seconds a wait for ``what`` may last; None: it has no limit now."""
 
 
-@dataclass(frozen=True)
-class Wait:
-    """An armed deadline: waiting since ``since`` for ``what``."""
+class Wait(NamedTuple):
+    """An armed deadline: waiting since ``since`` for ``what`` (made on every arming)."""
 
     since: datetime
     what: str

@@ -113,8 +113,9 @@ class _Generation:
         quiet starts over (the job moved)."""
         self.waits.arm(number, now, "heartbeat")
         self.last_progress = now
-        for stopped in self.stopped:
-            self.quiet(stopped, self.ranks[stopped])
+        if self.stopped:
+            for stopped in self.stopped:
+                self.quiet(stopped, self.ranks[stopped])
 
     def quiet(self, number: int, rank: _Rank) -> None:
         """Arm the stopped rank's deadline: quiet since it stopped or since the
@@ -189,17 +190,22 @@ class HangDetector:
             self._newest[job] = number
             for key in [k for k in self._generations if k[0] == job and k[1] < number]:
                 del self._generations[key]
-        return self._generations.setdefault((job, number), _Generation())
+        generation = self._generations.get((job, number))
+        if generation is None:
+            generation = self._generations[(job, number)] = _Generation()
+        return generation
 
     def _progress(
         self, job: str, generation: int, number: int, step: int, rank: _Rank, now: datetime
     ) -> None:
-        learned = self._learned.setdefault(job, _Learned())
+        learned = self._learned.get(job)
+        if learned is None:
+            learned = self._learned[job] = _Learned()
         if rank.last_progress is None:
             learned.longest_startup = max(
                 learned.longest_startup, (now - rank.started).total_seconds()
             )
-        else:
+        elif now != rank.last_progress:  # reports handled at one time make no gap
             learned.longest_gap = max(
                 learned.longest_gap, (now - rank.last_progress).total_seconds()
             )

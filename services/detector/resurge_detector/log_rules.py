@@ -44,7 +44,7 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from resurge.control.records import JobRecord
 from resurge.detection import DetectorContext
@@ -61,10 +61,10 @@ from resurge.jobspec import LogRule
 from resurge.runtime.logs import RateLimitedLog
 from resurge_detector.bounded_regex import (
     MAX_LINE_CHARS,
+    BoundedPattern,
     LineBudget,
     Match,
     MatchTimeout,
-    Pattern,
     PatternCache,
 )
 from resurge_detector.deadlines import Deadlines
@@ -156,8 +156,7 @@ class _Job:
         return min(stopped, key=lambda s: (s[0], s[1]))[1:] if stopped else None
 
 
-@dataclass(frozen=True)
-class _Where:
+class _Where(NamedTuple):
     job: str
     generation: int
     rank: int
@@ -190,7 +189,9 @@ class LogRuleDetector:
         job = self._job(event.job, event.generation)
         if job is None:
             return []
-        rank = job.ranks.setdefault(event.rank, _Rank())
+        rank = job.ranks.get(event.rank)
+        if rank is None:
+            rank = job.ranks[event.rank] = _Rank()
         rank.replica, rank.node = event.replica, event.node
         if isinstance(event, ProcessStarted):
             rank.start(ctx.now)
@@ -281,7 +282,7 @@ class LogRuleDetector:
             faults += self._metric(rule, seen, match, line, job, where, rank, ctx)
         return faults
 
-    def _compiled(self, rule: LogRule) -> tuple[Pattern, Pattern | None] | None:
+    def _compiled(self, rule: LogRule) -> tuple[BoundedPattern, BoundedPattern | None] | None:
         """The rule's (logPattern, stopPattern or None), or None when one does not compile."""
         pattern = self._patterns.get(rule.name, rule.log_pattern)
         if pattern is None:
@@ -337,13 +338,15 @@ class LogRuleDetector:
                 del self._jobs[name]
                 continue
             rules = {rule.name: rule for rule in record.spec.spec.monitoring.log_rules}
+            # A rule without a time limit is never late (its state is renewed on its next line).
+            timed = [rule for rule in rules.values() if _timed(rule)]
             for number, rank in job.ranks.items():
                 for gone in rank.rules.keys() - rules.keys():
                     rank.forget(gone)
-                if rank.replica in record.finished_replicas:
+                if not timed or rank.replica in record.finished_replicas:
                     continue
                 where = _Where(name, job.generation, number)
-                for rule in rules.values():
+                for rule in timed:
                     if rule.ranks is not None and number not in rule.ranks:
                         continue
                     if self._compiled(rule) is None:
@@ -429,6 +432,14 @@ class LogRuleDetector:
             node=rank.node,
         )
         return [fault]
+
+
+def _timed(rule: LogRule) -> bool:
+    """Whether ``rule`` awaits its matches within a time (and so may be late)."""
+    return (
+        rule.expected_start_cut_off_in_seconds is not None
+        or rule.expected_recurring_frequency_in_seconds is not None
+    )
 
 
 def _number(match: Match) -> float | None:

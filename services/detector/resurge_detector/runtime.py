@@ -96,6 +96,8 @@ class DetectorRuntime:
             for kind in detector.kinds:
                 self._by_kind[kind].append(detector)
         self._log = RateLimitedLog(log, interval=60.0)
+        # Checked once: a protocol check looks up every member each time.
+        self._durable = [d for d in self.detectors if isinstance(d, DurableState)]
         # Detectors that take fault-grade kinds only: the fault lane may feed them.
         self._lane_detectors = {id(d) for d in self.detectors if d.kinds <= LANE_KINDS}
         self._reads_logs = "log_line" in self._by_kind
@@ -166,21 +168,28 @@ class DetectorRuntime:
         then reaches each detector through one of them, see the module docstring)."""
         ctx = DetectorContext(now=now, source=self.source, jobs=self.jobs)
         out: list[Envelope] = []
+        by_kind = self._by_kind
+        every_job = self.partition.replicas == 1
         for event in events:
-            detectors = self._by_kind.get(event.kind)
-            if not detectors or not self.owns_event(event):
+            detectors = by_kind.get(event.kind)
+            if not detectors or not (every_job or self.owns_event(event)):
+                continue
+            if lane is not None and event.kind in LANE_KINDS:
+                detectors = [d for d in detectors if self._take(event, d, lane)]
+            elif lane:  # telemetry is the main lane's alone
                 continue
             for detector in detectors:
-                if not self._take(event, detector, lane):
-                    continue
                 try:
-                    concluded = list(detector.observe(event, ctx))
+                    result = detector.observe(event, ctx)
+                    if not result:  # the usual answer: nothing
+                        continue
+                    concluded = list(result)
                 except Exception as error:
                     self._failed(detector, error)
                     continue
                 out += concluded
                 self._tell_faults(event, concluded)
-        return self._keep(out)
+        return self._keep(out) if out else out
 
     def _tell_faults(self, event: Envelope, concluded: Iterable[Envelope]) -> None:
         if self.on_fault is None:
@@ -203,10 +212,9 @@ class DetectorRuntime:
     def state_changes(self) -> dict[StateKey, bytes | None]:
         """What the durable detectors changed since the last call (None: delete)."""
         changes: dict[StateKey, bytes | None] = {}
-        for detector in self.detectors:
-            if isinstance(detector, DurableState):
-                for (job, key), value in detector.state_changes().items():
-                    changes[(detector.name, job, key)] = value
+        for detector in self._durable:
+            for (job, key), value in detector.state_changes().items():
+                changes[(detector.name, job, key)] = value
         return changes
 
     def restore_state(self, detector_name: str, job: str, key: str, value: bytes) -> bool:

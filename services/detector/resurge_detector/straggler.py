@@ -53,7 +53,9 @@ class StragglerDetector:
         if not settings.enabled or event.generation < record.generation:
             return []
         ranks = self._ranks(record.name, event.generation)
-        rank = ranks.setdefault(event.rank, _Rank(event.replica, event.node))
+        rank = ranks.get(event.rank)
+        if rank is None:
+            rank = ranks[event.rank] = _Rank(event.replica, event.node)
         seconds = self._step_seconds(rank, event)
         rank.last_time, rank.last_step = event.time, event.step
         if seconds is None or event.step <= settings.min_steps:
