@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+from nats.aio.msg import Msg
 
 from resurge.events import Assign, ReplicaSlot, Stop, encode_event
 from resurge.runtime.bus import Bus
@@ -188,3 +189,30 @@ async def test_an_agent_started_again_goes_on_after_the_last_command_it_handled(
     async with inbox(bus, job, fresh, position_key("node-0", job, 0, 1)):
         [newest] = await fresh.wait_for(1)
     assert (newest.kind, newest.generation) == ("stop", 1)
+
+
+async def test_a_stored_message_that_is_no_command_is_dead_lettered_once(
+    bus: Bus, job: str
+) -> None:
+    letters: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def on_letter(msg: Msg) -> None:
+        letters.put_nowait(msg.data)
+
+    await bus.nc.subscribe(bus.subjects.dlq(bus.service), cb=on_letter)
+    subject = bus.subjects.cmd(job, 0)
+    commands = Commands()
+    box = CommandInbox(bus, subject, commands.handle, expects=(Assign,), recheck_seconds=0.05)
+    await box.start()
+    try:
+        await bus.js.publish(subject, b"not an event")  # live: skipped; stored: dead-lettered
+        await bus.publish(subject, assign(bus, job, 1))
+        await commands.wait_for(1)
+        first = await asyncio.wait_for(letters.get(), WAIT)
+        # Later checks read on from after it: the next command is handled, not the letter.
+        await bus.publish(subject, assign(bus, job, 2))
+        await commands.wait_for(2)
+    finally:
+        await box.close()
+    assert b"not an event" in first
+    assert letters.empty()

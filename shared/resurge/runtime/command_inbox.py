@@ -82,6 +82,11 @@ _UNREAD = 256
 log = logging.getLogger("resurge.runtime.command_inbox")
 
 
+def _msg_id(headers: dict[str, str] | None) -> str | None:
+    """The ``Nats-Msg-Id`` header: the event id, as :meth:`Bus.publish` sets it."""
+    return None if headers is None else headers.get("Nats-Msg-Id")
+
+
 class _Lost(Exception):
     """The connection dropped while a read of the stream waited for its answer."""
 
@@ -118,7 +123,8 @@ class CommandInbox:
         self.key = position_key
         self.recheck_seconds = recheck_seconds
         self.stream = bus.subjects.stream("cmd")
-        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()  # None: catch up
+        # Live messages (data, Nats-Msg-Id), and None: catch up.
+        self._queue: asyncio.Queue[tuple[bytes, str | None] | None] = asyncio.Queue()
         self._catch_up_queued = False
         self._connected = asyncio.Event()
         self._lost = asyncio.Event()  # set from a disconnection until the catch-up after it
@@ -193,7 +199,7 @@ class CommandInbox:
         self._next_seq = newest.seq or 1
 
     async def _on_live(self, msg: Msg) -> None:
-        self._queue.put_nowait(msg.data)
+        self._queue.put_nowait((msg.data, _msg_id(msg.headers)))
 
     def _connection_changed(self, connected: bool) -> None:
         if not self._tasks:  # closed (the bus keeps its listeners)
@@ -217,12 +223,12 @@ class CommandInbox:
 
     async def _run(self) -> None:
         while True:
-            data = await self._queue.get()
-            if data is None:
+            live = await self._queue.get()
+            if live is None:
                 self._catch_up_queued = False
                 await self._catch_up()
             else:
-                await self._offer(data, stored=False)
+                await self._offer(*live, stored=False)
 
     async def _catch_up(self) -> None:
         """Hand over every command stored from ``_next_seq`` on, retrying reads until
@@ -247,7 +253,7 @@ class CommandInbox:
                 msg = await self._get_next()
             except nats.js.errors.NotFoundError:
                 return
-            await self._offer(msg.data or b"", stored=True)
+            await self._offer(msg.data or b"", _msg_id(msg.headers), stored=True)
             # Moved on only once handled: an agent stopped meanwhile is given it again.
             self._next_seq = (msg.seq or self._next_seq) + 1
             self._unsaved.set()
@@ -271,15 +277,14 @@ class CommandInbox:
             raise _Lost
         return get.result()
 
-    async def _offer(self, data: bytes, *, stored: bool) -> None:
-        """Hand ``data`` over unless it was already, or cannot be (dead-lettered when
-        ``stored``: read from the stream, where each message is read once)."""
-        event = await self._decode(data, stored)
-        if event is None:
+    async def _offer(self, data: bytes, msg_id: str | None, *, stored: bool) -> None:
+        """Hand ``data`` over unless it was already (known by its ``Nats-Msg-Id``, the
+        event id, without decoding it), or cannot be (dead-lettered when ``stored``:
+        read from the stream, where each message is read once)."""
+        if msg_id is not None and self._handled(msg_id, stored):
             return
-        if event.id in self._seen:
-            if stored and event.id in self._unread:
-                self._unread.remove(event.id)
+        event = await self._decode(data, stored)
+        if event is None or self._handled(event.id, stored):
             return
         self._remember(event.id)
         await self._hand_over(event, data)
@@ -303,6 +308,15 @@ class CommandInbox:
                 )
             return None
         return event
+
+    def _handled(self, event_id: str, stored: bool) -> bool:
+        """Whether ``event_id`` was handed over already (read back from the stream, it
+        is no longer unread)."""
+        if event_id not in self._seen:
+            return False
+        if stored and event_id in self._unread:
+            self._unread.remove(event_id)
+        return True
 
     def _remember(self, event_id: str) -> None:
         self._seen[event_id] = None
