@@ -19,8 +19,16 @@ durable consumer per agent on the command stream (start ``last_per_subject``), w
 cannot run 1,024 replicas; it runs 960 by default, and the ratios printed compare the
 two at their own sizes.
 
+``--publisher`` splits the time: ``restarter`` (the default) is the whole path above;
+``full`` has the bench publish the Assigns itself, built and sent as the restarter
+does (same planner, same publishing window; no fault, no Stops), timed from the first
+publish; ``own`` does the same with each Assign's rank table cut to its own slot.
+Every Assign carries the whole rank table, about 60 bytes per replica (60 KB each at
+1,024 replicas, 60 MB per fan-out), which its publisher encodes and every agent
+decodes; ``own`` against ``full`` is that payload's share of the time.
+
     .venv/bin/python bench/fanout.py [--replicas 1024] [--rounds 10] [--agent-processes 4]
-        [--baseline-replicas 960]
+        [--baseline-replicas 960] [--publisher restarter|full|own]
 """
 
 from __future__ import annotations
@@ -40,9 +48,11 @@ from pathlib import Path
 
 from nats.aio.msg import Msg
 
+from resurge.control.job_messages import assignment_messages, publish_all
 from resurge.control.records import JobRecord, JobStore, Placement
 from resurge.events import (
     Assign,
+    Envelope,
     Event,
     FaultDetected,
     FaultScope,
@@ -60,6 +70,11 @@ from resurge.runtime.settings import Settings
 NAMESPACE = "fan"
 JOB = "fan"
 NODES = 8
+PUBLISHERS = {
+    "restarter": "a real restarter, after a process fault (timed from the fault)",
+    "full": "the bench, as the restarter would, no fault (timed from the first publish)",
+    "own": "the bench, each Assign with only its own rank-table slot (the payload's share)",
+}
 GOT = "bench.fanout.got"  # core NATS: agents report each Assign they hold here
 
 
@@ -119,6 +134,29 @@ async def run_agents(url: str, first: int, last: int, replicas: int, consumers: 
     await asyncio.Event().wait()  # until terminated
 
 
+async def publish_assigns(bus: Bus, generation: int, own_slot: bool) -> float:
+    """Publish Assign(``generation``) to every replica as the restarter does (the same
+    planner and publishing window), each with the whole rank table or only its own
+    slot; when the first was sent (epoch seconds)."""
+    found = await JobStore(await bus.jobs_bucket()).get(JOB)
+    assert found is not None
+    record = found[0]
+    record.generation = generation
+    record.master_port = 29500
+    messages = assignment_messages(bus, record)
+    if own_slot:
+        mine: list[tuple[str, Envelope]] = []
+        for subject, event in messages:
+            assert isinstance(event, Assign)
+            table = [slot for slot in event.rank_table if slot.replica == event.replica]
+            update = {"rank_table": table, "world_size": sum(slot.nproc for slot in table)}
+            mine.append((subject, event.model_copy(update=update)))
+        messages = mine
+    sent = time.time()
+    await publish_all(bus, messages)
+    return sent
+
+
 async def seed(bus: Bus, replicas: int) -> None:
     spec = job(
         JOB,
@@ -161,8 +199,12 @@ class Run:
         return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
 
 
-async def measure(replicas: int, rounds: int, processes: int, consumers: bool) -> Run:
-    """Run the scenario once: agents with an inbox each, or a consumer each."""
+async def measure(
+    replicas: int, rounds: int, processes: int, consumers: bool, publisher: str = "restarter"
+) -> Run:
+    """Run the scenario once: agents with an inbox each, or a consumer each. The
+    Assigns come from the restarter after a fault, or (``publisher`` ``full`` or
+    ``own``) from the bench itself, each with the whole rank table or its own slot."""
     with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp) / "nats") as server:
         assert server.process is not None
         settings = Settings(nats_url=server.url, namespace=NAMESPACE)
@@ -225,16 +267,21 @@ async def measure(replicas: int, rounds: int, processes: int, consumers: bool) -
                     stderr=subprocess.STDOUT,
                 )
             )
-        restarter = subprocess.Popen(  # noqa: ASYNC220
-            [sys.executable, "-m", "resurge_restarter"],
-            env={**env, "RESURGE_METRICS_PORT": str(free_port())},
-            stdout=log,
-            stderr=subprocess.STDOUT,
+        restarter = (
+            subprocess.Popen(  # noqa: ASYNC220
+                [sys.executable, "-m", "resurge_restarter"],
+                env={**env, "RESURGE_METRICS_PORT": str(free_port())},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+            if publisher == "restarter"
+            else None
         )
+        processes_started = [*children, *([restarter] if restarter is not None else [])]
         try:
             await until(lambda: len(ready) == len(children), 300, "the agents' intakes")
             consumers_in = time.monotonic() - began
-            while True:  # the restarter is up once its fault consumer exists
+            while publisher == "restarter":  # the restarter is up once its fault consumer is
                 try:
                     await bus.js.consumer_info(bus.subjects.stream("fault"), "restarter")
                     break
@@ -245,6 +292,15 @@ async def measure(replicas: int, rounds: int, processes: int, consumers: bool) -
             to_last: list[float] = []
             to_first: list[float] = []
             for generation in range(rounds):
+                if publisher != "restarter":
+                    new = generation + 1
+                    sent = await publish_assigns(bus, new, own_slot=publisher == "own")
+                    await until(
+                        lambda new=new: len(held.get(new, {})) == replicas, 120, "every Assign"
+                    )
+                    to_last.append(max(held[new].values()) - sent)
+                    to_first.append(min(held[new].values()) - sent)
+                    continue
                 fault = FaultDetected(
                     source=bus.source,
                     job=JOB,
@@ -285,12 +341,12 @@ async def measure(replicas: int, rounds: int, processes: int, consumers: bool) -
                     60,
                     "the recovery to close",
                 )
-            restarter_rss = rss_kib(restarter.pid)
+            restarter_rss = rss_kib(restarter.pid) if restarter is not None else (0, 0)
             nats_rss = rss_kib(server.process.pid)
         finally:
-            for child in [*children, restarter]:
+            for child in processes_started:
                 child.terminate()
-            for child in [*children, restarter]:
+            for child in processes_started:
                 try:
                     child.wait(timeout=20)
                 except subprocess.TimeoutExpired:
@@ -310,7 +366,7 @@ async def measure(replicas: int, rounds: int, processes: int, consumers: bool) -
     )
 
 
-def describe(name: str, run: Run, rounds: int) -> None:
+def describe(name: str, run: Run, rounds: int, publisher: str) -> None:
     if "Traceback" in run.log_tail:
         print("agents' and restarter's log (end):", run.log_tail)
     if "maximum consumers limit reached" in run.log_tail:
@@ -320,32 +376,39 @@ def describe(name: str, run: Run, rounds: int) -> None:
         f"{run.setup_seconds:.1f} s; rounds {rounds}"
     )
     print(
-        f"  fault -> last replica holds its new Assign: p50 {run.p50() * 1000:.0f} ms, "
+        f"  {'fault' if publisher == 'restarter' else 'first publish'} -> last replica "
+        f"holds its new Assign: p50 {run.p50() * 1000:.0f} ms, "
         f"p99 {run.p99() * 1000:.0f} ms (max of {rounds}; goal p99 <= 250 ms); "
         f"-> first replica: p50 {statistics.median(run.to_first) * 1000:.0f} ms"
     )
     print(
         f"  RSS now / peak: restarter {run.restarter[0] / 1024:.0f} / "
-        f"{run.restarter[1] / 1024:.0f} MiB; nats-server {run.nats[0] / 1024:.0f} / "
+        f"{run.restarter[1] / 1024:.0f} MiB (0: none ran); nats-server {run.nats[0] / 1024:.0f} / "
         f"{run.nats[1] / 1024:.0f} MiB (agents ready, before any fault: "
         f"{run.nats_idle[0] / 1024:.0f} MiB)"
     )
 
 
-async def main(replicas: int, rounds: int, processes: int, baseline_replicas: int) -> int:
-    print(f"{processes} agent processes")
+async def main(
+    replicas: int, rounds: int, processes: int, baseline_replicas: int, publisher: str
+) -> int:
+    print(f"{processes} agent processes; Assigns from {PUBLISHERS[publisher]}")
     baseline = None
     if baseline_replicas:
-        baseline = await measure(baseline_replicas, rounds, processes, consumers=True)
-        describe("baseline, a consumer per agent", baseline, rounds)
-    run = await measure(replicas, rounds, processes, consumers=False)
-    describe("a command inbox per agent", run, rounds)
+        baseline = await measure(baseline_replicas, rounds, processes, True, publisher)
+        describe("baseline, a consumer per agent", baseline, rounds, publisher)
+    run = await measure(replicas, rounds, processes, False, publisher)
+    describe("a command inbox per agent", run, rounds, publisher)
     if baseline is not None:
         print(
             f"inbox ({replicas} replicas) / baseline ({baseline_replicas}): "
             f"p50 x{run.p50() / baseline.p50():.2f}, p99 x{run.p99() / baseline.p99():.2f}, "
-            f"nats-server peak RSS x{run.nats[1] / baseline.nats[1]:.2f}, "
-            f"restarter peak RSS x{run.restarter[1] / baseline.restarter[1]:.2f}"
+            f"nats-server peak RSS x{run.nats[1] / baseline.nats[1]:.2f}"
+            + (
+                f", restarter peak RSS x{run.restarter[1] / baseline.restarter[1]:.2f}"
+                if baseline.restarter[1]
+                else ""
+            )
         )
     return 0
 
@@ -361,6 +424,12 @@ if __name__ == "__main__":
         default=960,
         help="replicas of the baseline run, a consumer per agent (0: no baseline)",
     )
+    parser.add_argument(
+        "--publisher",
+        choices=sorted(PUBLISHERS),
+        default="restarter",
+        help="who sends the Assigns: " + "; ".join(f"{k}: {v}" for k, v in PUBLISHERS.items()),
+    )
     parser.add_argument("--agents", type=int, nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--consumers", action="store_true", help=argparse.SUPPRESS)
@@ -369,5 +438,13 @@ if __name__ == "__main__":
         first, last = args.agents
         asyncio.run(run_agents(args.url, first, last, args.replicas, args.consumers))
     sys.exit(
-        asyncio.run(main(args.replicas, args.rounds, args.agent_processes, args.baseline_replicas))
+        asyncio.run(
+            main(
+                args.replicas,
+                args.rounds,
+                args.agent_processes,
+                args.baseline_replicas,
+                args.publisher,
+            )
+        )
     )
