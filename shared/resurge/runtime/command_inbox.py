@@ -10,8 +10,9 @@ server a delivery state each, and a stream refuses consumers beyond its
 - Caught up from the ``cmd`` stream with direct gets (the stream has ``allow_direct``;
   no consumer): at start, after every disconnection (the catch-up is queued when the
   connection drops and runs once it is back, before any command that arrives after
-  it), and every :data:`RECHECK_SECONDS` (core NATS delivers at most once: a message
-  dropped to a slow subscriber is found here).
+  it), and about every :data:`RECHECK_SECONDS` (core NATS delivers at most once: a
+  message dropped to a slow subscriber is found here). A check reads back, once, each
+  command that came live since the last one (skipped by its id, not decoded).
 - Where it starts: after the last command an earlier inbox with the same
   ``position_key`` handled (its record in the ``agent_positions`` bucket: an agent
   started again after a crash goes on where it stopped); with no record, at the newest
@@ -21,9 +22,9 @@ server a delivery state each, and a stream refuses consumers beyond its
   between is given that command again, as a consumer redelivers one it never acked.
 - Each command is handed over once, by event id (a publisher's retry reaches core
   subscribers twice; the stream stores it once), in the order the stream stored them,
-  except that one arriving live may come before older ones the inbox missed. Those
-  are still handed over, once the catch-up finds them; the launcher ignores an older
-  generation.
+  except that one arriving live may come before older ones the inbox missed with no
+  disconnection (a dropped message). Those are still handed over, once a check finds
+  them; the launcher ignores an older generation.
 - A handler that raises gets the same command again after :data:`RETRY_SECONDS`, up to
   :data:`MAX_ATTEMPTS` times, before the next one; a
   :class:`~resurge.runtime.bus.PermanentError` sends it to the dead letters at once. A
@@ -37,6 +38,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import random
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -217,8 +219,10 @@ class CommandInbox:
             self._queue.put_nowait(None)
 
     async def _recheck(self) -> None:
+        # Spread over half to one and a half periods: agents started together (a job's
+        # replicas) do not all read the stream back at once.
         while True:
-            await asyncio.sleep(self.recheck_seconds)
+            await asyncio.sleep(self.recheck_seconds * random.uniform(0.5, 1.5))
             self._queue_catch_up()
 
     async def _run(self) -> None:
