@@ -193,19 +193,19 @@ class LogRuleDetector:
         if rank is None:
             rank = job.ranks[event.rank] = _Rank()
         rank.replica, rank.node = event.replica, event.node
+        # Log lines first: they are nearly every event, and a model's failed isinstance
+        # is slow.
+        if isinstance(event, LogLine):
+            where = _Where(event.job, event.generation, event.rank)
+            return self._line(event, record, job, where, rank, ctx)
         if isinstance(event, ProcessStarted):
             rank.start(ctx.now)
-            return []
-        if isinstance(event, ProcessStateChanged):
+        elif isinstance(event, ProcessStateChanged):
             if not event.stopped:
                 rank.stopped_since = None
             elif rank.stopped_since is None:
                 rank.stopped_since = ctx.now
-            return []
-        if not isinstance(event, LogLine):
-            return []
-        where = _Where(event.job, event.generation, event.rank)
-        return self._line(event, record, job, where, rank, ctx)
+        return []
 
     def _job(self, name: str, generation: int) -> _Job | None:
         job = self._jobs.get(name)
