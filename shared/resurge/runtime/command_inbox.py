@@ -10,9 +10,11 @@ server a delivery state each, and a stream refuses consumers beyond its
 - Caught up from the ``cmd`` stream with direct gets (the stream has ``allow_direct``;
   no consumer): at start, after every disconnection (the catch-up is queued when the
   connection drops and runs once it is back, before any command that arrives after
-  it), and about every :data:`RECHECK_SECONDS` (core NATS delivers at most once: a
-  message dropped to a slow subscriber is found here). A check reads back, once, each
-  command that came live since the last one (skipped by its id, not decoded).
+  it), and whenever a check finds a message it has not seen: about every
+  :data:`RECHECK_SECONDS` it asks the stream how many messages it holds on the subject
+  (stream info, no message read) and compares with the number it has seen (core NATS
+  delivers at most once: a message dropped to a slow subscriber is found so; and so is
+  one that could not be used, which the catch-up dead-letters).
 - Where it starts: after the last command an earlier inbox with the same
   ``position_key`` handled (its record in the ``agent_positions`` bucket: an agent
   started again after a crash goes on where it stopped); with no record, at the newest
@@ -41,12 +43,11 @@ import logging
 import random
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
-from nats.js.api import RawStreamMsg
 from nats.js.kv import KeyValue
 
 from resurge.contract.subjects import escape_token
@@ -82,6 +83,11 @@ _SEEN = 4096
 _UNREAD = 256
 
 log = logging.getLogger("resurge.runtime.command_inbox")
+
+T = TypeVar("T")
+# What the inbox's task runs besides live messages.
+_CATCH_UP = "catch up"
+_CHECK = "check"
 
 
 def _msg_id(headers: dict[str, str] | None) -> str | None:
@@ -125,9 +131,11 @@ class CommandInbox:
         self.key = position_key
         self.recheck_seconds = recheck_seconds
         self.stream = bus.subjects.stream("cmd")
-        # Live messages (data, Nats-Msg-Id), and None: catch up.
-        self._queue: asyncio.Queue[tuple[bytes, str | None] | None] = asyncio.Queue()
-        self._catch_up_queued = False
+        # Live messages (data, Nats-Msg-Id), and the catch-ups and checks to run.
+        self._queue: asyncio.Queue[tuple[bytes, str | None] | str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        # How many messages the stream should hold on the subject, if all were seen.
+        self._expected: int | None = None
         self._connected = asyncio.Event()
         self._lost = asyncio.Event()  # set from a disconnection until the catch-up after it
         self._next_seq = 1  # the stream sequence the next catch-up reads from
@@ -214,25 +222,51 @@ class CommandInbox:
         self._queue_catch_up()
 
     def _queue_catch_up(self) -> None:
-        if not self._catch_up_queued:
-            self._catch_up_queued = True
-            self._queue.put_nowait(None)
+        self._queue_step(_CATCH_UP)
+
+    def _queue_step(self, step: str) -> None:
+        if step not in self._queued:
+            self._queued.add(step)
+            self._queue.put_nowait(step)
 
     async def _recheck(self) -> None:
         # Spread over half to one and a half periods: agents started together (a job's
-        # replicas) do not all read the stream back at once.
+        # replicas) do not all ask at once.
         while True:
             await asyncio.sleep(self.recheck_seconds * random.uniform(0.5, 1.5))
-            self._queue_catch_up()
+            self._queue_step(_CHECK)
 
     async def _run(self) -> None:
         while True:
-            live = await self._queue.get()
-            if live is None:
-                self._catch_up_queued = False
-                await self._catch_up()
+            item = await self._queue.get()
+            if isinstance(item, tuple):
+                await self._offer(*item, stored=False)
+                continue
+            self._queued.discard(item)
+            if item == _CHECK:
+                await self._check()
             else:
-                await self._offer(*live, stored=False)
+                await self._catch_up()
+
+    async def _check(self) -> None:
+        """Catch up only if the stream holds another number of messages on the subject
+        than this inbox has seen (one small request, no message read back)."""
+        try:
+            info = await self._unless_lost(
+                self.bus.js.stream_info(self.stream, subjects_filter=self.subject)
+            )
+        except (_Lost, nats.errors.Error, nats.js.errors.Error, TimeoutError):
+            await self._catch_up()
+            return
+        stored = (info.state.subjects or {}).get(self.subject, 0)
+        if stored != self._expected:
+            await self._catch_up()
+            return
+        # Every message up to the stream's last was seen: the position moves past them.
+        if info.state.last_seq + 1 > self._next_seq:
+            self._next_seq = info.state.last_seq + 1
+            self._unread = []
+            self._unsaved.set()
 
     async def _catch_up(self) -> None:
         """Hand over every command stored from ``_next_seq`` on, retrying reads until
@@ -252,34 +286,48 @@ class CommandInbox:
             await asyncio.sleep(RETRY_SECONDS)
 
     async def _read_stored(self) -> None:
+        """Read on from ``_next_seq`` to the end, and count the subject's messages: the
+        stream's count before the reads, and those the reads found stored after it."""
+        info = await self._unless_lost(
+            self.bus.js.stream_info(self.stream, subjects_filter=self.subject)
+        )
+        counted_to = info.state.last_seq
+        expected = (info.state.subjects or {}).get(self.subject, 0)
         while True:
             try:
-                msg = await self._get_next()
+                msg = await self._unless_lost(
+                    self.bus.js.get_msg(
+                        self.stream,
+                        seq=self._next_seq,
+                        subject=self.subject,
+                        direct=True,
+                        next=True,
+                    )
+                )
             except nats.js.errors.NotFoundError:
+                self._expected = expected
                 return
+            seq = msg.seq or self._next_seq
+            expected += seq > counted_to
             await self._offer(msg.data or b"", _msg_id(msg.headers), stored=True)
             # Moved on only once handled: an agent stopped meanwhile is given it again.
-            self._next_seq = (msg.seq or self._next_seq) + 1
+            self._next_seq = seq + 1
             self._unsaved.set()
 
-    async def _get_next(self) -> RawStreamMsg:
-        """The first command stored at ``_next_seq`` or after; raises :class:`_Lost` at
-        once when the connection drops meanwhile (the answer would never come)."""
-        get = asyncio.ensure_future(
-            self.bus.js.get_msg(
-                self.stream, seq=self._next_seq, subject=self.subject, direct=True, next=True
-            )
-        )
+    async def _unless_lost(self, request: Awaitable[T]) -> T:
+        """``request``'s answer; raises :class:`_Lost` at once when the connection drops
+        meanwhile (the answer would never come)."""
+        answer = asyncio.ensure_future(request)
         lost = asyncio.ensure_future(self._lost.wait())
         try:
-            done, _ = await asyncio.wait((get, lost), return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait((answer, lost), return_when=asyncio.FIRST_COMPLETED)
         finally:
             lost.cancel()
-            if not get.done():
-                get.cancel()
-        if get not in done:
+            if not answer.done():
+                answer.cancel()
+        if answer not in done:
             raise _Lost
-        return get.result()
+        return answer.result()
 
     async def _offer(self, data: bytes, msg_id: str | None, *, stored: bool) -> None:
         """Hand ``data`` over unless it was already (known by its ``Nats-Msg-Id``, the
@@ -289,7 +337,9 @@ class CommandInbox:
             return
         event = await self._decode(data, stored)
         if event is None or self._handled(event.id, stored):
-            return
+            return  # one that cannot be used leaves the count short: a check reads it
+        if not stored and self._expected is not None:
+            self._expected += 1
         self._remember(event.id)
         await self._hand_over(event, data)
         if not stored:
