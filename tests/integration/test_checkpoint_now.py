@@ -131,9 +131,12 @@ async def test_a_checkpoint_request_makes_a_connected_worker_save_and_report(
             ]
         )
         assert len(lines) == 1  # the opt-in signal reached the script's handler, once
-        assert any(
-            isinstance(e, LogLine) and e.line == f"saved step {saved.step} (resize 2 -> 4)"
-            for e in raw_events.items
+        # The script's own line comes by its stdout, apart from the event: awaited.
+        await raw_events.wait_for(
+            lambda items: any(
+                isinstance(e, LogLine) and e.line == f"saved step {saved.step} (resize 2 -> 4)"
+                for e in items
+            )
         )
         # Several steps later still one checkpoint: the stale request saved nothing.
         await raw_events.wait_for(progress_of_rank0(saved.step + 5))

@@ -1,9 +1,11 @@
 """Every subscriber, through a real nats-server: bad messages are terminated, counted by
 reason, dead-lettered, and the good message right after is still handled.
 
-Each service consumes with ``Bus.consume(..., expects=...)`` (the detector with
-``consume_batches`` and a kind token); the table below repeats each one's subject and
-``expects``, and a test reads the services' source to keep the table complete.
+Each service consumes with ``Bus.consume(..., expects=...)``, the detector and the
+restarter's progress reader with ``consume_batches`` and a kind token, and a launch
+agent reads its commands through a ``CommandInbox(..., expects=...)`` (no consumer in
+the server); the table below repeats each one's subject and ``expects``, and a test
+reads the services' source to keep the table complete.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -49,6 +51,7 @@ from resurge.events import (
     encode_event,
 )
 from resurge.runtime.bus import Bus
+from resurge.runtime.command_inbox import CommandInbox
 from resurge.runtime.settings import Settings
 from tests.conftest import REPO_ROOT
 from tests.property.strategies import event_of, events
@@ -66,7 +69,13 @@ class Consumer:
     filter: Callable[[Subjects], str]
     publish_on: Callable[[Subjects], str]
     expects: tuple[type[Envelope], ...]
-    batches: bool = False  # consume_batches with the raw kind token (the detector)
+    # consume: a durable consumer; batches: consume_batches with the raw kind token;
+    # inbox: a CommandInbox (core subscription, caught up from the stream)
+    reader: Literal["consume", "batches", "inbox"] = "consume"
+
+    @property
+    def batches(self) -> bool:
+        return self.reader == "batches"
 
 
 CONSUMERS = [
@@ -83,7 +92,8 @@ CONSUMERS = [
         "restarter",
         lambda s: s.raw(None, "progress", None),
         lambda s: s.raw(JOB, "progress", NODE),
-        (Progress,),
+        (Progress,),  # the kind its subject names
+        reader="batches",
     ),
     Consumer(
         "restarter",
@@ -112,39 +122,55 @@ CONSUMERS = [
         lambda s: s.cmd(JOB, 0),
         lambda s: s.cmd(JOB, 0),
         (Assign, Stop, InjectFault, CheckpointNow),
+        reader="inbox",
     ),
     Consumer(
         "detector",
         lambda s: s.all("raw"),
         lambda s: s.raw(JOB, "process_started", NODE),
         (ProcessStarted,),  # the kind its subject names
-        batches=True,
+        reader="batches",
     ),
 ]
 
 
-def consumed_in_services() -> set[frozenset[str]]:
-    """The ``expects=`` of every ``consume`` call in the services' source."""
-    found: set[frozenset[str]] = set()
+def _called(node: ast.AST) -> str | None:
+    if not isinstance(node, ast.Call):
+        return None
+    if isinstance(node.func, ast.Attribute):
+        return node.func.attr
+    return node.func.id if isinstance(node.func, ast.Name) else None
+
+
+def consumed_in_services() -> set[tuple[str, frozenset[str]]]:
+    """Each ``consume`` call's and ``CommandInbox`` construction's ``expects=`` in the
+    services' source, with which of the two it is."""
+    found: set[tuple[str, frozenset[str]]] = set()
     for path in (REPO_ROOT / "services").glob("*/resurge_*/*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            called = _called(node)
+            if called not in ("consume", "CommandInbox"):
                 continue
-            if node.func.attr != "consume":
-                continue
+            assert isinstance(node, ast.Call)
+            reader = "inbox" if called == "CommandInbox" else "consume"
             for keyword in node.keywords:
                 if keyword.arg == "expects" and isinstance(keyword.value, ast.Tuple):
                     names = [e.id for e in keyword.value.elts if isinstance(e, ast.Name)]
-                    found.add(frozenset(names))
+                    found.add((reader, frozenset(names)))
     return found
 
 
 def test_the_table_has_every_consumer_of_every_service() -> None:
-    table = {frozenset(m.__name__ for m in c.expects) for c in CONSUMERS if not c.batches}
+    table = {
+        (c.reader, frozenset(m.__name__ for m in c.expects)) for c in CONSUMERS if not c.batches
+    }
     assert table == consumed_in_services()
     detector = (REPO_ROOT / "services/detector/resurge_detector/service.py").read_text()
     assert "consume_batches(" in detector
     assert "kind_token=RAW_KIND_TOKEN" in detector
+    restarter = (REPO_ROOT / "services/restarter/resurge_restarter/service.py").read_text()
+    assert restarter.count("consume_batches(") == 1
+    assert "kind_token=RAW_KIND_TOKEN" in restarter
 
 
 def expected_reason(body: bytes, consumer: Consumer, subject: str) -> DeadLetterReason | None:
@@ -229,10 +255,13 @@ async def test_bad_messages_are_terminated_counted_dead_lettered_and_the_next_is
     settings = Settings(nats_url=nats_url, namespace=f"p{uuid.uuid4().hex[:10]}")
     registry = CollectorRegistry()
     bus = await Bus.connect(settings, consumer.service, registry)
+    inboxes: list[CommandInbox] = []
     try:
         await bus.ensure_streams()
-        await check_consumer(bus, registry, consumer, bad, data)
+        await check_consumer(bus, registry, consumer, bad, data, inboxes)
     finally:
+        for inbox in inboxes:
+            await inbox.close()
         await bus.close()
 
 
@@ -242,6 +271,7 @@ async def check_consumer(
     consumer: Consumer,
     bad: list[bytes],
     data: st.DataObject,
+    inboxes: list[CommandInbox],
 ) -> None:
     subject = consumer.publish_on(bus.subjects)
     bad = [body for body in bad if expected_reason(body, consumer, subject) is not None]
@@ -258,7 +288,18 @@ async def check_consumer(
     dlq = await bus.nc.subscribe(bus.subjects.dlq(consumer.service), cb=on_letter)
     before = dead_lettered(registry)
     durable = f"prop-{uuid.uuid4().hex[:10]}"
-    if consumer.batches:
+    inbox: CommandInbox | None = None
+    if consumer.reader == "inbox":
+        inbox = CommandInbox(
+            bus, consumer.filter(bus.subjects), seen.handler, expects=consumer.expects
+        )
+        inboxes.append(inbox)
+        await inbox.start()
+        # One handled first: the catch-up at start is over, the bad ones come live.
+        first = data.draw(event_of(consumer.expects[0]))
+        await bus.js.publish(subject, encode_event(first), headers={"Nats-Msg-Id": first.id})
+        assert await asyncio.wait_for(seen.handled.get(), WAIT) == first
+    elif consumer.batches:
         await bus.consume_batches(
             consumer.filter(bus.subjects), durable, seen.handler, kind_token=RAW_KIND_TOKEN
         )
@@ -277,6 +318,13 @@ async def check_consumer(
     await until(lambda: len(seen.letters) >= len(bad), "the dead letters")
     assert Counter(letter.reason.value for letter in seen.letters) == wanted
     assert all(letter.subject == subject for letter in seen.letters)
+
+    if inbox is not None:  # no consumer in the server: each message was read once
+        await inbox.close()
+        assert seen.handled.empty()
+        assert len(seen.letters) == len(bad)
+        await dlq.unsubscribe()
+        return
 
     stream = bus.subjects.stream(subject.split(".")[2])
 

@@ -28,6 +28,7 @@ import contextlib
 from datetime import UTC, datetime
 
 from resurge.cluster import ClusterBackend, open_backend
+from resurge.contract.subjects import RAW_KIND_TOKEN
 from resurge.control.job_messages import announce_phase, send_stops
 from resurge.control.records import JobRecord, JobStore
 from resurge.control.recovery_policy import (
@@ -114,7 +115,7 @@ class Restarter:
             bus.subjects.raw(None, "progress", None),
             "restarter-progress-batches",
             self.on_progress,
-            kind_token=4,
+            kind_token=RAW_KIND_TOKEN,
             start="new",
         )
         await bus.consume(

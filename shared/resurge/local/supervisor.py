@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import nats.errors
 import nats.js.errors
 
 from resurge.cluster import open_backend
@@ -521,9 +522,15 @@ def _descendants(pid: int) -> list[int]:
 
 
 async def _has_consumer(bus: Bus, family: str, name: str) -> bool:
+    """Whether the consumer exists; a request that times out or finds JetStream not
+    ready answers no (a cluster's new consumer may still be electing its leader)."""
     try:
         await bus.js.consumer_info(bus.subjects.stream(family), name)
-    except nats.js.errors.NotFoundError:
+    except (
+        nats.js.errors.NotFoundError,
+        nats.js.errors.ServiceUnavailableError,
+        nats.errors.TimeoutError,
+    ):
         return False
     return True
 

@@ -31,7 +31,8 @@ server a delivery state each, and a stream refuses consumers beyond its
   :data:`MAX_ATTEMPTS` times, before the next one; a
   :class:`~resurge.runtime.bus.PermanentError` sends it to the dead letters at once. A
   stored message that cannot be decoded, or of a kind the handler does not take, is
-  dead-lettered once (when the catch-up reads it; live it is only skipped).
+  dead-lettered once: one that arrives live is skipped there, and a catch-up queued
+  behind it reads it back from the stream and dead-letters it.
 """
 
 from __future__ import annotations
@@ -336,8 +337,12 @@ class CommandInbox:
         if msg_id is not None and self._handled(msg_id, stored):
             return
         event = await self._decode(data, stored)
-        if event is None or self._handled(event.id, stored):
-            return  # one that cannot be used leaves the count short: a check reads it
+        if event is None:
+            if not stored:  # read back from the stream, where it is dead-lettered once
+                self._queue_catch_up()
+            return
+        if self._handled(event.id, stored):
+            return
         if not stored and self._expected is not None:
             self._expected += 1
         self._remember(event.id)
