@@ -20,15 +20,16 @@ cannot run 1,024 replicas; it runs 960 by default, and the ratios printed compar
 two at their own sizes.
 
 ``--publisher`` splits the time: ``restarter`` (the default) is the whole path above;
-``full`` has the bench publish the Assigns itself, built and sent as the restarter
+``bench`` has the bench publish the Assigns itself, built and sent as the restarter
 does (same planner, same publishing window; no fault, no Stops), timed from the first
-publish; ``own`` does the same with each Assign's rank table cut to its own slot.
-Every Assign carries the whole rank table, about 60 bytes per replica (60 KB each at
+publish; ``whole`` does the same with the whole rank table in every Assign, as the
+planner built them for every job before a job of more than 64 replicas got each
+replica's own slot only: about 60 bytes per replica in each Assign (60 KB each at
 1,024 replicas, 60 MB per fan-out), which its publisher encodes and every agent
-decodes; ``own`` against ``full`` is that payload's share of the time.
+decodes; ``whole`` against ``bench`` is that payload's share of the time.
 
     .venv/bin/python bench/fanout.py [--replicas 1024] [--rounds 10] [--agent-processes 4]
-        [--baseline-replicas 960] [--publisher restarter|full|own]
+        [--baseline-replicas 960] [--publisher restarter|bench|whole]
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ from resurge.control.job_messages import assignment_messages, publish_all
 from resurge.control.records import JobRecord, JobStore, Placement
 from resurge.events import (
     Assign,
-    Envelope,
     Event,
     FaultDetected,
     FaultScope,
@@ -72,8 +72,8 @@ JOB = "fan"
 NODES = 8
 PUBLISHERS = {
     "restarter": "a real restarter, after a process fault (timed from the fault)",
-    "full": "the bench, as the restarter would, no fault (timed from the first publish)",
-    "own": "the bench, each Assign with only its own rank-table slot (the payload's share)",
+    "bench": "the bench, as the restarter would, no fault (timed from the first publish)",
+    "whole": "the bench, each Assign with the whole rank table (the former payload)",
 }
 GOT = "bench.fanout.got"  # core NATS: agents report each Assign they hold here
 
@@ -134,24 +134,29 @@ async def run_agents(url: str, first: int, last: int, replicas: int, consumers: 
     await asyncio.Event().wait()  # until terminated
 
 
-async def publish_assigns(bus: Bus, generation: int, own_slot: bool) -> float:
+async def publish_assigns(bus: Bus, generation: int, whole_table: bool) -> float:
     """Publish Assign(``generation``) to every replica as the restarter does (the same
-    planner and publishing window), each with the whole rank table or only its own
-    slot; when the first was sent (epoch seconds)."""
+    planner and publishing window), or each with the whole rank table; when the first
+    was sent (epoch seconds)."""
     found = await JobStore(await bus.jobs_bucket()).get(JOB)
     assert found is not None
     record = found[0]
     record.generation = generation
     record.master_port = 29500
     messages = assignment_messages(bus, record)
-    if own_slot:
-        mine: list[tuple[str, Envelope]] = []
-        for subject, event in messages:
-            assert isinstance(event, Assign)
-            table = [slot for slot in event.rank_table if slot.replica == event.replica]
-            update = {"rank_table": table, "world_size": sum(slot.nproc for slot in table)}
-            mine.append((subject, event.model_copy(update=update)))
-        messages = mine
+    if whole_table:
+        table = sorted(
+            (
+                slot
+                for _, event in messages
+                if isinstance(event, Assign)
+                for slot in event.rank_table
+            ),
+            key=lambda slot: slot.replica,
+        )
+        messages = [
+            (subject, event.model_copy(update={"rank_table": table})) for subject, event in messages
+        ]
     sent = time.time()
     await publish_all(bus, messages)
     return sent
@@ -203,8 +208,9 @@ async def measure(
     replicas: int, rounds: int, processes: int, consumers: bool, publisher: str = "restarter"
 ) -> Run:
     """Run the scenario once: agents with an inbox each, or a consumer each. The
-    Assigns come from the restarter after a fault, or (``publisher`` ``full`` or
-    ``own``) from the bench itself, each with the whole rank table or its own slot."""
+    Assigns come from the restarter after a fault, or (``publisher`` ``bench`` or
+    ``whole``) from the bench itself, as the planner builds them or each with the whole
+    rank table."""
     with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp) / "nats") as server:
         assert server.process is not None
         settings = Settings(nats_url=server.url, namespace=NAMESPACE)
@@ -294,7 +300,7 @@ async def measure(
             for generation in range(rounds):
                 if publisher != "restarter":
                     new = generation + 1
-                    sent = await publish_assigns(bus, new, own_slot=publisher == "own")
+                    sent = await publish_assigns(bus, new, whole_table=publisher == "whole")
                     await until(
                         lambda new=new: len(held.get(new, {})) == replicas, 120, "every Assign"
                     )

@@ -30,7 +30,8 @@ from tests.collect import Events
 
 PRINT_ENV = (
     "import json, os; print(json.dumps({k: os.environ[k] for k in "
-    "('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_PORT', 'RESURGE_GENERATION', 'EXTRA')} "
+    "('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'GROUP_WORLD_SIZE', 'MASTER_PORT', "
+    "'RESURGE_GENERATION', 'EXTRA')} "
     "| {'GROUP_DOC': 'RESURGE_WORKER_GROUP' in os.environ}))"
 )
 IGNORE_TERM_AND_WAIT = (
@@ -103,6 +104,27 @@ async def test_assign_runs_workers_with_torchrun_env_and_reports(
         assert {env["RESURGE_GENERATION"] for env in envs} == {"0"}
         assert {env["EXTRA"] for env in envs} == {"yes"}
         assert {env["GROUP_DOC"] for env in envs} == {False}  # the agent's, not theirs
+        await bus.publish(
+            bus.subjects.cmd("j.x", 0),
+            Stop(source=bus.source, job="j.x", replica=0, generation=0, final=True),
+        )
+        assert await asyncio.to_thread(agent.wait, 20) == 0
+    finally:
+        agent.kill()
+
+
+async def test_an_assign_with_only_its_own_slot_runs_a_large_job_s_replica(
+    bus: Bus, settings: Settings, raw_events: Events, tmp_path: Path
+) -> None:
+    # Above 64 replicas the restarter sends each replica its own slot and the count.
+    agent = start_agent(settings, PRINT_ENV, tmp_path)
+    try:
+        own = assign(bus, 0).model_copy(update={"replicas": 100, "world_size": 200})
+        await bus.publish(bus.subjects.cmd("j.x", 0), own)
+        await raw_events.wait_for(lambda items: len(raw_events.of(LogLine)) == 2)
+        envs = [json.loads(e.line) for e in raw_events.of(LogLine)]
+        assert sorted(env["RANK"] for env in envs) == ["0", "1"]
+        assert {(env["WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) for env in envs} == {("200", "100")}
         await bus.publish(
             bus.subjects.cmd("j.x", 0),
             Stop(source=bus.source, job="j.x", replica=0, generation=0, final=True),

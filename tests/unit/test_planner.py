@@ -1,6 +1,11 @@
-from resurge.control.planner import assignments, command_id, master_port_for
+from resurge.control.planner import (
+    WHOLE_TABLE_REPLICAS,
+    assignments,
+    command_id,
+    master_port_for,
+)
 from resurge.control.records import CheckpointRef, JobRecord, Placement
-from resurge.events import Source
+from resurge.events import Assign, Source, decode_event, encode_event
 from resurge.local import job_factory
 from resurge_node_agent.worker_env import worker_environment
 
@@ -53,3 +58,28 @@ def test_a_job_submitted_again_under_its_name_gets_commands_of_its_own() -> None
     )
     assert first != again, "JetStream would drop the new record's commands as repeats"
     assert first == command_id("assign", "j", 0, 0, "uid-1")
+
+
+def test_a_small_job_s_assigns_carry_the_whole_rank_table() -> None:
+    assigns = assignments(record(replicas=WHOLE_TABLE_REPLICAS, nproc=2), SOURCE)
+    assert all(len(a.rank_table) == WHOLE_TABLE_REPLICAS for a in assigns)
+    assert all(a.replicas == WHOLE_TABLE_REPLICAS and a.whole_table for a in assigns)
+
+
+def test_a_large_job_s_assigns_carry_their_own_slot_and_the_count() -> None:
+    replicas = WHOLE_TABLE_REPLICAS + 1
+    assigns = assignments(record(replicas=replicas, nproc=2), SOURCE)
+    assert [[s.replica for s in a.rank_table] for a in assigns] == [[r] for r in range(replicas)]
+    last = assigns[-1]
+    decoded = decode_event(encode_event(last))  # what an agent reads off the bus
+    assert isinstance(decoded, Assign) and not decoded.whole_table
+    env = worker_environment(decoded, 1)
+    assert env["GROUP_WORLD_SIZE"] == str(replicas) and env["GROUP_RANK"] == str(replicas - 1)
+    assert env["RANK"] == str(2 * replicas - 1) and env["WORLD_SIZE"] == str(2 * replicas)
+    assert len(encode_event(last)) < 1_000  # not the whole table's 65 slots
+
+
+def test_an_assign_without_the_count_counts_its_rank_table() -> None:
+    [assign] = assignments(record(replicas=1, nproc=1), SOURCE)
+    older = assign.model_copy(update={"replicas": None})  # as sent before the count existed
+    assert older.group_world_size == 1 and older.whole_table

@@ -253,18 +253,23 @@ class LaunchAgent:
                 "ignoring assign for generation %d (at %d)", assign.generation, self.generation
             )
             return
-        if assign.world_size != sum(slot.nproc for slot in assign.rank_table):
+        mine = assign.slot(self.spec.replica)
+        if mine is None:
+            self.ctx.log.error(
+                "assign %s lists no slot for replica %d; ignored", assign.id, self.spec.replica
+            )
+            return
+        if assign.whole_table and assign.world_size != sum(s.nproc for s in assign.rank_table):
             self.ctx.log.error("assign %s has an inconsistent rank table; ignored", assign.id)
             return
-        mine = [s for s in assign.rank_table if s.replica == self.spec.replica]
-        if mine and mine[0].node != self.spec.node:
+        if mine.node != self.spec.node:
             # The replica moved (a `node` recovery): the agent on its new node runs it;
             # this one is being removed and must not start workers that join it.
             self.ctx.log.info(
                 "ignoring assign for generation %d: replica %d now runs on %s",
                 assign.generation,
                 self.spec.replica,
-                mine[0].node,
+                mine.node,
             )
             return
         if assign.level is RecoveryLevel.IN_PROCESS and self.workers is not None:
@@ -399,7 +404,8 @@ class LaunchAgent:
         await self._stop_workers("agent shutting down")
 
     def _rank(self, assign: Assign, local_rank: int) -> int:
-        slot = next(s for s in assign.rank_table if s.replica == self.spec.replica)
+        slot = assign.slot(self.spec.replica)
+        assert slot is not None  # checked when the Assign came
         return slot.first_rank + local_rank
 
     def _envelope(self, assign: Assign, local_rank: int) -> dict[str, object]:

@@ -17,14 +17,15 @@ def worker_environment(
     assign: Assign, local_rank: int, agent_socket: str | None = None
 ) -> dict[str, str]:
     """Variables for local rank ``local_rank`` of ``assign.replica``; merge over os.environ."""
-    slot = next(s for s in assign.rank_table if s.replica == assign.replica)
+    slot = assign.slot(assign.replica)
+    assert slot is not None  # the agent checks its slot when the Assign comes
     env = {
         "RANK": str(slot.first_rank + local_rank),
         "LOCAL_RANK": str(local_rank),
         "WORLD_SIZE": str(assign.world_size),
         "LOCAL_WORLD_SIZE": str(slot.nproc),
         "GROUP_RANK": str(slot.replica),
-        "GROUP_WORLD_SIZE": str(len(assign.rank_table)),
+        "GROUP_WORLD_SIZE": str(assign.group_world_size),
         "ROLE_RANK": str(slot.first_rank + local_rank),
         "ROLE_WORLD_SIZE": str(assign.world_size),
         "ROLE_NAME": "default",

@@ -12,7 +12,12 @@ import hashlib
 from resurge.control.records import JobRecord
 from resurge.events import Assign, RecoveryLevel, ReplicaSlot, Source
 
-__all__ = ["assignments", "command_id", "master_port_for"]
+__all__ = ["WHOLE_TABLE_REPLICAS", "assignments", "command_id", "master_port_for"]
+
+# Up to this many replicas, every Assign carries the whole rank table; above it, each
+# carries its own replica's slot (and the count): a fan-out then sends replicas slots,
+# not replicas squared.
+WHOLE_TABLE_REPLICAS = 64
 
 # Below Linux's default ephemeral range (32768-60999) so a port picked here is not
 # already taken by some outgoing connection.
@@ -40,7 +45,8 @@ def command_id(kind: str, job: str, replica: int, generation: int, uid: str = ""
 def assignments(
     record: JobRecord, source: Source, level: RecoveryLevel | None = None
 ) -> list[Assign]:
-    """One Assign per replica for the record's current generation: the rank table, the
+    """One Assign per replica for the record's current generation: the rank table (whole
+    up to :data:`WHOLE_TABLE_REPLICAS` replicas, else the replica's own slot), the
     rendezvous on the first replica's address, the newest checkpoint every rank saved, and
     ids that make a repeated send a no-op."""
     nproc = record.spec.spec.nproc_per_node
@@ -51,6 +57,7 @@ def assignments(
     ]
     master = placements[0].address
     checkpoint = record.latest_checkpoint
+    whole = len(table) <= WHOLE_TABLE_REPLICAS
     return [
         Assign(
             id=command_id("assign", record.name, slot.replica, record.generation, record.uid),
@@ -60,7 +67,8 @@ def assignments(
             node=slot.node,
             generation=record.generation,
             world_size=nproc * len(table),
-            rank_table=table,
+            rank_table=table if whole else [slot],
+            replicas=len(table),
             master_addr=master,
             master_port=record.master_port,
             restart_count=record.total_restarts,

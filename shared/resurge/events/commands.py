@@ -29,7 +29,18 @@ class Assign(Envelope):
     kind: Literal["assign"] = "assign"
     generation: int = Field(ge=0, description="The generation the workers must join.")
     world_size: int = Field(ge=1, description="Total worker processes in the job.")
-    rank_table: list[ReplicaSlot] = Field(description="Every replica of this generation.")
+    rank_table: list[ReplicaSlot] = Field(
+        description="Every replica of this generation, for a job of up to "
+        "64 replicas; above that, this replica's own slot only (the whole table in every "
+        "Assign would make one fan-out replicas squared slots: 60 MB at 1,024 replicas). "
+        "`replicas` says how many there are."
+    )
+    replicas: int | None = Field(
+        default=None,
+        ge=1,
+        description="Replicas in this generation (GROUP_WORLD_SIZE); none: as many as "
+        "the rank table lists.",
+    )
     master_addr: str = Field(description="Rendezvous host (MASTER_ADDR).", examples=["127.0.0.1"])
     master_port: int = Field(ge=1, le=65535, description="Rendezvous port, fresh each generation.")
     restart_count: int = Field(
@@ -56,6 +67,20 @@ class Assign(Envelope):
         description="For an `in_process` restart: how long every local worker has to "
         "confirm it left the old generation before the agent restarts the processes.",
     )
+
+    @property
+    def group_world_size(self) -> int:
+        """How many replicas this generation has."""
+        return self.replicas if self.replicas is not None else len(self.rank_table)
+
+    @property
+    def whole_table(self) -> bool:
+        """Whether the rank table lists every replica (not only this one's slot)."""
+        return len(self.rank_table) == self.group_world_size
+
+    def slot(self, replica: int | None) -> ReplicaSlot | None:
+        """The slot of ``replica`` in the rank table, if it lists it."""
+        return next((s for s in self.rank_table if s.replica == replica), None)
 
 
 class Stop(Envelope):
