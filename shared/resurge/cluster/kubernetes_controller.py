@@ -337,9 +337,10 @@ class Controller:
             settings.kube_host_network,
             agent_secret=settings.kube_agent_secret,
         )
-        await self._create("Pod", self.backend.core.create_namespaced_pod, manifest)
+        created = await self._create("Pod", self.backend.core.create_namespaced_pod, manifest)
         log.info(
-            "created pod %s for %s replica %d on %s",
+            "%s pod %s for %s replica %d on %s",
+            "created" if created else "found existing",
             manifest["metadata"]["name"],
             spec.job,
             spec.replica,
@@ -347,7 +348,8 @@ class Controller:
             extra={"job": spec.job},
         )
 
-    async def _create(self, what: str, fn: Any, body: dict[str, Any]) -> None:
+    async def _create(self, what: str, fn: Any, body: dict[str, Any]) -> bool:
+        """Create ``body``; False if it already existed (409), which is not an error."""
         try:
             await self.backend._call(
                 f"create {what} {body['metadata']['name']}",
@@ -360,6 +362,8 @@ class Controller:
             cause = error.__cause__ if isinstance(error, BackendError) else error
             if not (isinstance(cause, ApiException) and cause.status == 409):
                 raise
+            return False
+        return True
 
     async def _delete_pod(self, name: str) -> None:
         try:
