@@ -82,6 +82,15 @@ def assign(bus: Bus, generation: int, nproc: int = 2) -> Assign:
     )
 
 
+async def stop_for_good(bus: Bus, agent: subprocess.Popen[bytes]) -> None:
+    """A final Stop of generation 0 to replica 0; the agent then exits with 0."""
+    await bus.publish(
+        bus.subjects.cmd("j.x", 0),
+        Stop(source=bus.source, job="j.x", replica=0, generation=0, final=True),
+    )
+    assert await asyncio.to_thread(agent.wait, 20) == 0
+
+
 async def test_assign_runs_workers_with_torchrun_env_and_reports(
     bus: Bus, settings: Settings, raw_events: Events, tmp_path: Path
 ) -> None:
@@ -104,11 +113,7 @@ async def test_assign_runs_workers_with_torchrun_env_and_reports(
         assert {env["RESURGE_GENERATION"] for env in envs} == {"0"}
         assert {env["EXTRA"] for env in envs} == {"yes"}
         assert {env["GROUP_DOC"] for env in envs} == {False}  # the agent's, not theirs
-        await bus.publish(
-            bus.subjects.cmd("j.x", 0),
-            Stop(source=bus.source, job="j.x", replica=0, generation=0, final=True),
-        )
-        assert await asyncio.to_thread(agent.wait, 20) == 0
+        await stop_for_good(bus, agent)
     finally:
         agent.kill()
 
@@ -125,11 +130,7 @@ async def test_an_assign_with_only_its_own_slot_runs_a_large_job_s_replica(
         envs = [json.loads(e.line) for e in raw_events.of(LogLine)]
         assert sorted(env["RANK"] for env in envs) == ["0", "1"]
         assert {(env["WORLD_SIZE"], env["GROUP_WORLD_SIZE"]) for env in envs} == {("200", "100")}
-        await bus.publish(
-            bus.subjects.cmd("j.x", 0),
-            Stop(source=bus.source, job="j.x", replica=0, generation=0, final=True),
-        )
-        assert await asyncio.to_thread(agent.wait, 20) == 0
+        await stop_for_good(bus, agent)
     finally:
         agent.kill()
 
