@@ -160,18 +160,19 @@ class DetectorService:
             self.ctx.log.warning("bus down: the detectors' clock stands still until it is back")
 
     async def publish(self, events: list[Envelope]) -> None:
-        """Publish what the detectors concluded, each on its subject."""
+        """Publish what the detectors concluded, each on its subject (a fault first, then
+        its log line: the restarter's decision does not wait for the log)."""
         bus = self.bus
         for event in events:
             self.published.labels(event.kind).inc()
             if isinstance(event, FaultDetected) and event.job is not None:
+                await bus.publish(bus.subjects.fault(event.job, event.scope.value), event)
                 self.ctx.log.warning(
                     "fault %s: %s",
                     event.fault_id,
                     event.message,
                     extra={"job": event.job, "rank": event.rank},
                 )
-                await bus.publish(bus.subjects.fault(event.job, event.scope.value), event)
             elif isinstance(event, ReplicaFinished) and event.job is not None:
                 await bus.publish(bus.subjects.job(event.job), event)
             elif isinstance(event, CapacityChanged) and event.node is not None:

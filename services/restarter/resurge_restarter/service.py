@@ -55,6 +55,7 @@ from resurge.runtime.service import ServiceContext
 from resurge_restarter.dispatch import Dispatcher, cluster_view
 from resurge_restarter.known_jobs import KnownJobs
 from resurge_restarter.metrics import RestarterMetrics
+from resurge_restarter.warm_up import warm_up
 
 __all__ = ["LEASE_SECONDS", "Restarter", "setup"]
 
@@ -96,7 +97,9 @@ class Restarter:
         self.metrics = RestarterMetrics(ctx.registry)
 
     async def start(self) -> None:
-        """Finish the plans left undispatched, watch for others', then consume events."""
+        """Warm the fault path (:mod:`.warm_up`), finish the plans left undispatched,
+        watch for others', then consume events."""
+        warm_up(self.bus, self.me)
         await self.resume_unfinished()
         await self.dispatcher.watch_records(self.take_over, self._record_seen)
         bus = self.bus
@@ -183,18 +186,21 @@ class Restarter:
             await announce_phase(self.bus, before.phase, after)
             return
         assert after.pending_recovery is not None
-        self.metrics.restarted(decision.level, fault.reason)
         self.pending[after.name] = after.pending_recovery.to_generation
-        self.ctx.log.warning(
-            "restarting %s at level %s: generation %d -> %d (%s)",
-            after.name,
-            decision.level.value,
-            before.generation,
-            after.generation,
-            fault.reason,
-            extra={"job": after.name, "generation": after.generation},
-        )
-        await self.dispatcher.carry_out(after, before.phase)
+        # The commands first: the count and the log line wait for them, not they for it.
+        try:
+            await self.dispatcher.carry_out(after, before.phase)
+        finally:
+            self.metrics.restarted(decision.level, fault.reason)
+            self.ctx.log.warning(
+                "restarting %s at level %s: generation %d -> %d (%s)",
+                after.name,
+                decision.level.value,
+                before.generation,
+                after.generation,
+                fault.reason,
+                extra={"job": after.name, "generation": after.generation},
+            )
 
     async def on_progress(self, events: list[Event]) -> None:
         """One batch of progress reports, each a sign of life, in the order they came."""
