@@ -1,9 +1,9 @@
 """Detector throughput and hang-detection latency, through a real nats-server.
 
 A load generator publishes progress, log-line and GPU-sample events for many jobs and
-ranks (the agents' path: core publishes into the raw stream, each with its Nats-Msg-Id)
-into one detector process. Midway, some ranks go silent; the detector must report each
-as a hang. Printed:
+ranks (the agents' path for telemetry: core publishes into the raw stream, each sent
+once, without a Nats-Msg-Id) into one detector process. Midway, some ranks go silent;
+the detector must report each as a hang. Printed:
 
 - events per second per core: events the detector consumed / the CPU seconds its
   process used (utime + stime from /proc) while it consumed them;
@@ -179,7 +179,7 @@ async def generate(
             now = datetime.now(UTC)
             event_id = f"{prefix}{sent:012d}"
             payload = body.replace("@ID@", event_id).replace("@TIME@", now.isoformat()).encode()
-            await bus.nc.publish(subject, payload, headers={"Nats-Msg-Id": event_id})
+            await bus.nc.publish(subject, payload)
             if kind == "progress":
                 last_progress[(name, rank)] = now.timestamp()
             sent += 1

@@ -128,7 +128,7 @@ async def publish_background(url: str, namespace: str, nodes: int, rate: float) 
             event_id = f"{prefix}{sent:012d}"
             now = datetime.now(UTC).isoformat()
             payload = body.replace("@ID@", event_id).replace("@TIME@", now).encode()
-            await bus.nc.publish(subject, payload, headers={"Nats-Msg-Id": event_id})
+            await bus.nc.publish(subject, payload)  # as agents send telemetry: no Msg-Id
             sent += 1
         await bus.nc.flush()
         await asyncio.sleep(0.01)

@@ -12,6 +12,9 @@ from resurge.events import (
     FaultDetected,
     FaultScope,
     JobDeleted,
+    LogLine,
+    ProcessExited,
+    decode_event,
 )
 from resurge.runtime.bus import Bus, PermanentError, TransientError
 from resurge.runtime.settings import Settings
@@ -52,6 +55,25 @@ async def test_same_event_id_is_stored_once(bus: Bus) -> None:
     await bus.publish(subject, event)
     info = await bus.js.stream_info(bus.subjects.stream("fault"))
     assert info.state.messages == 1
+
+
+async def test_telemetry_is_stored_without_a_msg_id_and_acked_events_with_one(bus: Bus) -> None:
+    """publish_nowait (telemetry, sent once) carries no Nats-Msg-Id: nothing to
+    de-duplicate, and a header costs every reader its parsing; publish keeps it."""
+    line = LogLine(
+        source=bus.source, job="j.1", rank=0, local_rank=0, stream="stdout", line="step 1"
+    )
+    await bus.publish_nowait(bus.subjects.raw("j.1", "log_line", "n0"), line)
+    exit_ = ProcessExited(
+        source=bus.source, job="j.1", rank=0, local_rank=0, local_world_size=1, pid=7, exit_code=1
+    )
+    await bus.publish(bus.subjects.raw("j.1", "process_exited", "n0"), exit_)
+    stream = bus.subjects.stream("raw")
+    first = await bus.js.get_msg(stream, seq=1)
+    second = await bus.js.get_msg(stream, seq=2)
+    assert decode_event(first.data or b"").id == line.id
+    assert not (first.headers or {}).get("Nats-Msg-Id")
+    assert (second.headers or {}).get("Nats-Msg-Id") == exit_.id
 
 
 async def test_consume_hands_over_typed_events_and_acks(bus: Bus) -> None:

@@ -53,7 +53,8 @@ class Envelope(BaseModel):
         default_factory=_new_id,
         min_length=1,
         max_length=128,
-        description="Unique event id, used as the JetStream Nats-Msg-Id for de-duplication.",
+        description="Unique event id, used as the JetStream Nats-Msg-Id for de-duplication "
+        "(telemetry, published once, is sent without it).",
     )
     kind: str = Field(description="Event kind; selects the model.")
     schema_version: int = Field(

@@ -18,9 +18,9 @@ matters and never holds the agent up:
   "unavailable", which a restarting server answers) refuses one for good, which is
   logged and counted (``resurge_outbox_refused_total``).
 - Telemetry (:data:`TELEMETRY_KINDS`: log lines, progress, GPU samples and node
-  reports, the high-rate kinds a later one supersedes) is sent without waiting for the
-  ack (:meth:`~resurge.runtime.bus.Bus.publish_nowait`); one that cannot be handed to
-  the connection is dropped and counted.
+  reports, the high-rate kinds a later one supersedes) is sent once, without waiting
+  for the ack and without ``Nats-Msg-Id`` (:meth:`~resurge.runtime.bus.Bus.publish_nowait`);
+  one that cannot be handed to the connection is dropped and counted.
 - Bounded: the queue holds at most ``capacity`` events. When a new event would pass
   that, the oldest queued telemetry is dropped (counted by kind); where nothing but
   essential events is queued, a new telemetry event is dropped instead, and a new
