@@ -28,7 +28,6 @@ it is back, so an outage of the bus never counts as workers' silence.
 from __future__ import annotations
 
 import asyncio
-import gc
 from collections import Counter as Tally
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -231,10 +230,5 @@ def make_setup(settings: DetectorSettings) -> Callable[[ServiceContext], Awaitab
     async def setup(ctx: ServiceContext) -> None:
         service = await DetectorService.open(ctx, settings, detectors, partition)
         await service.start()
-        # What start-up built (modules, models, schemas) lives as long as the process:
-        # kept out of the collector's full passes, which a stream of decoded events
-        # would otherwise set off over and over.
-        gc.collect()
-        gc.freeze()
 
     return setup

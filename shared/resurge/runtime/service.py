@@ -1,15 +1,17 @@
 """The runner every service's ``main`` uses.
 
 Order: configure logging, load settings once, then inside an ``AsyncExitStack`` connect
-the bus, create streams, start ``/metrics`` + ``/healthz``, and call the service's
-``setup``. SIGTERM and SIGINT set ``ctx.stopping``; a service may set it itself when
-its work is over. On the way out the exit stack drains the bus and stops the server.
+the bus, create streams, start ``/metrics`` + ``/healthz``, call the service's
+``setup``, and freeze what start-up built out of the garbage collector. SIGTERM and
+SIGINT set ``ctx.stopping``; a service may set it itself when its work is over. On the
+way out the exit stack drains the bus and stops the server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
@@ -77,6 +79,11 @@ async def _serve(
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, ctx.stopping.set)
         await setup(ctx)
+        # What start-up built (modules, models, schemas, clients) lives as long as the
+        # process: frozen out of the collector, whose every full pass would otherwise
+        # walk it (about 30 ms in a service, at any moment: a fault's handling included).
+        gc.collect()
+        gc.freeze()
         ctx.log.info("%s ready", name)
         await ctx.stopping.wait()
         ctx.log.info("%s stopping", name)
