@@ -43,6 +43,7 @@ from resurge.events import Envelope, FaultDetected, FaultScope, RecoveryLevel, S
 
 __all__ = [
     "ENTRY_POINT_GROUP",
+    "LANE_KINDS",
     "Detector",
     "DetectorContext",
     "DurableState",
@@ -52,6 +53,10 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "resurge.detectors"
+
+# The fault-grade raw kinds, few and urgent: the detector service reads them through a
+# fault lane of their own, and takes their live copies (docs/detectors.md).
+LANE_KINDS = frozenset({"process_exited", "worker_fault", "agent_state", "gpu_error"})
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,15 @@ import pytest
 from nats.aio.client import Client
 
 from resurge.control.history import read_history
-from resurge.events import Assign, Event, FaultDetected, JobDeleted, NodeReport, ReplicaSlot
+from resurge.events import (
+    Assign,
+    Event,
+    FaultDetected,
+    JobDeleted,
+    NodeReport,
+    ProcessExited,
+    ReplicaSlot,
+)
 from resurge.local.access import LocalAccess
 from resurge.local.nats_server import NatsServer
 from resurge.runtime.bus import Bus
@@ -273,11 +281,22 @@ async def test_detector_says_faults_but_no_commands(
         async def ignore(events: list[Event]) -> None:
             del events
 
-        # Its fault lane: a consumer of the raw stream filtered on one kind.
+        # Its fault lane: a consumer of the raw stream filtered on one kind, and the
+        # live copies of that kind (a core subscription), here an agent's exit.
         lane = bus.subjects.raw(None, "process_exited", None)
         await bus.consume_batches(lane, "detector-process-exited", ignore, kind_token=4)
+        live: asyncio.Queue[Event] = asyncio.Queue()
+        await bus.listen(lane, "detector-process-exited", live.put, kind_token=4)
+        async with _bus(cluster, "agent", "node-1") as agent:
+            exited = ProcessExited(
+                source=agent.source, job=job, node="node-1", pid=7, local_rank=0,
+                local_world_size=1, exit_code=1,
+            )  # fmt: skip
+            await agent.publish(agent.subjects.raw(job, "process_exited", "node-1"), exited)
+        assert (await asyncio.wait_for(live.get(), 10)).id == exited.id
     async with _client(cluster, "detector") as detector:
         s = Settings(namespace=NAMESPACE).subjects
+        assert await detector.subscribe_denied(s.raw(None, "progress", None))  # live: no
         assert await detector.publish_denied(s.cmd(job, 0))
         assert await detector.publish_denied(s.node_cmd("node-0"))
         assert await detector.publish_denied(s.raw(job, "progress", "node-0"))
@@ -295,6 +314,10 @@ async def test_restarter_and_scaler_publish_commands(
         await bus.js.publish(bus.subjects.cmd(job, 0), stop_all.model_dump_json().encode())
     async with _client(cluster, role) as service:
         s = Settings(namespace=NAMESPACE).subjects
+        if role == "restarter":  # faults' live copies, a core subscription; no raw ones
+            await service.nc.subscribe(s.all("fault"))
+            assert not await service.denied("subscription", s.all("fault"))
+        assert await service.subscribe_denied(s.raw(None, "process_exited", None))
         assert await service.publish_denied(s.raw(job, "progress", "node-0"))
         assert await service.publish_denied(s.fault(job, "process"))
 

@@ -46,14 +46,11 @@ from datetime import datetime
 
 from resurge.contract.subjects import NODE_LEVEL_JOB
 from resurge.control.records import JobRecord
-from resurge.detection import Detector, DetectorContext, DurableState
+from resurge.detection import LANE_KINDS, Detector, DetectorContext, DurableState
 from resurge.events import CapacityChanged, Envelope, FaultDetected, Source
 from resurge.runtime.logs import RateLimitedLog
 
 __all__ = ["LANE_KINDS", "DetectorRuntime", "Partition", "StateKey"]
-
-# Raw event kinds read through the fault lane (see the module docstring).
-LANE_KINDS = frozenset({"process_exited", "worker_fault", "agent_state", "gpu_error"})
 
 # Fault-grade events remembered as handled by one lane, so the other skips them.
 _HANDLED_MEMORY = 100_000

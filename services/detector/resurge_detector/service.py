@@ -5,7 +5,9 @@ subject); beside it, one durable consumer per fault-grade kind (process exits, w
 fault reports, agent states, GPU errors: :data:`~resurge_detector.runtime.LANE_KINDS`)
 reads that kind alone, so a backlog of telemetry (GPU samples, progress, log lines)
 never delays a fault (the fault lane: :mod:`resurge_detector.runtime` says which lane
-hands an event to which detector, and why log rules keep some in order). A KV watch
+hands an event to which detector, and why log rules keep some in order). The fault
+lane also takes each event's live copy (a core subscription, a JetStream round trip
+sooner) and handles whichever copy comes first (:mod:`resurge.runtime.live_first`). A KV watch
 keeps the records of the jobs this replica judges, so a changed job spec (log rules,
 timeouts) takes effect on the next event; a tick every
 ``RESURGE_DETECTOR_TICK_SECONDS`` lets detectors judge silences and windows. The
@@ -30,6 +32,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter as Tally
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 
 from nats.js.kv import KeyValue
 from prometheus_client import Counter, Histogram
@@ -38,6 +41,7 @@ from resurge.contract.subjects import RAW_KIND_TOKEN, unescape_token
 from resurge.control.records import JobRecord
 from resurge.detection import Detector, load_detectors
 from resurge.events import CapacityChanged, Envelope, Event, FaultDetected, ReplicaFinished
+from resurge.runtime.live_first import LiveFirst
 from resurge.runtime.observability import BoundedLabel
 from resurge.runtime.service import ServiceContext
 from resurge_detector.connected_clock import ConnectedClock
@@ -96,6 +100,7 @@ class DetectorService:
             registry=ctx.registry,
         )
         self._reason = BoundedLabel()
+        self.first = LiveFirst(ctx.registry)
         runtime.on_fault = self._detected
 
     @classmethod
@@ -132,6 +137,12 @@ class DetectorService:
         else:
             durable = f"detector-{partition.index}-of-{partition.replicas}"
         for kind in sorted(self.runtime.lane_kinds):
+            await bus.listen(
+                bus.subjects.raw(None, kind, None),
+                f"{durable}-{kind.replace('_', '-')}",
+                self.on_live,
+                kind_token=RAW_KIND_TOKEN,
+            )
             await bus.consume_batches(
                 bus.subjects.raw(None, kind, None),
                 f"{durable}-{kind.replace('_', '-')}",
@@ -203,8 +214,18 @@ class DetectorService:
         await self._handle(events, lane=False)
 
     async def on_lane(self, events: list[Event]) -> None:
-        """One batch of fault-grade raw events from the fault lane, handled as ``on_raw``."""
-        await self._handle(events, lane=True)
+        """One batch of fault-grade raw events from the fault lane, handled as ``on_raw``,
+        but for those whose live copy was handled."""
+        fresh = [event for event in events if not await self.first.taken(event.id)]
+        if fresh:
+            await self._handle(fresh, lane=True)
+        for event in fresh:
+            self.first.remember(event.id)
+
+    async def on_live(self, event: Event) -> None:
+        """A fault-grade raw event's live copy, a JetStream round trip before the fault
+        lane's: handled as the fault lane's, unless it already was."""
+        await self.first.live(event.id, partial(self._handle, [event], lane=True))
 
     async def _handle(self, events: list[Event], *, lane: bool) -> None:
         now = self.clock.now()

@@ -229,6 +229,7 @@ class Dispatcher:
         gets every record as it is written (None: the job's record was deleted). The
         store remembers each, so a fault's decision starts without reading its record."""
         watcher = await self.store.kv.watchall()
+        self.ctx.exit_stack.push_async_callback(watcher.stop)
 
         async def pump() -> None:
             async for entry in watcher:

@@ -40,6 +40,7 @@ from resurge.cluster.local_keys import (
     node_key,
 )
 from resurge.contract.subjects import Subjects, escape_token
+from resurge.detection import LANE_KINDS
 from resurge.local.state import credentials_path
 from resurge.runtime.bus import AGENT_POSITIONS_BUCKET, JOBS_BUCKET
 from resurge.runtime.nats_auth import Credentials, inbox_prefix, write_credentials
@@ -207,6 +208,8 @@ def _agent(ns: _Namespace, g: _Grants, node: str | None) -> None:
 def _detector(ns: _Namespace, g: _Grants, node: str | None) -> None:
     ns.manage(g, JOBS_BUCKET, DETECTOR_STATE_BUCKET)
     ns.consume(g, "raw", ns.s.all("raw"))
+    for kind in sorted(LANE_KINDS):  # the fault lane's live copies
+        g.sub(ns.s.raw(None, kind, None))
     ns.events(g, "fault", "job", "capacity")
     ns.dead_letters(g, "detector")
     ns.kv_read(g, JOBS_BUCKET)
@@ -228,6 +231,7 @@ def _control(ns: _Namespace, g: _Grants, role: str) -> None:
 def _restarter(ns: _Namespace, g: _Grants, node: str | None) -> None:
     _control(ns, g, "restarter")
     ns.consume(g, "fault", ns.s.all("fault"))
+    g.sub(ns.s.all("fault"))  # faults' live copies
     for kind in ("process_started", "progress", "checkpoint_saved"):
         ns.consume(g, "raw", ns.s.raw(None, kind, None))
 

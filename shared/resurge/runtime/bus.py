@@ -23,6 +23,9 @@
   against the kinds the handler expects, and handed over; success acks, a
   :class:`TransientError` (or any other exception) naks with a delay, and a message
   that cannot be decoded is dead-lettered and terminated. No message kills the service.
+- :meth:`Bus.listen` adds live copies of a stored subject (a core subscription), for
+  the few urgent events a service takes from whichever copy arrives first
+  (:mod:`resurge.runtime.live_first`).
 """
 
 from __future__ import annotations
@@ -92,6 +95,9 @@ JETSTREAM_WAIT_SECONDS = 30.0
 
 # Tries at binding a durable consumer another instance may be creating at the same time.
 _BIND_ATTEMPTS = 5
+
+# Live copies (:meth:`Bus.listen`) a subscription holds before nats.py drops more.
+LIVE_PENDING_MESSAGES = 10_000
 
 log = logging.getLogger("resurge.runtime.bus")
 
@@ -576,6 +582,36 @@ class Bus:
             await handler(event, msg.subject)
 
         sub = await self.nc.subscribe(subject, cb=on_message)
+        self._subscriptions.append(sub)
+        return sub
+
+    async def listen(
+        self,
+        subject: str,
+        queue: str,
+        handler: Callable[[Event], Awaitable[None]],
+        *,
+        kind_token: int | None = None,
+        pending: int = LIVE_PENDING_MESSAGES,
+    ) -> Any:
+        """Live copies of a stored subject: a core subscription in queue group ``queue``,
+        for a service that also consumes ``subject`` durably and handles whichever copy
+        comes first (:mod:`resurge.runtime.live_first`).
+
+        A message that cannot be decoded (or whose kind is not the subject's
+        ``kind_token``) is skipped: the durable consumer dead-letters and counts it.
+        ``handler``'s errors are the caller's to catch. At most ``pending`` messages wait
+        in the subscription; beyond that nats.py drops live copies (the stored ones are
+        still delivered)."""
+
+        async def on_message(msg: Msg) -> None:
+            event, problem = _decode_checked(msg, kind_token)
+            if event is not None and problem is None:
+                await handler(event)
+
+        sub = await self.nc.subscribe(
+            subject, queue=queue, cb=on_message, pending_msgs_limit=pending
+        )
         self._subscriptions.append(sub)
         return sub
 
