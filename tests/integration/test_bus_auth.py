@@ -314,9 +314,6 @@ async def test_restarter_and_scaler_publish_commands(
         await bus.js.publish(bus.subjects.cmd(job, 0), stop_all.model_dump_json().encode())
     async with _client(cluster, role) as service:
         s = Settings(namespace=NAMESPACE).subjects
-        if role == "restarter":  # faults' live copies, a core subscription; no raw ones
-            await service.nc.subscribe(s.all("fault"))
-            assert not await service.denied("subscription", s.all("fault"))
         assert await service.subscribe_denied(s.raw(None, "process_exited", None))
         assert await service.publish_denied(s.raw(job, "progress", "node-0"))
         assert await service.publish_denied(s.fault(job, "process"))

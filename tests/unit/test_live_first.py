@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 from prometheus_client import CollectorRegistry
 
 from resurge.runtime.live_first import LiveFirst
@@ -44,7 +43,7 @@ async def test_the_stored_copy_of_a_handled_live_event_is_skipped() -> None:
     first = LiveFirst(CollectorRegistry())
     handle = Handler()
     await first.live("e1", handle)
-    assert await first.stored("e1", handle) is False
+    assert await first.taken("e1")
     assert handle.calls == 1
     assert outcomes(first) == {("live", "handled"): 1, ("stored", "skipped"): 1}
 
@@ -54,12 +53,12 @@ async def test_the_stored_copy_waits_for_a_live_copy_being_handled() -> None:
     handle = Handler(hold=True)
     live = asyncio.create_task(first.live("e1", handle))
     await handle.entered.wait()
-    stored = asyncio.create_task(first.stored("e1", handle))
-    await asyncio.sleep(0)  # let it reach its wait; it must not call the handler
-    assert handle.calls == 1 and not stored.done()
+    stored = asyncio.create_task(first.taken("e1"))
+    await asyncio.sleep(0)  # it runs up to its wait and stays there
+    assert not stored.done()
     handle.release.set()
     await live
-    assert await stored is False
+    assert await stored is True
     assert handle.calls == 1
 
 
@@ -68,44 +67,35 @@ async def test_a_failed_live_copy_is_left_to_the_stored_copy() -> None:
     failing = Handler(hold=True, fail=True)
     live = asyncio.create_task(first.live("e1", failing))
     await failing.entered.wait()
-    handle = Handler()
-    stored = asyncio.create_task(first.stored("e1", handle))
+    stored = asyncio.create_task(first.taken("e1"))
     failing.release.set()
     await live  # the failure is logged and counted, not raised
-    assert await stored is True
-    assert handle.calls == 1
+    assert await stored is False  # so the service handles the stored copy
+    first.remember("e1")
+    assert first.handled("e1")
     assert outcomes(first) == {("live", "failed"): 1, ("stored", "handled"): 1}
-
-
-async def test_a_failed_stored_copy_raises_and_is_handled_when_delivered_again() -> None:
-    first = LiveFirst(CollectorRegistry())
-    with pytest.raises(RuntimeError):
-        await first.stored("e1", Handler(fail=True))
-    assert not first.handled("e1")
-    handle = Handler()
-    assert await first.stored("e1", handle) is True
-    assert handle.calls == 1
 
 
 async def test_a_live_copy_after_the_stored_one_is_skipped() -> None:
     first = LiveFirst(CollectorRegistry())
     handle = Handler()
     assert not await first.taken("e1")
-    first.remember("e1")  # a service that handles stored copies in lists
+    first.remember("e1")
     await first.live("e1", handle)
     assert handle.calls == 0
     assert outcomes(first) == {("stored", "handled"): 1, ("live", "skipped"): 1}
 
 
-async def test_a_live_copy_while_the_same_event_is_being_handled_is_skipped() -> None:
+async def test_a_second_live_copy_while_the_first_is_handled_is_skipped() -> None:
     first = LiveFirst(CollectorRegistry())
     handle = Handler(hold=True)
-    stored = asyncio.create_task(first.stored("e1", handle))
+    live = asyncio.create_task(first.live("e1", handle))
     await handle.entered.wait()
     await first.live("e1", handle)
     handle.release.set()
-    assert await stored is True
+    await live
     assert handle.calls == 1
+    assert outcomes(first) == {("live", "skipped"): 1, ("live", "handled"): 1}
 
 
 async def test_the_memory_is_bounded_oldest_first() -> None:

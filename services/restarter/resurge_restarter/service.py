@@ -1,9 +1,7 @@
 """The restarter service: faults in, new generations out, at the cheapest level that works.
 
-On a fault (its live copy, or its stored copy if that comes first or the live one
-failed: :mod:`resurge.runtime.live_first`): decide (see
-:mod:`resurge.control.recovery_policy`) and write the decision and its plan into the
-job record with one compare-and-set, claimed by this instance; only then
+On a fault: decide (see :mod:`resurge.control.recovery_policy`) and write the decision and its
+plan into the job record with one compare-and-set, claimed by this instance; only then
 carry the plan out (:mod:`resurge_restarter.dispatch`): RecoveryStarted, Stop(g) to the
 old placements, cordons, moved and recreated worker groups, the backoff wait,
 Assign(g+1); then mark the plan dispatched. Every step is idempotent, and commands
@@ -28,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 from datetime import UTC, datetime
-from functools import partial
 
 from resurge.cluster import ClusterBackend, open_backend
 from resurge.contract.subjects import RAW_KIND_TOKEN
@@ -54,7 +51,6 @@ from resurge.events import (
     Progress,
     RecoveryFinished,
 )
-from resurge.runtime.live_first import LiveFirst
 from resurge.runtime.service import ServiceContext
 from resurge_restarter.dispatch import Dispatcher, cluster_view
 from resurge_restarter.known_jobs import KnownJobs
@@ -99,7 +95,6 @@ class Restarter:
         self.pending: dict[str, int] = {}
         self.known = KnownJobs(ctx.registry)
         self.metrics = RestarterMetrics(ctx.registry)
-        self.first = LiveFirst(ctx.registry)
 
     async def start(self) -> None:
         """Warm the fault path (:mod:`.warm_up`), finish the plans left undispatched,
@@ -108,7 +103,6 @@ class Restarter:
         await self.resume_unfinished()
         await self.dispatcher.watch_records(self.take_over, self._record_seen)
         bus = self.bus
-        await bus.listen(bus.subjects.all("fault"), "restarter", self.on_live_fault)
         await bus.consume(
             bus.subjects.all("fault"), "restarter", self.on_fault, expects=(FaultDetected,)
         )
@@ -139,17 +133,7 @@ class Restarter:
         for record in await self.store.all():
             await self.take_over(record)
 
-    async def on_live_fault(self, event: Event) -> None:
-        """A fault's live copy, a JetStream round trip before its stored one: handled
-        unless it already was (:mod:`resurge.runtime.live_first`)."""
-        if isinstance(event, FaultDetected):
-            await self.first.live(event.id, partial(self.handle_fault, event))
-
     async def on_fault(self, fault: FaultDetected) -> None:
-        """A fault's stored copy: handled unless its live copy was."""
-        await self.first.stored(fault.id, partial(self.handle_fault, fault))
-
-    async def handle_fault(self, fault: FaultDetected) -> None:
         """Decide, write the decision and its plan (compare-and-set), then carry it out.
 
         A redelivered fault whose plan is still undispatched (an earlier attempt

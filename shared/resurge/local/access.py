@@ -231,7 +231,6 @@ def _control(ns: _Namespace, g: _Grants, role: str) -> None:
 def _restarter(ns: _Namespace, g: _Grants, node: str | None) -> None:
     _control(ns, g, "restarter")
     ns.consume(g, "fault", ns.s.all("fault"))
-    g.sub(ns.s.all("fault"))  # faults' live copies
     for kind in ("process_started", "progress", "checkpoint_saved"):
         ns.consume(g, "raw", ns.s.raw(None, kind, None))
 

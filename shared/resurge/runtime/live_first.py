@@ -1,26 +1,25 @@
 """Each event handled once though it arrives twice: live first, stored after.
 
-An urgent event (a worker's exit, a fault) reaches its service by two routes: a core
-subscription sees it the moment the server receives it (*live*), and the durable
-consumer delivers it after the stream has stored it (*stored*: a JetStream round trip
-later, about a millisecond on a quiet machine, more on a busy one). The live copy buys
-speed; the stored copy keeps the guarantee (an event published while the service was
-away, or whose live copy was dropped or failed, is still handled).
+An urgent event (a worker's exit) reaches its service by two routes: a core
+subscription sees it the moment the server receives it (*live*), and a durable
+consumer delivers it once the stream has stored it (*stored*: later, and much later
+when the stream is busy storing telemetry). The live copy buys speed; the stored copy
+keeps the guarantee (an event published while the service was away, or whose live
+copy was dropped or failed, is still handled).
 
 :class:`LiveFirst` lets a service handle whichever copy comes first and skip the other:
 
 - :meth:`LiveFirst.live` handles an event not yet handled (nor being handled); a
   failure is logged and counted, and left to the stored copy;
-- :meth:`LiveFirst.stored` handles an event unless it was handled; while the live copy
-  is still being handled it waits for it, and handles the event itself if that failed;
-  its failure propagates, so the stored copy is delivered again as before
-  (:meth:`LiveFirst.taken` and :meth:`LiveFirst.remember` are the same in two halves,
-  for stored copies handled in lists).
+- :meth:`LiveFirst.taken` says whether a stored copy may be skipped (its live copy was
+  handled; a live copy still being handled is waited for first), and
+  :meth:`LiveFirst.remember` notes a stored copy the service handled, so a live copy
+  that comes after it is skipped.
 
 Handled event ids are remembered in a bounded memory (``memory`` ids, oldest forgotten
-first). Forgetting is safe: every handler behind it is idempotent (a repeated fault is
-ignored by the job record's compare-and-set, a repeated conclusion is de-duplicated by
-its ``Nats-Msg-Id``); the memory only saves the work. Outcomes are counted in
+first). Forgetting is safe where the handling behind it is idempotent (the detector's
+conclusions carry ids derived from the event's, which JetStream de-duplicates); the
+memory only saves the work. Outcomes are counted in
 ``resurge_live_first_total{route, outcome}``.
 """
 
@@ -66,26 +65,26 @@ class LiveFirst:
         if event_id in self._done or event_id in self._running:
             self.outcomes.labels("live", "skipped").inc()
             return
+        finished: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._running[event_id] = finished
+        succeeded = False
         try:
-            await self._run(event_id, handle)
+            await handle()
+            succeeded = True
         except Exception as error:  # the stored copy comes and is handled then
             self.outcomes.labels("live", "failed").inc()
             self._log.warning("live", f"handling a live event failed: {error!r}")
         else:
             self.outcomes.labels("live", "handled").inc()
-
-    async def stored(self, event_id: str, handle: Callable[[], Awaitable[None]]) -> bool:
-        """Handle the stored copy of ``event_id`` unless it was handled (then: False)."""
-        if await self.taken(event_id):
-            return False
-        await self._run(event_id, handle)
-        self.outcomes.labels("stored", "handled").inc()
-        return True
+            self._remember(event_id)
+        finally:
+            del self._running[event_id]
+            finished.set_result(succeeded)
 
     async def taken(self, event_id: str) -> bool:
         """Whether the stored copy of ``event_id`` may be skipped: its live copy was
-        handled (a live copy being handled is waited for first). For a service that
-        handles stored copies in lists: it calls :meth:`remember` for those it handled."""
+        handled (a live copy being handled is waited for first). The service handles
+        the stored copies not taken, then calls :meth:`remember` for each."""
         running = self._running.get(event_id)
         if running is not None:
             await asyncio.shield(running)
@@ -98,19 +97,6 @@ class LiveFirst:
         """Note ``event_id`` as handled by its stored copy (a late live copy is skipped)."""
         self.outcomes.labels("stored", "handled").inc()
         self._remember(event_id)
-
-    async def _run(self, event_id: str, handle: Callable[[], Awaitable[None]]) -> None:
-        finished: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._running[event_id] = finished
-        succeeded = False
-        try:
-            await handle()
-            succeeded = True
-        finally:
-            del self._running[event_id]
-            if succeeded:
-                self._remember(event_id)
-            finished.set_result(succeeded)
 
     def _remember(self, event_id: str) -> None:
         self._done[event_id] = None
