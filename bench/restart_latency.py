@@ -3,8 +3,11 @@
 Runs the crash-once story several times on one embedded nats-server (every run in a
 namespace of its own, every service a real process) and prints, per stage, the median
 latency from the crashed worker's exit (as its agent saw it), and each median as a
-ratio to one JetStream hop (publish -> durable push consumer) measured in the same run,
-since absolute times on a shared 2-core machine are noisy.
+ratio to two baselines measured in the same run, since absolute times on a shared
+2-core machine are noisy: one JetStream hop (publish -> durable push consumer, back to
+back in one process) and one round trip between two processes that were idle (a core
+message there and back, 10 ms apart: what waking a sleeping process costs on this
+machine, paid at every hop of the fault's path).
 
 ``--background RATE``: every run is done twice, on ``--nodes`` nodes (default 8), once
 quiet and once while a publisher process sends RATE raw events per second per node of
@@ -28,6 +31,8 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+
+from nats.aio.msg import Msg
 
 from resurge.control.records import JobRecord, JobStore, Placement
 from resurge.events import Assign, FaultDetected, FaultScope, JobPhase, RecoveryFinished
@@ -73,6 +78,49 @@ async def one_hop_seconds(url: str, samples: int = 50) -> float:
         hops.append(await asyncio.wait_for(arrived.get(), 10) - sent)
     await bus.close()
     return statistics.median(hops)
+
+
+async def echo(url: str) -> int:
+    """Answer every message on ``bench.ping`` on ``bench.pong`` until killed (hidden mode)."""
+    bus = await Bus.connect(Settings(nats_url=url, namespace="benchecho"), "bench")
+
+    async def pong(msg: Msg) -> None:
+        await bus.nc.publish("bench.pong", msg.data)
+
+    await bus.nc.subscribe("bench.ping", cb=pong)
+    await bus.nc.flush()
+    print("echoing", flush=True)
+    await asyncio.Event().wait()
+    return 0
+
+
+async def idle_round_trip_seconds(url: str, samples: int = 100) -> float:
+    """Median time of a core message to another process and back, 10 ms apart (both
+    processes idle in between, as the services are before a crash)."""
+    echoer = subprocess.Popen(  # noqa: ASYNC220 (started before the timed part)
+        [sys.executable, __file__, "--echo", url], stdout=subprocess.PIPE
+    )
+    assert echoer.stdout is not None
+    await asyncio.to_thread(echoer.stdout.readline)  # "echoing"
+    bus = await Bus.connect(Settings(nats_url=url, namespace="benchecho"), "bench")
+    back: asyncio.Queue[float] = asyncio.Queue()
+
+    async def on(_msg: Msg) -> None:
+        back.put_nowait(time.perf_counter())
+
+    await bus.nc.subscribe("bench.pong", cb=on)
+    trips = []
+    try:
+        for _ in range(samples):
+            await asyncio.sleep(0.01)  # the idle gap is the point, not a synchronisation
+            sent = time.perf_counter()
+            await bus.nc.publish("bench.ping", b"x" * 512)
+            trips.append(await asyncio.wait_for(back.get(), 10) - sent)
+    finally:
+        await bus.close()
+        echoer.kill()
+        echoer.wait()
+    return statistics.median(trips)
 
 
 BACKGROUND_JOB = "background"
@@ -205,15 +253,17 @@ async def main(runs: int, background: float, nodes: int) -> int:
     }
     with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp) / "nats") as server:
         hop = await one_hop_seconds(server.url)
+        trip = await idle_round_trip_seconds(server.url)
         for run in range(runs):
             for i, load in enumerate(loads):  # interleaved: both see the same machine
                 took = await one_run(Path(tmp), server.url, f"bench{run}x{i}", nodes, load)
                 for stage, value in took.items():
                     stages[load][stage].append(value)
     print(f"runs: {runs} on {nodes} nodes; one JetStream hop (median of 50): {hop * 1000:.2f} ms")
+    print(f"round trip between two idle processes (median of 100): {trip * 1000:.2f} ms")
     print(
         f"{'stage':<28} {'background /s/node':>18} {'p50 ms':>8} {'p99 ms':>8} "
-        f"{'min ms':>8} {'max ms':>8} {'p50 x hop':>10}"
+        f"{'min ms':>8} {'max ms':>8} {'p50 x hop':>10} {'p50 x trip':>10}"
     )
     for stage in STAGES:
         for load in loads:
@@ -221,7 +271,8 @@ async def main(runs: int, background: float, nodes: int) -> int:
             med = statistics.median(values)
             print(
                 f"{stage:<28} {load:>18.0f} {med * 1000:>8.1f} {p99(values) * 1000:>8.1f} "
-                f"{min(values) * 1000:>8.1f} {max(values) * 1000:>8.1f} {med / hop:>10.1f}"
+                f"{min(values) * 1000:>8.1f} {max(values) * 1000:>8.1f} {med / hop:>10.1f} "
+                f"{med / trip:>10.1f}"
             )
     if runs < 100:
         print(f"(p99 of {runs} runs is their maximum)")
@@ -240,7 +291,10 @@ if __name__ == "__main__":
     )
     parser.add_argument("--nodes", type=int, help="default: 8 with --background, else 2")
     parser.add_argument("--publish", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--echo", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.echo:
+        sys.exit(asyncio.run(echo(args.echo)))
     if args.publish:
         url, namespace, nodes, rate = args.publish
         sys.exit(asyncio.run(publish_background(url, namespace, int(nodes), float(rate))))
