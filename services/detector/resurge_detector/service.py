@@ -137,15 +137,12 @@ class DetectorService:
         else:
             durable = f"detector-{partition.index}-of-{partition.replicas}"
         for kind in sorted(self.runtime.lane_kinds):
-            await bus.listen(
-                bus.subjects.raw(None, kind, None),
-                f"{durable}-{kind.replace('_', '-')}",
-                self.on_live,
-                kind_token=RAW_KIND_TOKEN,
-            )
+            subject = bus.subjects.raw(None, kind, None)
+            lane = f"{durable}-{kind.replace('_', '-')}"
+            await bus.listen(subject, lane, self.on_live, kind_token=RAW_KIND_TOKEN)
             await bus.consume_batches(
-                bus.subjects.raw(None, kind, None),
-                f"{durable}-{kind.replace('_', '-')}",
+                subject,
+                lane,
                 self.on_lane,
                 kind_token=RAW_KIND_TOKEN,
                 dead_letters=False,  # the main consumer reads them too and dead-letters

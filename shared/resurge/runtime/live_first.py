@@ -45,7 +45,7 @@ class LiveFirst:
     def __init__(self, registry: CollectorRegistry, *, memory: int = 10_000) -> None:
         self.memory = memory
         self._done: OrderedDict[str, None] = OrderedDict()
-        self._running: dict[str, asyncio.Future[bool]] = {}
+        self._running: dict[str, asyncio.Event] = {}  # set when its handling ends
         self._log = RateLimitedLog(log, interval=60.0)
         self.outcomes = Counter(
             "resurge_live_first_total",
@@ -65,12 +65,9 @@ class LiveFirst:
         if event_id in self._done or event_id in self._running:
             self.outcomes.labels("live", "skipped").inc()
             return
-        finished: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._running[event_id] = finished
-        succeeded = False
+        finished = self._running[event_id] = asyncio.Event()
         try:
             await handle()
-            succeeded = True
         except Exception as error:  # the stored copy comes and is handled then
             self.outcomes.labels("live", "failed").inc()
             self._log.warning("live", f"handling a live event failed: {error!r}")
@@ -79,7 +76,7 @@ class LiveFirst:
             self._remember(event_id)
         finally:
             del self._running[event_id]
-            finished.set_result(succeeded)
+            finished.set()
 
     async def taken(self, event_id: str) -> bool:
         """Whether the stored copy of ``event_id`` may be skipped: its live copy was
@@ -87,7 +84,7 @@ class LiveFirst:
         the stored copies not taken, then calls :meth:`remember` for each."""
         running = self._running.get(event_id)
         if running is not None:
-            await asyncio.shield(running)
+            await running.wait()
         if event_id in self._done:
             self.outcomes.labels("stored", "skipped").inc()
             return True
