@@ -110,6 +110,7 @@ _RAW_JOB_KINDS = (
     "process_started",
     "process_exited",
     "process_state",
+    "rendezvous_passed",
     "log_line",
     "agent_state",
     "progress",
@@ -124,7 +125,7 @@ FAMILIES: tuple[Family, ...] = (
         summary="Node-agent telemetry: what workers, agents and GPUs did.",
         publishers="node agents: `launch` (one replica's workers) and `monitor` (one node)",
         subscribers="the detector (every kind); the restarter (`process_started`, "
-        "`progress`, `checkpoint_saved`); the scaler (`agent_state`, during a resize)",
+        "`rendezvous_passed`, `progress`, `checkpoint_saved`); the scaler (`agent_state`, during a resize)",
         parameters=(
             Parameter(
                 "job",

@@ -36,6 +36,7 @@ from resurge.events.raw import (
     ProcessExited,
     ProcessStarted,
     ProcessStateChanged,
+    RendezvousPassed,
 )
 
 __all__ = [
@@ -72,6 +73,7 @@ __all__ = [
     "RecoveryFinished",
     "RecoveryLevel",
     "RecoveryStarted",
+    "RendezvousPassed",
     "ReplicaFinished",
     "ReplicaSlot",
     "ScaleDecided",
@@ -87,6 +89,7 @@ _MODELS: tuple[type[Envelope], ...] = (
     ProcessStarted,
     ProcessExited,
     ProcessStateChanged,
+    RendezvousPassed,
     LogLine,
     AgentStateChanged,
     Progress,
@@ -116,6 +119,7 @@ Event = Annotated[
     ProcessStarted
     | ProcessExited
     | ProcessStateChanged
+    | RendezvousPassed
     | LogLine
     | AgentStateChanged
     | Progress

@@ -17,6 +17,7 @@ __all__ = [
     "ProcessExited",
     "ProcessStarted",
     "ProcessStateChanged",
+    "RendezvousPassed",
 ]
 
 
@@ -50,6 +51,13 @@ class ProcessExited(Envelope):
     expected: bool = Field(
         default=False,
         description="True when the agent itself stopped the worker (a Stop command or shutdown).",
+    )
+
+    last_output: list[str] = Field(
+        default_factory=list,
+        description="The worker's last lines of output (stdout and stderr, oldest first, at "
+        "most 20), so a failure explains itself: the traceback or error it printed.",
+        examples=[["python: can't open file '/app/nosuch_train.py': [Errno 2] No such file"]],
     )
 
     @property
@@ -101,3 +109,17 @@ class AgentStateChanged(Envelope):
     kind: Literal["agent_state"] = "agent_state"
     state: AgentState = Field(description="What the agent is doing now.")
     detail: str = Field(default="", description="Why, in words.")
+
+
+class RendezvousPassed(Envelope):
+    """Every rank of a generation passed its rendezvous (``init_process_group``).
+
+    Published by the agent that hosts the generation's rendezvous store (the replica
+    holding rank 0; workers get ``TORCHELASTIC_USE_AGENT_STORE=True``, as under torchrun's
+    agent), once ``world_size`` ranks have joined it. A sign of life that needs nothing
+    from the training script: the generation started, so a fault after this is a new
+    incident, not the restart failing.
+    """
+
+    kind: Literal["rendezvous_passed"] = "rendezvous_passed"
+    world_size: int = Field(ge=1, description="Ranks that joined: the generation's world size.")

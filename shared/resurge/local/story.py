@@ -43,6 +43,7 @@ _WATCHED_RAW_KINDS = (
     "process_started",
     "process_exited",
     "process_state",
+    "rendezvous_passed",
     "progress",
     "checkpoint_saved",
     "agent_state",
