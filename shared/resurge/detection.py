@@ -25,6 +25,9 @@ no later event could rebuild) also implements :class:`DurableState`: the service
 stores what ``state_changes`` returns in its JetStream KV bucket before it acks the
 raw events that caused it, and hands every stored entry of the jobs it judges to
 ``restore_state`` before it reads any raw event. Detectors without it are unchanged.
+A detector that keeps state by job name also implements :class:`ForgetsJobs`: a job
+deleted and submitted again under its name is a new run, and ``forget_job`` drops what
+was kept of the old one.
 
 Detectors in other languages need none of this: subscribe to
 ``resurge.v1.raw.>`` and publish ``fault_detected`` events (see docs/detectors.md).
@@ -47,6 +50,7 @@ __all__ = [
     "Detector",
     "DetectorContext",
     "DurableState",
+    "ForgetsJobs",
     "UnknownDetectorError",
     "available_detectors",
     "load_detectors",
@@ -149,6 +153,21 @@ class DurableState(Protocol):
 
     def restore_state(self, job: str, key: str, value: bytes) -> None:
         """One stored entry, given back at start, before any event."""
+        ...
+
+
+@runtime_checkable
+class ForgetsJobs(Protocol):
+    """Optional: a detector that keeps state per job name forgets a job's run.
+
+    A job deleted and submitted again under its name is a new run, from generation 0:
+    what a detector learned of the old run (its newest generation, counts, timers) must
+    not hold for the new one. The service calls ``forget_job`` when the job's record is
+    deleted, or replaced by one with another ``uid`` (the new run's), before the new
+    run's first event reaches the detector."""
+
+    def forget_job(self, job: str) -> None:
+        """Drop everything kept for ``job``; durable entries are deleted too."""
         ...
 
 

@@ -191,6 +191,29 @@ async def test_an_agent_started_again_goes_on_after_the_last_command_it_handled(
     assert (newest.kind, newest.generation) == ("stop", 1)
 
 
+async def test_a_new_run_s_first_agent_starts_from_the_newest_command_not_the_old_position(
+    bus: Bus, job: str
+) -> None:
+    # The old run's first agent (node-0, incarnation 0) handled generation 1 and went away;
+    # its run went on, and was deleted.
+    subject = bus.subjects.cmd(job, 0)
+    old = Commands()
+    async with inbox(bus, job, old, position_key("node-0", job, 0, 0, "old-run")):
+        await bus.publish(subject, assign(bus, job, 1))
+        await old.wait_for(1)
+    await bus.publish(subject, assign(bus, job, 2))
+    await bus.publish(
+        subject, Stop(source=bus.source, job=job, replica=0, generation=2, final=True)
+    )
+    # The new run's first agent: the same node and incarnation, another run.
+    new = Commands()
+    async with inbox(bus, job, new, position_key("node-0", job, 0, 0, "new-run")):
+        await new.wait_for(1)
+        await bus.publish(subject, assign(bus, job, 0))
+        got = await new.wait_for(2)
+    assert [(c.kind, c.generation) for c in got] == [("stop", 2), ("assign", 0)]
+
+
 async def test_a_stored_message_that_is_no_command_is_dead_lettered_once(
     bus: Bus, job: str
 ) -> None:

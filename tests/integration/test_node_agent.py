@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ from resurge.events import (
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 from resurge_node_agent.group_spec import WORKER_GROUP_ENV, spec_environment
-from tests.collect import Events
+from tests.collect import E, Events
 
 PRINT_ENV = (
     "import json, os; print(json.dumps({k: os.environ[k] for k in "
@@ -41,9 +42,15 @@ IGNORE_TERM_AND_WAIT = (
 
 
 def start_agent(
-    settings: Settings, code: str, tmp_path: Path, nproc: int = 2, grace: float = 1.0
+    settings: Settings,
+    code: str,
+    tmp_path: Path,
+    nproc: int = 2,
+    grace: float = 1.0,
+    uid: str = "",
 ) -> subprocess.Popen[bytes]:
     spec = WorkerGroupSpec(
+        uid=uid,
         job="j.x",
         replica=0,
         node="n1",
@@ -60,7 +67,7 @@ def start_agent(
         "RESURGE_LOG_FORMAT": "text",
         **spec_environment(spec),
     }
-    log = (tmp_path / "agent.log").open("wb")
+    log = (tmp_path / "agent.log").open("ab")
     return subprocess.Popen(
         [sys.executable, "-m", "resurge_node_agent", "launch"],
         env=env,
@@ -69,9 +76,10 @@ def start_agent(
     )
 
 
-def assign(bus: Bus, generation: int, nproc: int = 2) -> Assign:
+def assign(bus: Bus, generation: int, nproc: int = 2, uid: str | None = None) -> Assign:
     return Assign(
         source=bus.source,
+        uid=uid,
         job="j.x",
         replica=0,
         generation=generation,
@@ -241,6 +249,56 @@ async def test_new_agent_skips_an_earlier_runs_commands(
         assert agent.poll() is None
         await bus.publish(
             subject, Stop(source=bus.source, job="j.x", replica=0, generation=1, final=True)
+        )
+        assert await asyncio.to_thread(agent.wait, 20) == 0
+    finally:
+        agent.kill()
+
+
+async def test_a_new_run_s_agent_takes_none_of_the_deleted_run_s_commands(
+    bus: Bus, settings: Settings, raw_events: Events, tmp_path: Path
+) -> None:
+    # Run "old" of j.x: its first agent (node n1, incarnation 0) handled generation 0 and
+    # was then replaced; its run went on to generation 3 and failed for good.
+    subject = bus.subjects.cmd("j.x", 0)
+    first = start_agent(settings, "pass", tmp_path, nproc=1, uid="old")
+    try:
+        await bus.publish(subject, assign(bus, 0, nproc=1, uid="old"))
+        await raw_events.wait_for(lambda items: len(raw_events.of(ProcessExited)) == 1)
+        first.send_signal(signal.SIGTERM)  # it records where it is as it stops
+        assert await asyncio.to_thread(first.wait, 20) == 0
+    finally:
+        first.kill()
+    for generation in (1, 2, 3):
+        await bus.publish(subject, assign(bus, generation, nproc=1, uid="old"))
+    failed = Stop(
+        source=bus.source,
+        uid="old",
+        job="j.x",
+        replica=0,
+        generation=3,
+        final=True,
+        reason="failed",
+    )
+    await bus.publish(subject, failed)
+    seen = len(raw_events.items)
+
+    def since(kind: type[E]) -> list[E]:
+        return [e for e in raw_events.items[seen:] if isinstance(e, kind)]
+
+    # Deleted and submitted again: run "new", whose agent is again node n1, incarnation 0.
+    agent = start_agent(settings, "pass", tmp_path, nproc=1, uid="new")
+    try:
+        await raw_events.wait_for(
+            lambda _: any(e.state is AgentState.WAITING for e in since(AgentStateChanged))
+        )
+        await bus.publish(subject, assign(bus, 0, nproc=1, uid="new"))
+        await raw_events.wait_for(lambda _: bool(since(ProcessExited)))
+        assert [e.generation for e in since(ProcessStarted)] == [0]
+        assert agent.poll() is None
+        await bus.publish(
+            subject,
+            Stop(source=bus.source, uid="new", job="j.x", replica=0, generation=0, final=True),
         )
         assert await asyncio.to_thread(agent.wait, 20) == 0
     finally:

@@ -182,6 +182,14 @@ class HangDetector:
             generation.stop(event.rank, rank, event.stopped, now)
         return []
 
+    def forget_job(self, job: str) -> None:
+        """A new run of ``job`` (:class:`~resurge.detection.ForgetsJobs`): its generations
+        start again from 0, and it learns its own pace."""
+        self._newest.pop(job, None)
+        self._learned.pop(job, None)
+        for key in [k for k in self._generations if k[0] == job]:
+            del self._generations[key]
+
     def _generation(self, job: str, number: int) -> _Generation | None:
         """The state of ``job``'s generation ``number``; None for an older generation."""
         newest = self._newest.get(job, -1)

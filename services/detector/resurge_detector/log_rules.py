@@ -207,6 +207,11 @@ class LogRuleDetector:
                 rank.stopped_since = ctx.now
         return []
 
+    def forget_job(self, job: str) -> None:
+        """A new run of ``job`` (:class:`~resurge.detection.ForgetsJobs`): its rules start
+        over from its generation 0."""
+        self._jobs.pop(job, None)
+
     def _job(self, name: str, generation: int) -> _Job | None:
         job = self._jobs.get(name)
         if job is None or generation > job.generation:

@@ -14,9 +14,10 @@ end. The service keeps the entry ``(job, "r<replica>")`` (JSON: generation, loca
 ranks) in its own KV bucket, written before the raw events are acked, and gives it
 back at start. Not derived from the job record: the record says which replicas
 finished, not which of a replica's workers did, and the restarter and scaler own it.
-An entry is deleted when its replica finishes, and when its job's record says the
-job is over; a newer generation replaces it. Exits of a generation older than the
-job record's are ignored.
+An entry is deleted when its replica finishes, when its job's record says the job is
+over, and when the job is deleted or submitted again (a new run: the entry names the
+run's ``uid``, and one of another run is not counted); a newer generation replaces
+it. Exits of a generation older than the job record's are ignored.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class _Replica:
     generation: int
     succeeded: set[int] = field(default_factory=set)
     finished_by: str | None = None  # the id of the exit that completed it
+    uid: str | None = None  # the job run it counts for (the record's uid), if known
 
     @property
     def finished(self) -> bool:
@@ -86,7 +88,8 @@ class ProcessExitDetector:
         record = None if ctx is None else ctx.job(event.job)
         if record is not None and event.generation < record.generation:
             return []
-        return self._success(event, event.job, event.replica, event.generation)
+        uid = None if record is None else record.uid
+        return self._success(event, event.job, event.replica, event.generation, uid)
 
     def tick(self, ctx: DetectorContext) -> list[Envelope]:
         """Forget the replicas of jobs that are over."""
@@ -97,6 +100,13 @@ class ProcessExitDetector:
                 self._changed.add(key)
         return []
 
+    def forget_job(self, job: str) -> None:
+        """A new run of ``job`` (:class:`~resurge.detection.ForgetsJobs`): its replicas'
+        success exits are counted again from its generation 0; the stored entries go."""
+        for key in [k for k in self._replicas if k[0] == job]:
+            del self._replicas[key]
+            self._changed.add(key)
+
     # -- durable state ------------------------------------------------------------------
 
     def state_changes(self) -> Mapping[tuple[str, str], bytes | None]:
@@ -106,7 +116,11 @@ class ProcessExitDetector:
             state = self._replicas.get((job, replica))
             value = None
             if state is not None and not state.finished:
-                body = {"generation": state.generation, "succeeded": sorted(state.succeeded)}
+                body = {
+                    "generation": state.generation,
+                    "succeeded": sorted(state.succeeded),
+                    "uid": state.uid,
+                }
                 value = json.dumps(body).encode()
             changes[(job, f"r{replica}")] = value
         self._changed.clear()
@@ -119,19 +133,23 @@ class ProcessExitDetector:
         known = self._replicas.get((job, replica))
         if known is None or known.generation <= body["generation"]:
             self._replicas[(job, replica)] = _Replica(
-                generation=int(body["generation"]), succeeded={int(r) for r in body["succeeded"]}
+                generation=int(body["generation"]),
+                succeeded={int(r) for r in body["succeeded"]},
+                uid=body.get("uid"),
             )
 
     # -- conclusions --------------------------------------------------------------------
 
     def _success(
-        self, event: ProcessExited, job: str, replica: int, generation: int
+        self, event: ProcessExited, job: str, replica: int, generation: int, uid: str | None
     ) -> list[Envelope]:
         state = self._replicas.get((job, replica))
+        if state is not None and uid is not None and state.uid not in (None, uid):
+            state = None  # an earlier run's count (the job was deleted and submitted again)
         if state is not None and generation < state.generation:
             return []
         if state is None or generation > state.generation:
-            state = self._replicas[(job, replica)] = _Replica(generation)
+            state = self._replicas[(job, replica)] = _Replica(generation, uid=uid)
         if state.finished_by == event.id:  # redelivered, its conclusion maybe unpublished
             return [self._finished(event, job, replica, generation)]
         if state.finished or event.local_rank in state.succeeded:

@@ -46,7 +46,13 @@ from datetime import datetime
 
 from resurge.contract.subjects import NODE_LEVEL_JOB
 from resurge.control.records import JobRecord
-from resurge.detection import LANE_KINDS, Detector, DetectorContext, DurableState
+from resurge.detection import (
+    LANE_KINDS,
+    Detector,
+    DetectorContext,
+    DurableState,
+    ForgetsJobs,
+)
 from resurge.events import CapacityChanged, Envelope, FaultDetected, Source
 from resurge.runtime.logs import RateLimitedLog
 
@@ -95,6 +101,7 @@ class DetectorRuntime:
         self._log = RateLimitedLog(log, interval=60.0)
         # Checked once: a protocol check looks up every member each time.
         self._durable = [d for d in self.detectors if isinstance(d, DurableState)]
+        self._forgetting = [d for d in self.detectors if isinstance(d, ForgetsJobs)]
         # Detectors that take fault-grade kinds only: the fault lane may feed them.
         self._lane_detectors = {id(d) for d in self.detectors if d.kinds <= LANE_KINDS}
         self._reads_logs = "log_line" in self._by_kind
@@ -141,7 +148,16 @@ class DetectorRuntime:
         return True
 
     def set_job(self, name: str, record: JobRecord | None) -> None:
-        """Keep ``name``'s record if this replica judges it; None forgets it."""
+        """Keep ``name``'s record if this replica judges it; None forgets it. A record
+        deleted, or replaced by a new run's (another ``uid``), makes every detector that
+        keeps state by job name forget the job (:class:`ForgetsJobs`)."""
+        known = self.jobs.get(name)
+        if known is not None and (record is None or record.uid != known.uid):
+            for detector in self._forgetting:
+                try:
+                    detector.forget_job(name)
+                except Exception as error:
+                    self._failed(detector, error)
         if record is None or not self.partition.owns(name):
             self.jobs.pop(name, None)
         else:

@@ -110,6 +110,11 @@ class StragglerDetector:
             return None
         return (event.time - rank.last_time).total_seconds() / (event.step - rank.last_step)
 
+    def forget_job(self, job: str) -> None:
+        """A new run of ``job`` (:class:`~resurge.detection.ForgetsJobs`)."""
+        for key in [k for k in self._jobs if k[0] == job]:
+            del self._jobs[key]
+
     def _ranks(self, job: str, generation: int) -> dict[int, _Rank]:
         """The ranks of ``job``'s ``generation``; a new generation forgets the older ones."""
         ranks = self._jobs.get((job, generation))

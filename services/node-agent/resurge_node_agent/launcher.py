@@ -32,7 +32,10 @@ workers of ``command`` with ``env`` in ``working_dir``, on ``node``.
   each is acted on once, also one published while the agent was disconnected. A new
   agent (one per node and incarnation of its worker group) starts from the newest
   command on its subject (older ones are superseded); one started again after a crash
-  (same node and incarnation) goes on after the last command it handled. It ignores a
+  (same node, incarnation and run) goes on after the last command it handled. A command
+  that names another run (``uid``) than the agent's worker group is ignored: a job
+  deleted and submitted again under its name is a new run, and its agents never act on
+  the old run's commands. It also ignores a
   final Stop issued before it started while it has had no Assign: that Stop ended an
   earlier run of a job by the same name.
 - CheckpointNow(g): for the generation it runs, the agent passes the request on
@@ -146,7 +149,7 @@ class LaunchAgent:
         self.outbox.start()
         self.ctx.exit_stack.push_async_callback(self.outbox.close)
         self.ctx.exit_stack.push_async_callback(self._shutdown)
-        # One position per (node, incarnation): an agent started again after a crash goes
+        # One position per (node, incarnation, run): an agent started again after a crash goes
         # on where it stopped; a recreated or moved one starts from the newest command.
         spec = self.spec
         inbox = CommandInbox(
@@ -154,7 +157,9 @@ class LaunchAgent:
             self.bus.subjects.cmd(spec.job, spec.replica),
             self.on_command,
             expects=(Assign, Stop, InjectFault, CheckpointNow),
-            position_key=position_key(spec.node, spec.job, spec.replica, spec.incarnation),
+            position_key=position_key(
+                spec.node, spec.job, spec.replica, spec.incarnation, spec.uid
+            ),
         )
         await inbox.start()
         self.ctx.exit_stack.push_async_callback(inbox.close)
@@ -173,7 +178,17 @@ class LaunchAgent:
         return spawner
 
     async def on_command(self, command: Assign | Stop | InjectFault | CheckpointNow) -> None:
-        """Act on one command to this replica."""
+        """Act on one command to this replica (of this agent's run)."""
+        if command.uid is not None and self.spec.uid and command.uid != self.spec.uid:
+            self.ctx.log.info(
+                "ignoring %s of generation %s: it is for run %s of %s, this agent runs %s",
+                command.kind,
+                command.generation,
+                command.uid,
+                self.spec.job,
+                self.spec.uid,
+            )
+            return
         if isinstance(command, Assign):
             await self._assign(command)
         elif isinstance(command, Stop):
@@ -461,6 +476,7 @@ class LaunchAgent:
             exit_code=exit_.exit_code,
             signal=exit_.signal,
             expected=exit_.expected,
+            last_output=list(exit_.last_output),
             **self._envelope(assign, exit_.local_rank),
         )
         await self._publish(event)

@@ -99,6 +99,11 @@ class WorkerGroupSpec(BaseModel):
     incarnation: int = Field(
         default=0, ge=0, description="Bumped to recreate the group (a pod-level restart)."
     )
+    uid: str = Field(
+        default="",
+        description="The job run it serves (the job record's uid): its agent takes only "
+        "this run's commands. Empty: any run's.",
+    )
 
 
 class ClusterChange(BaseModel):

@@ -129,6 +129,7 @@ async def inject_fault(bus: Bus, job: str, rank: int, fault: str, line: str = ""
     event = InjectFault(
         source=bus.source,
         job=job,
+        uid=record.uid,
         replica=replica,
         rank=rank,
         generation=record.generation,

@@ -63,6 +63,7 @@ def assignments(
             id=command_id("assign", record.name, slot.replica, record.generation, record.uid),
             source=source,
             job=record.name,
+            uid=record.uid,
             replica=slot.replica,
             node=slot.node,
             generation=record.generation,

@@ -3,7 +3,9 @@
 Scaler and restarter both create worker groups through the cluster backend; this is
 the one place that turns a record's placements into :class:`WorkerGroupSpec`. A
 replica's ``incarnation`` comes from the record, so bumping it in the record and
-writing the spec again recreates that replica's group (a `pod` or `job` recovery).
+writing the spec again recreates that replica's group (a `pod` or `job` recovery). The
+record's ``uid`` names the run, so a job submitted again under its name gets agents
+that take only the new run's commands.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def worker_group(record: JobRecord, placement: Placement) -> WorkerGroupSpec:
         fork_server=spec.fork_server,
         preload=spec.preload_modules,
         incarnation=record.incarnations.get(placement.replica, 0),
+        uid=record.uid,
     )
 
 

@@ -9,7 +9,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from resurge.contract.vocabulary import RecoveryLevel
 from resurge.events.envelope import Envelope
 
-__all__ = ["Assign", "CheckpointNow", "InjectFault", "InjectGpuError", "ReplicaSlot", "Stop"]
+__all__ = [
+    "Assign",
+    "CheckpointNow",
+    "InjectFault",
+    "InjectGpuError",
+    "RepairNode",
+    "ReplicaSlot",
+    "RunCommand",
+    "Stop",
+]
 
 
 class ReplicaSlot(BaseModel):
@@ -23,7 +32,20 @@ class ReplicaSlot(BaseModel):
     nproc: int = Field(ge=1, description="Worker processes in the replica.")
 
 
-class Assign(Envelope):
+class RunCommand(Envelope):
+    """A command to the agent of one run of a job: a job deleted and submitted again
+    under its name is a new run, whose agents ignore the commands of the old one."""
+
+    uid: str | None = Field(
+        default=None,
+        description="The run it is for: the job record's uid (`resurge status JOB --json` "
+        "shows it). An agent ignores a command of another run; none: any run's agent "
+        "takes it.",
+        examples=["5f0c2a9e8b7d4c6f9a1e3b2d4c6f8a0b"],
+    )
+
+
+class Assign(RunCommand):
     """Start (or restart) this replica's workers as generation ``generation``."""
 
     kind: Literal["assign"] = "assign"
@@ -83,7 +105,7 @@ class Assign(Envelope):
         return next((s for s in self.rank_table if s.replica == replica), None)
 
 
-class Stop(Envelope):
+class Stop(RunCommand):
     """Stop this replica's workers of generation ``generation`` (or older)."""
 
     kind: Literal["stop"] = "stop"
@@ -101,7 +123,7 @@ class Stop(Envelope):
     reason: str = Field(default="", description="Why, in words.")
 
 
-class CheckpointNow(Envelope):
+class CheckpointNow(RunCommand):
     """Ask this replica's workers of generation ``generation`` to save a checkpoint now.
 
     The agent passes it on to every worker connected through ``resurge.worker``
@@ -114,7 +136,7 @@ class CheckpointNow(Envelope):
     reason: str = Field(default="", description="Why, in words.", examples=["resize 2 -> 4"])
 
 
-class InjectFault(Envelope):
+class InjectFault(RunCommand):
     """Break a worker on purpose (``resurge inject``), for demos and tests."""
 
     kind: Literal["inject_fault"] = "inject_fault"
@@ -133,3 +155,11 @@ class InjectGpuError(Envelope):
     kind: Literal["inject_gpu_error"] = "inject_gpu_error"
     gpu: int = Field(ge=0, description="GPU index on the node.")
     xid: int = Field(ge=0, description="The XID code to raise.", examples=[79])
+
+
+class RepairNode(Envelope):
+    """The operator's word that a node was repaired (``resurge node uncordon``), on
+    ``cmd._.<node>``: its monitor makes its simulated GPUs healthy again; real (NVML)
+    GPUs are left as they are (the monitor's restart reads them afresh)."""
+
+    kind: Literal["repair_node"] = "repair_node"

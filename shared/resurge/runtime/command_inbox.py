@@ -17,7 +17,8 @@ server a delivery state each, and a stream refuses consumers beyond its
   one that could not be used, which the catch-up dead-letters).
 - Where it starts: after the last command an earlier inbox with the same
   ``position_key`` handled (its record in the ``agent_positions`` bucket: an agent
-  started again after a crash goes on where it stopped); with no record, at the newest
+  started again after a crash goes on where it stopped; the key names the job run, so a
+  new run's agent never takes an old run's record); with no record, at the newest
   command on the subject (older ones are superseded). The record is written
   :data:`SAVE_DELAY_SECONDS` after a command was handled (one write for a burst, off
   the path of the next command) and at :meth:`CommandInbox.close`; an agent killed in
@@ -103,10 +104,13 @@ class _Lost(Exception):
 Handler = Callable[[Any], Awaitable[None]]
 
 
-def position_key(node: str, job: str, replica: int, incarnation: int) -> str:
+def position_key(node: str, job: str, replica: int, incarnation: int, uid: str = "") -> str:
     """The ``agent_positions`` key of one agent: node first, so a node's user may be
-    allowed its own keys only (``<node>.>``)."""
-    return f"{escape_token(node)}.{escape_token(job)}.{replica}.{incarnation}"
+    allowed its own keys only (``<node>.>``); ``uid``, the job run's, last, so the first
+    agent of a new run of a job by the same name does not go on where the old run's
+    agent stopped (both are incarnation 0)."""
+    key = f"{escape_token(node)}.{escape_token(job)}.{replica}.{incarnation}"
+    return f"{key}.{escape_token(uid)}" if uid else key
 
 
 class CommandInbox:
