@@ -72,6 +72,8 @@ def bench_job(
         recovery = recovery.model_copy(
             update={
                 "max_restarts": kills + 1,
+                # A single rung is the top one, whose per-window limit is 3 unless set.
+                "max_restarts_per_level": {level: kills + 1},
                 "levels": [level],
                 "backoff": BackoffSpec(initial_seconds=0.0, max_seconds=0.0),
             }
