@@ -5,8 +5,10 @@ A spawner starts ``argv`` with exactly the environment ``env`` (the caller merge
 the agent reads as :class:`asyncio.StreamReader` (lines up to :data:`READ_LIMIT`). The
 child leads its own session and process group, so ``os.killpg(pid, sig)`` reaches it
 and everything it forked, and it is SIGKILLed when the agent dies, however the agent
-dies (:mod:`resurge_node_agent.parent_death`). ``wait()`` gives asyncio's return
-code: the exit status, or the negative signal number when a signal ended the process.
+dies (:mod:`resurge_node_agent.parent_death`). ``wait()`` returns once the process
+itself has exited, even while a child it forked still holds its stdout or stderr open
+(a DataLoader worker does), with asyncio's return code: the exit status, or the
+negative signal number when a signal ended the process.
 
 ``close()`` ends what the spawner still runs: a process that has not exited gets SIGKILL
 on its process group and is waited for. Stop workers gracefully before closing.
@@ -30,6 +32,9 @@ __all__ = ["READ_LIMIT", "PlainSpawner", "SpawnedProcess", "Spawner"]
 
 # Longest output line a StreamReader returns from readline().
 READ_LIMIT = 1 << 20
+# How often a process known to have exited is checked for its return code: asyncio's
+# child watcher reaps it within a loop turn or two.
+_REAP_POLL_SECONDS = 0.001
 
 
 class SpawnedProcess(Protocol):
@@ -52,7 +57,7 @@ class SpawnedProcess(Protocol):
         """The return code once it has exited, else None."""
 
     async def wait(self) -> int:
-        """Wait for it to exit and return its return code."""
+        """Wait for it to exit (not for its pipes to close) and return its return code."""
 
 
 class Spawner(Protocol):
@@ -93,7 +98,27 @@ class PlainProcess:
         return self._process.returncode
 
     async def wait(self) -> int:
-        return await self._process.wait()
+        # asyncio's own wait() also waits for the pipes to close, which a child the
+        # worker forked may put off for good: watch the process itself (a pidfd).
+        process = self._process
+        if process.returncode is not None:
+            return process.returncode
+        try:
+            pidfd = os.pidfd_open(process.pid)
+        except OSError:  # already reaped (its return code is on its way), or no pidfds
+            return await process.wait()
+        loop = asyncio.get_running_loop()
+        exited = loop.create_future()
+        loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+        try:
+            await exited
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+        # asyncio's child watcher reaps it and hands the return code to the loop.
+        while process.returncode is None:  # noqa: ASYNC110 (no event says it was reaped)
+            await asyncio.sleep(_REAP_POLL_SECONDS)
+        return process.returncode
 
 
 class PlainSpawner:

@@ -4,8 +4,13 @@ A :class:`WorkerProcesses` starts ``nproc`` processes through a spawner (a pre-w
 server or plain subprocesses), each in its own process session (so a
 stop reaches any children they forked), echoes every output line to the agent's own
 stdout/stderr with a ``[rank]:`` prefix as torchrun does, and reports through the
-callbacks it is given: one call per line, one per start, one per exit (after the
-process's output is fully read, so a crash's last words arrive before its exit).
+callbacks it is given: one call per line, one per start, one per exit. An exit is
+reported when the process exits, not when its pipes close (a child it forked, such as a
+DataLoader worker, may hold them open for good): its output is then read for at most
+:data:`DRAIN_SECONDS` more, so a crash's last words arrive before its exit, and the exit
+carries its last :data:`LAST_OUTPUT_LINES` lines (stdout and stderr, oldest first, each
+cut to :data:`LAST_OUTPUT_CHARS`). Output that comes later, from such a child, is still
+read and reported; a stop also kills what is left of an exited worker's process group.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import contextlib
 import os
 import signal
 import sys
+from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -30,6 +36,12 @@ AGENT_ONLY_ENV = frozenset(
 )
 
 MAX_LINE_CHARS = 4096
+# An exited worker's output still in its pipes is read for at most this long before
+# its exit is reported: what it wrote is already there, only a child's end can be late.
+DRAIN_SECONDS = 0.1
+# The last lines an exit carries, and how much of each (the cause of a failure).
+LAST_OUTPUT_LINES = 20
+LAST_OUTPUT_CHARS = 1000
 
 Stream = Literal["stdout", "stderr"]
 
@@ -43,6 +55,7 @@ class WorkerExit:
     exit_code: int | None
     signal: str | None
     expected: bool
+    last_output: tuple[str, ...] = ()
 
 
 def _is_stopped(proc: SpawnedProcess) -> bool:
@@ -75,6 +88,9 @@ class WorkerProcesses:
         self._spawner = spawner
         self._procs: dict[int, SpawnedProcess] = {}
         self._watchers: list[asyncio.Task[None]] = []
+        self._last: dict[int, deque[str]] = {}
+        # Output pumps still reading after their worker exited (a child holds its pipes).
+        self._leftovers: dict[int, asyncio.Future[list[None]]] = {}
         self._stopping = False
 
     @property
@@ -91,7 +107,12 @@ class WorkerProcesses:
         """Report ``line`` as if worker ``local_rank`` had printed it (fault injection),
         and write it to the worker's output as its own lines are (the agent's log)."""
         self._echo(local_rank, stream, line)
+        self._remember(local_rank, line)
         await self._on_line(local_rank, stream, line[:MAX_LINE_CHARS])
+
+    def _remember(self, local_rank: int, line: str) -> None:
+        last = self._last.setdefault(local_rank, deque(maxlen=LAST_OUTPUT_LINES))
+        last.append(line[:LAST_OUTPUT_CHARS])
 
     def _echo(self, local_rank: int, stream: Stream, line: str) -> None:
         echo = sys.stdout if stream == "stdout" else sys.stderr
@@ -136,6 +157,7 @@ class WorkerProcesses:
             killed = set(self._procs)
         self._signal(killed, signal.SIGKILL)
         self._signal(set(self._procs) - killed, signal.SIGTERM)
+        self._kill_leftovers()
         if not self._watchers:
             return
         # asyncio.wait, not wait_for: a timeout must not cancel the watchers, which
@@ -167,17 +189,33 @@ class WorkerProcesses:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signum)
 
+    def _kill_leftovers(self) -> None:
+        """SIGKILL the process group of each exited worker whose pipes are still open: a
+        child it forked is left (its pid names the group while any member lives)."""
+        for local_rank, pumps in self._leftovers.items():
+            if not pumps.done():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self._procs[local_rank].pid, signal.SIGKILL)
+
     async def _watch(self, local_rank: int, proc: SpawnedProcess) -> None:
-        await asyncio.gather(
+        pumps = asyncio.gather(
             self._pump(local_rank, "stdout", proc.stdout),
             self._pump(local_rank, "stderr", proc.stderr),
         )
         code = await proc.wait()
+        # asyncio.wait, not wait_for: pumps still reading go on (a child's output).
+        await asyncio.wait([pumps], timeout=DRAIN_SECONDS)
+        if not pumps.done():
+            self._leftovers[local_rank] = pumps
+            if self._stopping:
+                self._kill_leftovers()
         expected = self._stopping
+        last = tuple(self._last.get(local_rank, ()))
         if code < 0:
-            exit_ = WorkerExit(local_rank, proc.pid, None, signal.Signals(-code).name, expected)
+            name = signal.Signals(-code).name
+            exit_ = WorkerExit(local_rank, proc.pid, None, name, expected, last)
         else:
-            exit_ = WorkerExit(local_rank, proc.pid, code, None, expected)
+            exit_ = WorkerExit(local_rank, proc.pid, code, None, expected, last)
         await self._on_exit(exit_)
 
     async def _pump(self, local_rank: int, name: Stream, reader: asyncio.StreamReader) -> None:
@@ -190,4 +228,5 @@ class WorkerProcesses:
                 return
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
             self._echo(local_rank, name, line)
+            self._remember(local_rank, line)
             await self._on_line(local_rank, name, line[:MAX_LINE_CHARS])
