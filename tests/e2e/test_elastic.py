@@ -1,6 +1,8 @@
 """Elastic jobs on the local cluster: real DDP training (examples/ddp, gloo on CPU) grows
 into free GPUs, shrinks for a higher-priority job and grows back, and each resize
-resumes from a checkpoint taken for it.
+resumes from a checkpoint taken for it. A plain torch script (it never imports
+resurge) grows into two nodes added one after the other in one resize, and while a
+grow waits (the snooze after a restart) its status says why and until when.
 
 Everything is real: nats-server, the services and virtual nodes as processes, torch
 workers under ``resurge.worker.restartable`` (staying ranks re-enter in-process at the
@@ -10,17 +12,21 @@ new world size), DCP checkpoints, the ``resurge`` CLI.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from resurge.control.client import submit_job
+from resurge.control.records import JobRecord, JobStore
 from resurge.events import (
     Assign,
     FaultDetected,
     JobPhase,
     PhaseChanged,
+    ProcessStarted,
     Progress,
     RecoveryStarted,
     ScaleDecided,
@@ -35,6 +41,7 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = str(Path(__file__).parent / "workers" / "progress_worker.py")
+PLAIN = str(Path(__file__).parent / "workers" / "plain_ddp_worker.py")
 EVERY = 10
 
 
@@ -255,3 +262,116 @@ async def test_resurge_node_remove_shrinks_the_job_first_with_no_fault(
     assert "node-1" in shrink.why
     assert "node-1" not in {e.node for e in result.events(Assign) if e.generation == 1}
     assert all(0 <= lost <= EVERY for lost in steps_lost_at_resizes(result, job.name))
+
+
+def plain_elastic(name: str, **spec: object) -> TrainingJob:
+    """A plain torch script (it never imports resurge), one worker per replica, 1 to 4
+    replicas, with the default cool-down (60 s)."""
+    return python_job(
+        name, PLAIN, "--step-seconds", "0.1", nproc=1, preload=None,
+        replicas={"min": 1, "max": 4}, env={"OMP_NUM_THREADS": "1"}, **spec,
+    )  # fmt: skip
+
+
+def started_at(seen: list[Observed], job: str, world: int) -> bool:
+    """Every worker of a generation of ``job`` assigned at ``world`` ranks has started."""
+    generations = {
+        o.event.generation
+        for o in seen
+        if isinstance(o.event, Assign) and o.event.job == job and o.event.world_size == world
+    }
+    started = [
+        o for o in seen
+        if isinstance(o.event, ProcessStarted) and o.event.job == job
+        and o.event.generation in generations
+    ]  # fmt: skip
+    return len(started) >= world
+
+
+async def test_two_nodes_added_one_after_the_other_grow_a_plain_job_in_one_resize(
+    nats_url: str, namespace: str, tmp_path: Path
+) -> None:
+    job = plain_elastic("together")
+    added: list[str] = []
+
+    async def add_two_nodes(bus: Bus, watch: Watch) -> None:
+        await watch.wait_for(lambda seen: started_at(seen, job.name, 2), 120)
+        for _ in range(2):  # each `node add` returns once its node registered
+            added.append((await resurge_cli(tmp_path, "node", "add", "--gpus", "1")).strip())
+        await watch.wait_for(lambda seen: started_at(seen, job.name, 4), 120)
+
+    result = await run_job(
+        job, state_dir=tmp_path, nats_url=nats_url, namespace=namespace, nodes=2,
+        gpus_per_node=1, wait_seconds=240, during=add_two_nodes, end_with_during=True,
+    )  # fmt: skip
+
+    assert added == ["node-2", "node-3"]
+    [grow] = resizes(result, job.name)
+    assert (grow.resize, grow.from_replicas, grow.to_replicas) == ("grow", 2, 4), grow.why
+    assert world_sizes(result.observed, job.name) == [2, 4]
+    assert result.events(FaultDetected) == [] and result.events(RecoveryStarted) == []
+
+
+async def held_grow(bus: Bus, job: str) -> JobRecord:
+    """``job``'s record once it holds a grow back."""
+    store = JobStore(await bus.jobs_bucket())
+    watcher = await store.kv.watch(store.key(job))
+    try:
+        async for entry in watcher:
+            if entry is not None and entry.value:
+                record = JobRecord.model_validate_json(entry.value)
+                if record.held_grow is not None:
+                    return record
+    finally:
+        await watcher.stop()  # type: ignore[no-untyped-call]  # nats.py: untyped
+    raise AssertionError("the record watch ended")
+
+
+async def test_status_says_why_a_grow_waits_and_until_when(
+    nats_url: str, namespace: str, tmp_path: Path
+) -> None:
+    snooze = 45  # longer than a node takes to register, so the snooze is what holds it
+    job = plain_elastic("snoozer", elastic={"scaleUpSnoozeSeconds": snooze})
+    seen: dict[str, object] = {}
+
+    async def crash_then_add_a_node(bus: Bus, watch: Watch) -> None:
+        await watch.wait_for(lambda seen: started_at(seen, job.name, 2), 120)
+        await resurge_cli(tmp_path, "inject", "crash", "--job", job.name, "--rank", "1")
+        await watch.wait_for(lambda seen: any(isinstance(o.event, RecoveryStarted)
+                                              for o in seen))  # fmt: skip
+        seen["node"] = (await resurge_cli(tmp_path, "node", "add", "--gpus", "1")).strip()
+        seen["record"] = await asyncio.wait_for(held_grow(bus, job.name), 90)
+        seen["json"] = json.loads(await resurge_cli(tmp_path, "status", job.name, "--json"))
+        seen["described"] = await resurge_cli(tmp_path, "status", job.name)
+        await watch.wait_for(lambda seen: started_at(seen, job.name, 3), 120)
+        seen["after"] = json.loads(await resurge_cli(tmp_path, "status", job.name, "--json"))
+
+    result = await run_job(
+        job, state_dir=tmp_path, nats_url=nats_url, namespace=namespace, nodes=2,
+        gpus_per_node=1, wait_seconds=300, during=crash_then_add_a_node, end_with_during=True,
+    )  # fmt: skip
+
+    record = seen["record"]
+    assert isinstance(record, JobRecord) and record.held_grow is not None
+    restarted = record.history[-1].time
+    until = restarted + timedelta(seconds=snooze)
+    assert (record.held_grow.to_replicas, record.held_grow.why) == (
+        3, "the snooze after a restart",
+    )  # fmt: skip
+    assert abs(record.held_grow.until - until) < timedelta(milliseconds=1)  # via float seconds
+    status = seen["json"]
+    assert isinstance(status, dict)
+    assert status["phase"] == "Running"
+    assert status["heldGrow"] == {
+        "to": 3, "why": "the snooze after a restart",
+        "until": record.held_grow.until.isoformat(),
+    }  # fmt: skip
+    clock = record.held_grow.until.isoformat()[11:19]
+    assert f"Waiting: grow to 3 waits for the snooze after a restart until {clock}" in str(
+        seen["described"]
+    )
+    [grow] = resizes(result, job.name)
+    assert (grow.resize, grow.from_replicas, grow.to_replicas) == ("grow", 2, 3)
+    assert grow.time >= record.held_grow.until, "it grew once the snooze it named was over"
+    after = seen["after"]
+    assert isinstance(after, dict) and after["heldGrow"] is None

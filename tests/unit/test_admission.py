@@ -3,6 +3,7 @@ from datetime import UTC, datetime, timedelta
 from resurge.cluster import NodeInfo
 from resurge.control.admission import (
     admission_order,
+    cannot_hold,
     mark_replica_finished,
     new_record,
     place,
@@ -133,7 +134,8 @@ def test_a_waiting_job_says_which_nodes_are_cordoned_avoided_or_too_small() -> N
     why = why_waiting(job(replicas=2), cluster, {"n1": 1}, avoid=["n0"])
     assert why.startswith("waiting for capacity: needs 2 node(s) with 2 free slot(s)")
     assert "n0 avoided by this job" in why
-    assert "n1 has 1 of 2 slot(s) free" in why and "n2 unhealthy" in why
+    assert "n1 has 1 of 2 slot(s) free" in why
+    assert "n2 unhealthy (`resurge node uncordon n2` once it is repaired)" in why
     why = why_waiting(job(replicas=2), cluster, {})
     assert "n0 cordoned: gpu_xid_79 (xid:node-0:79) (`resurge node uncordon n0`)" in why
     assert "no node is reporting" in why_waiting(job(), [], {})
@@ -152,3 +154,40 @@ def test_the_wait_reason_keeps_what_a_requeue_said_and_changes_only_when_new() -
     )
     record.phase = JobPhase.RUNNING
     assert not wait_reason(record, "anything")
+
+
+def test_a_job_no_node_could_hold_says_what_it_needs_and_what_the_cluster_has() -> None:
+    two_per_node = job(replicas=1, nproc=2)
+    why = why_waiting(two_per_node, nodes(1, 1), {}, local=True)
+    assert why == (
+        "no node of this cluster can hold it: no node has 2 free-able slots for "
+        "nprocPerNode 2 (largest node: 1 GPU); add a node with `resurge node add --gpus 2`"
+    )
+    assert cannot_hold(two_per_node, nodes(1, 1)) == why.replace(
+        "`resurge node add --gpus 2`", "2 GPUs"
+    )
+    # Busy or cordoned nodes can be freed: only their size counts.
+    cluster = nodes(2, 1)
+    cluster[0].cordoned = True
+    assert cannot_hold(two_per_node, cluster) is None
+    assert cannot_hold(two_per_node, []) is None, "no node reports yet: nothing to judge"
+
+
+def test_a_job_the_nodes_together_could_not_hold_says_how_many_more_it_needs() -> None:
+    why = cannot_hold(job(replicas=3, nproc=2), nodes(2, 3, 1), local=True)
+    assert why == (
+        "no node of this cluster can hold it: it needs 3 replica(s) of nprocPerNode 2 "
+        "slots, and its 3 node(s) hold at most 2 (largest node: 3 GPUs); add 1 node(s) "
+        "with `resurge node add --gpus 2`"
+    )
+    assert cannot_hold(job(replicas=3, nproc=2), nodes(4, 2, 1)) is None
+
+
+def test_the_reason_no_node_could_hold_a_job_is_not_repeated_as_it_is_said_again() -> None:
+    record = new_record(job(replicas=1, nproc=2), None)
+    why = why_waiting(record.spec, nodes(1), {})
+    assert wait_reason(record, why)
+    assert not wait_reason(record, why)
+    assert record.message == why
+    assert wait_reason(record, "waiting for capacity: n1 has 0 of 2 slot(s) free")
+    assert record.message == "waiting for capacity: n1 has 0 of 2 slot(s) free"

@@ -10,6 +10,7 @@ from resurge.cluster import NodeInfo
 from resurge.control.elastic_decision import (
     ZONE_LABEL,
     Cluster,
+    GrowWait,
     JobShape,
     Kind,
     Node,
@@ -22,7 +23,7 @@ from resurge.control.elastic_decision import (
 from resurge.control.records import JobRecord, Placement, RestartEntry
 from resurge.events import JobPhase, RecoveryLevel
 from resurge.local import job_factory
-from resurge_scaler.shapes import lost_since, shapes_from
+from resurge_scaler.shapes import lost_since, ready_since, shapes_from
 
 NOW = 10_000.0
 
@@ -186,6 +187,66 @@ def test_snooze_blocks_growth_after_a_restart_but_not_shrinking() -> None:
     assert got["r"].kind is Kind.SHRINK
     pending = job("p", (1, 2), restarted_at=NOW - 10.0)
     assert by_job(decide(cluster(1, 1), [pending], NOW))["p"].to_replicas == 1  # min only
+
+
+def test_a_held_grow_says_to_what_size_what_holds_it_and_until_when() -> None:
+    running = job("r", (1, 2, 3), nodes=("n0",), restarted_at=NOW - 10.0, snooze=60.0)
+    result = plan(cluster(1, 1, 1), [running], NOW)
+    assert result.resizes == ()
+    assert result.held == {"r": GrowWait("r", 3, "the snooze after a restart", NOW + 50.0)}
+    # The latest of what holds it is the one it waits for.
+    cooling = replace(running, resized_at=NOW - 5.0, cooldown=60.0)
+    assert plan(cluster(1, 1, 1), [cooling], NOW).held["r"] == GrowWait(
+        "r", 3, "the cool-down after its last resize", NOW + 55.0
+    )
+    # Nothing to grow into: nothing held.
+    assert plan(cluster(1), [running], NOW).held == {}
+    assert plan(cluster(1, 1, 1), [running], NOW + 50.0).held == {}
+
+
+def arrived(*ready: float | None) -> Cluster:
+    """One node per entry, 1 slot each, schedulable since that time (None: always)."""
+    return Cluster(nodes=tuple(Node(f"n{i}", 1, ready_since=t) for i, t in enumerate(ready)))
+
+
+def test_capacity_arriving_together_is_grown_into_in_one_resize() -> None:
+    # Two nodes come up a second apart under a job of 2 replicas, 2 to 4.
+    shape = job("r", (2, 3, 4), nodes=("n0", "n1"), settle=5.0)
+    resizes = []
+    for second in range(70):
+        now = NOW + second
+        ready: list[float | None] = [None, None]
+        ready += [t for t in (NOW, NOW + 1.0) if t <= now]
+        result = plan(arrived(*ready), [shape], now)
+        if second < 6:
+            assert result.resizes == ()
+            until = NOW + (5.0 if second == 0 else 6.0)
+            assert result.held["r"] == GrowWait(
+                "r", 3 if second == 0 else 4, "capacity still arriving (a node came up)", until
+            )
+        for resize in result.resizes:
+            resizes.append((now, resize.from_replicas, resize.to_replicas))
+            shape = applied(shape, resize, now)
+    assert resizes == [(NOW + 6.0, 2, 4)]
+
+
+def test_a_job_admitted_onto_a_node_just_come_up_starts_as_large_as_fits() -> None:
+    pending = job("p", (1, 2))
+    got = by_job(decide(arrived(NOW, NOW), [pending], NOW))["p"]
+    assert (got.kind, got.to_replicas) == (Kind.ADMIT, 2)
+
+
+def test_nodes_count_as_come_up_from_when_the_scaler_first_saw_them_schedulable() -> None:
+    first = ready_since(None, [NodeInfo(name="a", slots=1)], NOW)
+    assert first == {"a": None}, "nodes there at the first look came up long ago"
+    nodes = [NodeInfo(name="a", slots=1), NodeInfo(name="b", slots=1), NodeInfo(name="c", slots=1)]
+    nodes[2].cordoned = True
+    later = ready_since(first, nodes, NOW + 1.0)
+    assert later == {"a": None, "b": NOW + 1.0}
+    nodes[2].cordoned = False
+    assert ready_since(later, nodes, NOW + 2.0) == {"a": None, "b": NOW + 1.0, "c": NOW + 2.0}
+    pool, _ = shapes_from([], nodes, NOW + 2.0, ready=later)
+    assert [n.ready_since for n in pool.nodes] == [None, NOW + 1.0, None]
 
 
 def test_lost_capacity_shrinks_only_after_the_faulty_timeout_then_grows_back() -> None:

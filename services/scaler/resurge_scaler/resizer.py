@@ -27,7 +27,14 @@ A resize that does not happen (a fault won, or the warm-up timed out) deletes th
 worker groups it created.
 
 Nodes being removed (``resurge node remove``) count as lost long ago, so the jobs on
-them shrink at once rather than after ``faultyScaleDownTimeoutSeconds``.
+them shrink at once rather than after ``faultyScaleDownTimeoutSeconds``. Nodes that
+became schedulable since the scaler's first look count from when it first saw them so,
+and a grow waits a few seconds past the newest (the decision's ``settle``), so nodes
+added together are grown into in one resize.
+
+A grow the decision holds back (cool-down, snooze, capacity still arriving) is written
+into the job's record (``held_grow``: to what size, why, until when), and cleared when
+it no longer waits, so ``resurge status`` says why a job does not grow yet.
 """
 
 from __future__ import annotations
@@ -40,16 +47,16 @@ from datetime import UTC, datetime
 from functools import partial
 
 from resurge.cluster import ClusterBackend, NodeInfo
-from resurge.control.elastic_decision import Kind, Resize, plan
+from resurge.control.elastic_decision import GrowWait, Kind, Resize, plan
 from resurge.control.job_messages import send_checkpoint_requests
 from resurge.control.nodes import is_being_removed
-from resurge.control.records import JobRecord, JobStore, Placement
+from resurge.control.records import HeldGrow, JobRecord, JobStore, Placement
 from resurge.control.worker_groups import worker_group
 from resurge.events import AgentState, AgentStateChanged, Event, ScaleDecided
 from resurge.runtime.service import ServiceContext
 from resurge_scaler.metrics import ScalerMetrics
 from resurge_scaler.resize_plan import apply_resize, removed_nodes
-from resurge_scaler.shapes import lost_since, shapes_from
+from resurge_scaler.shapes import lost_since, ready_since, shapes_from
 
 __all__ = ["Resizer"]
 
@@ -73,6 +80,7 @@ class Resizer:
         self.store = store
         self.backend = backend
         self.lost: dict[str, float] = {}
+        self.ready: dict[str, float | None] | None = None
         self.in_flight: set[str] = set()
         self._deciding = asyncio.Lock()
 
@@ -86,16 +94,23 @@ class Resizer:
             nodes = await self.backend.live_nodes()
             now = time.time()
             self.lost = lost_since(self.lost, records, nodes, now)
+            self.ready = ready_since(self.ready, nodes, now)
             for node in nodes:
                 if is_being_removed(node) and node.name in self.lost:
                     self.lost[node.name] = now - _LONG_AGO
             resized = {
                 r.name: r.last_resize.time.timestamp() for r in records if r.last_resize is not None
             }
-            cluster, shapes = shapes_from(records, nodes, now, resized_at=resized, lost=self.lost)
+            cluster, shapes = shapes_from(
+                records, nodes, now, resized_at=resized, lost=self.lost, ready=self.ready
+            )
             shapes = [replace(s, busy=True) if s.name in self.in_flight else s for s in shapes]
             decided = plan(cluster, shapes, now)
             by_name = {r.name: r for r in records}
+            for record in records:
+                held = _held(decided.held.get(record.name))
+                if record.held_grow != held:
+                    await self.store.mutate(record.name, partial(_note_held, held=held))
             for resize in decided.resizes:
                 if resize.kind not in _CARRIED_OUT:
                     continue  # admissions: the admission pass places them
@@ -241,6 +256,21 @@ class Resizer:
             with contextlib.suppress(Exception):
                 await watcher.stop()  # type: ignore[no-untyped-call]  # nats.py: untyped
         return True
+
+
+def _held(wait: GrowWait | None) -> HeldGrow | None:
+    if wait is None:
+        return None
+    until = datetime.fromtimestamp(wait.until, UTC)
+    return HeldGrow(to_replicas=wait.to_replicas, why=wait.why, until=until)
+
+
+def _note_held(record: JobRecord, held: HeldGrow | None) -> bool:
+    """Write the grow held back for ``record`` (None: none waits)."""
+    if record.held_grow == held or record.phase.finished:
+        return False
+    record.held_grow = held
+    return True
 
 
 def _added(preview: JobRecord) -> list[Placement]:

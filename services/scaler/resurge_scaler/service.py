@@ -118,12 +118,15 @@ class Scaler:
                     for node in held.spare_nodes:
                         used[node] = used.get(node, 0) + held.spec.spec.nproc_per_node
             now = datetime.now(UTC)
+            local = self.ctx.settings.cluster == "local"
             for record in pending:
                 snapshot = dict(used)
                 need = needed_replicas(record, now)
                 fit = place(record.spec, nodes, used, record.avoid_nodes, need)
                 if fit is None:
-                    why = why_waiting(record.spec, nodes, snapshot, record.avoid_nodes, need)
+                    why = why_waiting(
+                        record.spec, nodes, snapshot, record.avoid_nodes, need, local=local
+                    )
                     await self.store.mutate(record.name, partial(wait_reason, reason=why))
                     continue
                 placements, spares = fit

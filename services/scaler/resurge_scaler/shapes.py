@@ -1,9 +1,10 @@
 """The input of :func:`resurge.control.elastic_decision.decide`, built from job records and nodes.
 
 Pure functions, no I/O: the scaler service reads the records and the live nodes, keeps
-two small maps of its own between decisions (when it last resized each job; when it
-first saw each node a job runs on gone or unschedulable, :func:`lost_since`), and calls
-:func:`shapes_from`. Times become seconds since the epoch (``datetime.timestamp``).
+three small maps of its own between decisions (when it last resized each job; when it
+first saw each node a job runs on gone or unschedulable, :func:`lost_since`; when it
+first saw each node schedulable, :func:`ready_since`), and calls :func:`shapes_from`.
+Times become seconds since the epoch (``datetime.timestamp``).
 
 Phases: a Pending record that has a checkpoint is Suspended (it resumes from it), one
 without is Pending; Running is Running; Recovering, Resizing, or Running with a recovery
@@ -20,22 +21,44 @@ from resurge.control.elastic_decision import ZONE_LABEL, Cluster, JobShape, Node
 from resurge.control.records import JobRecord
 from resurge.events import JobPhase
 
-__all__ = ["cluster_from", "lost_since", "shape_of", "shapes_from"]
+__all__ = ["cluster_from", "lost_since", "ready_since", "shape_of", "shapes_from"]
 
 _BUSY = (JobPhase.RECOVERING, JobPhase.RESIZING)
 
 
 def cluster_from(
-    nodes: Iterable[NodeInfo], topology_keys: tuple[str, ...] = (ZONE_LABEL,)
+    nodes: Iterable[NodeInfo],
+    topology_keys: tuple[str, ...] = (ZONE_LABEL,),
+    ready: Mapping[str, float | None] | None = None,
 ) -> Cluster:
-    """The :class:`Cluster` of ``nodes`` (pass the live ones: the rest count as gone)."""
+    """The :class:`Cluster` of ``nodes`` (pass the live ones: the rest count as gone);
+    ``ready`` maps a node to when it became schedulable (:func:`ready_since`)."""
+    since = ready or {}
     return Cluster(
         nodes=tuple(
-            Node(name=n.name, slots=n.slots, schedulable=n.schedulable, labels=dict(n.labels))
+            Node(
+                name=n.name,
+                slots=n.slots,
+                schedulable=n.schedulable,
+                labels=dict(n.labels),
+                ready_since=since.get(n.name),
+            )
             for n in nodes
         ),
         topology_keys=topology_keys,
     )
+
+
+def ready_since(
+    previous: Mapping[str, float | None] | None, nodes: Iterable[NodeInfo], now: float
+) -> dict[str, float | None]:
+    """When each schedulable node of ``nodes`` became so: ``previous``'s time where it
+    has the node, else ``now``; with no ``previous`` (the first look) every node counts
+    as schedulable for long (None). Nodes not schedulable now drop out."""
+    fine = [n.name for n in nodes if n.schedulable]
+    if previous is None:
+        return dict.fromkeys(fine)
+    return {name: previous.get(name, now) for name in fine}
 
 
 def lost_since(
@@ -95,11 +118,13 @@ def shapes_from(
     resized_at: Mapping[str, float] | None = None,
     lost: Mapping[str, float] | None = None,
     topology_keys: tuple[str, ...] = (ZONE_LABEL,),
+    ready: Mapping[str, float | None] | None = None,
 ) -> tuple[Cluster, list[JobShape]]:
     """The cluster and the shapes of the unfinished ``records``, ready for ``decide``.
 
     ``resized_at`` maps a job to when it was last resized; ``lost`` maps a node to when
-    it was first seen gone (:func:`lost_since`).
+    it was first seen gone (:func:`lost_since`); ``ready`` maps a node to when it was
+    first seen schedulable (:func:`ready_since`).
     """
     resized = resized_at or {}
     shapes = [
@@ -107,4 +132,4 @@ def shapes_from(
         for record in records
         if not record.phase.finished
     ]
-    return cluster_from(nodes, topology_keys), shapes
+    return cluster_from(nodes, topology_keys, ready), shapes

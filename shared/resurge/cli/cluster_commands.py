@@ -11,6 +11,7 @@ from resurge.cli.events import show_events
 from resurge.cli.report import write_report
 from resurge.cli.status import show_status
 from resurge.cluster import open_backend
+from resurge.control.admission import cannot_hold
 from resurge.control.client import (
     SubmitRefused,
     connected,
@@ -20,7 +21,7 @@ from resurge.control.client import (
     submit_job,
 )
 from resurge.control.nodes import node_views, set_cordon
-from resurge.jobspec import JobSpecError, load_job
+from resurge.jobspec import JobSpecError, TrainingJob, load_job
 from resurge.local.membership import MembershipError, add_node, remove_node
 from resurge.local.state import resolve_state_dir
 from resurge.runtime.bus import Bus
@@ -125,13 +126,34 @@ async def _submit(file: Path, settings: Settings, *, local: bool) -> int:
         except SubmitRefused as error:
             print(f"resurge submit: {error}", file=sys.stderr)
             return 1
+        never = await _cannot_hold(bus, job) if outcome == "created" else None
     print(f"trainingjob {job.name} {'submitted' if outcome == 'created' else outcome}")
+    if never is not None:
+        print(f"resurge submit: warning: {job.name} stays Pending: {never}", file=sys.stderr)
     return 0
+
+
+async def _cannot_hold(bus: Bus, job: TrainingJob) -> str | None:
+    """Why no node of the cluster could hold ``job`` (:func:`cannot_hold`), or None; also
+    None when the nodes cannot be read: the job is submitted all the same."""
+    try:
+        nodes = await (await open_backend(bus, bus.settings)).live_nodes()
+    except Exception:  # a warning only: the status of the job says it too
+        return None
+    return cannot_hold(job, nodes, local=bus.settings.cluster == "local")
 
 
 async def _inject(bus: Bus, args: argparse.Namespace) -> int:
     try:
-        if args.fault == "xid":
+        if args.fault == "node-down":
+            cut = await power_off(resolve_state_dir(args.state_dir), args.node)
+            done = (
+                f"node {args.node} lost its power: its monitor, agents and workers were killed "
+                f"and stay down until `resurge node up {args.node}`"
+                if cut
+                else f"node {args.node} is down already (`resurge node up {args.node}`)"
+            )
+        elif args.fault == "xid":
             what = await inject_xid(bus, args.node, args.gpu, args.code)
             done = f"injected XID {args.code} into GPU {args.gpu} of node {args.node} ({what})"
         else:

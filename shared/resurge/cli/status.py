@@ -114,7 +114,7 @@ def jobs_table(views: list[dict[str, Any]]) -> Group | Text:
 
 def _last_words(view: dict[str, Any]) -> str:
     fault, recovery = view.get("lastFault"), view.get("lastRecovery")
-    said = []
+    said = [why for why in (_waiting_words(view),) if why]
     if isinstance(fault, dict):
         said.append(f"fault {fault['reason']} {str(fault['time'])[11:19]}")
     if isinstance(recovery, dict):
@@ -141,14 +141,25 @@ def describe(view: dict[str, Any]) -> Group:
     ):
         fields.add_row(f"{name}:", str(value))
     lines.append(fields)
-    if view["phase"] == "Pending":
-        lines.append(Text(f"Waiting: {view.get('message') or 'for room on the nodes'}"))
+    waiting = _waiting_words(view)
+    if waiting:
+        lines.append(Text(f"Waiting: {waiting}"))
     lines.append(_section("Faults", [_fault_words(f) for f in view.get("recentFaults", [])]))
     lines.append(
         _section("Recoveries", [_recovery_words(r) for r in view.get("recentRecoveries", [])])
     )
     lines.append(_section("Alerts", [_fault_words(a) for a in view.get("alerts", [])]))
     return Group(*lines)
+
+
+def _waiting_words(view: dict[str, Any]) -> str:
+    """Why a Pending job waits, or why a grow waits and until when; else nothing."""
+    if view["phase"] == "Pending":
+        return str(view.get("message") or "for room on the nodes")
+    held = view.get("heldGrow")
+    if isinstance(held, dict):
+        return f"grow to {held['to']} waits for {held['why']} until {str(held['until'])[11:19]}"
+    return ""
 
 
 def _section(title: str, items: list[str]) -> Text:

@@ -12,6 +12,12 @@ that fits it, so replicas spread. An elastic job starts with as many replicas pa
 ``min`` as fit, up to the largest allowed size (so it does not resize at once). A
 running job's spares count as taken. A job whose name was used by a finished job
 starts one generation past it, so stale events of the old run stay stale.
+
+A job that no node of the cluster could hold even with every job gone
+(:func:`cannot_hold`: no node has ``nprocPerNode`` slots, or all of them together hold
+fewer than ``min`` replicas) is still accepted, since nodes can be added; its wait
+reason and the CLI's warning at submit say so, naming what it needs and what the
+cluster has.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from resurge.events import JobPhase
 from resurge.jobspec import TrainingJob
 
 __all__ = [
+    "UNHOLDABLE",
     "admission_order",
+    "cannot_hold",
     "mark_replica_finished",
     "needed_replicas",
     "new_record",
@@ -140,14 +148,54 @@ def _extra(
     ]
 
 
+UNHOLDABLE = "no node of this cluster can hold it"
+"""How a wait reason from :func:`cannot_hold` begins."""
+
+
+def _gpus(count: int) -> str:
+    return f"{count} GPU" if count == 1 else f"{count} GPUs"
+
+
+def cannot_hold(job: TrainingJob, nodes: list[NodeInfo], *, local: bool = False) -> str | None:
+    """Why no node of ``nodes`` could hold ``job`` even with every other job gone (each
+    node's slots in all count, cordoned or not: those can be freed), or None when they
+    could, or when no node reports at all. ``local``: the hint names ``resurge node add``."""
+    if not nodes:
+        return None
+    nproc = job.spec.nproc_per_node
+    need = job.spec.replicas.min
+    holds = sum(node.slots // nproc for node in nodes)
+    if holds >= need:
+        return None
+    largest = max(node.slots for node in nodes)
+    wide = sum(1 for node in nodes if node.slots >= nproc)
+    add = f"`resurge node add --gpus {nproc}`" if local else _gpus(nproc)
+    if not wide:
+        return (
+            f"{UNHOLDABLE}: no node has {nproc} free-able slots for nprocPerNode {nproc} "
+            f"(largest node: {_gpus(largest)}); add a node with {add}"
+        )
+    return (
+        f"{UNHOLDABLE}: it needs {need} replica(s) of nprocPerNode {nproc} slots, and its "
+        f"{len(nodes)} node(s) hold at most {holds} (largest node: {_gpus(largest)}); "
+        f"add {need - holds} node(s) with {add}"
+    )
+
+
 def why_waiting(
     job: TrainingJob,
     nodes: list[NodeInfo],
     used: dict[str, int],
     avoid: list[str] | tuple[str, ...] = (),
     at_least: int | None = None,
+    *,
+    local: bool = False,
 ) -> str:
-    """Why ``job`` does not fit now, node by node, in words (for a Pending job's status)."""
+    """Why ``job`` does not fit now, in words (for a Pending job's status): that no node
+    could ever hold it (:func:`cannot_hold`), or else node by node."""
+    never = cannot_hold(job, nodes, local=local)
+    if never is not None:
+        return never
     nproc = job.spec.nproc_per_node
     count = job.spec.replicas.min if at_least is None else at_least
     needs = f"needs {count} node(s) with {nproc} free slot(s)"
@@ -171,7 +219,9 @@ def why_waiting(
             why = f": {node.cordon_reason}" if node.cordon_reason else ""
             notes.append(f"{node.name} cordoned{why} (`resurge node uncordon {node.name}`)")
         elif not node.healthy:
-            notes.append(f"{node.name} unhealthy")
+            notes.append(
+                f"{node.name} unhealthy (`resurge node uncordon {node.name}` once it is repaired)"
+            )
         elif free < nproc:
             notes.append(f"{node.name} has {max(free, 0)} of {node.slots} slot(s) free")
     if not nodes:
@@ -184,7 +234,7 @@ def wait_reason(record: JobRecord, reason: str) -> bool:
     if record.phase is not JobPhase.PENDING:
         return False
     head = record.message.split(" | ")[0] if " | " in record.message else record.message
-    if head.startswith("waiting for capacity"):
+    if head.startswith(("waiting for capacity", UNHOLDABLE)):  # an earlier reason of ours
         head = ""
     message = f"{head} | {reason}" if head else reason
     if message == record.message:

@@ -44,10 +44,14 @@ replicas on lost nodes first, then the highest index first.
 
 Debounce: no resize of any kind within ``cooldown`` seconds of the job's last resize
 (``resized_at``); no grow (nor growth past ``min`` at admission) within ``snooze``
-seconds of its last restart (``restarted_at``); a loss-forced shrink also waits
-``faulty_timeout``. A job gets at most one :class:`Resize` per decision. Carrying out
-the resizes in the order returned (suspensions and shrinks first) never puts more on a
-node than it has.
+seconds of its last restart (``restarted_at``); no grow within ``settle`` seconds of
+the newest node that became schedulable (``Node.ready_since``), so that capacity
+arriving together (nodes added a second apart) is grown into together, in one resize
+to the size all of it allows; a loss-forced shrink also waits ``faulty_timeout``. A
+grow held back by one of these is in :attr:`Plan.held`: the size it would grow to, what
+holds it and until when (the latest of them). A job gets at most one :class:`Resize`
+per decision. Carrying out the resizes in the order returned (suspensions and shrinks
+first) never puts more on a node than it has.
 """
 
 from __future__ import annotations
@@ -61,8 +65,10 @@ from enum import StrEnum
 from resurge.control.free_slots import Group, Pool
 
 __all__ = [
+    "SETTLE_SECONDS",
     "ZONE_LABEL",
     "Cluster",
+    "GrowWait",
     "JobShape",
     "Kind",
     "Node",
@@ -76,6 +82,9 @@ __all__ = [
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 """The default topology label: replicas of a job prefer nodes in the zone of its others."""
+
+SETTLE_SECONDS = 10.0
+"""How long a grow waits after a node became schedulable, for more capacity arriving."""
 
 
 class Phase(StrEnum):
@@ -98,12 +107,14 @@ class Kind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """A node: its slots (GPUs) in all, whether new work may go there, its labels."""
+    """A node: its slots (GPUs) in all, whether new work may go there, its labels, and
+    when it last became schedulable (None: long before any decision)."""
 
     name: str
     slots: int
     schedulable: bool = True
     labels: Mapping[str, str] = field(default_factory=dict)
+    ready_since: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +163,7 @@ class JobShape:
     cooldown: float = 60.0
     snooze: float = 60.0
     faulty_timeout: float = 60.0
+    settle: float = SETTLE_SECONDS
 
     def __post_init__(self) -> None:
         if not self.sizes or list(self.sizes) != sorted(set(self.sizes)) or self.sizes[0] < 1:
@@ -195,12 +207,25 @@ class Resize:
 
 
 @dataclass(frozen=True, slots=True)
+class GrowWait:
+    """A grow that free slots allow and a debounce holds back: the size it would grow to
+    (if the slots are still free then), what holds it, in words, and until when."""
+
+    job: str
+    to_replicas: int
+    why: str
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
-    """A decision: the resizes, in the order to carry them out, and why each job that
-    gets nothing yet waits (job name to reason, in words)."""
+    """A decision: the resizes, in the order to carry them out, why each job that gets
+    nothing yet waits (job name to reason, in words), and the grows held back (job name
+    to :class:`GrowWait`)."""
 
     resizes: tuple[Resize, ...]
     waiting: Mapping[str, str]
+    held: Mapping[str, GrowWait] = field(default_factory=dict)
 
 
 def decide(cluster: Cluster, jobs: list[JobShape], now: float) -> list[Resize]:
@@ -222,7 +247,7 @@ def plan(cluster: Cluster, jobs: list[JobShape], now: float) -> Plan:
         ((_KIND_ORDER[r.kind], rank, r) for rank, (_, r) in enumerate(found) if r is not None),
         key=lambda item: (item[0], item[1]),
     )
-    return Plan(resizes=tuple(r for _, _, r in ordered), waiting=state.waiting)
+    return Plan(resizes=tuple(r for _, _, r in ordered), waiting=state.waiting, held=state.held)
 
 
 def applied(job: JobShape, resize: Resize, now: float) -> JobShape:
@@ -284,11 +309,6 @@ class _Work:
         at = self.shape.resized_at
         return 0.0 if at is None else max(at + self.shape.cooldown - now, 0.0)
 
-    def snoozing(self, now: float) -> bool:
-        """Whether its last restart was too recent to grow."""
-        at = self.shape.restarted_at
-        return at is not None and now - at < self.shape.snooze
-
 
 @dataclass(slots=True, eq=False)
 class _State:
@@ -298,7 +318,10 @@ class _State:
     works: list[_Work]
     ranks: list[int]
     """Minus each work's priority, in the order of ``works`` (ascending)."""
+    arrived: float | None
+    """When the newest schedulable node became schedulable, if known."""
     waiting: dict[str, str] = field(default_factory=dict)
+    held: dict[str, GrowWait] = field(default_factory=dict)
 
     @staticmethod
     def build(cluster: Cluster, jobs: list[JobShape], now: float) -> _State:
@@ -309,7 +332,11 @@ class _State:
         shapes = sorted(jobs, key=lambda j: (-j.priority, j.submitted, j.name))
         works = [_work(shape, lost, now) for shape in shapes]
         ranks = [-w.shape.priority for w in works]
-        return _State(now=now, pool=pool, groups=groups, works=works, ranks=ranks)
+        arrived = max(
+            (n.ready_since for n in cluster.nodes if n.schedulable and n.ready_since is not None),
+            default=None,
+        )
+        return _State(now=now, pool=pool, groups=groups, works=works, ranks=ranks, arrived=arrived)
 
 
 class _Groups:
@@ -577,13 +604,28 @@ def _may_grow(state: _State, work: _Work) -> bool:
         return False
     if work.lost_since:  # waiting for its lost node, or just shrunk without it
         return False
-    if not work.admitted and work.cooling(state.now) > 0:
-        return False
-    return not work.snoozing(state.now) and state.pool.total >= shape.nproc
+    return state.pool.total >= shape.nproc
+
+
+def _hold(state: _State, work: _Work) -> tuple[str, float] | None:
+    """What holds a grow of ``work`` back and until when (the latest to end), or None.
+    A job just admitted keeps only the snooze: the rest is about resizing a running job."""
+    shape = work.shape
+    holds = []
+    if shape.restarted_at is not None:
+        holds.append(("the snooze after a restart", shape.restarted_at + shape.snooze))
+    if not work.admitted:
+        if shape.resized_at is not None:
+            holds.append(("the cool-down after its last resize", shape.resized_at + shape.cooldown))
+        if state.arrived is not None:
+            holds.append(("capacity still arriving (a node came up)", state.arrived + shape.settle))
+    held = [hold for hold in holds if hold[1] > state.now]
+    return max(held, key=lambda hold: hold[1]) if held else None
 
 
 def _grow(state: _State, work: _Work) -> None:
-    """Pass 3: the largest allowed size up to ``max`` whose new replicas fit."""
+    """Pass 3: the largest allowed size up to ``max`` whose new replicas fit, unless a
+    debounce holds it back (then :attr:`_State.held` says to what size and until when)."""
     if not _may_grow(state, work):
         return
     shape = work.shape
@@ -595,6 +637,13 @@ def _grow(state: _State, work: _Work) -> None:
     placed = state.pool.place(shape.nproc, shape.max - work.size, prefer, shape.avoid)
     target = _at_most(shape.sizes, work.size + len(placed))
     keep = 0 if target is None else max(target - work.size, 0)
+    hold = _hold(state, work)
+    if hold is not None:
+        state.pool.give_all(placed, shape.nproc)
+        if keep:
+            why, until = hold
+            state.held[shape.name] = GrowWait(shape.name, work.size + keep, why, until)
+        return
     state.pool.give_all(placed[keep:], shape.nproc)
     if keep:
         work.added.extend(placed[:keep])

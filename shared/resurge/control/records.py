@@ -29,6 +29,7 @@ from resurge.runtime.kv_keys import bucket_keys
 
 __all__ = [
     "CheckpointRef",
+    "HeldGrow",
     "JobRecord",
     "JobStore",
     "LastFault",
@@ -134,6 +135,17 @@ class LastRecovery(BaseModel):
     seconds: float = Field(ge=0, description="From the fault's detection to the sign of life.")
 
 
+class HeldGrow(BaseModel):
+    """A grow the scaler holds back: to how many replicas, what holds it (the cool-down
+    after a resize, the snooze after a restart, capacity still arriving), until when."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    to_replicas: int = Field(ge=1)
+    why: str
+    until: datetime
+
+
 class LastResize(BaseModel):
     """The newest resize: when it was decided, from and to how many replicas, and why."""
 
@@ -225,6 +237,9 @@ class JobRecord(BaseModel):
     last_recovery_seconds: float | None = None
     last_recovery: LastRecovery | None = None
     last_resize: LastResize | None = None
+    held_grow: HeldGrow | None = Field(
+        default=None, description="A grow free slots allow that a debounce holds back."
+    )
     target_replicas: int | None = Field(
         default=None, description="Replicas the scaler means the job to run with now."
     )
@@ -438,6 +453,13 @@ def status_view(record: JobRecord) -> dict[str, object]:
             "why": record.last_resize.why,
             "time": record.last_resize.time.isoformat(),
             "seconds": record.last_resize.seconds,
+        },
+        "heldGrow": None
+        if record.held_grow is None
+        else {
+            "to": record.held_grow.to_replicas,
+            "why": record.held_grow.why,
+            "until": record.held_grow.until.isoformat(),
         },
         "avoidNodes": record.avoid_nodes,
         "spareNodes": record.spare_nodes,

@@ -1,0 +1,126 @@
+"""A job no node of the cluster can hold: ``resurge submit`` accepts it with a warning
+naming ``nprocPerNode`` and the largest node, and the scaler keeps it Pending with a
+status message that says what it needs and what the cluster has, until nodes that can
+hold it come. Real nats-server, the real scaler service, the real ``resurge`` CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from nats.aio.msg import Msg
+
+from resurge.cluster import ClusterBackend, NodeInfo, open_backend
+from resurge.cluster.local_keys import JOB_STATUS_BUCKET
+from resurge.control.records import JobStore
+from resurge.events import CapacityChanged, JobPhase
+from resurge.local.job_factory import EXAMPLE
+from resurge.runtime.bus import Bus
+from resurge.runtime.settings import Settings
+
+JOB = "ddp-example"  # examples/ddp/job.yaml: 2 replicas of nprocPerNode 2
+
+
+def environment(settings: Settings) -> dict[str, str]:
+    return {
+        **os.environ,
+        "RESURGE_NATS_URL": settings.nats_url,
+        "RESURGE_NAMESPACE": settings.namespace,
+    }
+
+
+@pytest.fixture
+def scaler(settings: Settings) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "resurge_scaler"],
+        env=environment(settings),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    yield proc
+    proc.terminate()
+    proc.wait(timeout=20)
+
+
+async def add_node(bus: Bus, backend: ClusterBackend, name: str, slots: int) -> None:
+    """Report a node as its monitor does, and say its capacity changed."""
+    await backend.report_node(NodeInfo(name=name, slots=slots))
+    event = CapacityChanged(
+        source=bus.source, node=name, slots_total=slots, slots_free=slots, healthy=True
+    )
+    await bus.publish(bus.subjects.capacity(name), event)
+
+
+async def status_when(
+    bus: Bus, backend: ClusterBackend, test: Callable[[dict[str, object]], bool]
+) -> dict[str, object]:
+    """The job's written status once ``test`` holds for it (read again at each write)."""
+    writes: asyncio.Queue[None] = asyncio.Queue()
+
+    async def wrote(_msg: Msg) -> None:
+        writes.put_nowait(None)
+
+    bucket = bus.subjects.kv_bucket(JOB_STATUS_BUCKET)
+    subscription = await bus.nc.subscribe(f"$KV.{bucket}.>", cb=wrote)
+    try:
+        async with asyncio.timeout(30):
+            while True:
+                status = await backend.read_job_status(JOB)
+                if status is not None and test(status):
+                    return status
+                await writes.get()
+    finally:
+        await subscription.unsubscribe()
+
+
+async def test_a_job_no_node_can_hold_is_accepted_with_a_warning_and_says_why_it_waits(
+    bus: Bus, settings: Settings, scaler: subprocess.Popen[bytes]
+) -> None:
+    backend = await open_backend(bus, settings)
+    await add_node(bus, backend, "n0", 1)
+    await add_node(bus, backend, "n1", 1)
+
+    submitted = await asyncio.to_thread(
+        subprocess.run,
+        [str(Path(sys.executable).parent / "resurge"), "submit", str(EXAMPLE)],
+        env=environment(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    assert submitted.stdout.strip() == f"trainingjob {JOB} submitted"
+    assert submitted.stderr.strip() == (
+        f"resurge submit: warning: {JOB} stays Pending: no node of this cluster can hold it: "
+        "no node has 2 free-able slots for nprocPerNode 2 (largest node: 1 GPU); add a node "
+        "with `resurge node add --gpus 2`"
+    )
+
+    never = "no node of this cluster can hold it: no node has 2 free-able slots"
+    pending = await status_when(bus, backend, lambda s: str(s["message"]).startswith(never))
+    assert pending["phase"] == "Pending"
+    assert pending["message"] == (
+        f"{never} for nprocPerNode 2 (largest node: 1 GPU); add a node with "
+        "`resurge node add --gpus 2`"
+    )
+
+    await add_node(bus, backend, "n2", 2)
+    fewer = await status_when(bus, backend, lambda s: "hold at most 1" in str(s["message"]))
+    assert fewer["phase"] == "Pending"
+    assert fewer["message"] == (
+        "no node of this cluster can hold it: it needs 2 replica(s) of nprocPerNode 2 slots, "
+        "and its 3 node(s) hold at most 1 (largest node: 2 GPUs); add 1 node(s) with "
+        "`resurge node add --gpus 2`"
+    )
+
+    await add_node(bus, backend, "n3", 2)
+    running = await status_when(bus, backend, lambda s: s["phase"] == JobPhase.RUNNING.value)
+    found = await JobStore(await bus.jobs_bucket()).get(JOB)
+    assert found is not None
+    assert sorted(p.node for p in found[0].placements) == ["n2", "n3"]
+    assert running["replicas"] == {"current": 2, "target": 2}
