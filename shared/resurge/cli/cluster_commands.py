@@ -145,15 +145,7 @@ async def _cannot_hold(bus: Bus, job: TrainingJob) -> str | None:
 
 async def _inject(bus: Bus, args: argparse.Namespace) -> int:
     try:
-        if args.fault == "node-down":
-            cut = await power_off(resolve_state_dir(args.state_dir), args.node)
-            done = (
-                f"node {args.node} lost its power: its monitor, agents and workers were killed "
-                f"and stay down until `resurge node up {args.node}`"
-                if cut
-                else f"node {args.node} is down already (`resurge node up {args.node}`)"
-            )
-        elif args.fault == "xid":
+        if args.fault == "xid":
             what = await inject_xid(bus, args.node, args.gpu, args.code)
             done = f"injected XID {args.code} into GPU {args.gpu} of node {args.node} ({what})"
         else:
