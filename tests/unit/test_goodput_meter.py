@@ -19,6 +19,7 @@ from resurge.events import (
     Progress,
     RecoveryFinished,
     RecoveryLevel,
+    RecoveryStarted,
     Source,
 )
 
@@ -165,3 +166,55 @@ def test_the_meter_agrees_with_the_report_timeline_on_one_story() -> None:
     assert lost == pytest.approx(summary["lost_seconds"])
     assert lost["redone_steps"] > 0 and lost["detection"] > 0
     assert meter.jobs[job].goodput(events[-1].time) == pytest.approx(summary["goodput"], abs=1e-3)
+
+
+def crash_loop(job: str) -> list[Event]:
+    """Generations that start and die within a second, never a step nor a rendezvous,
+    until the job fails: a crash loop."""
+    events: list[Event] = [
+        PhaseChanged(source=SOURCE, job=job, phase=JobPhase.PENDING, time=at(0)),
+        PhaseChanged(source=SOURCE, job=job, phase=JobPhase.RUNNING, time=at(0.5)),
+    ]
+    for generation, died in enumerate([1.0, 3.0, 7.0, 15.0]):
+        fault_id = f"crash:g{generation}"
+        events += [
+            FaultDetected(
+                source=SOURCE, job=job, rank=1, generation=generation, fault_id=fault_id,
+                scope=FaultScope.PROCESS, reason="process_crash", time=at(died),
+            ),
+            RecoveryStarted(
+                source=SOURCE, job=job, fault_id=fault_id, level=RecoveryLevel.PROCESS,
+                reason="process_crash", from_generation=generation, to_generation=generation + 1,
+                time=at(died + 0.01),
+            ),
+        ]  # fmt: skip
+    events.append(PhaseChanged(source=SOURCE, job=job, phase=JobPhase.FAILED, time=at(16)))
+    return events
+
+
+def test_a_job_that_never_trained_has_goodput_0_in_the_meter_and_the_report() -> None:
+    job = "loop"
+    events = crash_loop(job)
+    summary = build_timeline(job, events).summary
+    assert summary["goodput"] == 0.0 and summary["productive_seconds"] == 0.0
+    meter = GoodputMeter()
+    for event in events:
+        if isinstance(event, PhaseChanged):
+            meter.phase(job, event.phase, T0, event.time)
+        elif isinstance(event, FaultDetected):
+            meter.recovering(job, event.time)
+    assert meter.jobs[job].goodput(at(16)) == 0.0
+    assert meter.jobs[job].lost(at(16))["restart"] == 16.0
+
+
+def test_a_recovery_that_never_ended_counts_until_the_next_one_began() -> None:
+    """Generation 0 trained; generation 1 died before it trained; generation 2 trained
+    after 1.5 s: 2 s lost to the first recovery, 1.5 s to the second."""
+    meter = GoodputMeter()
+    meter.phase("a", JobPhase.RUNNING, T0, at(0))
+    meter.step("a", 1, at(1))
+    meter.recovering("a", at(10))
+    assert meter.jobs["a"].lost(at(11))["restart"] == 1.0  # still open
+    meter.recovering("a", at(12))
+    meter.restarted("a", 1.5)
+    assert meter.jobs["a"].lost(at(20))["restart"] == 3.5

@@ -14,10 +14,13 @@ from resurge.control.recovery_policy import (
     Verdict,
     apply_checkpoint,
     apply_fault,
+    apply_rendezvous,
+    apply_settled,
     apply_sign_of_life,
     backoff_seconds,
     claim,
     mark_dispatched,
+    settle_due,
 )
 from resurge.events import FaultDetected, FaultScope, JobPhase, RecoveryLevel, Source
 from resurge.local import job_factory
@@ -129,7 +132,7 @@ def test_a_fault_before_the_new_generation_made_progress_climbs_a_rung() -> None
     apply_sign_of_life(rec, 1, at(1.5), progress=False)  # workers start, then one fails
     second = apply_fault(rec, fault("b", 1, rank=2, reason="hang"), now=at(2))
     assert (first.level, second.level) == (RecoveryLevel.PROCESS, RecoveryLevel.POD)
-    assert "before it made progress" in rec.message
+    assert "generation 1 made no step past the resume point" in rec.message
 
 
 def test_progress_past_the_resume_point_means_the_restart_worked() -> None:
@@ -234,6 +237,7 @@ def test_a_rank_that_crashes_in_every_generation_fails_within_8_crashes(
 def test_a_repeat_outside_the_eval_period_starts_low_again() -> None:
     rec = record(evalPeriodSeconds=60)
     apply_fault(rec, fault("a", 0), now=at(0))
+    progressed(rec, 30)  # generation 1 trained: the same fault again is a new incident
     decision = apply_fault(rec, fault("b", 1), now=at(61))
     assert decision.level is RecoveryLevel.PROCESS
     assert len(rec.history) == 1  # the old entry left the window
@@ -379,15 +383,76 @@ def test_limit_spent_fails_the_job_naming_fault_and_limit() -> None:
     assert apply_fault(rec, fault("c", 1), now=at(2)).verdict is Verdict.IGNORE
 
 
-def test_first_worker_start_closes_recovery_when_workers_report_no_progress() -> None:
+def test_rendezvous_closes_recovery_when_workers_report_no_progress() -> None:
     rec = record()
     bad = fault("a", 0)
     apply_fault(rec, bad, now=at(0))
-    assert not apply_sign_of_life(rec, 0, datetime.now(UTC), progress=False)
-    assert apply_sign_of_life(rec, 1, bad.time + timedelta(seconds=0.25), progress=False)
+    apply_rendezvous(rec, 0, at(0.1))  # the old generation's, late: it closes nothing
+    assert rec.pending_recovery is not None
+    apply_sign_of_life(rec, 1, bad.time + timedelta(seconds=0.25), progress=False)
+    assert rec.pending_recovery is not None  # a worker start ends no recovery
+    assert apply_rendezvous(rec, 1, bad.time + timedelta(seconds=0.75))
     assert rec.phase is JobPhase.RUNNING and rec.pending_recovery is None
-    assert rec.last_recovery_seconds == 0.25
-    assert not apply_sign_of_life(rec, 1, bad.time, progress=False)
+    assert rec.last_recovery_seconds == 0.75  # the fault's detection to the rendezvous
+    assert rec.rendezvous_generation == 1
+    assert not apply_rendezvous(rec, 1, bad.time + timedelta(seconds=1))
+
+
+def test_a_worker_start_is_no_recovery_a_crash_loop_never_recovers() -> None:
+    """Generations that start and die within a second: none of them trained, so no
+    recovery ends, whatever their workers' starts."""
+    rec = record()
+    for g in range(4):
+        decision = apply_fault(rec, fault(f"c{g}", g), now=at(2**g))
+        if decision.verdict is Verdict.FAIL:
+            break
+        apply_sign_of_life(rec, g + 1, at(2**g + 0.5), progress=False)
+        assert rec.pending_recovery is not None and rec.phase is JobPhase.RECOVERING
+    assert rec.last_recovery is None and rec.last_recovery_seconds is None
+
+
+def test_independent_kills_of_a_plain_script_after_its_rendezvous_each_get_process() -> None:
+    """Rank 1, then 2, then 3 killed a few seconds after the job trained again (its ranks
+    passed their rendezvous): three incidents, each at the cheapest rung."""
+    rec = record()
+    apply_sign_of_life(rec, 0, at(0), progress=False)
+    apply_rendezvous(rec, 0, at(1))
+    now, levels = 5.0, []
+    for rank in (1, 2, 3):
+        killed = fault(f"k{rank}", rec.generation, rank=rank, reason="process_killed")
+        levels.append(apply_fault(rec, killed, now=at(now)).level)
+        apply_sign_of_life(rec, rec.generation, at(now + 0.5), progress=False)
+        apply_rendezvous(rec, rec.generation, at(now + 0.8))
+        assert rec.last_recovery is not None and rec.last_recovery.to_generation == rec.generation
+        now += 4
+    assert levels == [RecoveryLevel.PROCESS] * 3
+
+
+def test_the_settle_time_is_only_for_jobs_that_never_passed_a_rendezvous() -> None:
+    rec = record()
+    apply_fault(rec, fault("a", 0), now=at(0))
+    apply_sign_of_life(rec, 1, at(1), progress=False)
+    assert settle_due(rec) == at(1 + SETTLE_SECONDS)
+    assert not apply_settled(rec, 1, at(SETTLE_SECONDS))
+    assert apply_settled(rec, 1, at(1 + SETTLE_SECONDS))  # its scripts never rendezvous
+    assert rec.pending_recovery is None and rec.last_recovery_seconds == 1.0
+
+    joins = record()
+    apply_rendezvous(joins, 0, at(0))  # this job's scripts join the agent's store
+    apply_fault(joins, fault("a", 0), now=at(1))
+    apply_sign_of_life(joins, 1, at(2), progress=False)
+    assert settle_due(joins) is None
+    assert not apply_settled(joins, 1, at(100))
+    late = apply_fault(joins, fault("b", 1, rank=2), now=at(100))  # stuck before rendezvous
+    assert late.level is RecoveryLevel.POD
+
+
+def test_a_failed_job_says_why_in_the_failing_ranks_last_output() -> None:
+    rec = record(max_restarts=0)
+    lines = "Traceback (most recent call last):\n  boom\npython: can't open file 'x.py'"
+    bad = fault("a", 0).model_copy(update={"evidence": {"last_output": lines}})
+    assert apply_fault(rec, bad, now=at(0)).verdict is Verdict.FAIL
+    assert rec.message.endswith("rank 1's last output: boom | python: can't open file 'x.py'")
 
 
 def test_first_step_closes_recovery_when_workers_report_progress() -> None:

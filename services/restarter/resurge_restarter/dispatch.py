@@ -203,19 +203,21 @@ class Dispatcher:
         await publish_all(self.ctx.bus, messages)
         await self.store.mutate(record.name, lambda r: mark_dispatched(r, plan.to_generation))
 
-    def recheck_at(self, name: str, when: datetime, check: Check) -> None:
-        """Call ``check(name)`` at ``when`` (one pending check per job; a later call wins)."""
-        previous = self._rechecks.pop(name, None)
+    def recheck_at(self, name: str, when: datetime, check: Check, purpose: str = "") -> None:
+        """Call ``check(name)`` at ``when`` (one pending check per job and ``purpose``; a
+        later call wins)."""
+        slot = f"{purpose}:{name}"
+        previous = self._rechecks.pop(slot, None)
         if previous is not None:
             previous.cancel()
 
         async def later() -> None:
             await asyncio.sleep(max(0.0, (when - datetime.now(UTC)).total_seconds()) + 0.05)
-            self._rechecks.pop(name, None)
+            self._rechecks.pop(slot, None)
             await check(name)
 
         task = asyncio.get_running_loop().create_task(later())
-        self._rechecks[name] = task
+        self._rechecks[slot] = task
         self.ctx.tasks.add(task)  # cancelled when the service stops
         task.add_done_callback(self.ctx.tasks.discard)
 

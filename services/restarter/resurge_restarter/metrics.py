@@ -95,7 +95,8 @@ class RestarterMetrics:
         )
         self.recovery = Histogram(
             "resurge_recovery_duration_seconds",
-            "From a fault's detection to the new generation's first sign of life, by level.",
+            "From a fault's detection to the new generation's training (first step or "
+            "rendezvous passed), by level.",
             ["level"],
             buckets=RECOVERY_BUCKETS,
             registry=registry,

@@ -14,8 +14,13 @@ start-up every record is checked, and a watch on the job records sees plans writ
 by others. Two restarters share the fault consumer (a queue group); the
 compare-and-set lets one decision win, and the claim lets one instance carry it out.
 
-The new generation's first completed step (its first worker start, for workers that
-report no progress) closes the recovery and records its duration. Checkpoint reports
+A recovery ends when the new generation trained (:mod:`resurge.control.recovery_policy`):
+its first completed step, or for workers that report no progress its ranks passing
+their rendezvous (``rendezvous_passed``, from the agent hosting the generation's store);
+a worker start ends none. For a job none of whose generations ever passed a rendezvous
+(its scripts never join the agent's store) a check ``SETTLE_SECONDS`` after the new
+generation's first worker start ends it, if no fault came first. The duration is
+recorded and announced (``RecoveryFinished``). Checkpoint reports
 are counted into the job record.
 
 :func:`setup` is what the service runner calls: it opens the job store and the cluster
@@ -38,8 +43,11 @@ from resurge.control.recovery_policy import (
     apply_checkpoint,
     apply_fault,
     apply_progress_capability,
+    apply_rendezvous,
+    apply_settled,
     apply_sign_of_life,
     claim,
+    settle_due,
 )
 from resurge.events import (
     CheckpointSaved,
@@ -50,6 +58,7 @@ from resurge.events import (
     ProcessStarted,
     Progress,
     RecoveryFinished,
+    RendezvousPassed,
 )
 from resurge.runtime.service import ServiceContext
 from resurge_restarter.dispatch import Dispatcher, cluster_view
@@ -112,6 +121,12 @@ class Restarter:
             self.sign_of_life,
             expects=(ProcessStarted,),
         )
+        await bus.consume(
+            bus.subjects.raw(None, "rendezvous_passed", None),
+            "restarter-rendezvous",
+            self.on_rendezvous,
+            expects=(RendezvousPassed,),
+        )
         # Every rank's steps of every job: read in batches with one ack per batch, so a
         # busy cluster's progress does not crowd out the fault consumer above.
         await bus.consume_batches(
@@ -129,9 +144,13 @@ class Restarter:
         )
 
     async def resume_unfinished(self) -> None:
-        """Look at every job record once: carry out (or schedule) undispatched plans."""
+        """Look at every job record once: carry out (or schedule) undispatched plans, and
+        schedule the settle check of a recovery that only settling can end."""
         for record in await self.store.all():
             await self.take_over(record)
+            due = settle_due(record)
+            if due is not None:
+                self.dispatcher.recheck_at(record.name, due, self.settle, "settle")
 
     async def on_fault(self, fault: FaultDetected) -> None:
         """Decide, write the decision and its plan (compare-and-set), then carry it out.
@@ -162,6 +181,7 @@ class Restarter:
                     cluster=cluster,
                     claimant=self.me,
                     lease_seconds=self.lease_seconds,
+                    reached=self.known.reached(record.name, record.generation),
                 )
             ]
             return decisions[0].verdict is not Verdict.IGNORE
@@ -192,6 +212,7 @@ class Restarter:
             await self.dispatcher.carry_out(after, before.phase)
         finally:
             self.metrics.restarted(decision.level, fault.reason)
+            self.metrics.meter.recovering(after.name, fault.time)
             self.ctx.log.warning(
                 "restarting %s at level %s: generation %d -> %d (%s)",
                 after.name,
@@ -209,12 +230,15 @@ class Restarter:
                 await self.sign_of_life(event)
 
     async def sign_of_life(self, event: ProcessStarted | Progress) -> None:
-        """Record a worker start or a step; the new generation's first closes its recovery."""
+        """Record a worker start or a step; the new generation's first step closes its
+        recovery (a worker start closes none)."""
         if event.job is None or event.generation is None:
             return
         progress = isinstance(event, Progress)
-        if isinstance(event, Progress) and event.rank == 0:
-            self.metrics.meter.step(event.job, event.step, event.time)
+        if isinstance(event, Progress):
+            self.known.set_reached(event.job, event.generation, event.step)
+            if event.rank == 0:
+                self.metrics.meter.step(event.job, event.step, event.time)
         if (
             progress
             and self.known.reports(event.job)
@@ -239,7 +263,41 @@ class Restarter:
             self.known.set_reports(after.name)
         if after.progressed_generation is not None:
             self.known.set_progressed(after.name, after.progressed_generation)
+        await self._closed(before, after)
+
+    async def on_rendezvous(self, event: RendezvousPassed) -> None:
+        """Every rank of a generation passed its rendezvous: for workers that report no
+        progress, the new generation trained, and its recovery ends."""
+        if event.job is None or event.generation is None:
+            return
+        generation = event.generation
+        self.metrics.meter.trained(event.job)
+        result = await self.store.mutate(
+            event.job, lambda r: apply_rendezvous(r, generation, event.time)
+        )
+        if result is not None:
+            await self._closed(*result)
+
+    async def settle(self, name: str) -> None:
+        """The fallback close of a recovery of a job whose scripts never join the agent's
+        rendezvous store: its new generation ran ``SETTLE_SECONDS`` without a fault."""
+        found = await self.store.get(name)
+        if found is None or settle_due(found[0]) is None:
+            return
+        generation = found[0].generation
+        result = await self.store.mutate(
+            name, lambda r: apply_settled(r, generation, datetime.now(UTC)), read=found
+        )
+        if result is not None:
+            await self._closed(*result)
+
+    async def _closed(self, before: JobRecord, after: JobRecord) -> None:
+        """Announce the recovery a change closed; if it is one that can only end by
+        settling, look again when it may."""
         if before.pending_recovery is None or after.pending_recovery is not None:
+            due = settle_due(after)
+            if due is not None and before.alive_since is None:
+                self.dispatcher.recheck_at(after.name, due, self.settle, "settle")
             return
         self.pending.pop(after.name, None)
         await self._finished(before, after)

@@ -8,8 +8,11 @@ stored events for ``resurge report``), so the two agree:
 - ``detection``: from a worker's unexpected exit (the fault's ``exited_at`` evidence)
   to the fault that names it; each fault counted once;
 - ``restart``: each recovery's duration (the fault's detection to the new generation's
-  first sign of life) and each resize's pause (the resize decided to the new size's
-  first sign of life);
+  training: its first step, or its ranks passing their rendezvous); a recovery that
+  never ended so (its generation faulted first, or the job failed) until the next
+  recovery began, or up to now while it is open; the time from submission to the first
+  fault if the job had not trained by then (a job that never trained has goodput 0);
+  and each resize's pause (the resize decided to the new size's first sign of life);
 - ``redone_steps``: steps trained again after a restart resumed from an older
   checkpoint (a rank-0 step at or below the highest one seen before it), at the job's
   median step time (over its recent steps);
@@ -53,6 +56,9 @@ class JobGoodput:
     waiting: float = 0.0
     redone: int = 0
     ran: bool = False
+    trained: bool = False
+    recovering_since: datetime | None = None
+    recovered_before: bool = False
     pending_since: datetime | None = None
     highest_step: int | None = None
     last_step: tuple[int, datetime] | None = None
@@ -68,9 +74,12 @@ class JobGoodput:
         waiting = self.waiting
         if self.pending_since is not None:
             waiting += max((self._end(now) - self.pending_since).total_seconds(), 0.0)
+        restart = self.restart
+        if self.recovering_since is not None:
+            restart += max((self._end(now) - self.recovering_since).total_seconds(), 0.0)
         return {
             "detection": self.detection,
-            "restart": self.restart,
+            "restart": restart,
             "redone_steps": self.redone * self.step_seconds(),
             "waiting_for_capacity": waiting,
         }
@@ -130,17 +139,41 @@ class GoodputMeter:
         known.faults.append(fault_id)
         known.detection += max((detected - exited).total_seconds(), 0.0)
 
+    def recovering(self, job: str, detected: datetime) -> None:
+        """A recovery of ``job`` began for a fault detected at ``detected``: one still
+        open never ended (its generation faulted before it trained), and the time before
+        the first recovery is lost if the job had not trained by then."""
+        known = self.jobs.get(job)
+        if known is None:
+            return
+        if known.recovering_since is not None:
+            known.restart += max((detected - known.recovering_since).total_seconds(), 0.0)
+        elif not known.recovered_before and not known.trained:
+            known.restart += max((detected - known.submitted).total_seconds(), 0.0)
+        known.recovering_since = detected
+        known.recovered_before = True
+
+    def trained(self, job: str) -> None:
+        """A generation of ``job`` trained (a step, or its ranks passed their rendezvous)."""
+        known = self.jobs.get(job)
+        if known is not None:
+            known.trained = True
+
     def restarted(self, job: str, seconds: float) -> None:
-        """A recovery or a resize of ``job`` took ``seconds`` (to the first sign of life)."""
+        """A recovery or a resize of ``job`` took ``seconds`` (to the new generation's
+        training); it ended."""
         known = self.jobs.get(job)
         if known is not None:
             known.restart += max(seconds, 0.0)
+            known.recovering_since = None
+            known.trained = True
 
     def step(self, job: str, step: int, at: datetime) -> None:
         """Rank 0 of ``job`` completed ``step`` at ``at``."""
         known = self.jobs.get(job)
         if known is None:
             return
+        known.trained = True
         if known.highest_step is not None and step <= known.highest_step:
             known.redone += 1
         else:

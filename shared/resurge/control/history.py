@@ -33,8 +33,15 @@ __all__ = ["FAMILIES", "TIMELINE_RAW_KINDS", "History", "Stored", "read_history"
 # The families a history reads by default: the life of jobs, what was done to them,
 # the faults found, the nodes' capacity and the raw kinds below.
 FAMILIES = ("job", "action", "fault", "capacity", "raw")
-# Raw kinds that mark a timeline: steps, process exits, agents lost, checkpoints.
-TIMELINE_RAW_KINDS = ("progress", "process_exited", "agent_state", "checkpoint_saved")
+# Raw kinds that mark a timeline: steps, rendezvous passed, process exits, agents lost,
+# checkpoints.
+TIMELINE_RAW_KINDS = (
+    "progress",
+    "rendezvous_passed",
+    "process_exited",
+    "agent_state",
+    "checkpoint_saved",
+)
 
 # How long one stream's read may go without a message before it is taken as done.
 _QUIET_SECONDS = 5.0

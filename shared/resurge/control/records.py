@@ -183,6 +183,19 @@ class RestartEntry(BaseModel):
     attempt: int = Field(
         default=1, ge=1, description="1 for a new incident; n for the n-th restart of one."
     )
+    stalled: bool = Field(
+        default=False,
+        description="For a fault of the generation the restart before started, which got no "
+        "further (no rendezvous, no step past its resume point, or no step past the step "
+        "the generations before it reached): the restarts from the last one without this "
+        "flag on are one incident, however long they take.",
+    )
+    reached: int | None = Field(
+        default=None, description="The furthest step the failed generation completed, if known."
+    )
+    rendezvous: bool = Field(
+        default=False, description="Whether the failed generation passed its rendezvous."
+    )
 
 
 class CheckpointRef(BaseModel):
@@ -262,6 +275,11 @@ class JobRecord(BaseModel):
     )
     alive_since: datetime | None = Field(
         default=None, description="When the current generation's first worker started."
+    )
+    rendezvous_generation: int | None = Field(
+        default=None,
+        description="Newest generation whose ranks all passed their rendezvous "
+        "(init_process_group), as the agent hosting its store reported.",
     )
     message: str = ""
     submitted: datetime = Field(default_factory=lambda: datetime.now(UTC))

@@ -72,17 +72,25 @@ __all__ = [
     "apply_checkpoint",
     "apply_fault",
     "apply_progress_capability",
+    "apply_rendezvous",
+    "apply_settled",
     "apply_sign_of_life",
     "backoff_seconds",
     "claim",
     "fault_signature",
     "generation_fixed",
+    "last_output_words",
     "mark_dispatched",
+    "settle_due",
 ]
 
 # A generation of a job whose workers report no progress counts as working (the restart
 # that started it fixed what it was for) once it has run this long without a fault.
 SETTLE_SECONDS = 30.0
+
+# The failing rank's last output lines a failed job's message quotes (all are in the
+# fault's evidence).
+LAST_LINES_SHOWN = 2
 
 # Reasons of faults that judge a rank hung: its workers are stopped without a grace period.
 HANG_REASONS = frozenset({"hang", "log_hang"})
@@ -132,12 +140,28 @@ def fault_signature(fault: FaultDetected) -> str:
     return fault.reason
 
 
-def generation_fixed(record: JobRecord, generation: int, now: datetime) -> bool:
-    """Whether ``generation`` made progress past its resume point (or, for workers that
-    report none, has been running ``SETTLE_SECONDS``)."""
+def generation_fixed(
+    record: JobRecord,
+    generation: int,
+    now: datetime,
+    *,
+    reached: int | None = None,
+    reference: int | None = None,
+) -> bool:
+    """Whether ``generation`` trained: the restart that started it fixed what it was for.
+
+    For workers that report progress: a step past its resume point, and past
+    ``reference`` (the furthest step the generations before it reached, when known) if
+    ``reached`` (its own furthest step) is known. For workers that report none: it passed
+    its rendezvous; or, for a job none of whose generations ever passed one (its scripts
+    never join the agent's rendezvous store), it has been running ``SETTLE_SECONDS``."""
     if record.progressed_generation is not None and record.progressed_generation >= generation:
-        return True
-    if record.reports_progress or generation != record.generation or record.alive_since is None:
+        return reached is None or reference is None or reached > reference
+    if record.reports_progress:
+        return False
+    if record.rendezvous_generation is not None:
+        return record.rendezvous_generation >= generation
+    if generation != record.generation or record.alive_since is None:
         return False
     return (now - record.alive_since).total_seconds() >= SETTLE_SECONDS
 
@@ -177,17 +201,50 @@ def _one_above(level: RecoveryLevel, node_rung: bool) -> RecoveryLevel:
     return RecoveryLevel.JOB if above is RecoveryLevel.NODE and not node_rung else above
 
 
+def _chain(history: list[RestartEntry]) -> list[RestartEntry]:
+    """The newest restarts that are one incident: the last one and, back from it, each
+    one before a restart flagged ``stalled`` (the oldest of them started the incident)."""
+    start = len(history) - 1
+    while start > 0 and history[start].stalled:
+        start -= 1
+    return history[max(start, 0) :]
+
+
 def _unfixed(
-    record: JobRecord, fault: FaultDetected, window: list[RestartEntry], now: datetime
-) -> RestartEntry | None:
-    """The restart that started the fault's generation, if that generation has made no
-    progress: the fault says that restart did not fix what it was for."""
-    if fault.generation is None or fault.generation != record.generation or not window:
-        return None
-    last = window[-1]
-    if last.to_generation != fault.generation or generation_fixed(record, fault.generation, now):
-        return None
-    return last
+    record: JobRecord, fault: FaultDetected, now: datetime, reached: int | None
+) -> list[RestartEntry]:
+    """The restarts of the incident the fault continues, oldest first, or none: the
+    last restart started the fault's generation and that generation did not train
+    (:func:`generation_fixed`), so that restart did not fix what it was for."""
+    history = record.history
+    if fault.generation is None or fault.generation != record.generation or not history:
+        return []
+    if history[-1].to_generation != fault.generation:
+        return []
+    chain = _chain(history)
+    reference = max((e.reached for e in chain if e.reached is not None), default=None)
+    fixed = generation_fixed(record, fault.generation, now, reached=reached, reference=reference)
+    return [] if fixed else chain
+
+
+def _stall_words(
+    record: JobRecord, chain: list[RestartEntry], generation: int, reached: int | None
+) -> str:
+    """What the generations of an incident that never trained had in common."""
+    first = chain[0].to_generation if chain[0].to_generation is not None else generation
+    span = f"generations {first}-{generation}" if first < generation else f"generation {first}"
+    stalled = [e.reached for e in chain[1:] if e.reached is not None]
+    if reached is not None:
+        stalled.append(reached)
+    if stalled:
+        reference = max([*stalled, *(e.reached for e in chain[:1] if e.reached is not None)])
+        return f"{span} got no further than step {reference}"
+    passed = record.rendezvous_generation is not None and record.rendezvous_generation >= generation
+    if passed or any(e.rendezvous for e in chain[1:]):
+        return f"{span} passed the rendezvous and made no step past the resume point"
+    if record.reports_progress:
+        return f"{span} made no step past the resume point"
+    return f"{span} ended before the rendezvous"
 
 
 def _choose_level(  # noqa: C901 - one climb up the ladder: floor, escalations, caps
@@ -195,7 +252,8 @@ def _choose_level(  # noqa: C901 - one climb up the ladder: floor, escalations, 
     fault: FaultDetected,
     window: list[RestartEntry],
     offender: bool,
-    now: datetime,
+    unfixed: list[RestartEntry],
+    stall: str,
 ) -> _Choice:
     recovery = record.spec.spec.recovery
     node_rung = fault.scope is FaultScope.NODE or offender
@@ -207,16 +265,16 @@ def _choose_level(  # noqa: C901 - one climb up the ladder: floor, escalations, 
     if floor is RecoveryLevel.IN_PROCESS and not record.in_process_capable:
         floor = RecoveryLevel.PROCESS
     why = "lowest allowed level"
-    unfixed = _unfixed(record, fault, window, now)
+    previous = unfixed[-1] if unfixed else None  # the restart that did not fix it
     signature = fault_signature(fault)
     repeats = [e for e in window if e.signature == signature]
-    earlier = [e for e in (unfixed, repeats[-1] if repeats else None) if e is not None]
+    earlier = [e for e in (previous, repeats[-1] if repeats else None) if e is not None]
     attempt = 1 + max((e.attempt for e in earlier), default=0)
-    if unfixed is not None:
-        above = _one_above(unfixed.level, node_rung)
+    if previous is not None:
+        above = _one_above(previous.level, node_rung)
         if _rank(above) > _rank(floor):
             floor = above
-        why = f"generation {fault.generation} failed before it made progress"
+        why = stall
     if repeats:
         above = _one_above(max((e.level for e in repeats), key=_rank), node_rung)
         if _rank(above) > _rank(floor):
@@ -226,6 +284,7 @@ def _choose_level(  # noqa: C901 - one climb up the ladder: floor, escalations, 
     usable = usable or list(recovery.levels)
     candidates = [lv for lv in usable if _rank(lv) >= _rank(floor)] or [usable[-1]]
     below_job = sum(1 for e in window if e.level is not RecoveryLevel.JOB)
+    where = f"for one incident ({stall})" if stall else "within evalPeriodSeconds"
     limit = recovery.num_restart_before_full_job_restart
     if (
         limit is not None
@@ -235,8 +294,7 @@ def _choose_level(  # noqa: C901 - one climb up the ladder: floor, escalations, 
     ):
         return _Choice(
             RecoveryLevel.JOB,
-            f"{below_job} restarts below job level within evalPeriodSeconds: "
-            f"numRestartBeforeFullJobRestart={limit}",
+            f"{below_job} restarts below job level {where}: numRestartBeforeFullJobRestart={limit}",
             attempt,
         )
     top = usable[-1]
@@ -251,7 +309,17 @@ def _choose_level(  # noqa: C901 - one climb up the ladder: floor, escalations, 
         spent = f"maxRestartsPerLevel.{last.value}={recovery.max_restarts_per_level[last]}"
     else:
         spent = f"maxRestartsPerLevel.{last.value}={TOP_RUNG_LIMIT} (the top rung's default)"
-    return _Choice(None, f"{spent} spent within evalPeriodSeconds")
+    return _Choice(None, f"{spent} spent {where}")
+
+
+def last_output_words(fault: FaultDetected, lines: int = LAST_LINES_SHOWN) -> str:
+    """The failing rank's own last output lines (the fault's ``last_output`` evidence),
+    the newest ``lines`` of them on one line, or empty when the fault has none."""
+    output = fault.evidence.get("last_output")
+    if not isinstance(output, str):
+        return ""
+    shown = [line.strip() for line in output.splitlines() if line.strip()][-lines:]
+    return " | ".join(shown)
 
 
 def _fail(record: JobRecord, fault: FaultDetected, limit: str) -> Decision:
@@ -260,6 +328,10 @@ def _fail(record: JobRecord, fault: FaultDetected, limit: str) -> Decision:
     record.message = (
         f"{fault.reason} ({fault.fault_id}) after {record.total_restarts} restarts: {limit}"
     )
+    output = last_output_words(fault)
+    if output:
+        who = "its worker" if fault.rank is None else f"rank {fault.rank}"
+        record.message += f"; {who}'s last output: {output}"
     return Decision(Verdict.FAIL, record.message)
 
 
@@ -314,10 +386,12 @@ def apply_fault(  # noqa: C901 - the ladder in order: ignore, pick a level, edit
     cluster: ClusterView | None = None,
     claimant: str = "",
     lease_seconds: float = 5.0,
+    reached: int | None = None,
 ) -> Decision:
     """Decide what ``fault`` calls for and edit ``record`` to match (the module's
     ladder): on a restart, the next generation and its plan in ``pending_recovery``,
-    claimed by ``claimant`` until ``lease_seconds`` past its backoff."""
+    claimed by ``claimant`` until ``lease_seconds`` past its backoff. ``reached``: the
+    furthest step the record's current generation completed, if the caller knows it."""
     if fault.alert_only:
         return Decision(Verdict.IGNORE, "an alert: reported, not acted on")
     if record.phase.finished:
@@ -342,7 +416,14 @@ def apply_fault(  # noqa: C901 - the ladder in order: ignore, pick a level, edit
     )
     recovery = record.spec.spec.recovery
     period = timedelta(seconds=recovery.eval_period_seconds)
-    window = [e for e in record.history if now - e.time < period]
+    history = record.history
+    unfixed = _unfixed(record, fault, now, reached)
+    stall = _stall_words(record, unfixed, record.generation, reached) if unfixed else ""
+    # The restarts inside the window, and those of the incident the fault continues
+    # however long ago they were: both are newest-last runs of the history.
+    in_period = sum(1 for e in history if now - e.time < period)
+    kept = max(in_period, len(unfixed))
+    window = history[len(history) - kept :] if kept else []
     node = _fault_node(record, fault)
     node_scoped = fault.scope is FaultScope.NODE
     offences = sum(1 for e in window if e.node == node and e.node_scoped) + int(node_scoped)
@@ -351,13 +432,14 @@ def apply_fault(  # noqa: C901 - the ladder in order: ignore, pick a level, edit
     cap = recovery.max_restarts
     if cap is not None and record.total_restarts >= cap:
         return _fail(record, fault, f"restart limit jobMaxRetryCount={cap} spent")
-    choice = _choose_level(record, fault, window, offender, now)
+    choice = _choose_level(record, fault, window, offender, unfixed, stall)
     if choice.level is None:
         return _fail(record, fault, choice.why)
     level = choice.level
     full = recovery.max_full_job_restarts
     if level is RecoveryLevel.JOB and full is not None and record.restarts.get(level, 0) >= full:
-        return _fail(record, fault, f"full job restart limit maxFullJobRestarts={full} spent")
+        spent = f"full job restart limit maxFullJobRestarts={full} spent"
+        return _fail(record, fault, f"{spent} ({stall})" if stall else spent)
 
     old_placements = list(record.placements)
     replicas = sorted(p.replica for p in old_placements)
@@ -404,6 +486,10 @@ def apply_fault(  # noqa: C901 - the ladder in order: ignore, pick a level, edit
             node_scoped=node_scoped,
             to_generation=record.generation + 1,
             attempt=choice.attempt,
+            stalled=bool(unfixed),
+            reached=reached if fault.generation == record.generation else None,
+            rendezvous=record.rendezvous_generation is not None
+            and record.rendezvous_generation >= record.generation,
         ),
     ]
     start_at = now + timedelta(seconds=backoff_seconds(record.spec, choice.attempt - 1))
@@ -485,10 +571,12 @@ def apply_sign_of_life(
 ) -> bool:
     """A worker of ``generation`` started (``progress`` False) or completed ``step`` (True).
 
-    The first step of the new generation closes a pending recovery; for a job whose
-    workers never report progress, the first worker start does. A step past the
-    generation's resume point marks it as having made progress (its restart worked).
-    True if anything changed.
+    A step past the generation's resume point marks it as having trained (its restart
+    worked), and the first step of the new generation closes a pending recovery. A
+    worker start only notes when the generation began running: a start is no sign it
+    trained (a script that dies at once starts too), so it closes nothing; see
+    :func:`apply_rendezvous` and :func:`apply_settled` for workers that report no
+    progress. True if anything changed.
     """
     changed = False
     if progress and not record.reports_progress:
@@ -502,11 +590,58 @@ def apply_sign_of_life(
         if progress and past_resume and (record.progressed_generation or -1) < generation:
             record.progressed_generation = generation
             changed = True
-    if record.reports_progress and not progress:
+    if not progress:
         return changed
+    return _close_recovery(record, generation, seen_at) or changed
+
+
+def apply_rendezvous(record: JobRecord, generation: int, seen_at: datetime) -> bool:
+    """Every rank of ``generation`` passed its rendezvous (``init_process_group``).
+
+    For workers that report no progress this is the sign the generation trained: it
+    closes a pending recovery to it (its duration: the fault's detection to
+    ``seen_at``), and a fault of it later is a new incident. True if anything changed."""
+    changed = False
+    if record.rendezvous_generation is None or record.rendezvous_generation < generation:
+        record.rendezvous_generation = generation
+        changed = True
+    if record.reports_progress:
+        return changed
+    return _close_recovery(record, generation, seen_at) or changed
+
+
+def apply_settled(record: JobRecord, generation: int, now: datetime) -> bool:
+    """The fallback close for a job whose scripts never join the agent's rendezvous
+    store (no generation of it ever passed one) and report no progress: ``generation``
+    has run ``SETTLE_SECONDS`` without a fault, so its pending recovery ends (its
+    duration: the fault's detection to the generation's first worker start). True if
+    anything changed."""
+    if record.reports_progress or record.rendezvous_generation is not None:
+        return False
+    if generation != record.generation or not generation_fixed(record, generation, now):
+        return False
+    assert record.alive_since is not None  # generation_fixed needs it
+    return _close_recovery(record, generation, record.alive_since)
+
+
+def settle_due(record: JobRecord) -> datetime | None:
+    """When :func:`apply_settled` may close the record's pending recovery (None: it is
+    not a job that closes so, or nothing is pending or running yet)."""
+    pending = record.pending_recovery
+    if pending is None or pending.to_generation != record.generation:
+        return None
+    if record.reports_progress or record.rendezvous_generation is not None:
+        return None
+    if record.alive_since is None:
+        return None
+    return record.alive_since + timedelta(seconds=SETTLE_SECONDS)
+
+
+def _close_recovery(record: JobRecord, generation: int, seen_at: datetime) -> bool:
+    """End the pending recovery to ``generation``: the new generation trained."""
     pending = record.pending_recovery
     if pending is None or pending.to_generation != generation or record.phase.finished:
-        return changed
+        return False
     record.pending_recovery = None
     seconds = max(0.0, (seen_at - pending.detected_at).total_seconds())
     record.phase = JobPhase.RUNNING

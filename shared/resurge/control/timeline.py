@@ -12,8 +12,11 @@ Time lost, by cause (each counted once, in seconds):
 
 - ``detection``: from a worker's unexpected exit to the fault that names it;
 - ``restart``: each recovery's duration (the fault's detection to the new generation's
-  first sign of life) and each resize's pause (the last step at the old size to the
-  first at the new);
+  training: its first step, or for a script that reports none its ranks passing their
+  rendezvous); a recovery that never ended so (its generation faulted first, or the job
+  failed) until the next recovery began or the timeline ends; the job's time before its
+  first fault if it had not trained by then (a job that never trained has goodput 0); and
+  each resize's pause (the last step at the old size to the first at the new);
 - ``redone_steps``: steps trained again after a restart resumed from an older
   checkpoint, at the job's median step time;
 - ``waiting_for_capacity``: time in ``Pending`` after the job first ran.
@@ -39,6 +42,7 @@ from resurge.events import (
     Progress,
     RecoveryFinished,
     RecoveryStarted,
+    RendezvousPassed,
     ScaleDecided,
 )
 
@@ -139,7 +143,7 @@ def _summary(timeline: Timeline, events: list[Event], at: Any) -> dict[str, Any]
     wall = at(events[-1].time)
     lost = {
         "detection": _detection(events),
-        "restart": sum(r["seconds"] or 0.0 for r in timeline.recoveries) + _resize_pauses(timeline),
+        "restart": _recovering(timeline, events, at, wall) + _resize_pauses(timeline),
         "redone_steps": _redone(timeline),
         "waiting_for_capacity": _waiting(timeline, wall),
     }
@@ -168,6 +172,30 @@ def _detection(events: list[Event]) -> float:
             exits.setdefault(event.rank, event.time)
         elif isinstance(event, FaultDetected) and event.rank in exits:
             total += max((event.time - exits.pop(event.rank)).total_seconds(), 0.0)
+    return total
+
+
+def _recovering(timeline: Timeline, events: list[Event], at: Any, wall: float) -> float:
+    """Time the job did not train for a fault: each recovery until it ended (its new
+    generation trained), one that never ended until the next began (or the end), and
+    the time before the first recovery if the job had not trained by then."""
+    recoveries = sorted(timeline.recoveries, key=lambda r: r["time"])
+    total = 0.0
+    for index, recovery in enumerate(recoveries):
+        if recovery["seconds"] is not None:
+            total += recovery["seconds"]
+            continue
+        until = recoveries[index + 1]["time"] if index + 1 < len(recoveries) else wall
+        total += max(until - recovery["time"], 0.0)
+    if recoveries:
+        first = recoveries[0]["time"]
+        trained = [
+            e
+            for e in events
+            if isinstance(e, (Progress, RendezvousPassed, RecoveryFinished)) and at(e.time) < first
+        ]
+        if not trained:
+            total += max(first, 0.0)
     return total
 
 
