@@ -173,7 +173,9 @@ class Scaler:
                 found[0].phase.value,
             )
             return
-        record = new_record(job, found[0] if found else None)
+        # The run is named by the submission that started it: `resurge status JOB --uid`
+        # finds it in the job stream after its record is gone.
+        record = new_record(job, found[0] if found else None).model_copy(update={"uid": event.id})
         written = (
             await self.store.create(record)
             if found is None

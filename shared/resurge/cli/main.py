@@ -92,6 +92,12 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("job", nargs="?", help="describe this job")
     status.add_argument("--json", action="store_true", help="print every field as JSON")
     status.add_argument(
+        "--uid",
+        metavar="UID",
+        help="show this run of JOB (a job deleted and submitted again under its name is a "
+        "new run; `--json` shows each run's uid), also one deleted since",
+    )
+    status.add_argument(
         "--once", action="store_true", help="print the table once, even on a terminal"
     )
     events = commands.add_parser(

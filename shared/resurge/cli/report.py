@@ -1,6 +1,9 @@
-"""``resurge report JOB [--out DIR]``: a job's timeline as ``DIR/JOB.png`` and a
-self-contained ``DIR/JOB.html``, from the durable streams (so it works after the job
-ended, for as long as the streams keep its events: a day by default, an hour for steps).
+"""``resurge report JOB [--uid UID] [--out DIR]``: a job's timeline as ``DIR/JOB.png``
+and a self-contained ``DIR/JOB.html``, from the durable streams (so it works after the
+job ended, for as long as the streams keep its events: a day by default, an hour for
+steps). DIR defaults to ``reports/JOB/`` in the state folder, a folder per job. One run
+of the job: the current one, the newest stored, or ``UID``'s (a job deleted and
+submitted again under its name is a new run).
 
 The picture (matplotlib, imported only here) has two panels sharing the time axis:
 steps of rank 0, and world size; faults are red lines, recoveries shaded spans labelled
@@ -20,7 +23,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from resurge.control.history import FAMILIES, read_history
+from resurge.control.job_overview import run_history
+from resurge.control.records import JobStore
+from resurge.control.runs import Run, job_runs
 from resurge.control.timeline import Timeline, build_timeline
 from resurge.runtime.bus import Bus
 
@@ -31,6 +36,7 @@ _CAUSES = {
     "restart": "restarts and resizes",
     "redone_steps": "steps trained again",
     "waiting_for_capacity": "waiting for capacity",
+    "cluster_down": "cluster down",
 }
 
 
@@ -48,10 +54,23 @@ def add_report_parser(commands: Any) -> None:
     report.add_argument(
         "--out",
         type=Path,
-        default=Path(),
+        default=None,
         metavar="DIR",
-        help="folder for JOB.png and JOB.html (default: the current folder)",
+        help="folder for JOB.png and JOB.html (default: reports/JOB/ in the state folder, "
+        "for example .resurge/reports/JOB/)",
     )
+    report.add_argument(
+        "--uid",
+        metavar="UID",
+        help="report this run of JOB (a job deleted and submitted again under its name is "
+        "a new run; `resurge status JOB --json` shows its uid); default: the current run, "
+        "or the newest one stored",
+    )
+
+
+def default_out(state_dir: Path, job: str) -> Path:
+    """Where a report of ``job`` goes without ``--out``: a folder of its own."""
+    return state_dir / "reports" / job
 
 
 async def write_report(bus: Bus, args: argparse.Namespace) -> int:
@@ -61,19 +80,44 @@ async def write_report(bus: Bus, args: argparse.Namespace) -> int:
     except ImportError:
         print("resurge report needs matplotlib: pip install 'resurge[report]'", file=sys.stderr)
         return 2
-    history = await read_history(bus, job=args.job, families=(*FAMILIES, "cmd"))
-    timeline = build_timeline(args.job, [stored.event for stored in history.events])
+    run = await _run(bus, args.job, getattr(args, "uid", None))
+    if isinstance(run, str):
+        print(f"resurge report: {run}", file=sys.stderr)
+        return 1
+    timeline = build_timeline(args.job, await run_history(bus, args.job, run))
     if not timeline.phases and not timeline.steps:
         print(f"resurge report: no events of a job named {args.job!r} are stored", file=sys.stderr)
         return 1
-    args.out.mkdir(parents=True, exist_ok=True)
-    png = args.out / f"{args.job}.png"
-    page = args.out / f"{args.job}.html"
+    out = args.out
+    if out is None:
+        from resurge.local.state import resolve_state_dir
+
+        out = default_out(resolve_state_dir(getattr(args, "state_dir", None)), args.job)
+    out.mkdir(parents=True, exist_ok=True)
+    png = out / f"{args.job}.png"
+    page = out / f"{args.job}.html"
     png.write_bytes(render_png(timeline))
     page.write_text(render_html(timeline))
     print(png)
     print(page)
     return 0
+
+
+async def _run(bus: Bus, job: str, uid: str | None) -> Run | str | None:
+    """The run to report: ``uid``'s, else the current record's, else the newest stored
+    (None where the job stream keeps none of it); or why there is none."""
+    if uid is None:
+        found = await JobStore(await bus.jobs_bucket()).get(job)
+        if found is not None:
+            return Run(found[0].uid, found[0].submitted)
+    runs = await job_runs(bus, job, uid)
+    if uid is None:
+        return runs[-1] if runs else None
+    run = next((r for r in runs if r.uid == uid), None)
+    if run is None:
+        known = ", ".join(r.uid for r in runs) or "none"
+        return f"no run {uid!r} of a job named {job!r} is stored; runs: {known}"
+    return run
 
 
 def _figure(timeline: Timeline) -> Any:

@@ -8,6 +8,9 @@
   words (rank, node, evidence), recent recoveries with level and duration, the newest
   checkpoint, alerts, and why a Pending job waits.
 - ``--json``: every field, for scripts (DESIGN section 7's object, plus the overview).
+- A job deleted and submitted again under its name is a new run: status shows the
+  current run only. ``--uid UID`` shows the run ``UID`` (``uid`` in ``--json``), also
+  one deleted since, from what the streams keep of it.
 
 rich draws the table and the live refresh.
 """
@@ -18,6 +21,7 @@ import argparse
 import asyncio
 import json
 import sys
+from datetime import datetime
 from typing import Any
 
 from rich.console import Console, Group
@@ -27,7 +31,8 @@ from rich.table import Table
 from rich.text import Text
 
 from resurge.control.client import job_status
-from resurge.control.job_overview import overview
+from resurge.control.job_overview import overview, past_run_view, run_history
+from resurge.control.runs import Run, job_runs
 from resurge.runtime.bus import Bus
 
 __all__ = ["describe", "jobs_table", "show_status"]
@@ -38,11 +43,27 @@ EVIDENCE_CHARS = 40
 
 
 async def _views(bus: Bus, job: str | None) -> list[dict[str, Any]]:
-    """The status objects of ``job`` (or of every job), each with its overview."""
+    """The status objects of ``job`` (or of every job), each with its overview of its
+    own run: nothing of an earlier run of the same name."""
     views: list[dict[str, Any]] = await job_status(bus, job)
     for view in views:
-        view.update((await overview(bus, str(view["name"]))).as_json())
+        run = Run(str(view["uid"]), datetime.fromisoformat(str(view["submitted"])))
+        view.update((await overview(bus, str(view["name"]), run)).as_json())
     return views
+
+
+async def _run_view(bus: Bus, job: str, uid: str) -> dict[str, Any] | str:
+    """The status object of run ``uid`` of ``job`` (its record if it is the current
+    run, else its events), or why there is none."""
+    current = [v for v in await _views(bus, job) if v["uid"] == uid]
+    if current:
+        return current[0]
+    runs = await job_runs(bus, job, uid)
+    run = next((r for r in runs if r.uid == uid), None)
+    if run is None:
+        known = ", ".join(f"{r.uid} (submitted {r.submitted:%Y-%m-%d %H:%M:%S})" for r in runs)
+        return f"no run {uid!r} of a job named {job!r} is stored; runs: {known or 'none'}"
+    return past_run_view(job, run, await run_history(bus, job, run))
 
 
 def _restarts(view: dict[str, Any]) -> str:
@@ -129,6 +150,7 @@ def describe(view: dict[str, Any]) -> Group:
     replicas = view.get("replicas") or {}
     for name, value in (
         ("Name", view["name"]),
+        ("Uid", view.get("uid") or "-"),
         ("Phase", view["phase"]),
         ("Message", view.get("message") or "-"),
         ("Generation", view["generation"]),
@@ -201,8 +223,18 @@ def _recovery_words(recovery: dict[str, Any]) -> str:
 
 
 async def show_status(bus: Bus, args: argparse.Namespace) -> int:
-    """Print the status ``args`` asks for; 1 for an unknown JOB."""
-    views = await _views(bus, args.job)
+    """Print the status ``args`` asks for; 1 for an unknown JOB (or run)."""
+    if getattr(args, "uid", None):
+        if not args.job:
+            print("resurge status: --uid needs a JOB", file=sys.stderr)
+            return 2
+        found = await _run_view(bus, args.job, args.uid)
+        if isinstance(found, str):
+            print(f"resurge status: {found}", file=sys.stderr)
+            return 1
+        views = [found]
+    else:
+        views = await _views(bus, args.job)
     if args.job and not views:
         print(f"resurge status: no job named {args.job!r}", file=sys.stderr)
         return 1

@@ -6,6 +6,9 @@ its recent faults, alerts, recoveries and checkpoints, from the durable streams.
 over the last :data:`PACE_WINDOW_SECONDS` of it); the final step from a ``total_steps``
 metric the job reports with its progress (``run.progress(step, total_steps=N)``), if
 it does; goodput and time lost from :func:`resurge.control.timeline.build_timeline`.
+Given a :class:`~resurge.control.runs.Run`, only that run's events count (a job deleted
+and submitted again under its name is a new run); :func:`past_run_view` is the status
+object of a run whose record is gone, from its events alone.
 """
 
 from __future__ import annotations
@@ -14,11 +17,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resurge.control.history import FAMILIES, read_history
+from resurge.control.runs import Run, run_events
 from resurge.control.timeline import build_timeline
-from resurge.events import CheckpointSaved, FaultDetected, Progress, RecoveryFinished
+from resurge.events import (
+    CheckpointSaved,
+    Event,
+    FaultDetected,
+    PhaseChanged,
+    Progress,
+    RecoveryFinished,
+    RecoveryStarted,
+)
 from resurge.runtime.bus import Bus
 
-__all__ = ["PACE_WINDOW_SECONDS", "JobOverview", "overview"]
+__all__ = [
+    "PACE_WINDOW_SECONDS",
+    "JobOverview",
+    "overview",
+    "past_run_view",
+    "run_history",
+    "summarize",
+]
 
 PACE_WINDOW_SECONDS = 30.0
 _RECENT = 5  # faults, alerts and recoveries listed
@@ -53,10 +72,49 @@ class JobOverview:
         }
 
 
-async def overview(bus: Bus, job: str) -> JobOverview:
-    """``job``'s overview from what the streams keep of it."""
-    history = await read_history(bus, job=job, families=(*FAMILIES, "cmd"))
+async def run_history(bus: Bus, job: str, run: Run | None) -> list[Event]:
+    """``job``'s stored events (of ``run`` only, if given), oldest first."""
+    since = None if run is None else run.submitted
+    history = await read_history(bus, job=job, families=(*FAMILIES, "cmd"), since=since)
     events = [stored.event for stored in history.events]
+    return events if run is None else run_events(events, run)
+
+
+async def overview(bus: Bus, job: str, run: Run | None = None) -> JobOverview:
+    """``job``'s overview (of ``run`` only, if given) from what the streams keep of it."""
+    return summarize(job, await run_history(bus, job, run))
+
+
+def past_run_view(job: str, run: Run, events: list[Event]) -> dict[str, Any]:
+    """The status object of ``run`` of ``job`` from its ``events`` (its record is gone):
+    its last phase, generation, restarts by level (recoveries started) and last fault,
+    and its overview."""
+    phases = [e for e in events if isinstance(e, PhaseChanged)]
+    faults = [e for e in events if isinstance(e, FaultDetected) and not e.alert_only]
+    restarts: dict[str, int] = {}
+    for event in events:
+        if isinstance(event, RecoveryStarted):
+            restarts[event.level.value] = restarts.get(event.level.value, 0) + 1
+    generations = [e.generation for e in events if e.generation is not None]
+    last = faults[-1] if faults else None
+    view: dict[str, Any] = {
+        "name": job,
+        "uid": run.uid,
+        "submitted": run.submitted.isoformat(),
+        "deleted": None if run.deleted is None else run.deleted.isoformat(),
+        "phase": phases[-1].phase.value if phases else "Pending",
+        "message": phases[-1].message if phases else "",
+        "generation": max(generations, default=0),
+        "restarts": restarts,
+        "lastFault": None
+        if last is None
+        else {"reason": last.reason, "scope": last.scope.value, "time": last.time.isoformat()},
+    }
+    return view | summarize(job, events).as_json()
+
+
+def summarize(job: str, events: list[Event]) -> JobOverview:
+    """The overview of ``job`` from its ``events`` (oldest first)."""
     found = JobOverview()
     progress = [e for e in events if isinstance(e, Progress) and e.rank == 0]
     if progress:

@@ -435,6 +435,8 @@ def status_view(record: JobRecord) -> dict[str, object]:
     fault = record.last_fault
     return {
         "name": record.name,
+        "uid": record.uid,
+        "submitted": record.submitted.isoformat(),
         "phase": record.phase.value,
         "generation": record.generation,
         "replicas": {
