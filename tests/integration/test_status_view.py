@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+from datetime import timedelta
 
 import pytest
 from rich.console import Console
@@ -16,12 +17,13 @@ from resurge.control.records import JobStore
 from resurge.events import JobPhase
 from resurge.local.job_factory import job
 from resurge.runtime.bus import Bus
-from tests.integration.stored_job import JOB, store_job
+from tests.integration.stored_job import JOB, START, store_job
 
 
 async def _running(bus: Bus) -> None:
     record = new_record(job(JOB, nproc=1, replicas=2), None)
     record.phase = JobPhase.RUNNING
+    record.submitted = START - timedelta(seconds=1)  # the stored events are of this run
     assert await JobStore(await bus.jobs_bucket()).create(record)
     await store_job(bus, total_steps=100)
 
