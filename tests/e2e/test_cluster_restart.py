@@ -80,6 +80,8 @@ def test_a_job_running_at_down_resumes_from_its_checkpoint_after_up(
     assert f"at step {saved + 1} " in agent_logs(state_dir)  # "resuming from ... at step N"
     final = status(state_dir)
     assert final["restarts"] == before["restarts"]  # a restart of the cluster, not of the job
+    assert final["lostSeconds"]["cluster_down"] > 0  # lost time, by its own cause
+    assert final["lostSeconds"]["waiting_for_capacity"] == 0
 
 
 def test_no_room_after_an_xid_waits_as_pending_saying_why_until_uncordoned(

@@ -141,8 +141,9 @@ async def test_anonymous_and_wrong_password_are_refused(
     cluster: tuple[str, LocalAccess],
 ) -> None:
     url, _ = cluster
-    with pytest.raises(ConnectionError, match="refused the connection: it needs a user"):
+    with pytest.raises(ConnectionError, match="refused the connection: it needs a user") as no:
         await Bus.connect(Settings(nats_url=url, connect_timeout_seconds=5), "anonymous")
+    assert "RESURGE_NATS_USER and RESURGE_NATS_PASSWORD" in str(no.value)  # the variables
     wrong = Settings(nats_url=url, nats_user="viewer", nats_password="not-it")
     with pytest.raises(ConnectionError, match="user 'viewer' and its password were not"):
         await Bus.connect(wrong.model_copy(update={"connect_timeout_seconds": 5}), "guess")

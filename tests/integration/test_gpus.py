@@ -274,6 +274,9 @@ def test_simulated_gpus_read_plausibly_and_take_injected_xids() -> None:
     assert not second.healthy and second.ecc_uncorrected == 1
     with pytest.raises(IndexError, match="no GPU 2: this node has 2"):
         gpus.inject_xid(2, 79)
+    assert gpus.repair() == [1] and gpus.unhealthy() == []  # the node was repaired
+    healed = gpus.readings()[1]
+    assert healed.healthy and healed.ecc_uncorrected == 1  # its counters are kept
 
 
 # A real monitor process and the real `resurge inject xid`
@@ -342,6 +345,15 @@ async def test_monitor_reports_simulated_gpus_and_takes_an_injected_xid(
     assert error.uuid == sample.gpus[1].uuid and "fallen off the bus" in error.message
     after = await node_events.wait_for(lambda items: reports_of(items[at + 1 :])[:1])
     assert after[0].unhealthy_gpus == [1] and not after[0].healthy
+
+    # Uncordon: the operator's word that the node was repaired; the GPU is healthy again.
+    seen = len(node_events.items)
+    code, out, err = await resurge(settings, "node", "uncordon", "n1")
+    assert code == 0, err
+    repaired = await node_events.wait_for(
+        lambda items: [r for r in reports_of(items[seen:]) if r.healthy][:1]
+    )
+    assert repaired[0].unhealthy_gpus == []
 
 
 async def test_inject_xid_refuses_unknown_nodes_and_gpus(

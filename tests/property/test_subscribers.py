@@ -44,6 +44,7 @@ from resurge.events import (
     Progress,
     RecoveryFinished,
     RecoveryStarted,
+    RepairNode,
     ReplicaFinished,
     ScaleDecided,
     Stop,
@@ -115,7 +116,10 @@ CONSUMERS = [
     ),
     Consumer("scaler", lambda s: s.all("capacity"), lambda s: s.capacity(NODE), (CapacityChanged,)),
     Consumer(
-        "node-agent", lambda s: s.node_cmd(NODE), lambda s: s.node_cmd(NODE), (InjectGpuError,)
+        "node-agent",
+        lambda s: s.node_cmd(NODE),
+        lambda s: s.node_cmd(NODE),
+        (InjectGpuError, RepairNode),
     ),
     Consumer(
         "node-agent",

@@ -127,6 +127,23 @@ def test_the_plan_starts_the_wanted_and_stops_the_unwanted_or_changed() -> None:
     assert plan([relabelled], {}).start == [relabelled]
 
 
+def test_a_node_powers_off_and_on_in_the_file_and_the_plan_leaves_its_monitor_alone(
+    tmp_path: Path,
+) -> None:
+    node_set = NodeSet.fresh(2, gpus_per_node=1)
+    assert node_set.power("node-1", on=False) and not node_set.power("node-1", on=False)
+    node_set.save(tmp_path)
+    loaded = NodeSet.load(tmp_path)
+    assert loaded is not None and [n.down for n in loaded.nodes] == [False, True]
+    running = {n.name: NodeEntry(n.name, n.gpus) for n in loaded.nodes}
+    kept = plan(loaded.nodes, running)  # the supervisor powers it off itself
+    assert (kept.start, kept.stop) == ([], [])
+    assert loaded.power("node-1", on=True)
+    assert not loaded.known("node-1").down
+    with pytest.raises(LookupError, match=r"no node named 'node-7'.*node-0, node-1"):
+        loaded.power("node-7", on=False)
+
+
 def test_a_monitor_runs_with_the_nodes_gpus_and_labels(tmp_path: Path) -> None:
     node = NodeEntry("node-4", 3, {"zone": "a", "pool": "spot"})
     assert node.monitor_args(tmp_path) == [

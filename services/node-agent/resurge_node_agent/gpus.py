@@ -5,7 +5,8 @@ A :class:`GpuSource` gives one :class:`~resurge.events.GpuReading` per GPU on de
 it happens, to the callback given to :meth:`~GpuSource.start` (from any thread). A GPU
 whose error takes it out of use (an XID whose built-in action is ``reset_gpu`` or
 ``replace_node``, or a GPU that fell off the bus) stays in :meth:`~GpuSource.unhealthy`
-until the monitor restarts.
+until the monitor restarts, or, simulated, until :meth:`SimulatedGpus.repair` (the
+operator's ``resurge node uncordon``).
 
 - :class:`NvmlGpus` reads real GPUs through NVML (``pynvml``): utilisation, memory,
   temperature, power, volatile uncorrected ECC errors (a rise is an ``ecc`` error),
@@ -128,6 +129,12 @@ class _Health:
     def is_unhealthy(self, gpu: int) -> bool:
         with self._lock:
             return gpu in self._unhealthy
+
+    def clear(self) -> list[int]:
+        """Every GPU healthy again; the ones that were not."""
+        with self._lock:
+            was, self._unhealthy = sorted(self._unhealthy), set()
+        return was
 
     def report(self, report: GpuErrorReport) -> None:
         if _takes_gpu_out(report):
@@ -472,6 +479,11 @@ class SimulatedGpus:
         )
         self._health.report(report)
         return report
+
+    def repair(self) -> list[int]:
+        """The node was repaired: every GPU is healthy again, its error counters kept (as
+        a real GPU's are). The GPUs that were unhealthy."""
+        return self._health.clear()
 
     def close(self) -> None:
         """Nothing to release."""

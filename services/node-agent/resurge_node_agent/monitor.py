@@ -16,8 +16,10 @@
   calls for ``reset_gpu`` or ``replace_node`` (built-in XID table), or that fell off the
   bus, stays unhealthy until the monitor restarts.
 - Commands to the node arrive on ``cmd._.<node>`` (durable consumer
-  ``monitor-<node>``, new messages only): InjectGpuError raises an XID on a simulated GPU
-  and is ignored, with a log line, on NVML GPUs.
+  ``monitor-<node>``, new messages only): InjectGpuError raises an XID on a simulated GPU;
+  RepairNode (``resurge node uncordon``: the operator's word that the node was repaired)
+  makes every simulated GPU healthy again and reports the node at once. Both are
+  ignored, with a log line, on NVML GPUs.
 - Where the backend leaves it to the monitors (local; on Kubernetes the kubelet runs
   the groups' pods), watches the cluster backend for the worker groups placed on this
   node, and reconciles them as a kubelet reconciles pods: a new group starts a
@@ -57,6 +59,7 @@ from resurge.events import (
     GpuSample,
     InjectGpuError,
     NodeReport,
+    RepairNode,
 )
 from resurge.runtime.bus import PermanentError
 from resurge.runtime.outbox import Outbox
@@ -151,7 +154,7 @@ class NodeMonitor:
             bus.subjects.node_cmd(self.config.node),
             f"monitor-{escape_token(self.config.node)}",
             self._on_command,
-            expects=(InjectGpuError,),
+            expects=(InjectGpuError, RepairNode),
             start="new",
         )
         await self._report()
@@ -234,15 +237,23 @@ class NodeMonitor:
                 except Exception:
                     self.ctx.log.exception("could not report node %s", node)
 
-    async def _on_command(self, event: InjectGpuError) -> None:
+    async def _on_command(self, event: InjectGpuError | RepairNode) -> None:
         gpus = self.gpus
         if not isinstance(gpus, SimulatedGpus):
             self.ctx.log.warning(
-                "ignoring injected XID %d for GPU %d: this node's GPUs are real (NVML)",
-                event.xid,
-                event.gpu,
+                "ignoring %s: this node's GPUs are real (NVML)",
+                "a repair" if isinstance(event, RepairNode) else f"injected XID {event.xid}",
                 extra={"event_id": event.id},
             )
+            return
+        if isinstance(event, RepairNode):
+            repaired = gpus.repair()
+            self.ctx.log.info(
+                "node repaired: simulated GPU(s) %s healthy again",
+                ", ".join(map(str, repaired)) or "(none were unhealthy)",
+                extra={"event_id": event.id},
+            )
+            await self._report()  # the cluster sees the capacity now, not at the next beat
             return
         try:
             gpus.inject_xid(event.gpu, event.xid)

@@ -21,8 +21,15 @@ from resurge.control.client import (
     submit_job,
 )
 from resurge.control.nodes import node_views, set_cordon
+from resurge.events import RepairNode
 from resurge.jobspec import JobSpecError, TrainingJob, load_job
-from resurge.local.membership import MembershipError, add_node, remove_node
+from resurge.local.membership import (
+    MembershipError,
+    add_node,
+    power_off,
+    power_on,
+    remove_node,
+)
 from resurge.local.state import resolve_state_dir
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
@@ -31,7 +38,7 @@ __all__ = ["run_command"]
 
 
 async def _node(bus: Bus, args: argparse.Namespace) -> int:
-    if args.node_command in ("add", "remove"):
+    if args.node_command in ("add", "remove", "up"):
         return await _add_or_remove(bus, args)
     backend = await open_backend(bus, bus.settings)
     if args.node_command == "list":
@@ -63,17 +70,24 @@ async def _node(bus: Bus, args: argparse.Namespace) -> int:
     except LookupError as error:
         print(f"resurge node {args.node_command}: {error}", file=sys.stderr)
         return 1
+    if args.node_command == "uncordon":  # the operator's word that it was repaired
+        await bus.publish(
+            bus.subjects.node_cmd(args.name), RepairNode(source=bus.source, node=args.name)
+        )
     print(f"node {args.name} {args.node_command}ed")
     return 0
 
 
 async def _add_or_remove(bus: Bus, args: argparse.Namespace) -> int:
-    """``node add`` / ``node remove`` on the local cluster in the state folder."""
+    """``node add`` / ``remove`` / ``up`` on the local cluster in the state folder."""
     state_dir = resolve_state_dir(args.state_dir)
     try:
         if args.node_command == "add":
             name = await add_node(bus, state_dir, args.gpus, dict(args.labels), args.timeout)
             print(name)
+        elif args.node_command == "up":
+            powered = await power_on(bus, state_dir, args.name, args.timeout)
+            print(f"node {args.name} {'powered on' if powered else 'is up already'}")
         else:
             await remove_node(bus, state_dir, args.name, args.timeout)
             print(f"node {args.name} removed")
@@ -145,14 +159,22 @@ async def _cannot_hold(bus: Bus, job: TrainingJob) -> str | None:
 
 async def _inject(bus: Bus, args: argparse.Namespace) -> int:
     try:
-        if args.fault == "xid":
+        if args.fault == "node-down":
+            cut = await power_off(resolve_state_dir(args.state_dir), args.node)
+            done = (
+                f"node {args.node} lost its power: its monitor, agents and workers were killed "
+                f"and stay down until `resurge node up {args.node}`"
+                if cut
+                else f"node {args.node} is down already (`resurge node up {args.node}`)"
+            )
+        elif args.fault == "xid":
             what = await inject_xid(bus, args.node, args.gpu, args.code)
             done = f"injected XID {args.code} into GPU {args.gpu} of node {args.node} ({what})"
         else:
             where = await inject_fault(bus, args.job, args.rank, args.fault, args.line)
             done = f"injected {args.fault} into rank {args.rank} of {args.job} ({where})"
-    except LookupError as error:
-        print(f"resurge inject: {error}", file=sys.stderr)
+    except (LookupError, MembershipError) as error:
+        print(f"resurge inject: {error.args[0]}", file=sys.stderr)
         return 1
     print(done)
     return 0

@@ -5,11 +5,14 @@ set, else the local cluster recorded in the state folder by ``resurge up``; with
 recorded there, or one whose supervisor or NATS server is gone, they fail at once, naming
 the folder and how to point at a cluster. ``resurge node add`` and ``remove`` change the
 local cluster's processes, so they always act on the state folder's cluster and ignore
-``RESURGE_NATS_URL``. On a local cluster a command connects as the NATS user of its
+``RESURGE_NATS_URL``; so do ``resurge node up`` and ``resurge inject node-down``, which
+power a local node on and off. On a local cluster a command connects as the NATS user of its
 role, from the folder's credentials: ``viewer`` to read (status, events, node list),
 ``admin`` to change (submit, delete, inject, node add/remove/cordon/uncordon); against
 ``RESURGE_NATS_URL`` it uses ``RESURGE_NATS_CREDENTIALS`` (or ``RESURGE_NATS_USER``
-and ``RESURGE_NATS_PASSWORD``). ``--state-dir`` goes before or after any subcommand
+and ``RESURGE_NATS_PASSWORD``). A server that does not answer is reported after
+:data:`CLI_CONNECT_SECONDS` (``RESURGE_CONNECT_TIMEOUT_SECONDS`` sets another limit).
+``--state-dir`` goes before or after any subcommand
 (:func:`_state_dir_everywhere` gives it to every subparser).
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 from pathlib import Path
@@ -143,20 +147,22 @@ def _parser() -> argparse.ArgumentParser:
         description="Break something on purpose. A worker (--job J --rank R): 'crash' "
         "(SIGKILL), 'hang' (SIGSTOP), 'log' (a fake output line) or 'exception' (raised in "
         "its training function; workers under resurge.worker.restartable only). Or 'xid': "
-        "an NVIDIA XID on a simulated GPU (--node N --gpu G --code C).",
+        "an NVIDIA XID on a simulated GPU (--node N --gpu G --code C). Or 'node-down' "
+        "(--node N): a power loss of a local cluster's node: its monitor, agents and "
+        "workers are killed at once and stay down until `resurge node up N`.",
     )
     inject.add_argument(
         "fault",
-        choices=["crash", "hang", "log", "exception", "xid"],
+        choices=["crash", "hang", "log", "exception", "xid", "node-down"],
         help="SIGKILL or SIGSTOP a worker, a fake log line, an exception in its training "
-        "function, or an XID on a simulated GPU",
+        "function, an XID on a simulated GPU, or a local node's power loss",
     )
     inject.add_argument("--job", help="crash|hang|log|exception: job name")
     inject.add_argument(
         "--rank", type=_count, help="crash|hang|log|exception: global rank of the worker"
     )
     inject.add_argument("--line", default="", help="log: the line the worker 'prints'")
-    inject.add_argument("--node", help="xid: node whose GPU raises it")
+    inject.add_argument("--node", help="xid: node whose GPU raises it; node-down: the node")
     inject.add_argument("--gpu", type=_count, help="xid: GPU index on the node")
     inject.add_argument("--code", type=_count, help="xid: the XID code, e.g. 79")
     inject.set_defaults(inject_parser=inject)
@@ -166,11 +172,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     node = commands.add_parser(
         "node",
-        help="list nodes, cordon or uncordon one; add or remove one of a local cluster",
+        help="list nodes, cordon or uncordon one; add, remove or power on one of a local cluster",
         description="Nodes of the cluster: their slots, health, labels and cordons. A "
         "cordoned node gets no new work; resurge cordons a node after a fatal GPU fault. "
-        "'add' and 'remove' change the nodes of the local cluster that `resurge up` runs "
-        "in the state folder (they ignore RESURGE_NATS_URL); `resurge up` without "
+        "'add', 'remove' and 'up' change the nodes of the local cluster that `resurge up` "
+        "runs in the state folder (they ignore RESURGE_NATS_URL); `resurge up` without "
         "--nodes keeps them.",
     )
     node_commands = node.add_subparsers(dest="node_command", required=True)
@@ -178,9 +184,31 @@ def _parser() -> argparse.ArgumentParser:
         "list", help="every node: slots, free slots, health, cordon and why, jobs, labels"
     )
     node_list.add_argument("--json", action="store_true", help="print JSON")
-    for verb, what in (("cordon", "give it no new work"), ("uncordon", "let it take work again")):
+    for verb, what in (
+        ("cordon", "give it no new work"),
+        (
+            "uncordon",
+            "let it take work again (the operator's word that it was repaired: on a local "
+            "cluster its simulated GPUs are healthy again)",
+        ),
+    ):
         change = node_commands.add_parser(verb, help=f"{verb} a node: {what}")
         change.add_argument("name", help="node name, as `resurge node list` shows it")
+    power = node_commands.add_parser(
+        "up",
+        help="power a local cluster's node on again after `resurge inject node-down`",
+        description="Power a node of the local cluster in the state folder on again after "
+        "`resurge inject node-down`: the supervisor starts its monitor, and the command "
+        "returns once the node reports (or fails after --timeout seconds).",
+    )
+    power.add_argument("name", help="node name, as `resurge node list` shows it")
+    power.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long to wait for the node to report (default 60)",
+    )
     add = node_commands.add_parser(
         "add",
         help="add a virtual node to the local cluster; prints its name",
@@ -292,13 +320,21 @@ def _count(text: str) -> int:
 
 
 # What each kind of `resurge inject` needs and takes: a worker fault, or an XID on a GPU.
-_INJECT_NEEDS = {"worker": ("job", "rank"), "xid": ("node", "gpu", "code")}
-_INJECT_TAKES = {"worker": {"job", "rank", "line"}, "xid": {"node", "gpu", "code"}}
+_INJECT_NEEDS = {
+    "worker": ("job", "rank"),
+    "xid": ("node", "gpu", "code"),
+    "node-down": ("node",),
+}
+_INJECT_TAKES = {
+    "worker": {"job", "rank", "line"},
+    "xid": {"node", "gpu", "code"},
+    "node-down": {"node"},
+}
 
 
 def _check_inject(args: argparse.Namespace) -> None:
     """Fail, naming the options, where ``inject``'s fault lacks some or got others."""
-    kind = "xid" if args.fault == "xid" else "worker"
+    kind = args.fault if args.fault in ("xid", "node-down") else "worker"
     missing = [f"--{name}" for name in _INJECT_NEEDS[kind] if getattr(args, name) is None]
     stray = [
         f"--{name}"
@@ -353,7 +389,9 @@ def _label(text: str) -> tuple[str, str]:
 
 # Commands (and `node` subcommands) that change the cluster: on a local cluster they
 # connect as its admin user, every other command as its viewer (docs/security.md).
-ADMIN_COMMANDS = frozenset({"submit", "delete", "inject", "add", "remove", "cordon", "uncordon"})
+ADMIN_COMMANDS = frozenset(
+    {"submit", "delete", "inject", "add", "remove", "up", "cordon", "uncordon"}
+)
 
 
 class NoClusterError(Exception):
@@ -377,7 +415,7 @@ def _settings(
     from resurge.runtime.settings import Settings
 
     if "RESURGE_NATS_URL" in os.environ and not local_only:
-        return Settings(), False
+        return _briefly(Settings()), False
     folder = resolve_state_dir(state_dir)
     how = (
         "start one there with `resurge up`, point at another with --state-dir DIR or "
@@ -406,7 +444,20 @@ def _settings(
         nats_credentials=credentials if credentials.exists() else None,
         nats_tls_ca=Path(state.tls_ca) if state.tls_ca else None,
     )
-    return settings, True
+    return _briefly(settings), True
+
+
+# A person waits on the command: a server that does not answer in this long is reported
+# (a service waits longer, RESURGE_CONNECT_TIMEOUT_SECONDS, for a server starting up).
+CLI_CONNECT_SECONDS = 5.0
+
+
+def _briefly(settings: Settings) -> Settings:
+    """``settings`` that give up on an unreachable server after
+    :data:`CLI_CONNECT_SECONDS`, unless RESURGE_CONNECT_TIMEOUT_SECONDS says otherwise."""
+    if "RESURGE_CONNECT_TIMEOUT_SECONDS" in os.environ:
+        return settings
+    return settings.model_copy(update={"connect_timeout_seconds": CLI_CONNECT_SECONDS})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -475,8 +526,13 @@ def _on_cluster(args: argparse.Namespace) -> int:
         except (JobSpecError, OSError) as error:
             print(f"resurge submit: {error}", file=sys.stderr)
             return 2
+    # The bus's reconnect warnings are for services' logs; the CLI says what failed itself.
+    logging.getLogger("resurge.runtime.bus").setLevel(logging.ERROR)
+    local = False
     try:
-        local_only = args.command == "node" and args.node_command in ("add", "remove")
+        local_only = (args.command == "node" and args.node_command in ("add", "remove", "up")) or (
+            args.command == "inject" and args.fault == "node-down"
+        )
         command = args.node_command if args.command == "node" else args.command
         role = "admin" if command in ADMIN_COMMANDS else "viewer"
         settings, local = _settings(args.state_dir, local_only, role)
@@ -487,7 +543,8 @@ def _on_cluster(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # the output's reader went away: not a NATS connection error
         raise
     except ConnectionError as error:
-        print(f"resurge {args.command}: {error}", file=sys.stderr)
+        where = "" if local else " (RESURGE_NATS_URL)"
+        print(f"resurge {args.command}: {error}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -24,6 +24,7 @@ import sys
 from datetime import datetime
 from typing import Any
 
+import nats.errors
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress_bar import ProgressBar
@@ -38,6 +39,9 @@ from resurge.runtime.bus import Bus
 __all__ = ["describe", "jobs_table", "show_status"]
 
 REFRESH_SECONDS = 1.0
+GONE_SECONDS = 5.0
+"""How long the live table waits for a lost NATS connection to come back before it
+says the cluster went away and stops."""
 BAR_WIDTH = 40
 EVIDENCE_CHARS = 40
 
@@ -155,6 +159,7 @@ def describe(view: dict[str, Any]) -> Group:
         ("Message", view.get("message") or "-"),
         ("Generation", view["generation"]),
         ("Replicas", f"{replicas.get('current', 0)} current, {replicas.get('target', 0)} target"),
+        ("Last resize", _resize_words(view.get("lastResize"))),
         ("Step", _step(view)),
         ("Restarts", _restarts(view)),
         ("Goodput", _goodput(view)),
@@ -182,6 +187,18 @@ def _waiting_words(view: dict[str, Any]) -> str:
     if isinstance(held, dict):
         return f"grow to {held['to']} waits for {held['why']} until {str(held['until'])[11:19]}"
     return ""
+
+
+def _resize_words(resize: object) -> str:
+    """The last resize in a line: what, from and to, when, how long, why."""
+    if not isinstance(resize, dict):
+        return "none"
+    took = resize.get("seconds")
+    pause = f", {took:.2f} s to the first step at the new size" if took is not None else ""
+    return (
+        f"{resize['resize']} {resize['from']} -> {resize['to']} replicas at "
+        f"{str(resize['time'])[11:19]}{pause}: {resize['why']}"
+    )
 
 
 def _section(title: str, items: list[str]) -> Text:
@@ -248,7 +265,47 @@ async def show_status(bus: Bus, args: argparse.Namespace) -> int:
     if args.once or not console.is_terminal:
         console.print(jobs_table(views))
         return 0
-    with Live(jobs_table(views), console=console, auto_refresh=False) as live:
-        while True:  # until Ctrl-C
-            await asyncio.sleep(REFRESH_SECONDS)
-            live.update(jobs_table(await _views(bus, None)), refresh=True)
+    return await _live(bus, console, views)
+
+
+async def _live(bus: Bus, console: Console, views: list[dict[str, Any]]) -> int:
+    """The table, refreshed every second until Ctrl-C; 1, saying so, once the cluster
+    went away."""
+    try:
+        with Live(jobs_table(views), console=console, auto_refresh=False) as live:
+            while True:
+                await asyncio.sleep(REFRESH_SECONDS)
+                fresh = await _refreshed(bus)
+                if fresh is not None:
+                    live.update(jobs_table(fresh), refresh=True)
+    except ClusterGone as gone:
+        print(f"resurge status: {gone}", file=sys.stderr)
+        return 1
+
+
+class ClusterGone(Exception):
+    """The cluster's NATS server stopped answering and did not come back."""
+
+
+async def _refreshed(bus: Bus) -> list[dict[str, Any]] | None:
+    """Every job's view again; None where a read failed on a connection that is still up
+    (the table stays as it was). :class:`ClusterGone` once the connection is lost and
+    not back within :data:`GONE_SECONDS` (a server the supervisor restarts is back
+    sooner), so nothing is read from a cluster half shut down."""
+    await _still_there(bus)
+    try:
+        return await _views(bus, None)
+    except (nats.errors.Error, TimeoutError, ConnectionError, OSError):
+        await _still_there(bus)
+        return None
+
+
+async def _still_there(bus: Bus) -> None:
+    deadline = asyncio.get_running_loop().time() + GONE_SECONDS
+    while not bus.connected:
+        if bus.nc.is_closed or asyncio.get_running_loop().time() > deadline:
+            raise ClusterGone(
+                f"the cluster went away: its NATS server at {bus.settings.nats_url} stopped "
+                f"answering (for {GONE_SECONDS:g} s); stopped watching"
+            )
+        await asyncio.sleep(0.1)  # the client reconnects by itself: polled, bounded

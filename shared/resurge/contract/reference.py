@@ -173,14 +173,15 @@ FAMILIES: tuple[Family, ...] = (
         summary="Commands to one replica's agent, or (job token "
         f"`{NODE_LEVEL_JOB}`) to one node's monitor agent.",
         publishers="the restarter and the scaler (`assign`, `stop`, `checkpoint_now`); "
-        "`resurge inject` (`inject_fault`, `inject_gpu_error`)",
+        "`resurge inject` (`inject_fault`, `inject_gpu_error`); `resurge node uncordon` "
+        "(`repair_node`)",
         subscribers="node agents: `launch` reads its replica's subject, `monitor` reads "
         f"`cmd.{NODE_LEVEL_JOB}.<node>`",
         parameters=(
             Parameter(
                 "job",
                 f"The job's name as one token, escaped; `{NODE_LEVEL_JOB}` for commands to "
-                "a node's monitor agent (`inject_gpu_error`).",
+                "a node's monitor agent (`inject_gpu_error`, `repair_node`).",
             ),
             Parameter(
                 "replica",
@@ -188,7 +189,14 @@ FAMILIES: tuple[Family, ...] = (
                 "node's name as one token.",
             ),
         ),
-        kinds=("assign", "stop", "checkpoint_now", "inject_fault", "inject_gpu_error"),
+        kinds=(
+            "assign",
+            "stop",
+            "checkpoint_now",
+            "inject_fault",
+            "inject_gpu_error",
+            "repair_node",
+        ),
         build=lambda s: s.cmd(None, None),
     ),
     Family(

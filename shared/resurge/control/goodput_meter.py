@@ -16,7 +16,10 @@ stored events for ``resurge report``), so the two agree:
 - ``redone_steps``: steps trained again after a restart resumed from an older
   checkpoint (a rank-0 step at or below the highest one seen before it), at the job's
   median step time (over its recent steps);
-- ``waiting_for_capacity``: time in ``Pending`` after the job first ran.
+- ``waiting_for_capacity``: time in ``Pending`` after the job first ran;
+- ``cluster_down``: the time a local cluster was down (``resurge down`` then ``up``).
+  The timeline works it out from the stored events; this meter lives in the restarter,
+  which stops with the cluster and starts afresh, so it reports 0 for it.
 
 Goodput is productive time (wall time less those) over wall time; wall time runs from
 the job's submission to now, or to the moment it finished.
@@ -36,7 +39,7 @@ from resurge.contract.vocabulary import JobPhase
 
 __all__ = ["CAUSES", "GoodputMeter", "JobGoodput"]
 
-CAUSES = ("detection", "restart", "redone_steps", "waiting_for_capacity")
+CAUSES = ("detection", "restart", "redone_steps", "waiting_for_capacity", "cluster_down")
 """The causes of lost time, as :mod:`resurge.control.timeline` names them."""
 
 # Rank-0 step gaps a job's median step time is taken over.
@@ -82,6 +85,7 @@ class JobGoodput:
             "restart": restart,
             "redone_steps": self.redone * self.step_seconds(),
             "waiting_for_capacity": waiting,
+            "cluster_down": 0.0,  # see the module docstring
         }
 
     def wall(self, now: datetime) -> float:

@@ -4,7 +4,9 @@
 and returns what the report draws and tabulates:
 
 - ``steps``: (seconds since start, step) of rank 0's progress;
-- ``world``: (seconds, world size) at each generation's assignment;
+- ``world``: (seconds, world size) at each generation's assignment, and 0 from the
+  moment the cluster went down (the job's last event before the local cluster started
+  again) to the next assignment;
 - ``faults``, ``recoveries``, ``resizes``, ``phases``: the marks, in seconds since start;
 - ``summary``: wall time, productive time and time lost by cause.
 
@@ -19,7 +21,11 @@ Time lost, by cause (each counted once, in seconds):
   each resize's pause (the last step at the old size to the first at the new);
 - ``redone_steps``: steps trained again after a restart resumed from an older
   checkpoint, at the job's median step time;
-- ``waiting_for_capacity``: time in ``Pending`` after the job first ran.
+- ``waiting_for_capacity``: time in ``Pending`` after the job first ran, but for
+  the time the cluster was down;
+- ``cluster_down``: from the job's last event before the local cluster started again
+  (``resurge down`` or a crash of the machine, then ``resurge up``: the restart's
+  PhaseChanged says :data:`CLUSTER_RESTARTED`) to the job's next phase after Pending.
 
 Goodput is productive time (wall time less those) over wall time.
 """
@@ -46,7 +52,10 @@ from resurge.events import (
     ScaleDecided,
 )
 
-__all__ = ["Timeline", "build_timeline"]
+__all__ = ["CLUSTER_RESTARTED", "Timeline", "build_timeline"]
+
+CLUSTER_RESTARTED = "the local cluster started again"
+"""How the PhaseChanged of a job requeued by a local cluster's start begins."""
 
 
 @dataclass
@@ -82,10 +91,29 @@ def build_timeline(job: str, events: list[Event]) -> Timeline:
         return round((when - t0).total_seconds(), 3)
 
     timeline.start, timeline.end = t0.isoformat(), mine[-1].time.isoformat()
+    previous: Event | None = None
     for event in mine:
         _mark(timeline, event, at)
+        if _cluster_restarted(event) and previous is not None:
+            _went_down(timeline, at(previous.time))
+        previous = event
     timeline.summary = _summary(timeline, mine, at)
     return timeline
+
+
+def _cluster_restarted(event: Event) -> bool:
+    return (
+        isinstance(event, PhaseChanged)
+        and event.phase is JobPhase.PENDING
+        and event.message.startswith(CLUSTER_RESTARTED)
+    )
+
+
+def _went_down(timeline: Timeline, since: float) -> None:
+    """The cluster was down from ``since`` to the restart just marked (the last phase)."""
+    timeline.phases[-1]["cluster_down_since"] = since
+    if timeline.world and timeline.world[-1][1] != 0:
+        timeline.world.append((since, 0))
 
 
 def _mark(timeline: Timeline, event: Event, at: Any) -> None:
@@ -146,6 +174,7 @@ def _summary(timeline: Timeline, events: list[Event], at: Any) -> dict[str, Any]
         "restart": _recovering(timeline, events, at, wall) + _resize_pauses(timeline),
         "redone_steps": _redone(timeline),
         "waiting_for_capacity": _waiting(timeline, wall),
+        "cluster_down": _cluster_down(timeline, wall),
     }
     lost = {cause: round(seconds, 3) for cause, seconds in lost.items()}
     productive = max(wall - sum(lost.values()), 0.0)
@@ -237,16 +266,32 @@ def _resize_pauses(timeline: Timeline) -> float:
 
 
 def _waiting(timeline: Timeline, wall: float) -> float:
-    """Time in Pending after the job first ran."""
+    """Time in Pending after the job first ran, up to the cluster going down."""
     total, pending_since, ran = 0.0, None, False
     for mark in timeline.phases:
         if mark["phase"] == JobPhase.RUNNING.value:
             ran = True
+        down_since = mark.get("cluster_down_since")
         if pending_since is not None:
-            total += mark["time"] - pending_since
+            until = mark["time"] if down_since is None else down_since
+            total += max(until - pending_since, 0.0)
             pending_since = None
-        if ran and mark["phase"] == JobPhase.PENDING.value:
+        if ran and mark["phase"] == JobPhase.PENDING.value and down_since is None:
             pending_since = mark["time"]
     if pending_since is not None:
         total += wall - pending_since
+    return total
+
+
+def _cluster_down(timeline: Timeline, wall: float) -> float:
+    """From each time the cluster went down to the job's next phase after Pending."""
+    total, down_since = 0.0, None
+    for mark in timeline.phases:
+        if down_since is not None and mark["phase"] != JobPhase.PENDING.value:
+            total += max(mark["time"] - down_since, 0.0)
+            down_since = None
+        if down_since is None and mark.get("cluster_down_since") is not None:
+            down_since = mark["cluster_down_since"]
+    if down_since is not None:
+        total += max(wall - down_since, 0.0)
     return total

@@ -20,6 +20,7 @@ from resurge.events.commands import (
     CheckpointNow,
     InjectFault,
     InjectGpuError,
+    RepairNode,
     ReplicaSlot,
     Stop,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "RecoveryLevel",
     "RecoveryStarted",
     "RendezvousPassed",
+    "RepairNode",
     "ReplicaFinished",
     "ReplicaSlot",
     "ScaleDecided",
@@ -105,6 +107,7 @@ _MODELS: tuple[type[Envelope], ...] = (
     CheckpointNow,
     InjectFault,
     InjectGpuError,
+    RepairNode,
     RecoveryStarted,
     RecoveryFinished,
     ScaleDecided,
@@ -135,6 +138,7 @@ Event = Annotated[
     | CheckpointNow
     | InjectFault
     | InjectGpuError
+    | RepairNode
     | RecoveryStarted
     | RecoveryFinished
     | ScaleDecided

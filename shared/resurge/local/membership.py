@@ -1,6 +1,7 @@
-"""``resurge node add`` and ``resurge node remove`` on the local cluster.
+"""``resurge node add``, ``remove`` and ``up``, and ``resurge inject node-down``, on the
+local cluster.
 
-Both change the folder's wanted nodes (:mod:`resurge.local.node_set`), which the
+Each changes the folder's wanted nodes (:mod:`resurge.local.node_set`), which the
 running supervisor reconciles against, and await the outcome through the backend's
 change stream (``watch``), each within a time limit:
 
@@ -13,6 +14,11 @@ change stream (``watch``), each within a time limit:
   waits until the supervisor has stopped its monitor and forgotten its record. A worker
   group still there at the time limit is a :class:`MembershipError` naming its job;
   the node stays cordoned and wanted. An unknown name is a :class:`LookupError`.
+- :func:`power_off` marks the node down (a power loss: the supervisor SIGKILLs its
+  monitor, agents and workers and starts none of them again) and returns once the
+  supervisor says it is (``cluster.json``'s ``down``); the node's record stays, so the
+  cluster sees it go silent.
+- :func:`power_on` marks it up again and returns once its monitor reports afresh.
 """
 
 from __future__ import annotations
@@ -33,9 +39,18 @@ from resurge.cluster import (
 )
 from resurge.control.nodes import mark_for_removal
 from resurge.local.node_set import NodeSet, editing
+from resurge.local.state import ClusterState
 from resurge.runtime.bus import Bus
 
-__all__ = ["REGISTER_SECONDS", "STOP_SECONDS", "MembershipError", "add_node", "remove_node"]
+__all__ = [
+    "REGISTER_SECONDS",
+    "STOP_SECONDS",
+    "MembershipError",
+    "add_node",
+    "power_off",
+    "power_on",
+    "remove_node",
+]
 
 REGISTER_SECONDS = 60.0
 """How long :func:`add_node` waits for the new node to register."""
@@ -127,3 +142,52 @@ async def remove_node(bus: Bus, state_dir: Path, name: str, wait_seconds: float)
 async def _groups_on(backend: ClusterBackend, name: str) -> list[tuple[str, int]]:
     """(job, replica) of each worker group on ``name``."""
     return [(g.job, g.replica) for g in await backend.list_worker_groups() if g.node == name]
+
+
+# How often power_off reads cluster.json for the supervisor's word (it wakes every 0.2 s).
+_POLL_SECONDS = 0.1
+
+
+async def power_off(state_dir: Path, name: str, wait_seconds: float = STOP_SECONDS) -> bool:
+    """Cut ``name``'s power (module docstring); False if it was down already.
+    :class:`LookupError` for an unknown node, :class:`MembershipError` when the
+    supervisor does not say it is down in time."""
+    with editing(state_dir) as node_set:
+        changed = node_set.power(name, on=False)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_seconds
+    while loop.time() < deadline:
+        state = ClusterState.load(state_dir)
+        if state is not None and name in state.down:
+            return changed
+        await asyncio.sleep(_POLL_SECONDS)  # another process's file: polled, bounded
+    raise MembershipError(
+        f"node {name} is marked down, but the supervisor did not power it off within "
+        f"{wait_seconds:g} s: is it running? (see {state_dir / 'logs' / 'supervisor.log'})"
+    )
+
+
+async def power_on(
+    bus: Bus, state_dir: Path, name: str, wait_seconds: float = REGISTER_SECONDS
+) -> bool:
+    """Power ``name`` on again and return once its monitor has reported; False if it was
+    not down. :class:`LookupError` for an unknown node, :class:`MembershipError` when it
+    does not report in time (it stays marked up: the supervisor keeps starting it)."""
+    backend = await open_backend(bus, bus.settings)
+    since = datetime.now(UTC)
+    deadline = asyncio.get_running_loop().time() + wait_seconds
+    async with watching(backend, name) as changes:
+        with editing(state_dir) as node_set:
+            changed = node_set.power(name, on=True)
+        if not changed:
+            return False
+        try:
+            while True:
+                info = (await _next(changes, deadline)).node_info
+                if info is not None and info.heartbeat > since:
+                    return True
+        except TimeoutError:
+            raise MembershipError(
+                f"node {name} was powered on but did not report within {wait_seconds:g} s "
+                f"(see {state_dir / 'logs' / f'{name}.log'})"
+            ) from None

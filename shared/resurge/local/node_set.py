@@ -1,10 +1,12 @@
 """The local cluster's wanted nodes: ``nodes.json`` in the state folder.
 
-The file holds the nodes the cluster should run (name, GPUs, labels), the GPUs a node
-gets by default, and the index the next added node is named after. ``resurge node add``
-and ``remove`` change it under ``nodes.lock`` (:func:`editing`: read, change, write
-atomically), and the supervisor reconciles its node monitors against it
-(:func:`plan`), as a controller reconciles against a desired state.
+The file holds the nodes the cluster should run (name, GPUs, labels, and whether it is
+powered off), the GPUs a node gets by default, and the index the next added node is
+named after. ``resurge node add`` and ``remove`` (and ``resurge inject node-down`` and
+``resurge node up``, which power a node off and on) change it under ``nodes.lock``
+(:func:`editing`: read, change, write atomically), and the supervisor reconciles its
+node monitors against it (:func:`plan`), as a controller reconciles against a desired
+state.
 
 Why a file, not a request to the supervisor: it is the desired state itself, so it
 outlives every process. A supervisor that crashes or is stopped (``resurge down``)
@@ -23,7 +25,7 @@ import contextlib
 import fcntl
 import json
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 __all__ = ["NodeEntry", "NodeSet", "Plan", "editing", "plan"]
@@ -36,6 +38,7 @@ class NodeEntry:
     name: str
     gpus: int
     labels: dict[str, str] = field(default_factory=dict)
+    down: bool = False  # powered off (`resurge inject node-down`): no process of it runs
 
     def monitor_args(self, log_dir: Path) -> list[str]:
         """The ``resurge-node-agent`` arguments that run this node's monitor."""
@@ -102,10 +105,25 @@ class NodeSet:
 
     def remove(self, name: str) -> None:
         """Drop ``name``; :class:`LookupError`, naming the wanted nodes, if it is not one."""
-        if self.get(name) is None:
+        self.known(name)
+        self.nodes = [node for node in self.nodes if node.name != name]
+
+    def known(self, name: str) -> NodeEntry:
+        """The wanted node ``name``; :class:`LookupError`, naming the wanted nodes, if it
+        is not one."""
+        entry = self.get(name)
+        if entry is None:
             known = ", ".join(self.names) or "none"
             raise LookupError(f"no node named {name!r} in this local cluster (nodes: {known})")
-        self.nodes = [node for node in self.nodes if node.name != name]
+        return entry
+
+    def power(self, name: str, on: bool) -> bool:
+        """Power ``name`` on or off; whether that changed it (:meth:`known`'s error)."""
+        entry = self.known(name)
+        if entry.down is not on:
+            return False
+        self.nodes = [replace(n, down=not on) if n.name == name else n for n in self.nodes]
+        return True
 
 
 @contextlib.contextmanager
@@ -134,8 +152,9 @@ def plan(wanted: list[NodeEntry], running: dict[str, NodeEntry]) -> Plan:
     """Start each wanted node no monitor runs for; stop each running one not wanted.
 
     A node wanted with other GPUs or labels than its monitor runs with is stopped now
-    and started again (with the new ones) once it has stopped."""
-    names = {node.name: node for node in wanted}
-    stop = [name for name, node in running.items() if names.get(name) != node]
+    and started again (with the new ones) once it has stopped. Powering a node off or on
+    (``down``) is no change here: the supervisor kills or starts its monitor itself."""
+    names = {node.name: replace(node, down=False) for node in wanted}
+    stop = [name for name, node in running.items() if names.get(name) != replace(node, down=False)]
     start = [node for node in wanted if node.name not in running]
     return Plan(start=start, stop=sorted(stop))

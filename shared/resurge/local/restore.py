@@ -18,6 +18,7 @@ import logging
 from resurge.cluster import open_backend
 from resurge.control.job_messages import announce_phase
 from resurge.control.records import JobRecord, JobStore
+from resurge.control.timeline import CLUSTER_RESTARTED
 from resurge.events import JobPhase
 from resurge.runtime.bus import Bus
 
@@ -41,9 +42,7 @@ def requeue_after_restart(record: JobRecord) -> bool:
     record.alive_since = None
     checkpoint = record.latest_checkpoint
     resume = "the start" if checkpoint is None else f"checkpoint step {checkpoint.step}"
-    record.message = (
-        f"the local cluster started again: waiting for capacity to resume from {resume}"
-    )
+    record.message = f"{CLUSTER_RESTARTED}: waiting for capacity to resume from {resume}"
     return True
 
 

@@ -14,7 +14,7 @@ import fcntl
 import json
 import os
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 from urllib.parse import urlsplit
@@ -47,6 +47,7 @@ class ClusterState:
     nodes: list[str]
     gpus_per_node: int
     tls_ca: str | None = None  # the CA that verifies the server, when it speaks TLS
+    down: list[str] = field(default_factory=list)  # nodes powered off: none of them runs
 
     @staticmethod
     def path(state_dir: Path) -> Path:

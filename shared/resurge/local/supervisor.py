@@ -12,8 +12,12 @@ file's nodes (added ones and their labels included). :meth:`Supervisor.check`
 reconciles against the file: a node ``resurge node add`` wrote gets a monitor, and a
 node ``resurge node remove`` took out has its monitor stopped (SIGTERM; SIGKILL after
 ``grace`` seconds) and then its record forgotten by the backend, so nobody lists it or
-counts it as lost. At start, records of nodes the file does not want (left by an earlier
-run) are forgotten too. Before any service starts, the
+counts it as lost. A node the file marks ``down`` (``resurge inject node-down``) loses
+power: its monitor and every process below it are SIGKILLed, and nothing of it starts
+again, whatever restarts the supervisor goes through, until the file marks it up
+(``resurge node up``); its record stays, so the cluster sees the node go silent. At
+start, records of nodes the file does not want (left by an earlier run) are forgotten
+too. Before any service starts, the
 jobs of an earlier run of the cluster go back to Pending (:mod:`resurge.local.restore`),
 to resume from their checkpoints. Like a Deployment, it starts
 again any child that dies, and says so in its log; so too the embedded nats-server
@@ -119,6 +123,11 @@ class Supervisor:
         return self.node_set.names
 
     @property
+    def down_nodes(self) -> list[str]:
+        """The nodes powered off now: no process of them runs, none is started."""
+        return [c.name for c in self.children.values() if c.node is not None and c.failed]
+
+    @property
     def log_dir(self) -> Path:
         """Where each child's log goes."""
         return self.state_dir / "logs"
@@ -220,12 +229,14 @@ class Supervisor:
         for node in self.node_set.nodes:
             self.children[node.name] = self._monitor(node)
         for child in self.children.values():
-            self._spawn(child)
+            if not child.failed:
+                self._spawn(child)
         asyncio.run(self._wait_ready(timeout))
 
     def _monitor(self, node: NodeEntry) -> _Child:
+        """A node's monitor, not yet started (and never, while the node is down)."""
         argv = [sys.executable, "-m", "resurge_node_agent", *node.monitor_args(self.log_dir)]
-        return _Child(node.name, argv, node=node)
+        return _Child(node.name, argv, node=node, failed=node.down)
 
     def _spawn(self, child: _Child) -> None:
         with (self.log_dir / f"{child.name}.log").open("ab") as out:
@@ -270,10 +281,11 @@ class Supervisor:
             await bus.ensure_streams()
             backend = await open_backend(bus, settings)
             deadline = time.monotonic() + wait_seconds
+            powered = set(self.node_names) - set(self.down_nodes)
             while True:
                 nodes = {n.name for n in await backend.live_nodes()}
                 bound = [await _has_consumer(bus, family, name) for family, name in READY_CONSUMERS]
-                if set(self.node_names) <= nodes and all(bound):
+                if powered <= nodes and all(bound):
                     return
                 dead = [
                     c.name
@@ -402,10 +414,32 @@ class Supervisor:
         self._add_users([node.name for node in started])
         for node in started:  # a node whose old record is not yet forgotten waits for it
             child = self.children[node.name] = self._monitor(node)
+            if child.failed:
+                continue
             self._spawn(child)
             assert child.process is not None
             log.info("started %s (pid %d): %d GPU(s)", node.name, child.process.pid, node.gpus)
-        return bool(gone or started)
+        powered = self._power(wanted.nodes)
+        return bool(gone or started or powered)
+
+    def _power(self, wanted: list[NodeEntry]) -> bool:
+        """Power off each running node the set marks down, and on each down node it marks
+        up; True when one was."""
+        changed = False
+        for node in wanted:
+            child = self.children.get(node.name)
+            if child is None or child.node is None or child.stop_by is not None:
+                continue
+            if node.down and not child.failed:
+                self.fail_node(node.name)
+                changed = True
+            elif not node.down and child.failed:
+                child.failed, child.restarts, child.next_start = False, 0, 0.0
+                self._spawn(child)
+                assert child.process is not None
+                log.warning("%s powered on (pid %d)", node.name, child.process.pid)
+                changed = True
+        return changed
 
     def _add_users(self, nodes: list[str]) -> None:
         """Give each of ``nodes`` that has none its agent user, and have the server
@@ -502,6 +536,7 @@ class Supervisor:
             nodes=self.node_names,
             gpus_per_node=self.gpus_per_node,
             tls_ca=str(self.tls_ca) if self.tls_ca else None,
+            down=self.down_nodes,
         )
 
 

@@ -656,12 +656,16 @@ class Bus:
             await msg.term()
 
     async def close(self) -> None:
-        """Drain subscriptions and pending publishes, then close."""
+        """Drain subscriptions and pending publishes, then close; a connection that is
+        reconnecting (its server gone) has nothing to drain into, and is just closed."""
         if self.nc.is_closed:
             return
         already = (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError)
-        with contextlib.suppress(*already):
-            await self.nc.drain()
+        try:
+            with contextlib.suppress(*already):
+                await self.nc.drain()
+        except nats.errors.ConnectionReconnectingError:
+            await self.nc.close()
 
 
 class _ConnectionChanges:
@@ -779,7 +783,10 @@ def _who(options: dict[str, Any]) -> str:
     """Whom a refused connection tried to be, in words."""
     user = options.get("user")
     if user is None:
-        return "it needs a user (set RESURGE_NATS_CREDENTIALS, or RESURGE_NATS_USER and PASSWORD)"
+        return (
+            "it needs a user (set RESURGE_NATS_CREDENTIALS, or RESURGE_NATS_USER and "
+            "RESURGE_NATS_PASSWORD)"
+        )
     return f"user {user!r} and its password were not accepted"
 
 
