@@ -16,7 +16,8 @@ stored events for ``resurge report``), so the two agree:
 - ``redone_steps``: steps trained again after a restart resumed from an older
   checkpoint (a rank-0 step at or below the highest one seen before it), at the job's
   median step time (over its recent steps);
-- ``waiting_for_capacity``: time in ``Pending`` after the job first ran;
+- ``waiting_for_capacity``: time in ``Pending`` after the job first ran; for a job
+  that never ran, all of its time (its goodput is 0, not 100%);
 - ``cluster_down``: the time a local cluster was down (``resurge down`` then ``up``).
   The timeline works it out from the stored events; this meter lives in the restarter,
   which stops with the cluster and starts afresh, so it reports 0 for it.
@@ -77,6 +78,8 @@ class JobGoodput:
         waiting = self.waiting
         if self.pending_since is not None:
             waiting += max((self._end(now) - self.pending_since).total_seconds(), 0.0)
+        if not self.ran:  # it never ran: all its time so far went waiting for capacity
+            waiting = self.wall(now)
         restart = self.restart
         if self.recovering_since is not None:
             restart += max((self._end(now) - self.recovering_since).total_seconds(), 0.0)

@@ -22,7 +22,8 @@ Time lost, by cause (each counted once, in seconds):
 - ``redone_steps``: steps trained again after a restart resumed from an older
   checkpoint, at the job's median step time;
 - ``waiting_for_capacity``: time in ``Pending`` after the job first ran, but for
-  the time the cluster was down;
+  the time the cluster was down; for a job that never ran, all of its time (so its
+  goodput is 0, not 100%);
 - ``cluster_down``: from the job's last event before the local cluster started again
   (``resurge down`` or a crash of the machine, then ``resurge up``: the restart's
   PhaseChanged says :data:`CLUSTER_RESTARTED`) to the job's next phase after Pending.
@@ -280,6 +281,8 @@ def _waiting(timeline: Timeline, wall: float) -> float:
             pending_since = mark["time"]
     if pending_since is not None:
         total += wall - pending_since
+    if not ran:  # it never ran: all its time so far went waiting for capacity
+        return wall
     return total
 
 
