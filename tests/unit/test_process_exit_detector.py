@@ -1,5 +1,6 @@
 from datetime import UTC, datetime
 
+from resurge.control.event_words import event_line
 from resurge.control.records import JobRecord, Placement
 from resurge.detection import DetectorContext
 from resurge.events import (
@@ -134,3 +135,32 @@ def test_state_of_a_finished_job_or_an_older_generation_is_dropped() -> None:
     over = record(generation=1, phase=JobPhase.FAILED)
     detector.tick(ctx(over))
     assert detector.state_changes() == {("j", "r0"): None}
+
+
+def test_a_crash_fault_carries_the_workers_last_output() -> None:
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "/app/train.py", line 3, in <module>',
+        "ValueError: no data in /data/shard-7",
+    ]
+    event = exited(1, 1).model_copy(update={"last_output": lines})
+    (fault,) = ProcessExitDetector().observe(event, ctx(record(0)))
+    assert isinstance(fault, FaultDetected)
+    assert fault.evidence["last_output"] == "\n".join(lines)
+    assert fault.message.endswith("exit code 1: ValueError: no data in /data/shard-7")
+    (quiet,) = ProcessExitDetector().observe(exited(1, 1), ctx(record(0)))
+    assert isinstance(quiet, FaultDetected) and "last_output" not in quiet.evidence
+    assert quiet.message.endswith("exit code 1")
+
+
+def test_events_show_the_last_line_in_one_line_and_every_line_in_json() -> None:
+    lines = ["Traceback (most recent call last):", "python: can't open file 'nosuch_train.py'"]
+    event = exited(1, 2).model_copy(update={"last_output": lines})
+    (fault,) = ProcessExitDetector().observe(event, ctx(record(0)))
+    assert isinstance(fault, FaultDetected)
+    shown: ProcessExited | FaultDetected
+    for shown in (event, fault):
+        line = event_line(shown)
+        assert line is not None and line.endswith("python: can't open file 'nosuch_train.py'")
+        assert "Traceback" not in line
+        assert "Traceback (most recent call last):" in str(event_line(shown, as_json=True))

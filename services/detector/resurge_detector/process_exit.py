@@ -1,7 +1,10 @@
 """Process-exit detector: pure logic, no I/O.
 
 - A worker that exits non-zero, or is ended by a signal, without its agent having
-  stopped it, is a process-scope fault (``process_crash`` or ``process_killed``).
+  stopped it, is a process-scope fault (``process_crash`` or ``process_killed``). Its
+  last output lines (``ProcessExited.last_output``) go into the fault's evidence
+  (``last_output``, one string, a line each) and its last line into the fault's message,
+  so a failure explains itself: a traceback's error, "can't open file ...".
 - When every worker of a replica has exited 0 in one generation, the replica finished.
 
 Outputs carry ids derived from the input event's id, so a redelivered input yields
@@ -41,6 +44,9 @@ from resurge.events import (
 __all__ = ["ProcessExitDetector"]
 
 _Key = tuple[str, int]  # job, replica
+
+# The most of a worker's last output line a fault's message quotes (the evidence has all).
+MESSAGE_LINE_CHARS = 300
 
 
 @dataclass
@@ -178,19 +184,30 @@ class ProcessExitDetector:
             ctx = DetectorContext(now=datetime.now(UTC), source=self.source)
         killed = event.signal is not None
         how = f"signal {event.signal}" if killed else f"exit code {event.exit_code}"
+        said = [line.rstrip() for line in event.last_output if line.strip()]
+        last = f": {_shortened(said[-1])}" if said else ""
+        evidence: dict[str, str | int | float | bool | None] = {
+            "pid": event.pid,
+            "exit_code": event.exit_code,
+            "signal": event.signal,
+            "local_rank": event.local_rank,
+            "exited_at": event.time.isoformat(),
+        }
+        if said:
+            evidence["last_output"] = "\n".join(said)
         return ctx.fault(
             event,
             id=f"fault-{event.id}",
             fault_id=f"process_exit:{event.job}:g{event.generation}:r{event.rank}",
             scope=FaultScope.PROCESS,
             reason="process_killed" if killed else "process_crash",
-            message=f"rank {event.rank} (pid {event.pid}) on {event.node} ended with {how}",
-            evidence={
-                "pid": event.pid,
-                "exit_code": event.exit_code,
-                "signal": event.signal,
-                "local_rank": event.local_rank,
-                "exited_at": event.time.isoformat(),
-            },
+            message=f"rank {event.rank} (pid {event.pid}) on {event.node} ended with {how}{last}",
+            evidence=evidence,
             suggested_level=RecoveryLevel.PROCESS,
         )
+
+
+def _shortened(line: str) -> str:
+    """One output line as a message quotes it: its end kept if it is long."""
+    line = line.strip()
+    return line if len(line) <= MESSAGE_LINE_CHARS else "..." + line[-MESSAGE_LINE_CHARS:]

@@ -74,7 +74,8 @@ def _words(event: Event) -> str | None:  # noqa: C901  (one branch per kind peop
         if event.expected:
             return None
         how = f"was killed by {event.signal}" if event.signal else f"exited {event.exit_code}"
-        return f"{who} {how}"
+        said = [line.strip() for line in event.last_output if line.strip()]
+        return f"{who} {how}" + (f": {said[-1]}" if said else "")  # --json has every line
     if isinstance(event, AgentStateChanged):  # only a lost agent by default: -v shows all
         if event.state is not AgentState.LOST:
             return None

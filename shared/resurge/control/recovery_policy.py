@@ -18,16 +18,20 @@ The ladder (DESIGN section 4), cheapest first: ``in_process``, ``process``, ``po
 2. The fault's scope sets the floor (process -> in_process, node -> node, job -> job),
    raised to the detector's ``suggested_level``; ``in_process`` needs workers that run
    under ``resurge.worker.restartable`` (else ``process``).
-3. A fault escalates only when the last restart did not fix it: it climbs one rung
-   above the restart before it when it is a fault of the generation that restart
-   started and that generation has not yet made progress past its resume point (a
-   completed step beyond its checkpoint; for workers that report no progress, running
-   ``SETTLE_SECONDS``), or when the same fault at the same place (its reason, and the
-   same rank, else replica, for process faults; the same node for node faults) was
-   restarted inside ``evalPeriodSeconds`` (one rung above its rung then). Independent
-   faults each get the floor. ``node`` is a rung only for faults about a node (node
-   scope, or a node that became a repeat offender: ``maxRepeatOffenders`` node faults
-   in the window); a crashing process climbs process -> pod -> job, never cordoning.
+3. A fault escalates only when the last restart did not fix it, a fact about the
+   generation it started, not about time: it climbs one rung above the restart before
+   it when it is a fault of the generation that restart started and that generation did
+   not train (:func:`generation_fixed`), or when the same fault at the same place (its
+   reason, and the same rank, else replica, for process faults; the same node for node
+   faults) was restarted inside ``evalPeriodSeconds`` (one rung above its rung then).
+   Independent faults each get the floor. ``node`` is a rung only for faults about a
+   node (node scope, or a node that became a repeat offender: ``maxRepeatOffenders``
+   node faults in the window); a crashing process climbs process -> pod -> job, never
+   cordoning. The restarts of one incident (``RestartEntry.stalled``: each for a fault
+   of a generation that did not train) count in the window however long ago they were,
+   so a failure loop slower than ``evalPeriodSeconds`` (a start-up hang judged after the
+   learned 600 s) climbs and ends too; its message says what its generations had in
+   common (the step they got no further than, or that they ended before the rendezvous).
 4. The first rung listed in ``recovery.levels`` at or above that is taken (past the top
    listed rung, the top one); a rung whose ``maxRestartsPerLevel`` is spent inside the
    window passes to the next; the top rung's limit (``TOP_RUNG_LIMIT`` unless set) spent
@@ -36,6 +40,20 @@ The ladder (DESIGN section 4), cheapest first: ``in_process``, ``process``, ``po
 5. The job fails, saying which fault and which limit, when the top rung's limit is
    spent, ``maxFullJobRestarts`` full restarts are spent, or ``jobMaxRetryCount``
    restarts are (a lifetime cap only when the user sets one).
+
+A generation trained (:func:`generation_fixed`; the same fact ends a recovery, see
+:func:`apply_sign_of_life`, :func:`apply_rendezvous`, :func:`apply_settled`): for
+workers that report progress, a step past its resume point and past the furthest step
+the generations before it in the incident reached (``reached``, which the caller
+passes: the restarter's own view of the progress); for workers that report none, every
+rank passed its rendezvous (``RendezvousPassed``, from the agent hosting the
+generation's store). A worker start is not training. Only for a job none of whose
+generations ever passed a rendezvous (its scripts never join the agent's store: no
+``torch.distributed``, an ``init_method`` of their own, or an agent that could not start
+the store) does ``SETTLE_SECONDS`` of running count instead.
+
+A failed job's message ends with the failing rank's own last output lines (the fault's
+``last_output`` evidence).
 
 Backoff is for faults that persist: a new incident is restarted at once; the n-th
 restart for one fault that the restarts before did not fix (each escalation above
@@ -84,8 +102,9 @@ __all__ = [
     "settle_due",
 ]
 
-# A generation of a job whose workers report no progress counts as working (the restart
-# that started it fixed what it was for) once it has run this long without a fault.
+# A generation of a job whose workers report no progress and never pass a rendezvous
+# (the fallback: see the module docstring) counts as having trained once it has run this
+# long without a fault.
 SETTLE_SECONDS = 30.0
 
 # The failing rank's last output lines a failed job's message quotes (all are in the
@@ -232,6 +251,8 @@ def _stall_words(
 ) -> str:
     """What the generations of an incident that never trained had in common."""
     first = chain[0].to_generation if chain[0].to_generation is not None else generation
+    if not record.reports_progress and not chain[0].rendezvous and chain[0].reached is None:
+        first = max(first - 1, 0)  # the generation before it did not train either
     span = f"generations {first}-{generation}" if first < generation else f"generation {first}"
     stalled = [e.reached for e in chain[1:] if e.reached is not None]
     if reached is not None:
