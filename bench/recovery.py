@@ -17,15 +17,27 @@ first completed step of the next generation:
       job meets them; each must stay a process restart with no backoff, as fast as (a);
   (h) a SIGSTOPped worker (``resurge inject hang``) under a log rule that expects a
       step line every 3 s, default policy: timed from the stop; the goal is the rule's
-      3 s plus at most 1.5 s (a stopped worker is killed at once, not after a grace).
+      3 s plus at most 1.5 s (a stopped worker is killed at once, not after a grace);
+  (i) a plain script (the same example where ``import resurge`` fails: no progress
+      reports, it resumes from its newest checkpoint as under torchrun) with the job's
+      default recovery policy: three independent kills (ranks 1, 2, 3), each 3 s after
+      the job trained again; each kill's recovery level and time;
+  (j) torchrun --max-restarts on that plain script, three kills (local ranks 1, 2, 3);
+  (k) the plain script loading its samples through ``DataLoader(num_workers=2)`` (its
+      ranks have children that share their output pipes), process level, no backoff;
+  (l) torchrun --max-restarts on the same script with the same DataLoader.
 
 (a) to (d) and (g) SIGKILL the worker and are timed from the kill (the moment its agent
 saw the worker die); (e) and (f) are timed from the moment the agent received the worker's
-exception report (the fault's ``reported_at``). Each resurge variant allows one
+exception report (the fault's ``reported_at``); (i) to (l) are timed from the kill
+to the first ``step`` line of the next generation (a plain script's only sign of
+training), so they include the time until the agent saw the exit. Each resurge variant
+but (g), (h) and (i) allows one
 recovery level and no backoff, so every recovery is at that level and the mechanism is
 measured, not the ladder's escalation or crash-loop delays.
 
-Prints the medians and each one as a ratio to (a), measured in the same run.
+Prints the medians and each one as a ratio to (a), measured in the same run, and each
+plain-script variant's against torchrun on the same script ((i) / (j), (k) / (l)).
 
     .venv/bin/python bench/recovery.py [--kills 5] [--skip-baselines] [--only a,g,h]
 """
@@ -34,23 +46,41 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from resurge.control.client import inject_fault
-from resurge.events import FaultDetected, Progress, RecoveryLevel
+from resurge.events import Event, FaultDetected, LogLine, Progress, RecoveryLevel, RecoveryStarted
 from resurge.jobspec import BackoffSpec, LogRule, TrainingJob
 from resurge.local.job_factory import ddp_example_job
 from resurge.local.story import Observed, StoryResult, Watch, run_job
 from resurge.runtime.bus import Bus
 
 STEPS_BEFORE_KILL = 12
-
+# The example as a plain script: `import resurge` fails (a None entry in sys.modules), and
+# without RESURGE_GENERATION it resumes from the newest checkpoint in its folder, as it
+# does under torchrun.
+PLAIN = (
+    "import os, runpy, sys; sys.modules['resurge'] = None; "
+    "os.environ.pop('RESURGE_GENERATION', None); sys.argv = sys.argv[1:]; "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+STEP_LINE = re.compile(r"^step (\d+) loss ")
+INDEPENDENT_KILLS = 3
+TRAINED_AGAIN_SECONDS = 3.0
+DATA_WORKERS = 2
 
 HANG_RULE_SECONDS = 3.0
+PLAIN_KILLS = "(i) plain script, default policy, 3 kills"
+TORCHRUN_PLAIN = "(j) torchrun, plain script, 3 kills"
+PLAIN_LOADER = "(k) plain script, DataLoader(num_workers=2)"
+TORCHRUN_LOADER = "(l) torchrun, DataLoader(num_workers=2)"
 
 
 def bench_job(
@@ -59,14 +89,22 @@ def bench_job(
     checkpoints: Path,
     level: RecoveryLevel | None = RecoveryLevel.PROCESS,
     hang_rule: bool = False,
+    plain: bool = False,
+    data_workers: int = 0,
 ) -> TrainingJob:
-    """The DDP example; ``level`` None keeps the job's default recovery policy."""
+    """The DDP example; ``level`` None keeps the job's default recovery policy; ``plain``
+    runs it as a plain script (:data:`PLAIN`) that prints every step."""
     example = ddp_example_job(checkpoints).spec
-    steps = 20 + kills * (STEPS_BEFORE_KILL + 10) + 10
+    # A plain job must outlast its kills and the training before each; the story ends
+    # with its last recovery.
+    steps = 100_000 if plain else 20 + kills * (STEPS_BEFORE_KILL + 10) + 10
+    program = ["python", "-c", PLAIN] if plain else ["python"]
     command = [
-        "python", "examples/ddp/train.py", "--steps", str(steps), "--checkpoint-every", "5",
-        "--step-seconds", "0.02",
+        *program, "examples/ddp/train.py", "--steps", str(steps), "--checkpoint-every", "5",
+        "--step-seconds", "0.02", "--data-workers", str(data_workers),
     ]  # fmt: skip
+    if plain:
+        command += ["--log-every", "1"]
     recovery = example.recovery
     if level is not None:
         recovery = recovery.model_copy(
@@ -180,6 +218,93 @@ async def resurge_recoveries(
     return result.latencies_after_exit(Progress)
 
 
+@dataclass
+class StepLines:
+    """The job's ``step N loss`` lines by generation, as they arrive (a plain script's
+    only sign of training): {generation: [(time, step)]}."""
+
+    seen: dict[int, list[tuple[datetime, int]]] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def __call__(self, event: Event, subject: str) -> None:
+        if isinstance(event, LogLine) and event.generation is not None:
+            match = STEP_LINE.match(event.line)
+            if match:
+                self.seen.setdefault(event.generation, []).append((event.time, int(match[1])))
+                self.changed.set()
+
+    async def wait_for(self, ready: Callable[[], bool], seconds: float = 120.0) -> None:
+        async with asyncio.timeout(seconds):
+            while not ready():
+                self.changed.clear()
+                await self.changed.wait()
+
+    def newest(self) -> int:
+        return max(self.seen, default=-1)
+
+    def first_after(self, generation: int) -> datetime | None:
+        """When the first generation after ``generation`` that trained printed its first step."""
+        later = [g for g in self.seen if g > generation]
+        return min(t for t, _ in self.seen[min(later)]) if later else None
+
+
+@dataclass
+class PlainKill:
+    generation: int
+    killed_at: datetime
+    seconds: float | None = None
+    level: str = "-"
+
+
+async def kill_plain(
+    bus: Bus, job: str, lines: StepLines, kills: int, trained_seconds: float,
+    record: list[PlainKill],
+) -> None:  # fmt: skip
+    """Kill rank 1, 2, 3, 1, ... of the newest generation once it trained
+    ``trained_seconds`` (at least STEPS_BEFORE_KILL steps); return once the last kill's
+    next generation printed a step."""
+    await bus.subscribe(bus.subjects.raw(job, "log_line", None), lines)
+    for kill in range(kills):
+
+        def trained() -> bool:
+            steps = lines.seen.get(lines.newest(), [])
+            if len({step for _, step in steps}) < STEPS_BEFORE_KILL:
+                return False
+            return (datetime.now(UTC) - steps[0][0]).total_seconds() >= trained_seconds
+
+        await lines.wait_for(trained)
+        record.append(PlainKill(lines.newest(), datetime.now(UTC)))
+        await inject_fault(bus, job, 1 + kill % 3, "crash")
+        await lines.wait_for(lambda: lines.first_after(record[-1].generation) is not None)
+
+
+async def plain_recoveries(
+    kills: int, workdir: Path, trained_seconds: float, data_workers: int = 0,
+    level: RecoveryLevel | None = None,
+) -> list[PlainKill]:  # fmt: skip
+    job = bench_job(kills, True, workdir / "ckpt", level, plain=True, data_workers=data_workers)
+    lines = StepLines()
+    record: list[PlainKill] = []
+    result = await run_job(
+        job,
+        state_dir=workdir,
+        namespace="bench",
+        nodes=2,
+        gpus_per_node=2,
+        wait_seconds=300,
+        during=lambda bus, _: kill_plain(bus, job.name, lines, kills, trained_seconds, record),
+        end_with_during=True,
+    )
+    levels = {r.from_generation: str(r.level) for r in result.events(RecoveryStarted)}
+    for kill in record:
+        first = lines.first_after(kill.generation)
+        kill.seconds = (first - kill.killed_at).total_seconds() if first else None
+        kill.level = levels.get(kill.generation, "-")
+    shown = ", ".join(f"{k.level} {k.seconds:.2f} s" for k in record if k.seconds is not None)
+    print(f"  {len(record)} kills: {shown or 'none recovered'}", flush=True)
+    return record
+
+
 def line(name: str, values: list[float], baseline: float | None) -> str:
     if not values:
         return f"{name:<44} {'no recovery':>10}"
@@ -194,7 +319,9 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--skip-baselines", action="store_true")
     parser.add_argument(
-        "--only", default="a,b,c,d,e,f,g,h", help="comma-separated variants to run (default all)"
+        "--only",
+        default="a,b,c,d,e,f,g,h,i,j,k,l",
+        help="comma-separated variants to run (default all)",
     )
     args = parser.parse_args()
     only = set(args.only.split(","))
@@ -218,9 +345,41 @@ def main() -> int:
                 results[name] = asyncio.run(
                     resurge_recoveries(args.kills, fork_server, root / key, fault, level)
                 )
-        if not args.skip_baselines and only & {"c", "d"}:
+        plain_variants = [
+            ("i", PLAIN_KILLS, INDEPENDENT_KILLS, TRAINED_AGAIN_SECONDS, 0, None),
+            ("k", PLAIN_LOADER, args.kills, 0.0, DATA_WORKERS, RecoveryLevel.PROCESS),
+        ]
+        for key, name, kills, trained, data_workers, plain_level in plain_variants:
+            if key in only:
+                print(name, flush=True)
+                record = asyncio.run(
+                    plain_recoveries(kills, root / key, trained, data_workers, plain_level)
+                )
+                results[name] = [k.seconds for k in record if k.seconds is not None]
+                if key == "i":
+                    notes.append(
+                        f"{PLAIN_KILLS}: "
+                        + ", ".join(
+                            f"{k.level} {k.seconds:.2f} s" if k.seconds is not None else "-"
+                            for k in record
+                        )
+                    )
+        if not args.skip_baselines and only & {"c", "d", "j", "l"}:
             sys.path.insert(0, str(Path(__file__).parent))
             from recovery_baselines import cold_start_recoveries, torchrun_recoveries
+
+            program = ["--no-python", sys.executable, "-c", PLAIN]
+            for key, name, kills, extra in (
+                ("j", TORCHRUN_PLAIN, INDEPENDENT_KILLS, []),
+                ("l", TORCHRUN_LOADER, args.kills, ["--data-workers", str(DATA_WORKERS)]),
+            ):
+                if key in only:
+                    print(name, flush=True)
+                    seconds, note = torchrun_recoveries(
+                        kills, root / key, program=program, extra_args=extra
+                    )
+                    results[name] = seconds
+                    notes.append(f"{name}: {note}")
 
             if "c" in only:
                 print("(c) torchrun --max-restarts", flush=True)
@@ -249,6 +408,10 @@ def main() -> int:
         over = statistics.median(stopped) - HANG_RULE_SECONDS
         print(f"SIGSTOP -> next generation's first step: the rule's {HANG_RULE_SECONDS:g} s "
               f"+ {over:.2f} s (goal: + at most 1.5 s; max {max(stopped):.2f} s)")  # fmt: skip
+    for ours, theirs in ((PLAIN_KILLS, TORCHRUN_PLAIN), (PLAIN_LOADER, TORCHRUN_LOADER)):
+        if results.get(ours) and results.get(theirs):
+            ratio = statistics.median(results[theirs]) / statistics.median(results[ours])
+            print(f"{ours}: {ratio:.1f}x faster than torchrun on the same script (median)")
     for note in notes:
         print(note)
     return 0

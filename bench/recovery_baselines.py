@@ -60,7 +60,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -237,17 +237,21 @@ def _environ(pid: int) -> dict[str, str]:
 
 
 def torchrun_workers(pid: int) -> dict[int, int]:
-    """The live training workers under torchrun ``pid``, as {local rank: pid}."""
-    workers = {}
-    for child in descendants(pid):
+    """The live training workers under torchrun ``pid``, as {local rank: pid}: of the
+    processes with a rank's environment, the first started (the others are its children,
+    such as DataLoader workers)."""
+    workers: dict[int, tuple[int, int]] = {}
+    for child, started in descendants(pid).items():
         try:
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:
             continue
         local_rank = _environ(child).get("LOCAL_RANK")
         if TRAIN.name.encode() in cmdline and local_rank is not None:
-            workers[int(local_rank)] = child
-    return workers
+            rank = int(local_rank)
+            if rank not in workers or (started, child) < workers[rank]:
+                workers[rank] = (started, child)
+    return {rank: child for rank, (_, child) in workers.items()}
 
 
 def _kill_if_same(pids: dict[int, int], sig: int) -> None:
@@ -301,7 +305,15 @@ def stop_tree(procs: Iterable[subprocess.Popen[bytes]], grace: float = STOP_GRAC
 # --- torchrun ----------------------------------------------------------------------------
 
 
-def torchrun_command(setting: TorchrunSetting, port: int, kills: int, ckpt: Path) -> list[str]:
+def torchrun_command(
+    setting: TorchrunSetting,
+    port: int,
+    kills: int,
+    ckpt: Path,
+    program: Sequence[str] = (),
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """``program`` (e.g. ``--no-python python -c CODE``) goes before the script."""
     return [
         sys.executable,
         "-m",
@@ -313,6 +325,7 @@ def torchrun_command(setting: TorchrunSetting, port: int, kills: int, ckpt: Path
         str(NPROC),
         "--max-restarts",
         str(kills + 1),
+        *program,
         str(TRAIN.relative_to(REPO)),
         "--steps",
         str(ENOUGH_STEPS),
@@ -324,6 +337,7 @@ def torchrun_command(setting: TorchrunSetting, port: int, kills: int, ckpt: Path
         str(ckpt),
         "--log-every",
         "1",
+        *extra_args,
     ]
 
 
@@ -340,7 +354,11 @@ def _failed_restarts(out: Output, since: float) -> int:
 
 
 def torchrun_recoveries(
-    kills: int, workdir: Path, setting: TorchrunSetting = BEST_SETTING
+    kills: int,
+    workdir: Path,
+    setting: TorchrunSetting = BEST_SETTING,
+    program: Sequence[str] = (),
+    extra_args: Sequence[str] = (),
 ) -> tuple[list[float], str]:
     """Kill a torchrun worker ``kills`` times; seconds from each kill to the next first step.
 
@@ -350,12 +368,13 @@ def torchrun_recoveries(
     local rank 1, 2, 3, 1, ... A recovery that does not reach a first step within
     ``RECOVERY_TIMEOUT`` s (or torchrun giving up) ends the run: the recoveries that
     worked are returned, with a note saying what happened (error lines included).
+    ``program`` and ``extra_args`` are :func:`torchrun_command`'s.
     """
     ckpt = workdir / "ckpt"
     shutil.rmtree(ckpt, ignore_errors=True)
     ckpt.mkdir(parents=True)
     port = free_port()
-    command = torchrun_command(setting, port, kills, ckpt)
+    command = torchrun_command(setting, port, kills, ckpt, program, extra_args)
     env = _worker_env(setting.env)
     shown = " ".join(
         [*(f"{key}={env[key]}" for key in [*setting.env, *WORKER_ENV]), shlex.join(command)]

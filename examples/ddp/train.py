@@ -29,6 +29,10 @@ now (before a resize): every rank polls ``run.checkpoint_requested()`` each step
 flag travels in the step's loss all-reduce, so that all ranks save at the same step
 (``dcp.save`` is collective) as soon as any rank was asked.
 
+``--data-workers N`` loads each step's samples through a ``torch.utils.data.DataLoader``
+with N worker processes, as most training scripts do (the same samples in the same
+order); the workers are children of the rank's process.
+
 A checkpoint holds the replicated model, the optimizer state by parameter name and the
 step, and nothing per rank (the data needs no RNG state), so DCP loads one written at
 any world size.
@@ -125,6 +129,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="most samples in one forward and backward; a rank accumulates the rest",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the model and the data")
+    parser.add_argument(
+        "--data-workers",
+        type=int,
+        default=0,
+        help="load samples through a DataLoader with N worker processes (0: in the rank)",
+    )
     parser.add_argument("--log-every", type=int, default=5, help="rank 0 prints every N steps")
     parser.add_argument(
         "--no-in-process",
@@ -136,6 +146,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for flag, value in (("--global-batch", args.global_batch), ("--micro-batch", args.micro_batch)):
         if value < 1:
             parser.error(f"{flag} must be at least 1, not {value}")
+    if args.data_workers < 0:
+        parser.error(f"--data-workers must be 0 or more, not {args.data_workers}")
     return args
 
 
@@ -221,6 +233,22 @@ def samples(seed: int, step: int, start: int, stop: int) -> tuple[torch.Tensor, 
     inputs = torch.cat([pair[0] for pair in blocks])[start - offset : stop - offset]
     targets = torch.cat([pair[1] for pair in blocks])[start - offset : stop - offset]
     return inputs, targets
+
+
+class StepShares(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """One rank's micro-batches of steps ``first`` to ``last``, in the order it trains on
+    them (``--data-workers``): item ``k`` is what ``samples`` gives for the k-th one."""
+
+    def __init__(self, seed: int, first: int, last: int, micro_batches: list[tuple[int, int]]):
+        self.seed, self.first, self.last, self.micro_batches = seed, first, last, micro_batches
+
+    def __len__(self) -> int:
+        return max(0, self.last - self.first + 1) * len(self.micro_batches)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        step, micro = divmod(index, len(self.micro_batches))
+        start, stop = self.micro_batches[micro]
+        return samples(self.seed, self.first + step, start, stop)
 
 
 def state_for(model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> dict[str, Any]:
@@ -344,11 +372,20 @@ def train(
 
     last = start - 1
     micro_batches = plan.micro_batches(rank)
+    loader = None
+    if args.data_workers > 0:
+        shares = StepShares(args.seed, start, args.steps, micro_batches)
+        loader = iter(
+            torch.utils.data.DataLoader(shares, batch_size=None, num_workers=args.data_workers)
+        )
     for step in range(start, args.steps + 1):
         optimizer.zero_grad(set_to_none=True)
         share_loss = torch.zeros((), device=device)  # the mean over this rank's share
         for index, (first, stop) in enumerate(micro_batches):
-            inputs, targets = samples(args.seed, step, first, stop)
+            if loader is None:
+                inputs, targets = samples(args.seed, step, first, stop)
+            else:
+                inputs, targets = next(loader)
             # Gradients add up locally; DDP averages them over the ranks on the last one.
             last_micro = index == len(micro_batches) - 1
             with contextlib.nullcontext() if last_micro else ddp.no_sync():
@@ -377,6 +414,7 @@ def train(
         if args.step_seconds > 0:
             time.sleep(args.step_seconds)
 
+    del loader  # stops its worker processes
     if rank == 0:
         total, digest = params_digest(model)
         print(f"final step {last}", flush=True)

@@ -263,6 +263,25 @@ def test_without_resurge_env_resumes_from_newest_complete_checkpoint(
     assert result.value("params-sha256") == full.value("params-sha256")
 
 
+def test_a_dataloader_with_worker_processes_trains_on_the_same_samples(
+    full_run: tuple[Finished, Path], first_half: tuple[Finished, Path], tmp_path: Path
+) -> None:
+    """--data-workers 2: each rank's samples come from 2 DataLoader processes, in order,
+    from the resumed step on; the parameters end bitwise as without them."""
+    full, _ = full_run
+    _, half_ckpt = first_half
+    resume = half_ckpt / "step-00000010"
+    result = train(
+        tmp_path,
+        ["--steps", "20", "--checkpoint-every", "0", "--checkpoint-dir", str(tmp_path / "c"),
+         "--data-workers", "2"],
+        env={"RESURGE_RESUME_CHECKPOINT": str(resume), "RESURGE_RESUME_STEP": "10"},
+    )  # fmt: skip
+    assert result.logged_steps()[0] == 11
+    assert result.value("final") == "step 20"
+    assert result.value("params-sha256") == full.value("params-sha256")
+
+
 def test_under_resurge_without_resume_checkpoint_starts_fresh(
     first_half: tuple[Finished, Path], tmp_path: Path
 ) -> None:
