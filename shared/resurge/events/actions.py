@@ -24,14 +24,19 @@ class RecoveryStarted(Envelope):
 
 
 class RecoveryFinished(Envelope):
-    """A recovery ended: the new generation showed its first sign of life."""
+    """A recovery ended: the new generation trained (its first step past its resume
+    point, or for a script that reports no progress its ranks passed their rendezvous).
+
+    A recovery whose generation faults before that never ends: none is published."""
 
     kind: Literal["recovery_finished"] = "recovery_finished"
     fault_id: str = Field(description="The fault recovered from.")
     level: RecoveryLevel = Field(description="Recovery level used.")
     reason: str = Field(default="", description="The fault's reason.")
     duration_seconds: float = Field(
-        ge=0, description="From the fault's detection to the new generation's first sign of life."
+        ge=0,
+        description="From the fault's detection to the new generation's training: its first "
+        "step, or its ranks passing their rendezvous.",
     )
 
 
