@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from resurge.jobspec import load_job
+from resurge.local.state import StateLock
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -80,6 +81,28 @@ def test_submit_and_status_against_a_live_server(nats_url: str, namespace: str) 
     status = run("resurge", "status", load_job(example).name, "--json", env=env)
     assert status.returncode == 1 and "no job named 'crash-once'" in status.stderr
     assert run("resurge", "status", "--json", env=env).stdout.strip() == "[]"
+
+
+def test_events_of_a_job_that_does_not_exist_is_an_error(nats_url: str, namespace: str) -> None:
+    env = {"RESURGE_NATS_URL": nats_url, "RESURGE_NAMESPACE": namespace}
+    unknown = run("resurge", "events", "--job", "nosuchjob", env=env)
+    assert unknown.returncode == 1 and unknown.stdout == ""
+    assert "no job named 'nosuchjob'" in unknown.stderr
+    example = REPO / "examples" / "crash_once" / "job.yaml"
+    assert run("resurge", "submit", str(example), env=env).returncode == 0
+    known = run("resurge", "events", "--job", "crash-once", env=env)  # stored, no record
+    assert known.returncode == 0 and "crash-once" in known.stdout, known.stderr
+
+
+def test_demo_runs_in_the_state_dir_it_is_given(tmp_path: Path) -> None:
+    busy = StateLock(tmp_path / "busy")  # as if a cluster ran there: the demo must not
+    assert busy.acquire()
+    try:
+        result = run("resurge", "demo", "--state-dir", str(tmp_path / "busy"), timeout=60)
+    finally:
+        busy.release()
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"another local cluster runs in {tmp_path / 'busy'}" in result.stderr
 
 
 def test_commands_without_a_server_fail_clearly() -> None:

@@ -1,4 +1,5 @@
-"""A node that fails and comes back, as an operator sees it on a local cluster.
+"""A node that fails and comes back, as an operator sees it on a local cluster (and an
+injected log line that nothing would read).
 
 - After a fatal XID the job waits as Pending, its message naming the command that
   brings the node back; `resurge node uncordon` (the operator's word that the node was
@@ -133,3 +134,15 @@ def test_node_down_kills_the_whole_node_which_stays_down_until_node_up(
     assert nodes(two_nodes)[home]["reporting"] and node_pids(two_nodes, home)
     unknown = resurge(two_nodes, "inject", "node-down", "--node", "node-9")
     assert unknown.returncode == 1 and "no node named 'node-9'" in unknown.stderr
+
+
+def test_an_injected_log_line_on_a_job_without_log_rules_says_nothing_watches_it(
+    one_node: Path, tmp_path: Path
+) -> None:
+    submit_plain(one_node, tmp_path, "plain")
+    wait_until(lambda: status(one_node, "plain")["phase"] == "Running", 60)
+    line = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    injected = resurge(one_node, "inject", "log", "--job", "plain", "--rank", "0", "--line", line)
+    assert injected.returncode == 0, injected.stderr
+    assert "injected log into rank 0 of plain" in injected.stdout
+    assert "nothing watches plain's logs (its spec has no monitoring.logRules)" in injected.stdout

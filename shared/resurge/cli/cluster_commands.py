@@ -21,8 +21,10 @@ from resurge.control.client import (
     submit_job,
 )
 from resurge.control.nodes import node_views, set_cordon
+from resurge.control.records import JobStore
 from resurge.events import RepairNode
 from resurge.jobspec import JobSpecError, TrainingJob, load_job
+from resurge.local.checkpoints import forget_checkpoints
 from resurge.local.membership import (
     MembershipError,
     add_node,
@@ -97,6 +99,22 @@ async def _add_or_remove(bus: Bus, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _delete(bus: Bus, args: argparse.Namespace, *, local: bool) -> int:
+    """Delete the job; on a local cluster, also the checkpoints resurge chose a folder for
+    (:mod:`resurge.local.checkpoints`)."""
+    try:
+        record = await delete_job(bus, args.job)
+    except LookupError as error:
+        print(f"resurge delete: {error.args[0]}", file=sys.stderr)
+        return 1
+    print(f"trainingjob {args.job} deleted")
+    if local:
+        done = forget_checkpoints(record, resolve_state_dir(args.state_dir))
+        if done:
+            print(done)
+    return 0
+
+
 async def run_command(args: argparse.Namespace, settings: Settings, *, local: bool) -> int:
     """Run one bus command; ``local``: the cluster runs on this machine (``resurge up``)."""
     command = args.command
@@ -104,12 +122,7 @@ async def run_command(args: argparse.Namespace, settings: Settings, *, local: bo
         return await _submit(args.file, settings, local=local)
     async with connected(settings) as bus:
         if command == "delete":
-            try:
-                await delete_job(bus, args.job)
-            except LookupError as error:
-                print(f"resurge delete: {error.args[0]}", file=sys.stderr)
-                return 1
-            print(f"trainingjob {args.job} deleted")
+            return await _delete(bus, args, local=local)
         elif command == "status":
             return await show_status(bus, args)
         elif command == "inject":
@@ -157,6 +170,21 @@ async def _cannot_hold(bus: Bus, job: TrainingJob) -> str | None:
     return cannot_hold(job, nodes, local=bus.settings.cluster == "local")
 
 
+async def _unwatched_hint(bus: Bus, job: str, rank: int) -> str:
+    """A second line for an injected log line nothing will read: the job has no log
+    rules, or none that watch ``rank``; empty otherwise."""
+    found = await JobStore(await bus.jobs_bucket()).get(job)
+    rules = [] if found is None else found[0].spec.spec.monitoring.log_rules
+    if not rules:
+        return (
+            f"\nnote: nothing watches {job}'s logs (its spec has no monitoring.logRules), "
+            "so this line is only printed: add a log rule to make one a fault or an alert"
+        )
+    if all(rule.ranks is not None and rank not in rule.ranks for rule in rules):
+        return f"\nnote: none of {job}'s log rules watch rank {rank}, so this line is only printed"
+    return ""
+
+
 async def _inject(bus: Bus, args: argparse.Namespace) -> int:
     try:
         if args.fault == "node-down":
@@ -173,6 +201,8 @@ async def _inject(bus: Bus, args: argparse.Namespace) -> int:
         else:
             where = await inject_fault(bus, args.job, args.rank, args.fault, args.line)
             done = f"injected {args.fault} into rank {args.rank} of {args.job} ({where})"
+            if args.fault == "log":
+                done += await _unwatched_hint(bus, args.job, args.rank)
     except (LookupError, MembershipError) as error:
         print(f"resurge inject: {error.args[0]}", file=sys.stderr)
         return 1

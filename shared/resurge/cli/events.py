@@ -1,8 +1,10 @@
 """``resurge events``: the stored history, then (``--follow``) what happens next.
 
 Live events are subscribed to before the history is read, so nothing falls between the
-two; an event seen in both is printed once (by id). Output piped into a reader that
-stops early ends the command quietly (``resurge.cli.main``).
+two; an event seen in both is printed once (by id). ``--job`` naming a job with neither a
+record nor a stored event is an error (exit 1), as ``kubectl`` says of an unknown
+object. Output piped into a reader that stops early ends the command quietly
+(``resurge.cli.main``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+from resurge.control.client import job_status
 from resurge.control.event_words import event_line
 from resurge.control.history import read_history
 from resurge.events import Event
@@ -51,8 +54,8 @@ class _Lines:
 async def show_events(
     bus: Bus, args: argparse.Namespace, write: Callable[[str], None] = _print
 ) -> int:
-    """Print (or hand ``write``) the events ``args`` asks for, a line each; 0, or 2 for a
-    filter that names no family."""
+    """Print (or hand ``write``) the events ``args`` asks for, a line each; 0, 1 for a job
+    that does not exist, or 2 for a filter that names no family."""
     root = bus.subjects.root
     subject = f"{root}.{args.filter}" if args.filter else None
     since = datetime.now(UTC) - timedelta(seconds=args.since) if args.since else None
@@ -66,6 +69,13 @@ async def show_events(
     sub = await bus.subscribe(subject or f"{root}.>", on_live) if args.follow else None
     try:
         history = await read_history(bus, job=args.job, since=since, subject=subject)
+        narrowed = subject is not None or since is not None
+        if args.job and not history.events and not await _known(bus, args.job, narrowed):
+            print(
+                f"resurge events: no job named {args.job!r} (no record and no stored event)",
+                file=sys.stderr,
+            )
+            return 1
         for stored in history.events:
             lines.show(stored.event)
         if sub is not None:
@@ -77,6 +87,14 @@ async def show_events(
         if sub is not None:
             await sub.unsubscribe()
     return 0
+
+
+async def _known(bus: Bus, job: str, narrowed: bool) -> bool:
+    """Whether ``job`` has a record, or any stored event (also one that ``--since`` or a
+    filter, ``narrowed``, kept out of the history just read)."""
+    if await job_status(bus, job):
+        return True
+    return narrowed and bool((await read_history(bus, job=job)).events)
 
 
 async def _follow(live: asyncio.Queue[Event], lines: _Lines) -> None:

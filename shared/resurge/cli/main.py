@@ -120,7 +120,9 @@ def _parser() -> argparse.ArgumentParser:
         help="only this subject filter under <namespace>.v1, e.g. 'fault.>' (every kind "
         "on it is shown)",
     )
-    events.add_argument("--job", help="only this job's events")
+    events.add_argument(
+        "--job", help="only this job's events (one with no record and no stored event: exit 1)"
+    )
     events.add_argument(
         "--since",
         type=_age,
@@ -145,7 +147,8 @@ def _parser() -> argparse.ArgumentParser:
         "inject",
         help="break a worker or a simulated GPU on purpose",
         description="Break something on purpose. A worker (--job J --rank R): 'crash' "
-        "(SIGKILL), 'hang' (SIGSTOP), 'log' (a fake output line) or 'exception' (raised in "
+        "(SIGKILL), 'hang' (SIGSTOP), 'log' (a fake output line; the command says so when "
+        "none of the job's log rules watch it) or 'exception' (raised in "
         "its training function; workers under resurge.worker.restartable only). Or 'xid': "
         "an NVIDIA XID on a simulated GPU (--node N --gpu G --code C). Or 'node-down' "
         "(--node N): a power loss of a local cluster's node: its monitor, agents and "
@@ -169,6 +172,10 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "demo",
         help="the whole story: up, a DDP job, a worker killed and recovered, a summary, down",
+        description="The whole story in one command: a local cluster (2 nodes x 2 simulated "
+        "GPUs), the DDP example, one worker killed and the job recovered, a summary, then "
+        "everything stopped. It runs in a temporary state folder (removed if it passes), "
+        "or in --state-dir DIR, which is kept; a folder where a cluster runs is refused.",
     )
     node = commands.add_parser(
         "node",
@@ -494,7 +501,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "demo":
         from resurge.local.demo import run_demo
 
-        return run_demo()
+        return run_demo(args.state_dir)
     if args.command in ("convert", "simulate"):
         return _without_cluster(args)
     if args.command == "schema":

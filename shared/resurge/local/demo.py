@@ -5,7 +5,10 @@ GPUs each), runs the DDP example of ``examples/ddp`` on it (2 replicas x 2 worke
 gloo on CPU), kills one worker mid-training, lets resurge recover the job from its
 last checkpoint, and prints what was detected, what was restarted, how long each
 recovery took and how many steps were lost; then stops everything. Exits 0 only if
-the job succeeded, reaching its final step, after exactly one recovery.
+the job succeeded, reaching its final step, after exactly one recovery. It runs in a
+temporary state folder, removed if the demo passed, or in the one ``--state-dir``
+names, which is kept (its logs, its NATS data); a folder where a local cluster runs
+already is refused.
 """
 
 from __future__ import annotations
@@ -143,16 +146,21 @@ async def _demo(state_dir: Path) -> int:
     return 0 if ok else 1
 
 
-def run_demo() -> int:
-    """Run the demo in a temporary state folder (kept if it fails); returns the exit status."""
+def run_demo(state_dir: Path | None = None) -> int:
+    """Run the demo in ``state_dir`` (kept), or in a temporary state folder (kept if it
+    fails); returns the exit status."""
     if not EXAMPLE.is_file():
         print(
             f"resurge demo needs the examples folder of a source checkout ({EXAMPLE.parent})",
             file=sys.stderr,
         )
         return 2
-    state_dir = Path(tempfile.mkdtemp(prefix="resurge-demo-"))
-    code = asyncio.run(_demo(state_dir))
-    if code == 0:
-        shutil.rmtree(state_dir, ignore_errors=True)
+    folder = state_dir.resolve() if state_dir else Path(tempfile.mkdtemp(prefix="resurge-demo-"))
+    try:
+        code = asyncio.run(_demo(folder))
+    except RuntimeError as error:  # a cluster runs there already, or did not start
+        print(f"resurge demo: {error}", file=sys.stderr)
+        return 2
+    if code == 0 and state_dir is None:
+        shutil.rmtree(folder, ignore_errors=True)
     return code
