@@ -452,7 +452,8 @@ def apply_fault(  # noqa: C901 - the ladder in order: ignore, pick a level, edit
 
     cap = recovery.max_restarts
     if cap is not None and record.total_restarts >= cap:
-        return _fail(record, fault, f"restart limit jobMaxRetryCount={cap} spent")
+        spent = f"restart limit jobMaxRetryCount={cap} spent"
+        return _fail(record, fault, f"{spent} ({stall})" if stall else spent)
     choice = _choose_level(record, fault, window, offender, unfixed, stall)
     if choice.level is None:
         return _fail(record, fault, choice.why)
