@@ -1,7 +1,7 @@
 """A job that cannot start says why in the failing rank's own words: `python
 nosuch_train.py` crash-loops, climbs the ladder, fails, and `resurge status` and
 `resurge events` quote what Python printed. Its generations never trained, so none of
-them counts as recovered."""
+them counts as recovered, and its goodput is 0."""
 
 from __future__ import annotations
 
@@ -67,6 +67,7 @@ async def test_a_job_whose_script_is_missing_fails_quoting_pythons_own_words(
     view = json.loads(status.stdout)
     assert view["phase"] == JobPhase.FAILED.value
     assert CAUSE in view["message"] and "ended before the rendezvous" in view["message"]
+    assert view["goodput"] == 0.0  # it never trained
 
     events = resurge(env, "events", "--job", JOB)
     assert events.returncode == 0, events.stderr
