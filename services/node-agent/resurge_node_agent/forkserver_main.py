@@ -15,13 +15,17 @@ once if it is already gone.
   child (``run_child``) becomes a session leader, takes the fds as 0/1/2, the request's
   environment (all of it, nothing else), cwd, argv and default signal dispositions, and
   runs the Python program in-process; it dies with the server (parent-death signal),
-  so every worker dies with the agent. The answer is ``spawned`` with the pid, or with
-  ``errno``/``strerror``/``filename`` when the cwd is unusable (nothing is forked then).
+  so every worker dies with the agent. A worker (its environment has ``RANK``) takes
+  the process title ``resurge worker job=J rank=R local_rank=L gen=G: python ARGV``,
+  so ``ps`` tells which rank is which; its ``sys.argv`` stays the program's own. The
+  answer is ``spawned`` with the pid, or with ``errno``/``strerror``/``filename`` when
+  the cwd is unusable (nothing is forked then).
 - It is the children's parent: it reaps each one and sends ``exited`` with the pid and
   the return code (negative signal number when a signal ended it).
 - It exits when the connection closes; children still running then get SIGKILL.
 
-Only the standard library is imported here, so the agent can share the framing helpers.
+Only the standard library is imported here, so the agent can share the framing helpers
+(the server itself imports ``setproctitle`` before it forks anything).
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ HEADER = struct.Struct(">I")
 # Received fds per recvmsg: Linux hands over one request's three at a time.
 _MAX_FDS = 16
 _RECV_BYTES = 1 << 16
+# A worker's process title, at most (a ``-c`` program's code can be long).
+_TITLE_CHARS = 300
 
 # Dispositions this interpreter started with (SIGINT -> KeyboardInterrupt, SIGPIPE
 # ignored, ...): a child gets these back, as a freshly started interpreter would have.
@@ -100,6 +106,10 @@ def main(argv: Sequence[str]) -> int:
     conn = socket.socket(fileno=int(argv[0]))
     conn.set_inheritable(False)
     preloaded, failed = _preload(argv[2:])
+    with contextlib.suppress(ImportError):  # titles are a convenience, never a failure
+        # Set up here, while argv and environ are still where the kernel put them: a
+        # child that set it up after replacing its environment could not retitle itself.
+        importlib.import_module("setproctitle").getproctitle()
     # Everything imported so far is shared with every child: keep the collector from
     # touching (and so copying) those pages in them.
     gc.freeze()
@@ -245,6 +255,22 @@ def _become(request: dict[str, Any], fds: list[int], private_fds: tuple[int, ...
         os.chdir(request["cwd"])
     _reopen_stdio(request["program"]["unbuffered"])
     _refresh_inherited_state(env)
+    _set_title(env, request["program"])
+
+
+def _set_title(env: Mapping[str, str], program: Mapping[str, Any]) -> None:
+    """Name a worker in ``ps`` by its job, rank and generation (argv and comm)."""
+    titles = sys.modules.get("setproctitle")
+    if titles is None or "RANK" not in env:
+        return
+    head = {"path": [], "module": ["-m"], "code": ["-c"]}[program["kind"]]
+    argv = ["python", *head, program["target"], *program["args"]]
+    title = (
+        f"resurge worker job={env.get('RESURGE_JOB', '')} rank={env['RANK']} "
+        f"local_rank={env.get('LOCAL_RANK', '')} gen={env.get('RESURGE_GENERATION', '')}: "
+        + " ".join(argv)
+    )
+    titles.setproctitle(title[:_TITLE_CHARS])
 
 
 def _reopen_stdio(unbuffered: bool) -> None:

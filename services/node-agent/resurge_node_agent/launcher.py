@@ -7,6 +7,15 @@ workers of ``command`` with ``env`` in ``working_dir``, on ``node``.
   kept; a newer one stops the running workers as a Stop does, with the configured
   ``stop_grace_seconds`` (reported as expected exits), and starts ``nproc`` workers with
   torchrun's environment for generation g.
+- Rendezvous: the agent of the replica that holds rank 0 hosts generation g's c10d
+  store at ``MASTER_PORT`` (:mod:`.rendezvous`, as torchrun's agent does), started as
+  the Assign comes and up before the workers start; every worker gets
+  ``TORCHELASTIC_USE_AGENT_STORE=True`` and connects to it as a client. Once all
+  ``world_size`` ranks have joined it the agent publishes RendezvousPassed, once per
+  generation. The next generation's store replaces it. It is hosted where the fork
+  server has torch imported (the default); otherwise, or when the store is not up
+  within ``STORE_READY_SECONDS``, rank 0's own script hosts it (its
+  ``TORCHELASTIC_USE_AGENT_STORE`` is ``False``), as before, and nothing is published.
 - Assign(g, level ``in_process``): where every running worker is alive, connected and
   runs under ``resurge.worker.restartable``, no process stops: each gets ``restart``
   with its complete environment for generation g, and the agent waits up to
@@ -47,7 +56,8 @@ workers of ``command`` with ``env`` in ``working_dir``, on ``node``.
 - SIGTERM: stops the workers, then the agent.
 
 Everything it sees is published on ``raw.<job>.<kind>.<node>``: process started and
-exited, every output line, the agent's own state, and its workers' reports: progress
+exited (with the worker's last output lines), every output line, the agent's own state,
+the rendezvous of a generation whose store it hosts, and its workers' reports: progress
 (``in_process`` true for restartable workers), checkpoints, and the exceptions
 restartable workers caught (WorkerFault). It is all published through an
 :class:`~resurge.runtime.outbox.Outbox`: while NATS is down the agent goes on (nothing
@@ -80,6 +90,7 @@ from resurge.events import (
     ProcessStateChanged,
     Progress,
     RecoveryLevel,
+    RendezvousPassed,
     Stop,
     WorkerFault,
 )
@@ -99,15 +110,19 @@ from resurge.worker.wire import (
 from resurge_node_agent.forkserver import ForkServerError, ForkServerSpawner
 from resurge_node_agent.in_process import Rejoins, restartable_workers
 from resurge_node_agent.process_state import is_stopped
+from resurge_node_agent.rendezvous import HostedStore
 from resurge_node_agent.spawners import PlainSpawner, Spawner
 from resurge_node_agent.worker_channel import Report, WorkerChannel, socket_path_for
-from resurge_node_agent.worker_env import worker_environment
-from resurge_node_agent.workers import Stream, WorkerExit, WorkerProcesses
+from resurge_node_agent.worker_env import AGENT_STORE_ENV, worker_environment
+from resurge_node_agent.workers import AGENT_ONLY_ENV, Stream, WorkerExit, WorkerProcesses
 
 __all__ = ["LaunchAgent"]
 
 # How often the agent reads its workers' process states (a /proc read per worker).
 STATE_SAMPLE_SECONDS = 0.25
+# How long the workers' start waits for the rendezvous store the agent hosts (forked from
+# the fork server it is up in milliseconds); past it, rank 0's script hosts it.
+STORE_READY_SECONDS = 10.0
 
 
 @dataclass
@@ -133,6 +148,7 @@ class LaunchAgent:
         self.assign: Assign | None = None
         self.spawner: Spawner | None = None
         self.rejoins: Rejoins | None = None
+        self.store: HostedStore | None = None
         self.channel = WorkerChannel(
             socket_path_for(spec.job, spec.replica), on_report=self._report, logger=ctx.log
         )
@@ -256,11 +272,81 @@ class LaunchAgent:
         )
         self.channel.send(inject.local_rank, raise_line(hello.generation), pid=pid)
 
-    def _environments(self, assign: Assign) -> list[dict[str, str]]:
-        return [
+    def _environments(self, assign: Assign, agent_store: bool) -> list[dict[str, str]]:
+        environments = [
             {**self.spec.env, **worker_environment(assign, local_rank, self.channel.path)}
             for local_rank in range(self.spec.nproc)
         ]
+        if not agent_store:  # rank 0's script hosts the store (a client elsewhere anyway)
+            for env in environments:
+                env[AGENT_STORE_ENV] = "False"
+        return environments
+
+    def _can_host_store(self) -> bool:
+        """Whether a store process would fork from a server that has torch imported (a
+        new interpreter would pay torch's import before any worker could start)."""
+        spawner = self.spawner
+        return (
+            isinstance(spawner, ForkServerSpawner)
+            and spawner.server_pid is not None
+            and "torch" in self.spec.preload
+            and "torch" not in spawner.preload_failures
+        )
+
+    def _host_store(self, assign: Assign) -> asyncio.Task[HostedStore | None] | None:
+        """Start ``assign``'s store where this replica holds rank 0 (see the module
+        docstring); a task, awaited by :meth:`_store_ready` before the workers start."""
+        slot = assign.slot(self.spec.replica)
+        if slot is None or slot.first_rank != 0 or not self._can_host_store():
+            return None
+
+        async def joined() -> None:
+            await self._publish(
+                RendezvousPassed(
+                    source=self.bus.source,
+                    job=self.spec.job,
+                    replica=self.spec.replica,
+                    node=self.spec.node,
+                    generation=assign.generation,
+                    world_size=assign.world_size,
+                )
+            )
+
+        async def start() -> HostedStore | None:
+            env = {k: v for k, v in os.environ.items() if k not in AGENT_ONLY_ENV}
+            try:
+                return await HostedStore.start(
+                    self.spawner or PlainSpawner(),
+                    assign.master_port,
+                    assign.world_size,
+                    env,
+                    joined,
+                    self.ctx.log,
+                )
+            except (OSError, ForkServerError) as error:
+                self.ctx.log.warning("could not start the rendezvous store: %s", error)
+                return None
+
+        return asyncio.create_task(start(), name=f"store-g{assign.generation}")
+
+    async def _store_ready(
+        self, assign: Assign, hosting: asyncio.Task[HostedStore | None] | None
+    ) -> bool:
+        """Whether ``assign``'s workers may use the agent's store: it is up, or another
+        agent hosts it (this replica has no rank 0). A store not up in time is closed."""
+        if hosting is None:
+            return self._rank(assign, 0) != 0
+        store = await hosting
+        if store is not None and await store.listening(STORE_READY_SECONDS):
+            self.store = store
+            return True
+        self.ctx.log.warning(
+            "the rendezvous store is not up after %g s; rank 0's script hosts it",
+            STORE_READY_SECONDS,
+        )
+        if store is not None:
+            await store.close()
+        return False
 
     async def _assign(self, assign: Assign) -> None:
         if self.generation is not None and assign.generation <= self.generation:
@@ -287,8 +373,22 @@ class LaunchAgent:
                 mine.node,
             )
             return
+        # The new store starts while the old workers stop; the old one closes after.
+        hosting = self._host_store(assign)
+        retired, self.store = self.store, None
+        try:
+            await self._replace_workers(assign, hosting)
+        finally:
+            if retired is not None:
+                self.ctx.spawn(retired.close())
+
+    async def _replace_workers(
+        self, assign: Assign, hosting: asyncio.Task[HostedStore | None] | None
+    ) -> None:
+        agent_store: bool | None = None
         if assign.level is RecoveryLevel.IN_PROCESS and self.workers is not None:
-            failure = await self._restart_in_process(assign)
+            agent_store = await self._store_ready(assign, hosting)
+            failure = await self._restart_in_process(assign, agent_store)
             if failure is None:
                 return
             why = f"escalated to a process restart: in-process restart failed ({failure})"
@@ -297,7 +397,9 @@ class LaunchAgent:
         await self._stop_workers(f"generation {assign.generation} assigned")
         self.generation = assign.generation
         self.assign = assign
-        running = self.running = _Running(assign, self._environments(assign))
+        if agent_store is None:
+            agent_store = await self._store_ready(assign, hosting)
+        running = self.running = _Running(assign, self._environments(assign, agent_store))
         self.workers = WorkerProcesses(
             self.spec.command,
             running.environments,
@@ -313,7 +415,7 @@ class LaunchAgent:
         self.ctx.spawn(self._await_idle(self.workers, running))
         self.ctx.spawn(self._watch_states(self.workers, running))
 
-    async def _restart_in_process(self, assign: Assign) -> str | None:
+    async def _restart_in_process(self, assign: Assign, agent_store: bool) -> str | None:
         """Move the running workers to ``assign``'s generation in-process; None once every
         one confirmed, else why not (the workers are then still to be stopped)."""
         workers, running = self.workers, self.running
@@ -322,7 +424,7 @@ class LaunchAgent:
         pids = restartable_workers(self.spec.nproc, workers.pid_of, self.channel.worker)
         if isinstance(pids, str):
             return pids
-        environments = self._environments(assign)
+        environments = self._environments(assign, agent_store)
         lines = {}
         for local_rank in pids:
             before, after = running.environments[local_rank], environments[local_rank]
@@ -406,7 +508,10 @@ class LaunchAgent:
         self, why: str, grace: float | None = None, kill_now: set[int] | None = None
     ) -> None:
         """Stop the running workers: hung ones (``kill_now``, or stopped) at once, the
-        rest after SIGTERM and ``grace`` (default: the job's stopGraceSeconds)."""
+        rest after SIGTERM and ``grace`` (default: the job's stopGraceSeconds), and what
+        is left of the workers that exited (children they forked)."""
+        if self.workers is not None:
+            self.workers.kill_leftovers()
         if self.workers is None or not self.workers.running:
             return
         if self.generation is not None:
@@ -417,6 +522,9 @@ class LaunchAgent:
 
     async def _shutdown(self) -> None:
         await self._stop_workers("agent shutting down")
+        store, self.store = self.store, None
+        if store is not None:
+            await store.close()
 
     def _rank(self, assign: Assign, local_rank: int) -> int:
         slot = assign.slot(self.spec.replica)

@@ -108,8 +108,13 @@ class PlainProcess:
         except OSError:  # already reaped (its return code is on its way), or no pidfds
             return await process.wait()
         loop = asyncio.get_running_loop()
-        exited = loop.create_future()
-        loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+        exited: asyncio.Future[None] = loop.create_future()
+
+        def wake() -> None:
+            if not exited.done():
+                exited.set_result(None)
+
+        loop.add_reader(pidfd, wake)
         try:
             await exited
         finally:

@@ -3,6 +3,9 @@
 An unmodified torchrun script reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` ... and
 runs; a script that uses ``resurge.worker`` also finds its generation, its agent's
 socket and the checkpoint to resume from (names in :mod:`resurge.worker.environment`).
+Every rank is a client of the rendezvous store its agents host
+(``TORCHELASTIC_USE_AGENT_STORE=True``, as under torchrun's agent); the launcher sets it
+``False`` where rank 0's script is to host the store itself.
 """
 
 from __future__ import annotations
@@ -10,7 +13,11 @@ from __future__ import annotations
 from resurge.events import Assign
 from resurge.worker.environment import AGENT_SOCKET, GENERATION, JOB, RESUME_CHECKPOINT, RESUME_STEP
 
-__all__ = ["worker_environment"]
+__all__ = ["AGENT_STORE_ENV", "worker_environment"]
+
+# torch's env:// rendezvous: "True" makes every rank, rank 0 too, a client of the store
+# its agent hosts (torch.distributed.rendezvous._torchelastic_use_agent_store).
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 
 
 def worker_environment(
@@ -33,7 +40,7 @@ def worker_environment(
         "MASTER_PORT": str(assign.master_port),
         "TORCHELASTIC_RESTART_COUNT": str(assign.restart_count),
         "TORCHELASTIC_RUN_ID": f"{assign.job}-g{assign.generation}",
-        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        AGENT_STORE_ENV: "True",
         "PYTHONUNBUFFERED": "1",
         GENERATION: str(assign.generation),
         JOB: assign.job or "",

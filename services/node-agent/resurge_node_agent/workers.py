@@ -90,7 +90,7 @@ class WorkerProcesses:
         self._watchers: list[asyncio.Task[None]] = []
         self._last: dict[int, deque[str]] = {}
         # Output pumps still reading after their worker exited (a child holds its pipes).
-        self._leftovers: dict[int, asyncio.Future[list[None]]] = {}
+        self._leftovers: dict[int, asyncio.Future[tuple[None, None]]] = {}
         self._stopping = False
 
     @property
@@ -157,7 +157,7 @@ class WorkerProcesses:
             killed = set(self._procs)
         self._signal(killed, signal.SIGKILL)
         self._signal(set(self._procs) - killed, signal.SIGTERM)
-        self._kill_leftovers()
+        self.kill_leftovers()
         if not self._watchers:
             return
         # asyncio.wait, not wait_for: a timeout must not cancel the watchers, which
@@ -189,7 +189,7 @@ class WorkerProcesses:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signum)
 
-    def _kill_leftovers(self) -> None:
+    def kill_leftovers(self) -> None:
         """SIGKILL the process group of each exited worker whose pipes are still open: a
         child it forked is left (its pid names the group while any member lives)."""
         for local_rank, pumps in self._leftovers.items():
@@ -208,7 +208,7 @@ class WorkerProcesses:
         if not pumps.done():
             self._leftovers[local_rank] = pumps
             if self._stopping:
-                self._kill_leftovers()
+                self.kill_leftovers()
         expected = self._stopping
         last = tuple(self._last.get(local_rank, ()))
         if code < 0:
