@@ -12,7 +12,7 @@ stored events for ``resurge report``), so the two agree:
   never ended so (its generation faulted first, or the job failed) until the next
   recovery began, or up to now while it is open; the time from submission to the first
   fault if the job had not trained by then (a job that never trained has goodput 0);
-  and each resize's pause (the resize decided to the new size's first sign of life);
+  and each resize's pause (the resize decided to the new size's training);
 - ``redone_steps``: steps trained again after a restart resumed from an older
   checkpoint (a rank-0 step at or below the highest one seen before it), at the job's
   median step time (over its recent steps);

@@ -79,7 +79,8 @@ class Move(BaseModel):
 
 
 class PendingRecovery(BaseModel):
-    """A recovery decided but not yet seen to work (no sign of life from the new generation).
+    """A recovery decided but not yet seen to work (the new generation has not trained:
+    no step past its resume point, or for workers that report none, no rendezvous).
 
     It is also the plan the restarter carries out: written with the decision (one
     compare-and-set), before any command goes out, so a restarter that dies mid-way
@@ -124,7 +125,7 @@ class PendingRecovery(BaseModel):
 
 
 class LastRecovery(BaseModel):
-    """The newest recovery that finished (the new generation showed a sign of life)."""
+    """The newest recovery that finished (the new generation trained)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -132,7 +133,9 @@ class LastRecovery(BaseModel):
     level: RecoveryLevel
     reason: str
     to_generation: int
-    seconds: float = Field(ge=0, description="From the fault's detection to the sign of life.")
+    seconds: float = Field(
+        ge=0, description="From the fault's detection to the new generation's training."
+    )
 
 
 class HeldGrow(BaseModel):
@@ -160,8 +163,8 @@ class LastResize(BaseModel):
     seconds: float | None = Field(
         default=None,
         ge=0,
-        description="From the decision to the new generation's first sign of life (None "
-        "until then, and for a suspension).",
+        description="From the decision to the new generation's training: its first step, or "
+        "its ranks passing their rendezvous (None until then, and for a suspension).",
     )
 
 
