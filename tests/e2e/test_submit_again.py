@@ -84,22 +84,33 @@ def timeline_data(page: Path) -> dict[str, Any]:
     return found
 
 
-def delete(cluster: Path, name: str) -> None:
+def delete(cluster: Path, name: str) -> str:
     result = resurge(cluster, "delete", name)
     assert result.returncode == 0, result.stdout + result.stderr
     wait_until(lambda: resurge(cluster, "status", name, "--json").returncode == 1)
+    return result.stdout
 
 
 def test_a_failed_job_deleted_and_submitted_again_runs_and_shows_none_of_the_old_run(
     cluster: Path, tmp_path: Path
 ) -> None:
     # A crash loop spends its limit: process restarts, then a pod restart, then Failed.
-    crash = "import sys, time; time.sleep(0.2); sys.exit(3)"
+    # Each generation leaves a file in the checkpoint folder the job was given.
+    crash = (
+        "import os, sys, time; folder = os.environ['RESURGE_CHECKPOINT_DIR']; "
+        "os.makedirs(folder, exist_ok=True); "
+        "open(os.path.join(folder, os.environ['RESURGE_GENERATION']), 'w').close(); "
+        "time.sleep(0.2); sys.exit(3)"
+    )
     recovery = {"jobMaxRetryCount": 3, "stopGraceSeconds": 2}
     submit(cluster, tmp_path, "again", "-c", crash, recovery=recovery)
     old = finished(cluster, "again", "Failed")
     assert sum(old["restarts"].values()) >= 1
-    delete(cluster, "again")
+    checkpoints = cluster / "checkpoints" / "again"  # a folder of the job's own
+    assert (checkpoints / "0").is_file()
+    deleted = delete(cluster, "again")
+    assert f"checkpoints in {checkpoints} removed" in deleted
+    assert not checkpoints.exists()
 
     submit(cluster, tmp_path, "again", "-c", "print('trained', flush=True)")
     new = finished(cluster, "again", "Succeeded")

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from resurge.cluster.protocol import WorkerGroupSpec
 from resurge.events import (
@@ -48,9 +49,11 @@ def start_agent(
     nproc: int = 2,
     grace: float = 1.0,
     uid: str = "",
+    **group: Any,
 ) -> subprocess.Popen[bytes]:
     spec = WorkerGroupSpec(
         uid=uid,
+        **group,
         job="j.x",
         replica=0,
         node="n1",
@@ -251,6 +254,38 @@ async def test_new_agent_skips_an_earlier_runs_commands(
             subject, Stop(source=bus.source, job="j.x", replica=0, generation=1, final=True)
         )
         assert await asyncio.to_thread(agent.wait, 20) == 0
+    finally:
+        agent.kill()
+
+
+async def test_workers_get_the_job_s_checkpoint_folder_and_intervals(
+    bus: Bus, settings: Settings, raw_events: Events, tmp_path: Path
+) -> None:
+    code = (
+        "import json, os; print(json.dumps({k: os.environ.get(k) for k in ("
+        "'RESURGE_CHECKPOINT_DIR', 'RESURGE_CHECKPOINT_INTERVAL_STEPS', "
+        "'RESURGE_CHECKPOINT_INTERVAL_SECONDS')}))"
+    )
+    folder = str(tmp_path / "ckpt")
+    agent = start_agent(
+        settings,
+        code,
+        tmp_path,
+        nproc=1,
+        checkpoint_dir=folder,
+        checkpoint_interval_steps=25,
+        checkpoint_interval_seconds=90.0,
+    )
+    try:
+        await bus.publish(bus.subjects.cmd("j.x", 0), assign(bus, 0, nproc=1))
+        await raw_events.wait_for(lambda items: bool(raw_events.of(LogLine)))
+        [line] = raw_events.of(LogLine)
+        assert json.loads(line.line) == {
+            "RESURGE_CHECKPOINT_DIR": folder,
+            "RESURGE_CHECKPOINT_INTERVAL_STEPS": "25",
+            "RESURGE_CHECKPOINT_INTERVAL_SECONDS": "90.0",
+        }
+        await stop_for_good(bus, agent)
     finally:
         agent.kill()
 

@@ -24,6 +24,7 @@ from resurge.control.nodes import node_views, set_cordon
 from resurge.control.records import JobStore
 from resurge.events import RepairNode
 from resurge.jobspec import JobSpecError, TrainingJob, load_job
+from resurge.local.checkpoints import forget_checkpoints
 from resurge.local.membership import (
     MembershipError,
     add_node,
@@ -98,6 +99,22 @@ async def _add_or_remove(bus: Bus, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _delete(bus: Bus, args: argparse.Namespace, *, local: bool) -> int:
+    """Delete the job; on a local cluster, also the checkpoints resurge chose a folder for
+    (:mod:`resurge.local.checkpoints`)."""
+    try:
+        record = await delete_job(bus, args.job)
+    except LookupError as error:
+        print(f"resurge delete: {error.args[0]}", file=sys.stderr)
+        return 1
+    print(f"trainingjob {args.job} deleted")
+    if local:
+        done = forget_checkpoints(record, resolve_state_dir(args.state_dir))
+        if done:
+            print(done)
+    return 0
+
+
 async def run_command(args: argparse.Namespace, settings: Settings, *, local: bool) -> int:
     """Run one bus command; ``local``: the cluster runs on this machine (``resurge up``)."""
     command = args.command
@@ -105,12 +122,7 @@ async def run_command(args: argparse.Namespace, settings: Settings, *, local: bo
         return await _submit(args.file, settings, local=local)
     async with connected(settings) as bus:
         if command == "delete":
-            try:
-                await delete_job(bus, args.job)
-            except LookupError as error:
-                print(f"resurge delete: {error.args[0]}", file=sys.stderr)
-                return 1
-            print(f"trainingjob {args.job} deleted")
+            return await _delete(bus, args, local=local)
         elif command == "status":
             return await show_status(bus, args)
         elif command == "inject":

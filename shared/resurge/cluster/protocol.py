@@ -104,6 +104,17 @@ class WorkerGroupSpec(BaseModel):
         description="The job run it serves (the job record's uid): its agent takes only "
         "this run's commands. Empty: any run's.",
     )
+    checkpoint_dir: str | None = Field(
+        default=None,
+        description="The job's spec.checkpoint.dir; none: a folder of the job's own "
+        "(resurge.worker.environment.default_checkpoint_dir).",
+    )
+    checkpoint_interval_steps: int | None = Field(
+        default=None, ge=1, description="The job's spec.checkpoint.intervalSteps."
+    )
+    checkpoint_interval_seconds: float | None = Field(
+        default=None, gt=0, description="The job's spec.checkpoint.intervalSeconds."
+    )
 
 
 class ClusterChange(BaseModel):

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from resurge.cluster import ClusterBackend, NodeInfo, UnknownNodeError, open_backend
 from resurge.contract.xid import action_for, lookup
-from resurge.control.records import JobStore, status_view
+from resurge.control.records import JobRecord, JobStore, status_view
 from resurge.events import (
     InjectFault,
     InjectGpuError,
@@ -92,11 +92,14 @@ def _changed_fields(old: TrainingJob, new: TrainingJob) -> list[str]:
     ]
 
 
-async def delete_job(bus: Bus, name: str) -> None:
-    """Publish JobDeleted for the job ``name``; :class:`LookupError` if there is none."""
-    if await JobStore(await bus.jobs_bucket()).get(name) is None:
+async def delete_job(bus: Bus, name: str) -> JobRecord:
+    """Publish JobDeleted for the job ``name`` and return its record as it was;
+    :class:`LookupError` if there is none."""
+    found = await JobStore(await bus.jobs_bucket()).get(name)
+    if found is None:
         raise LookupError(f"no job named {name!r}")
     await bus.publish(bus.subjects.job(name), JobDeleted(source=bus.source, job=name))
+    return found[0]
 
 
 async def job_status(bus: Bus, name: str | None) -> list[dict[str, object]]:

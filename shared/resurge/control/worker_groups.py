@@ -32,6 +32,9 @@ def worker_group(record: JobRecord, placement: Placement) -> WorkerGroupSpec:
         preload=spec.preload_modules,
         incarnation=record.incarnations.get(placement.replica, 0),
         uid=record.uid,
+        checkpoint_dir=spec.checkpoint.dir,
+        checkpoint_interval_steps=spec.checkpoint.interval_steps,
+        checkpoint_interval_seconds=spec.checkpoint.interval_seconds,
     )
 
 

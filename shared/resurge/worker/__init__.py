@@ -12,12 +12,19 @@ restarts::
     for step in range(start + 1, steps + 1):
         ...
         run.progress(step, loss=float(loss))
-        if step % every == 0 or run.checkpoint_requested():
-            save(...)
+        if run.checkpoint_due(step):   # spec.checkpoint's interval, or a request
+            save(run.checkpoint_dir, step) # spec.checkpoint.dir, or a folder of the job's
             run.checkpoint_saved(step, path_of(step))
         if run.stop_pending:          # the agent announced a stop or resize
             ...
     run.close()
+
+Where and how often: ``run.checkpoint_dir`` is the job's ``spec.checkpoint.dir``, else
+a folder of the job's own (``checkpoints/<job>`` in the local cluster's state folder, or
+in the working directory on Kubernetes), from ``RESURGE_CHECKPOINT_DIR``, which a plain
+script reads too; ``run.checkpoint_due(step)`` is true when ``intervalSteps`` or
+``intervalSeconds`` comes round, or a checkpoint was requested. Outside an agent the
+folder is None unless that variable is set.
 
 Checkpoint requests: before a resize the control plane asks the running generation's
 workers to save a checkpoint now (``CheckpointNow``). ``run.checkpoint_requested()`` is
@@ -63,6 +70,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 
@@ -130,6 +138,10 @@ class WorkerRun:
         self.local_rank = env.local_rank
         self.resume_checkpoint: str | None = env.resume_checkpoint
         self.resume_step: int | None = env.resume_step
+        self.checkpoint_dir: str | None = env.checkpoint_dir
+        self.checkpoint_interval_steps: int | None = env.checkpoint_interval_steps
+        self.checkpoint_interval_seconds: float | None = env.checkpoint_interval_seconds
+        self._saved_at = time.monotonic()
 
     def _hello(self) -> bytes:
         return hello_line(
@@ -182,6 +194,18 @@ class WorkerRun:
             asked, self._checkpoint_asked = self._checkpoint_asked, False
         return asked
 
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether to save a checkpoint after ``step``: the job's
+        ``spec.checkpoint.intervalSteps`` divides it, ``intervalSeconds`` passed since the
+        last :meth:`checkpoint_saved` (or the start), or :meth:`checkpoint_requested`.
+        With no interval in the spec and no request: False."""
+        every, seconds = self.checkpoint_interval_steps, self.checkpoint_interval_seconds
+        if self.checkpoint_requested():
+            return True
+        if every is not None and step % every == 0:
+            return True
+        return seconds is not None and time.monotonic() - self._saved_at >= seconds
+
     @property
     def dropped_progress(self) -> int:
         """Progress reports dropped because too many waited to be sent."""
@@ -197,6 +221,7 @@ class WorkerRun:
     def checkpoint_saved(self, step: int, path: str | os.PathLike[str]) -> None:
         """Report that this rank's part of the checkpoint of ``step`` is at ``path``."""
         line = checkpoint_line(step, path)
+        self._saved_at = time.monotonic()
         with self._checkpoint_lock:
             self._checkpoint_asked = False
         if self._active() and self._link is not None:

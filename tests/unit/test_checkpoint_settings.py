@@ -1,0 +1,71 @@
+"""spec.checkpoint reaches the workers: the worker group carries it, the agent turns it
+into environment variables (a folder of the job's own by default), and resurge.worker
+reads them (pure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resurge import worker
+from resurge.control.records import JobRecord, Placement
+from resurge.control.worker_groups import worker_groups
+from resurge.local import job_factory
+from resurge.worker.environment import (
+    CHECKPOINT_DIR,
+    CHECKPOINT_INTERVAL_SECONDS,
+    CHECKPOINT_INTERVAL_STEPS,
+    default_checkpoint_dir,
+    read_environment,
+)
+from resurge_node_agent.worker_env import checkpoint_environment
+
+
+def record(name: str, checkpoint: dict[str, Any] | None = None) -> JobRecord:
+    extra: dict[str, Any] = {} if checkpoint is None else {"checkpoint": checkpoint}
+    spec = job_factory.job(name, preload=None, **extra)
+    return JobRecord(name=name, spec=spec, placements=[Placement(replica=0, node="n")])
+
+
+def test_the_spec_s_checkpoint_settings_reach_the_workers_environment() -> None:
+    checkpoint = {"dir": "/ckpt/a", "intervalSteps": 10, "intervalSeconds": 1.5}
+    [group] = worker_groups(record("a", checkpoint))
+    env = checkpoint_environment(group, {"RESURGE_STATE_DIR": "/state"})
+    assert env == {
+        CHECKPOINT_DIR: "/ckpt/a",
+        CHECKPOINT_INTERVAL_STEPS: "10",
+        CHECKPOINT_INTERVAL_SECONDS: "1.5",
+    }
+    read = read_environment(env)
+    assert (read.checkpoint_dir, read.checkpoint_interval_steps) == ("/ckpt/a", 10)
+    assert read.checkpoint_interval_seconds == 1.5
+
+
+def test_without_a_dir_each_job_gets_a_folder_of_its_own() -> None:
+    [a], [b] = worker_groups(record("a")), worker_groups(record("b"))
+    local = {"RESURGE_STATE_DIR": "/state"}
+    assert checkpoint_environment(a, local) == {CHECKPOINT_DIR: "/state/checkpoints/a"}
+    assert checkpoint_environment(b, local) == {CHECKPOINT_DIR: "/state/checkpoints/b"}
+    # Elsewhere (a Kubernetes pod): in the working directory, still the job's own.
+    assert checkpoint_environment(a, {}) == {CHECKPOINT_DIR: "checkpoints/a"}
+    assert default_checkpoint_dir("a", Path("/state")) == "/state/checkpoints/a"
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_a_bad_interval_names_its_variable(value: str) -> None:
+    with pytest.raises(ValueError, match=CHECKPOINT_INTERVAL_SECONDS):
+        read_environment({CHECKPOINT_INTERVAL_SECONDS: value})
+
+
+def test_checkpoint_due_follows_the_step_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RESURGE_AGENT_SOCKET", CHECKPOINT_INTERVAL_SECONDS):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(CHECKPOINT_DIR, "/ckpt/j")
+    monkeypatch.setenv(CHECKPOINT_INTERVAL_STEPS, "5")
+    run = worker.connect()
+    assert run.checkpoint_dir == "/ckpt/j"
+    assert [step for step in range(1, 16) if run.checkpoint_due(step)] == [5, 10, 15]
+    monkeypatch.delenv(CHECKPOINT_INTERVAL_STEPS)
+    assert not any(worker.connect().checkpoint_due(step) for step in range(1, 16))
