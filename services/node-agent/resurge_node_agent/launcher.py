@@ -113,7 +113,11 @@ from resurge_node_agent.process_state import is_stopped
 from resurge_node_agent.rendezvous import HostedStore
 from resurge_node_agent.spawners import PlainSpawner, Spawner
 from resurge_node_agent.worker_channel import Report, WorkerChannel, socket_path_for
-from resurge_node_agent.worker_env import AGENT_STORE_ENV, worker_environment
+from resurge_node_agent.worker_env import (
+    AGENT_STORE_ENV,
+    checkpoint_environment,
+    worker_environment,
+)
 from resurge_node_agent.workers import AGENT_ONLY_ENV, Stream, WorkerExit, WorkerProcesses
 
 __all__ = ["LaunchAgent"]
@@ -153,6 +157,8 @@ class LaunchAgent:
             socket_path_for(spec.job, spec.replica), on_report=self._report, logger=ctx.log
         )
         self.outbox = Outbox(self.bus, ctx.registry)
+        # The job's spec.checkpoint; the job's own env may still set the variables.
+        self.checkpoint_env = checkpoint_environment(spec, os.environ)
 
     async def start(self) -> None:
         """Open the worker socket and the fork server, then take commands; the service's
@@ -274,7 +280,11 @@ class LaunchAgent:
 
     def _environments(self, assign: Assign, agent_store: bool) -> list[dict[str, str]]:
         environments = [
-            {**self.spec.env, **worker_environment(assign, local_rank, self.channel.path)}
+            {
+                **self.checkpoint_env,
+                **self.spec.env,
+                **worker_environment(assign, local_rank, self.channel.path),
+            }
             for local_rank in range(self.spec.nproc)
         ]
         if not agent_store:  # rank 0's script hosts the store (a client elsewhere anyway)

@@ -3,6 +3,9 @@
 An unmodified torchrun script reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` ... and
 runs; a script that uses ``resurge.worker`` also finds its generation, its agent's
 socket and the checkpoint to resume from (names in :mod:`resurge.worker.environment`).
+:func:`checkpoint_environment` hands every worker its job's ``spec.checkpoint``: where
+(the spec's ``dir``, else ``checkpoints/<job>`` in the local cluster's state folder,
+``RESURGE_STATE_DIR``, or in the working directory elsewhere) and how often.
 Every rank is a client of the rendezvous store its agents host
 (``TORCHELASTIC_USE_AGENT_STORE=True``, as under torchrun's agent); the launcher sets it
 ``False`` where rank 0's script is to host the store itself.
@@ -10,14 +13,41 @@ Every rank is a client of the rendezvous store its agents host
 
 from __future__ import annotations
 
-from resurge.events import Assign
-from resurge.worker.environment import AGENT_SOCKET, GENERATION, JOB, RESUME_CHECKPOINT, RESUME_STEP
+from collections.abc import Mapping
 
-__all__ = ["AGENT_STORE_ENV", "worker_environment"]
+from resurge.cluster.protocol import WorkerGroupSpec
+from resurge.events import Assign
+from resurge.worker.environment import (
+    AGENT_SOCKET,
+    CHECKPOINT_DIR,
+    CHECKPOINT_INTERVAL_SECONDS,
+    CHECKPOINT_INTERVAL_STEPS,
+    GENERATION,
+    JOB,
+    RESUME_CHECKPOINT,
+    RESUME_STEP,
+    default_checkpoint_dir,
+)
+
+__all__ = ["AGENT_STORE_ENV", "checkpoint_environment", "worker_environment"]
 
 # torch's env:// rendezvous: "True" makes every rank, rank 0 too, a client of the store
 # its agent hosts (torch.distributed.rendezvous._torchelastic_use_agent_store).
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+
+
+def checkpoint_environment(spec: WorkerGroupSpec, agent: Mapping[str, str]) -> dict[str, str]:
+    """Where and how often the workers of ``spec`` checkpoint; ``agent``: the agent's own
+    environment (its ``RESURGE_STATE_DIR`` on a local cluster)."""
+    folder = spec.checkpoint_dir or default_checkpoint_dir(
+        spec.job, agent.get("RESURGE_STATE_DIR") or None
+    )
+    env = {CHECKPOINT_DIR: folder}
+    if spec.checkpoint_interval_steps is not None:
+        env[CHECKPOINT_INTERVAL_STEPS] = str(spec.checkpoint_interval_steps)
+    if spec.checkpoint_interval_seconds is not None:
+        env[CHECKPOINT_INTERVAL_SECONDS] = repr(spec.checkpoint_interval_seconds)
+    return env
 
 
 def worker_environment(
