@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from resurge.contract.vocabulary import JobPhase
 from resurge.control.goodput_meter import GoodputMeter
 from resurge.control.timeline import build_timeline
-from resurge.events import JobSubmitted, PhaseChanged, Source
+from resurge.events import Event, JobSubmitted, PhaseChanged, Source
 from resurge.local.job_factory import job
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -21,7 +21,7 @@ def at(seconds: float) -> datetime:
 
 
 def test_a_job_that_never_ran_has_goodput_0_in_the_meter_and_the_report() -> None:
-    events = [
+    events: list[Event] = [
         JobSubmitted(source=SOURCE, job="big", spec=job("big", nproc=2), time=at(0)),
         PhaseChanged(source=SOURCE, job="big", phase=JobPhase.PENDING, time=at(0.1)),
         PhaseChanged(

@@ -12,6 +12,7 @@ from resurge.jobspec._base import SpecModel
 __all__ = [
     "CheckpointRef",
     "FaultSummary",
+    "HeldGrowSummary",
     "ReplicaCounts",
     "ResizeSummary",
     "TrainingJobStatus",
@@ -50,6 +51,18 @@ class ResizeSummary(SpecModel):
     )
 
 
+class HeldGrowSummary(SpecModel):
+    """A grow that free slots allow and a wait holds back, in short."""
+
+    to: int = Field(ge=1, description="Replicas it would grow to.")
+    why: str = Field(
+        description="What holds it: the cool-down after its last resize, the snooze after "
+        "a restart, or capacity still arriving.",
+        examples=["the snooze after a restart"],
+    )
+    until: datetime = Field(description="When that wait ends.")
+
+
 class CheckpointRef(SpecModel):
     """A checkpoint: its training step and where it lies."""
 
@@ -77,6 +90,9 @@ class TrainingJobStatus(SpecModel):
         description="Seconds from the latest fault to the first progress report after it.",
     )
     last_resize: ResizeSummary | None = Field(default=None, description="The latest resize.")
+    held_grow: HeldGrowSummary | None = Field(
+        default=None, description="A grow that waits, and until when (none when none waits)."
+    )
     latest_checkpoint: CheckpointRef | None = Field(
         default=None, description="The latest checkpoint every rank has completed."
     )
