@@ -186,7 +186,9 @@ def test_snooze_blocks_growth_after_a_restart_but_not_shrinking() -> None:
     got = by_job(decide(cluster(1, 1), [snoozing, job("u", (1,), priority=1)], NOW))
     assert got["r"].kind is Kind.SHRINK
     pending = job("p", (1, 2), restarted_at=NOW - 10.0)
-    assert by_job(decide(cluster(1, 1), [pending], NOW))["p"].to_replicas == 1  # min only
+    result = plan(cluster(1, 1), [pending], NOW)
+    assert by_job(list(result.resizes))["p"].to_replicas == 1  # min only
+    assert result.held == {}, "an admission is no resize that waits"
 
 
 def test_a_held_grow_says_to_what_size_what_holds_it_and_until_when() -> None:

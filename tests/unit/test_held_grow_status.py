@@ -29,3 +29,12 @@ def test_a_held_grow_is_in_the_status_view_and_the_status_schema_keeps_it() -> N
     assert status.model_dump(by_alias=True, mode="json")["heldGrow"]["why"] == (
         "the snooze after a restart"
     )
+
+
+def test_a_finished_job_shows_no_held_grow() -> None:
+    record = JobRecord(name="j", spec=job("j", replicas={"min": 1, "max": 4}))
+    record.held_grow = HeldGrow(
+        to_replicas=2, why="the snooze after a restart", until=datetime(2026, 1, 1, tzinfo=UTC)
+    )
+    record.phase = JobPhase.SUCCEEDED
+    assert status_view(record)["heldGrow"] is None

@@ -48,10 +48,10 @@ seconds of its last restart (``restarted_at``); no grow within ``settle`` second
 the newest node that became schedulable (``Node.ready_since``), so that capacity
 arriving together (nodes added a second apart) is grown into together, in one resize
 to the size all of it allows; a loss-forced shrink also waits ``faulty_timeout``. A
-grow held back by one of these is in :attr:`Plan.held`: the size it would grow to, what
-holds it and until when (the latest of them). A job gets at most one :class:`Resize`
-per decision. Carrying out the resizes in the order returned (suspensions and shrinks
-first) never puts more on a node than it has.
+running job's grow held back by one of these is in :attr:`Plan.held`: the size it
+would grow to, what holds it and until when (the latest of them). A job gets at most
+one :class:`Resize` per decision. Carrying out the resizes in the order returned
+(suspensions and shrinks first) never puts more on a node than it has.
 """
 
 from __future__ import annotations
@@ -640,7 +640,7 @@ def _grow(state: _State, work: _Work) -> None:
     hold = _hold(state, work)
     if hold is not None:
         state.pool.give_all(placed, shape.nproc)
-        if keep:
+        if keep and not work.admitted:  # an admission says nothing of a resize
             why, until = hold
             state.held[shape.name] = GrowWait(shape.name, work.size + keep, why, until)
         return

@@ -478,7 +478,7 @@ def status_view(record: JobRecord) -> dict[str, object]:
             "seconds": record.last_resize.seconds,
         },
         "heldGrow": None
-        if record.held_grow is None
+        if record.held_grow is None or record.phase.finished  # a finished job grows no more
         else {
             "to": record.held_grow.to_replicas,
             "why": record.held_grow.why,
