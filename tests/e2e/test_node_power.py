@@ -127,6 +127,10 @@ def test_node_down_kills_the_whole_node_which_stays_down_until_node_up(
     assert not nodes(two_nodes)[home]["reporting"]
     again = resurge(two_nodes, "inject", "node-down", "--node", home)
     assert again.returncode == 0 and "is down already" in again.stdout
+    assert resurge(two_nodes, "down").returncode == 0
+    restarted = resurge(two_nodes, "up")  # the same nodes: the powered-off one stays off
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    assert node_pids(two_nodes, home) == [] and node_pids(two_nodes, other)
 
     powered = resurge(two_nodes, "node", "up", home)
     assert powered.returncode == 0, powered.stderr

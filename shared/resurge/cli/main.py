@@ -89,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
         help="every job in a table (live on a terminal), or one job described",
         description="Without JOB: every job in a table (phase, generation, replicas, step "
         "and pace, restarts, last fault, last recovery, goodput, progress toward the final "
-        "step when the job reports one), refreshed every second on a terminal until Ctrl-C. "
+        "step when the job reports one), refreshed every second on a terminal until Ctrl-C "
+        "(or until the cluster goes away: it says so and exits 1). "
         "With JOB: the job described (faults in words, recoveries, alerts, checkpoint, why "
         "a Pending job waits).",
     )
@@ -523,6 +524,8 @@ def _without_cluster(args: argparse.Namespace) -> int:
 
 
 def _on_cluster(args: argparse.Namespace) -> int:
+    import nats.errors
+
     from resurge.cli.cluster_commands import run_command
 
     if args.command == "submit":  # a bad spec is an error before any cluster is looked for
@@ -552,6 +555,12 @@ def _on_cluster(args: argparse.Namespace) -> int:
     except ConnectionError as error:
         where = "" if local else " (RESURGE_NATS_URL)"
         print(f"resurge {args.command}: {error}{where}", file=sys.stderr)
+        return 2
+    except nats.errors.Error as error:  # the server went away mid-command (`resurge down`)
+        print(
+            f"resurge {args.command}: the cluster stopped answering ({error}); is it running?",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         return 130

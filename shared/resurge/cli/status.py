@@ -2,11 +2,12 @@
 
 - Without JOB: a table of every job (phase, generation, replicas, step and pace,
   restarts, last fault, last recovery, goodput, a progress bar toward the final step
-  when the job reports one). On a terminal it refreshes every second until Ctrl-C
-  (``--once`` prints it once); piped, it prints once as plain text.
+  when the job reports one). On a terminal it refreshes every second until Ctrl-C, or
+  until the cluster goes away (its NATS connection lost for :data:`GONE_SECONDS`: it
+  says so and exits 1); ``--once`` prints it once; piped, it prints once as plain text.
 - With JOB: a ``kubectl describe``-like view: the record's fields, the last faults in
   words (rank, node, evidence), recent recoveries with level and duration, the newest
-  checkpoint, alerts, and why a Pending job waits.
+  checkpoint, the last resize, alerts, and why a Pending job waits.
 - ``--json``: every field, for scripts (DESIGN section 7's object, plus the overview).
 - A job deleted and submitted again under its name is a new run: status shows the
   current run only. ``--uid UID`` shows the run ``UID`` (``uid`` in ``--json``), also

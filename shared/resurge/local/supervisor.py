@@ -36,6 +36,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +49,7 @@ from resurge.cluster.local import LocalBackend
 from resurge.contract.subjects import Subjects
 from resurge.local.access import LocalAccess, tls_block
 from resurge.local.nats_server import NatsServer, cluster_of
-from resurge.local.node_set import NodeEntry, NodeSet, plan
+from resurge.local.node_set import NodeEntry, NodeSet, editing, plan
 from resurge.local.restore import restore
 from resurge.local.state import ClusterState, StateLock
 from resurge.runtime.bus import Bus
@@ -113,6 +114,7 @@ class Supervisor:
     _forget: set[str] = field(default_factory=set)
     _server_next_start: dict[int, float] = field(default_factory=dict)
     _stopping: bool = False
+    _powering: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def node_names(self) -> list[str]:
@@ -378,10 +380,18 @@ class Supervisor:
         )
 
     def fail_node(self, name: str) -> list[int]:
-        """Node ``name``'s machine dies, for tests and demos: its monitor and every process
-        below it (worker groups' agents, fork servers, workers) are SIGKILLed at once, and
-        nothing of it starts again while this supervisor runs. Its record stays, so the
-        cluster sees the node go silent. The pids killed."""
+        """Node ``name``'s machine dies, for tests and demos: ``nodes.json`` marks it down
+        (as ``resurge inject node-down`` does) and its monitor and every process below it
+        (worker groups' agents, fork servers, workers) are SIGKILLed at once; nothing of it
+        starts again until the set marks it up. Its record stays, so the cluster sees the
+        node go silent. The pids killed."""
+        with self._powering:  # not seen half done by a check in another thread
+            with editing(self.state_dir) as node_set:
+                node_set.power(name, on=False)
+            return self._power_off(name)
+
+    def _power_off(self, name: str) -> list[int]:
+        """SIGKILL node ``name``'s monitor and every process below it; start none again."""
         child = self.children[name]
         if child.node is None:
             raise ValueError(f"{name} is not a node")
@@ -419,27 +429,34 @@ class Supervisor:
             self._spawn(child)
             assert child.process is not None
             log.info("started %s (pid %d): %d GPU(s)", node.name, child.process.pid, node.gpus)
-        powered = self._power(wanted.nodes)
+        powered = self._power()
         return bool(gone or started or powered)
 
-    def _power(self, wanted: list[NodeEntry]) -> bool:
+    def _power(self) -> bool:
         """Power off each running node the set marks down, and on each down node it marks
-        up; True when one was."""
+        up; True when one was. The set is read under the lock :meth:`fail_node` holds."""
         changed = False
-        for node in wanted:
-            child = self.children.get(node.name)
-            if child is None or child.node is None or child.stop_by is not None:
-                continue
-            if node.down and not child.failed:
-                self.fail_node(node.name)
-                changed = True
-            elif not node.down and child.failed:
-                child.failed, child.restarts, child.next_start = False, 0, 0.0
-                self._spawn(child)
-                assert child.process is not None
-                log.warning("%s powered on (pid %d)", node.name, child.process.pid)
-                changed = True
+        with self._powering:
+            wanted = NodeSet.load(self.state_dir)
+            for node in [] if wanted is None else wanted.nodes:
+                changed |= self._power_one(node)
         return changed
+
+    def _power_one(self, node: NodeEntry) -> bool:
+        """Power ``node`` off or on as the set wants it; True when it was."""
+        child = self.children.get(node.name)
+        if child is None or child.node is None or child.stop_by is not None:
+            return False
+        if node.down and not child.failed:
+            self._power_off(node.name)
+            return True
+        if not node.down and child.failed:
+            child.failed, child.restarts, child.next_start = False, 0, 0.0
+            self._spawn(child)
+            assert child.process is not None
+            log.warning("%s powered on (pid %d)", node.name, child.process.pid)
+            return True
+        return False
 
     def _add_users(self, nodes: list[str]) -> None:
         """Give each of ``nodes`` that has none its agent user, and have the server
