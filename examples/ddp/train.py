@@ -104,13 +104,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--steps", type=int, default=60, help="total training steps")
     parser.add_argument(
-        "--checkpoint-every", type=int, default=10, help="save every K steps (0: never)"
+        "--checkpoint-every",
+        type=int,
+        default=int(os.environ.get("RESURGE_CHECKPOINT_INTERVAL_STEPS") or 10),
+        help="save every K steps (0: never; default: the job's spec.checkpoint.intervalSteps "
+        "from $RESURGE_CHECKPOINT_INTERVAL_STEPS, else 10)",
     )
     parser.add_argument(
         "--checkpoint-dir",
         type=Path,
         default=Path(os.environ.get("RESURGE_CHECKPOINT_DIR") or "checkpoints"),
-        help="where step-<8 digits> checkpoints go (default: $RESURGE_CHECKPOINT_DIR or "
+        help="where step-<8 digits> checkpoints go (default: $RESURGE_CHECKPOINT_DIR, which "
+        "resurge sets to the job's spec.checkpoint.dir or a folder of the job's own; else "
         "./checkpoints)",
     )
     parser.add_argument(
