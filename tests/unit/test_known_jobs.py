@@ -1,4 +1,5 @@
-"""The restarter's progress knowledge is bounded: the oldest job is forgotten first."""
+"""The restarter's progress knowledge is bounded: the oldest job is forgotten first; a
+deleted job is forgotten at once."""
 
 from prometheus_client import CollectorRegistry
 
@@ -18,3 +19,15 @@ def test_the_oldest_job_is_forgotten_first_and_counted() -> None:
     assert [known.reports(job) for job in ("a", "b", "c")] == [False, True, True]
     assert registry.get_sample_value("resurge_restarter_known_jobs_dropped_total") == 2
     assert registry.get_sample_value("resurge_restarter_known_jobs", {"fact": "reporting"}) == 2
+
+
+def test_a_deleted_job_is_forgotten_so_its_next_run_starts_from_generation_0() -> None:
+    known = KnownJobs(CollectorRegistry())
+    known.set_reports("j")
+    known.set_progressed("j", 5)
+    known.set_reached("j", 5, 300)
+    known.forget("j")  # deleted; submitted again, its generation 0 is new
+    assert not known.reports("j") and known.progressed("j") == -1
+    assert known.reached("j", 5) is None
+    known.set_reached("j", 0, 3)
+    assert known.reached("j", 0) == 3

@@ -8,7 +8,8 @@ is what this instance saw, so it may lag a step behind, or miss steps another re
 instance consumed. That knowledge is a cache: an
 entry that is gone only costs one record read, so the cache holds at most ``limit``
 jobs and drops the longest-remembered one first (counted), instead of growing with
-every job that ever ran.
+every job that ever ran. A job whose record is deleted is forgotten (:meth:`KnownJobs.forget`):
+a job submitted again under its name is a new run whose generations start at 0 again.
 """
 
 from __future__ import annotations
@@ -75,6 +76,12 @@ class KnownJobs:
     def set_progressed(self, job: str, generation: int) -> None:
         """Remember ``job``'s newest generation past its resume point."""
         self._put(self._progressed, job, generation)
+
+    def forget(self, job: str) -> None:
+        """``job``'s record was deleted: a job submitted again under its name is a new
+        run, from generation 0, and none of this holds for it."""
+        for facts in (self._progressed, self._reporting, self._reached):
+            facts.pop(job, None)
 
     def _put(self, facts: dict[str, V], job: str, value: V) -> None:
         facts.pop(job, None)  # re-inserted: the newest again

@@ -352,9 +352,11 @@ class Restarter:
         self.metrics.meter.fault(fault.job, fault.fault_id, fault.time, exited)
 
     def _record_seen(self, name: str, record: JobRecord | None) -> None:
-        """Follow a job's phase for its goodput; a deleted job's series go."""
+        """Follow a job's phase for its goodput; a deleted job's series go, and what
+        was known of its progress (a job submitted again under its name is a new run)."""
         if record is None:
             self.metrics.meter.forget(name)
+            self.known.forget(name)
         else:
             self.metrics.meter.phase(name, record.phase, record.submitted, datetime.now(UTC))
 
