@@ -27,7 +27,7 @@ pytestmark = pytest.mark.e2e
 
 def service_subjects(bus: Bus) -> dict[str, str]:
     """Subjects control-plane services consume (made concrete); the detector reads every
-    raw subject, the restarter also reads process starts."""
+    raw subject, the restarter also reads process starts and exits."""
     s = bus.subjects
     return {
         s.raw(JOB, "process_exited", "node-0"): "detector",
@@ -102,7 +102,7 @@ async def test_services_dead_letter_garbage_and_still_recover_a_real_fault(
     letters = [o.event for o in result.observed if isinstance(o.event, DeadLetter)]
     per_service = Counter(letter.source.service for letter in letters)
     assert per_service["detector"] == 8  # both raw subjects
-    assert per_service["restarter"] == 8
+    assert per_service["restarter"] == 12  # process starts and exits, faults
     assert per_service["scaler"] == 4
     assert per_service["node-agent"] == 8
     reasons = {letter.reason for letter in letters if letter.source.service != "story"}

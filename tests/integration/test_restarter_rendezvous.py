@@ -1,6 +1,7 @@
 """A recovery of a script that reports no progress ends when its new generation passed
-its rendezvous, not when a worker started: real nats-server, real job records, the real
-restarter (its consumers started); the cluster is :class:`FakeBackend`."""
+its rendezvous (or a worker of it exited 0: it did its work), not when a worker started:
+real nats-server, real job records, the real restarter (its consumers started); the
+cluster is :class:`FakeBackend`."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from resurge.events import (
     FaultDetected,
     FaultScope,
     JobPhase,
+    ProcessExited,
     ProcessStarted,
     RecoveryFinished,
     RecoveryLevel,
@@ -154,3 +156,22 @@ async def test_kills_of_other_ranks_after_each_rendezvous_stay_at_process_level(
     await sub.unsubscribe()
     record = await record_of(store)
     assert record.restarts == {RecoveryLevel.PROCESS: 3} and record.generation == 4
+
+
+async def test_a_worker_of_the_new_generation_that_exits_0_ends_the_recovery(
+    store: JobStore, restarter: Restarter
+) -> None:
+    """A script that needs no rendezvous and is done at once (examples/crash_once)."""
+    await restarter.on_fault(killed(1, 0, T0))
+    await restarter.sign_of_life(started(2, T0 + timedelta(seconds=0.2)))
+    done = ProcessExited(
+        source=AGENT, job=JOB, generation=2, rank=1, replica=0, node="n0", pid=8,
+        local_rank=1, local_world_size=2, exit_code=0, time=T0 + timedelta(seconds=0.4),
+    )  # fmt: skip
+    crashed = done.model_copy(update={"exit_code": 1, "generation": 2})
+    await restarter.on_exit(crashed)  # a crash is the detector's to report
+    assert (await record_of(store)).pending_recovery is not None
+    await restarter.on_exit(done)
+    record = await record_of(store)
+    assert record.pending_recovery is None and record.phase is JobPhase.RUNNING
+    assert record.last_recovery is not None and record.last_recovery.seconds == 0.4

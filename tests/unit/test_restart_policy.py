@@ -17,6 +17,7 @@ from resurge.control.recovery_policy import (
     apply_rendezvous,
     apply_settled,
     apply_sign_of_life,
+    apply_worker_succeeded,
     backoff_seconds,
     claim,
     mark_dispatched,
@@ -426,6 +427,17 @@ def test_independent_kills_of_a_plain_script_after_its_rendezvous_each_get_proce
         assert rec.last_recovery is not None and rec.last_recovery.to_generation == rec.generation
         now += 4
     assert levels == [RecoveryLevel.PROCESS] * 3
+
+
+def test_a_worker_of_the_new_generation_that_exits_0_ends_its_recovery() -> None:
+    """A script that needs no rendezvous and finishes at once: it did its work."""
+    rec = record()
+    apply_fault(rec, fault("a", 0), now=at(0))
+    assert not apply_worker_succeeded(rec, 0, at(0.1))  # the old generation's: nothing
+    apply_sign_of_life(rec, 1, at(0.2), progress=False)
+    assert apply_worker_succeeded(rec, 1, at(0.5))
+    assert rec.pending_recovery is None and rec.phase is JobPhase.RUNNING
+    assert rec.last_recovery is not None and rec.last_recovery.seconds == 0.5
 
 
 def test_the_settle_time_is_only_for_jobs_that_never_passed_a_rendezvous() -> None:

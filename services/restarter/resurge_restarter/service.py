@@ -17,7 +17,8 @@ compare-and-set lets one decision win, and the claim lets one instance carry it 
 A recovery ends when the new generation trained (:mod:`resurge.control.recovery_policy`):
 its first completed step, or for workers that report no progress its ranks passing
 their rendezvous (``rendezvous_passed``, from the agent hosting the generation's store);
-a worker start ends none. For a job none of whose generations ever passed a rendezvous
+a worker that exits 0 ends it too (it did its work); a worker start ends none. For a
+job none of whose generations ever passed a rendezvous
 (its scripts never join the agent's store) a check ``SETTLE_SECONDS`` after the new
 generation's first worker start ends it, if no fault came first. The duration is
 recorded and announced (``RecoveryFinished``). Checkpoint reports
@@ -46,6 +47,7 @@ from resurge.control.recovery_policy import (
     apply_rendezvous,
     apply_settled,
     apply_sign_of_life,
+    apply_worker_succeeded,
     claim,
     settle_due,
 )
@@ -55,6 +57,7 @@ from resurge.events import (
     FaultDetected,
     FaultScope,
     JobPhase,
+    ProcessExited,
     ProcessStarted,
     Progress,
     RecoveryFinished,
@@ -126,6 +129,12 @@ class Restarter:
             "restarter-rendezvous",
             self.on_rendezvous,
             expects=(RendezvousPassed,),
+        )
+        await bus.consume(
+            bus.subjects.raw(None, "process_exited", None),
+            "restarter-exits",
+            self.on_exit,
+            expects=(ProcessExited,),
         )
         # Every rank's steps of every job: read in batches with one ack per batch, so a
         # busy cluster's progress does not crowd out the fault consumer above.
@@ -274,6 +283,20 @@ class Restarter:
         self.metrics.meter.trained(event.job)
         result = await self.store.mutate(
             event.job, lambda r: apply_rendezvous(r, generation, event.time)
+        )
+        if result is not None:
+            await self._closed(*result)
+
+    async def on_exit(self, event: ProcessExited) -> None:
+        """A worker exited: one that exited 0 on its own did its work, so a recovery to
+        its generation ends (a crash is the detector's to report, as a fault)."""
+        if event.job is None or event.generation is None:
+            return
+        if event.expected or not event.succeeded or self.pending.get(event.job) is None:
+            return
+        generation = event.generation
+        result = await self.store.mutate(
+            event.job, lambda r: apply_worker_succeeded(r, generation, event.time)
         )
         if result is not None:
             await self._closed(*result)

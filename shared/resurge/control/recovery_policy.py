@@ -47,7 +47,8 @@ workers that report progress, a step past its resume point and past the furthest
 the generations before it in the incident reached (``reached``, which the caller
 passes: the restarter's own view of the progress); for workers that report none, every
 rank passed its rendezvous (``RendezvousPassed``, from the agent hosting the
-generation's store). A worker start is not training. Only for a job none of whose
+generation's store). A worker that exits 0 did its work: its generation trained too
+(:func:`apply_worker_succeeded`). A worker start is not training. Only for a job none of whose
 generations ever passed a rendezvous (its scripts never join the agent's store: no
 ``torch.distributed``, an ``init_method`` of their own, or an agent that could not start
 the store) does ``SETTLE_SECONDS`` of running count instead.
@@ -93,6 +94,7 @@ __all__ = [
     "apply_rendezvous",
     "apply_settled",
     "apply_sign_of_life",
+    "apply_worker_succeeded",
     "backoff_seconds",
     "claim",
     "fault_signature",
@@ -630,6 +632,17 @@ def apply_rendezvous(record: JobRecord, generation: int, seen_at: datetime) -> b
     if record.reports_progress:
         return changed
     return _close_recovery(record, generation, seen_at) or changed
+
+
+def apply_worker_succeeded(record: JobRecord, generation: int, exited_at: datetime) -> bool:
+    """A worker of ``generation`` exited 0 (not stopped by its agent): it did its work, so
+    the generation trained, whatever sign of it came or did not (a script that needs no
+    rendezvous and finishes in seconds; a resumed job with no step left). A pending
+    recovery to it ends (its duration: the fault's detection to ``exited_at``). True if
+    anything changed."""
+    if generation != record.generation:
+        return False
+    return _close_recovery(record, generation, exited_at)
 
 
 def apply_settled(record: JobRecord, generation: int, now: datetime) -> bool:

@@ -231,7 +231,13 @@ def _control(ns: _Namespace, g: _Grants, role: str) -> None:
 def _restarter(ns: _Namespace, g: _Grants, node: str | None) -> None:
     _control(ns, g, "restarter")
     ns.consume(g, "fault", ns.s.all("fault"))
-    for kind in ("process_started", "rendezvous_passed", "progress", "checkpoint_saved"):
+    for kind in (
+        "process_started",
+        "rendezvous_passed",
+        "progress",
+        "checkpoint_saved",
+        "process_exited",
+    ):
         ns.consume(g, "raw", ns.s.raw(None, kind, None))
 
 
