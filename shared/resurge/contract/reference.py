@@ -125,8 +125,8 @@ FAMILIES: tuple[Family, ...] = (
         summary="Node-agent telemetry: what workers, agents and GPUs did.",
         publishers="node agents: `launch` (one replica's workers) and `monitor` (one node)",
         subscribers="the detector (every kind); the restarter (`process_started`, "
-        "`rendezvous_passed`, `progress`, `checkpoint_saved`); the scaler (`agent_state`, "
-        "during a resize)",
+        "`rendezvous_passed`, `progress`, `checkpoint_saved`, `process_exited`); the scaler "
+        "(`agent_state`, during a resize)",
         parameters=(
             Parameter(
                 "job",
