@@ -8,8 +8,9 @@ workers of ``command`` with ``env`` in ``working_dir``, on ``node``.
   ``stop_grace_seconds`` (reported as expected exits), and starts ``nproc`` workers with
   torchrun's environment for generation g.
 - Rendezvous: the agent of the replica that holds rank 0 hosts generation g's c10d
-  store at ``MASTER_PORT`` (:mod:`.rendezvous`, as torchrun's agent does), started as
-  the Assign comes and up before the workers start; every worker gets
+  store at ``MASTER_PORT`` (:mod:`.rendezvous`, as torchrun's agent does), given to a
+  standby store process (forked once the generation before joined its store, else as
+  the Assign comes) and up before the workers start; every worker gets
   ``TORCHELASTIC_USE_AGENT_STORE=True`` and connects to it as a client. Once all
   ``world_size`` ranks have joined it the agent publishes RendezvousPassed, once per
   generation. The next generation's store replaces it. It is hosted where the fork
@@ -71,9 +72,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
+import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 
 from resurge.cluster.protocol import WorkerGroupSpec
 from resurge.events import (
@@ -153,6 +157,10 @@ class LaunchAgent:
         self.spawner: Spawner | None = None
         self.rejoins: Rejoins | None = None
         self.store: HostedStore | None = None
+        # A store process ready for the next generation, and where stores' pipes go.
+        self.standby: HostedStore | None = None
+        self.preparing = False
+        self.store_folder: Path | None = None
         self.channel = WorkerChannel(
             socket_path_for(spec.job, spec.replica), on_report=self._report, logger=ctx.log
         )
@@ -322,22 +330,47 @@ class LaunchAgent:
                 )
             )
 
+            # The next generation's store forks now, off the critical path.
+            self.ctx.spawn(self._prepare_standby())
+
         async def start() -> HostedStore | None:
-            env = {k: v for k, v in os.environ.items() if k not in AGENT_ONLY_ENV}
+            store, self.standby = self.standby, None
             try:
-                return await HostedStore.start(
-                    self.spawner or PlainSpawner(),
-                    assign.master_port,
-                    assign.world_size,
-                    env,
-                    joined,
-                    self.ctx.log,
-                )
+                if store is None:
+                    store = await self._prepare_store()
+                if await store.host(assign.master_port, assign.world_size, joined):
+                    return store
             except (OSError, ForkServerError) as error:
                 self.ctx.log.warning("could not start the rendezvous store: %s", error)
-                return None
+            if store is not None:
+                await store.close()
+            return None
 
         return asyncio.create_task(start(), name=f"store-g{assign.generation}")
+
+    async def _prepare_store(self) -> HostedStore:
+        if self.store_folder is None:
+            self.store_folder = Path(tempfile.mkdtemp(prefix="resurge-store-"))
+        env = {k: v for k, v in os.environ.items() if k not in AGENT_ONLY_ENV}
+        spawner = self.spawner or PlainSpawner()
+        return await HostedStore.prepare(spawner, env, self.store_folder, self.ctx.log)
+
+    async def _prepare_standby(self) -> None:
+        """A standby store for the next generation, unless one is there or on its way."""
+        if self.standby is not None or self.preparing or not self._can_host_store():
+            return
+        self.preparing = True
+        try:
+            standby = await self._prepare_store()
+        except (OSError, ForkServerError) as error:
+            self.ctx.log.warning("could not start a standby rendezvous store: %s", error)
+            return
+        finally:
+            self.preparing = False
+        if self.standby is None:
+            self.standby = standby
+        else:
+            await standby.close()
 
     async def _store_ready(
         self, assign: Assign, hosting: asyncio.Task[HostedStore | None] | None
@@ -532,9 +565,12 @@ class LaunchAgent:
 
     async def _shutdown(self) -> None:
         await self._stop_workers("agent shutting down")
-        store, self.store = self.store, None
-        if store is not None:
-            await store.close()
+        for store in (self.store, self.standby):
+            if store is not None:
+                await store.close()
+        self.store = self.standby = None
+        if self.store_folder is not None:
+            shutil.rmtree(self.store_folder, ignore_errors=True)
 
     def _rank(self, assign: Assign, local_rank: int) -> int:
         slot = assign.slot(self.spec.replica)

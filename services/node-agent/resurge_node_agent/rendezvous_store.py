@@ -1,17 +1,21 @@
 """One generation's rendezvous store, hosted for its agent (a process of its own).
 
-``python -m resurge_node_agent.rendezvous_store PORT WORLD_SIZE``, started by
+``python -m resurge_node_agent.rendezvous_store FIFO``, started by
 :class:`resurge_node_agent.rendezvous.HostedStore`, never by hand. It imports torch (the
 agent never does): forked from the agent's fork server it finds torch already imported.
 
-It runs torch's own c10d ``TCPStore`` server on PORT, on every interface, as a script's
-rank 0 would; the generation's workers get ``TORCHELASTIC_USE_AGENT_STORE=True`` and all
-connect to it as clients (torch's ``env://`` rendezvous, as under torchrun's agent). It
-says on stdout, one line each, once:
+It starts as a standby, ahead of the generation it will serve: it creates and drops one
+store on a port of the kernel's choosing (the first store a forked process creates costs
+tens of milliseconds of page faults and thread start; the next one about one) and says
+``standby``. It then reads ``PORT WORLD_SIZE`` from the named pipe FIFO, once, and runs
+torch's own c10d ``TCPStore`` server on PORT, on every interface, as a script's rank 0
+would; the generation's workers get ``TORCHELASTIC_USE_AGENT_STORE=True`` and all connect
+to it as clients (torch's ``env://`` rendezvous, as under torchrun's agent). It says on
+stdout, one line each, once:
 
 - ``listening``: the store accepts connections (the workers may start);
 - ``joined``: all WORLD_SIZE ranks' store clients have joined it, which each rank does
-  inside ``init_process_group`` (the client's ``init/`` count, whatever the backend;
+  inside ``init_process_group`` (the clients' ``init/`` count, whatever the backend;
   nothing else in the store is common to gloo and nccl, nor needs
   ``TORCH_DIST_INIT_BARRIER``).
 
@@ -29,22 +33,32 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
+from pathlib import Path
 
-__all__ = ["JOINED", "LISTENING", "main"]
+__all__ = ["JOINED", "LISTENING", "STANDBY", "main"]
 
+STANDBY = "standby"
 LISTENING = "listening"
 JOINED = "joined"
-# How often the store is probed until it accepts connections (it takes a few ms).
-_PROBE_SECONDS = 0.001
+# How often the store is probed until it accepts connections (it takes a millisecond).
+_PROBE_SECONDS = 0.0005
 # A joined store never times out: the workers' own timeouts govern the rendezvous.
 _NO_TIMEOUT = timedelta(days=365)
 _SAYING = threading.Lock()
 
 
 def main(argv: Sequence[str]) -> int:
-    """Serve the store on ``argv[0]`` for ``argv[1]`` ranks; say when it listens and when
-    every rank joined."""
-    port, world_size = int(argv[0]), int(argv[1])
+    """Stand by, read the port and world size from ``argv[0]``, serve the store; say when
+    it listens and when every rank joined."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    TCPStore("localhost", 0, None, True, timedelta(seconds=10), wait_for_workers=False)
+    _say(STANDBY)
+    with Path(argv[0]).open() as fifo:  # blocks until the agent opens it to write
+        request = fifo.readline().split()
+    if len(request) != 2:
+        return 0  # the agent closed the pipe without a generation: not needed
+    port, world_size = int(request[0]), int(request[1])
     taken = _taken(port)
     if taken is not None:
         print(f"rendezvous store port {port} is taken: {taken}", file=sys.stderr, flush=True)
@@ -54,8 +68,6 @@ def main(argv: Sequence[str]) -> int:
 
         setproctitle.setproctitle(f"resurge rendezvous store port={port} ranks={world_size}")
     threading.Thread(target=_say_when_listening, args=(port,), daemon=True).start()
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
     # World size + 1: the server's own client counts itself in ``init/``, so the
     # constructor returns once every rank's client has joined (it waits in C++, in 10 ms
     # steps, without the GIL).
