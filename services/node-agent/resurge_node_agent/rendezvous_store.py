@@ -1,8 +1,9 @@
 """One generation's rendezvous store, hosted for its agent (a process of its own).
 
 ``python -m resurge_node_agent.rendezvous_store FIFO``, started by
-:class:`resurge_node_agent.rendezvous.HostedStore`, never by hand. It imports torch (the
-agent never does): forked from the agent's fork server it finds torch already imported.
+:class:`resurge_node_agent.rendezvous.HostedStore`, never by hand, forked from the agent's
+fork server: it uses the torch the server preloaded and imports none itself (the control
+plane never does); without it, it exits 1 saying so.
 
 It starts as a standby, ahead of the generation it will serve: it creates and drops one
 store on a port of the kernel's choosing (the first store a forked process creates costs
@@ -50,8 +51,11 @@ _SAYING = threading.Lock()
 def main(argv: Sequence[str]) -> int:
     """Stand by, read the port and world size from ``argv[0]``, serve the store; say when
     it listens and when every rank joined."""
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is None:
+        print("torch is not imported: no rendezvous store", file=sys.stderr, flush=True)
+        return 1
+    TCPStore = distributed.TCPStore
     TCPStore("localhost", 0, None, True, timedelta(seconds=10), wait_for_workers=False)
     _say(STANDBY)
     with Path(argv[0]).open() as fifo:  # blocks until the agent opens it to write
