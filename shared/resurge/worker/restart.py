@@ -32,7 +32,8 @@ The contract:
   again with the same ``run``, whose generation, ranks and resume point are now the new
   generation's. Ranks other than 0 first wait (up to :data:`STORE_WAIT_SECONDS`) until
   ``MASTER_ADDR:MASTER_PORT`` accepts a connection, so torch's store client does not
-  back off for half a second because rank 0's new store was not up yet.
+  back off for half a second because the new store was not up yet (rank 0's agent hosts
+  it, up before it restarts its own workers; or rank 0's script, where no agent does).
 - ``fn`` raising anything else is a fault: the wrapper reports it to the agent (which
   publishes ``WorkerFault``), tears down the process groups at once (so peers blocked
   on this rank fail fast), and waits up to ``restart_wait_seconds`` (default
