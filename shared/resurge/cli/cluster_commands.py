@@ -161,10 +161,11 @@ async def _submit(file: Path, settings: Settings, *, local: bool) -> int:
 
 
 async def _cannot_hold(bus: Bus, job: TrainingJob) -> str | None:
-    """Why no node of the cluster could hold ``job`` (:func:`cannot_hold`), or None; also
-    None when the nodes cannot be read: the job is submitted all the same."""
+    """Why no node of the cluster (every node it knows, reporting or not: a node powered
+    off may come back) could hold ``job`` (:func:`cannot_hold`), or None; also None when
+    the nodes cannot be read: the job is submitted all the same."""
     try:
-        nodes = await (await open_backend(bus, bus.settings)).live_nodes()
+        nodes = await (await open_backend(bus, bus.settings)).list_nodes()
     except Exception:  # a warning only: the status of the job says it too
         return None
     return cannot_hold(job, nodes, local=bus.settings.cluster == "local")
