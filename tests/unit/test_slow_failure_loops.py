@@ -166,3 +166,15 @@ def test_plain_script_generations_that_passed_their_rendezvous_are_independent()
         apply_rendezvous(rec, rec.generation, at(3600 * hour + 1))
         decision = apply_fault(rec, crash(rec, rank=hour % 2), now=at(3600 * hour + 2))
         assert decision.level is RecoveryLevel.PROCESS, decision.why
+
+
+def test_other_faults_of_a_job_without_checkpoints_stay_cheap_though_none_got_further() -> None:
+    """Every generation trains from step 0 again; each fault is another kind or rank, so
+    none of them says the restart before failed, whatever step it came at."""
+    rec = job_record()
+    faults = [("process_crash", 1, 500), ("hang", 0, 300), ("process_killed", 1, 200)]
+    for hour, (reason, rank, reached) in enumerate(faults):
+        apply_sign_of_life(rec, rec.generation, at(3600 * hour + 1), progress=True, step=1)
+        culprit = crash(rec, rank=rank, reason=reason)
+        decision = apply_fault(rec, culprit, now=at(3600 * hour + 2), reached=reached)
+        assert decision.level is RecoveryLevel.PROCESS, decision.why

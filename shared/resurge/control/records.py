@@ -189,9 +189,9 @@ class RestartEntry(BaseModel):
     stalled: bool = Field(
         default=False,
         description="For a fault of the generation the restart before started, which got no "
-        "further (no rendezvous, no step past its resume point, or no step past the step "
-        "the generations before it reached): the restarts from the last one without this "
-        "flag on are one incident, however long they take.",
+        "further (no rendezvous, no step past its resume point, or the same fault again "
+        "short of the furthest step the incident's generations reached): the restarts "
+        "from the last one without this flag on are one incident, however long they take.",
     )
     reached: int | None = Field(
         default=None, description="The furthest step the failed generation completed, if known."

@@ -43,15 +43,19 @@ The ladder (DESIGN section 4), cheapest first: ``in_process``, ``process``, ``po
 
 A generation trained (:func:`generation_fixed`; the same fact ends a recovery, see
 :func:`apply_sign_of_life`, :func:`apply_rendezvous`, :func:`apply_settled`): for
-workers that report progress, a step past its resume point and past the furthest step
-the generations before it in the incident reached (``reached``, which the caller
-passes: the restarter's own view of the progress); for workers that report none, every
-rank passed its rendezvous (``RendezvousPassed``, from the agent hosting the
+workers that report progress, a step past its resume point; for workers that report
+none, every rank passed its rendezvous (``RendezvousPassed``, from the agent hosting the
 generation's store). A worker that exits 0 did its work: its generation trained too
-(:func:`apply_worker_succeeded`). A worker start is not training. Only for a job none of whose
-generations ever passed a rendezvous (its scripts never join the agent's store: no
-``torch.distributed``, an ``init_method`` of their own, or an agent that could not start
-the store) does ``SETTLE_SECONDS`` of running count instead.
+(:func:`apply_worker_succeeded`). A worker start is not training. Only for a job none
+of whose generations ever passed a rendezvous (its scripts never join the agent's
+store: no ``torch.distributed``, an ``init_method`` of their own, or an agent that could
+not start the store) does ``SETTLE_SECONDS`` of running count instead.
+
+A generation that trained but failed the same way as the one before it (the same fault
+at the same place) without getting past the furthest step the generations of the
+incident reached (``reached``, which the caller passes: the restarter's own view of the
+progress) did not get further either: a crash at the same step every time, resumed
+from an older checkpoint, climbs however slowly it repeats.
 
 A failed job's message ends with the failing rank's own last output lines (the fault's
 ``last_output`` evidence).
@@ -161,23 +165,13 @@ def fault_signature(fault: FaultDetected) -> str:
     return fault.reason
 
 
-def generation_fixed(
-    record: JobRecord,
-    generation: int,
-    now: datetime,
-    *,
-    reached: int | None = None,
-    reference: int | None = None,
-) -> bool:
-    """Whether ``generation`` trained: the restart that started it fixed what it was for.
-
-    For workers that report progress: a step past its resume point, and past
-    ``reference`` (the furthest step the generations before it reached, when known) if
-    ``reached`` (its own furthest step) is known. For workers that report none: it passed
-    its rendezvous; or, for a job none of whose generations ever passed one (its scripts
-    never join the agent's rendezvous store), it has been running ``SETTLE_SECONDS``."""
+def generation_fixed(record: JobRecord, generation: int, now: datetime) -> bool:
+    """Whether ``generation`` trained: for workers that report progress, a step past its
+    resume point; for workers that report none, its ranks passed their rendezvous; or,
+    for a job none of whose generations ever passed one (its scripts never join the
+    agent's rendezvous store), it has been running ``SETTLE_SECONDS``."""
     if record.progressed_generation is not None and record.progressed_generation >= generation:
-        return reached is None or reference is None or reached > reference
+        return True
     if record.reports_progress:
         return False
     if record.rendezvous_generation is not None:
@@ -243,9 +237,15 @@ def _unfixed(
     if history[-1].to_generation != fault.generation:
         return []
     chain = _chain(history)
+    if not generation_fixed(record, fault.generation, now):
+        return chain
+    # It trained, but failed the same way as the generation before it without getting
+    # past the furthest step the generations of the incident reached: a crash at the same
+    # step every time, resuming from an older checkpoint.
     reference = max((e.reached for e in chain if e.reached is not None), default=None)
-    fixed = generation_fixed(record, fault.generation, now, reached=reached, reference=reference)
-    return [] if fixed else chain
+    same = history[-1].signature == fault_signature(fault)
+    stuck = same and reached is not None and reference is not None and reached <= reference
+    return chain if stuck else []
 
 
 def _stall_words(
