@@ -64,10 +64,14 @@ FAULT = FaultDetected(
 REASON = "xid (xid-79@n1)"
 
 
+RUN = "run-1"  # the job's run: its worker groups and commands name it
+
+
 def running_job() -> JobRecord:
     spec = parse_job({"metadata": {"name": JOB}, "spec": {"command": ["train"], "nprocPerNode": 2}})
     return JobRecord(
         name=JOB,
+        uid=RUN,
         spec=spec,
         phase=JobPhase.RUNNING,
         generation=1,
