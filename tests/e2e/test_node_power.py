@@ -134,10 +134,32 @@ def test_node_down_kills_the_whole_node_which_stays_down_until_node_up(
 
     powered = resurge(two_nodes, "node", "up", home)
     assert powered.returncode == 0, powered.stderr
-    assert powered.stdout.strip() == f"node {home} powered on"
+    assert powered.stdout.startswith(f"node {home} powered on\n")
     assert nodes(two_nodes)[home]["reporting"] and node_pids(two_nodes, home)
     unknown = resurge(two_nodes, "inject", "node-down", "--node", "node-9")
     assert unknown.returncode == 1 and "no node named 'node-9'" in unknown.stderr
+
+
+def test_a_job_whose_only_node_lost_power_waits_naming_node_up_and_runs_after_it(
+    one_node: Path, tmp_path: Path
+) -> None:
+    submit_plain(one_node, tmp_path, "plain")
+    wait_until(lambda: nodes(one_node)["node-0"]["jobs"] == ["plain"], 60)
+    down = resurge(one_node, "inject", "node-down", "--node", "node-0")
+    assert down.returncode == 0, down.stderr
+
+    wait_until(lambda: status(one_node, "plain")["phase"] == "Pending", 90)
+    wait_until(lambda: "`resurge node up node-0`" in status(one_node, "plain")["message"], 30)
+    assert "node-0 not reporting" in status(one_node, "plain")["message"]
+    powered = resurge(one_node, "node", "up", "node-0")
+    assert powered.returncode == 0, powered.stderr
+    # Lost under the job, the node was cordoned: powered on is not yet "fit again".
+    assert nodes(one_node)["node-0"]["cordoned"]
+    assert "`resurge node uncordon node-0` lets it take work again" in powered.stdout
+    wait_until(lambda: "uncordon node-0" in status(one_node, "plain")["message"], 30)
+    assert resurge(one_node, "node", "uncordon", "node-0").returncode == 0
+    wait_until(lambda: status(one_node, "plain")["phase"] == "Running", 90)
+    assert nodes(one_node)["node-0"]["jobs"] == ["plain"]
 
 
 def test_an_injected_log_line_on_a_job_without_log_rules_says_nothing_watches_it(

@@ -136,6 +136,9 @@ def test_a_waiting_job_says_which_nodes_are_cordoned_avoided_or_too_small() -> N
     assert "n0 avoided by this job" in why
     assert "n1 has 1 of 2 slot(s) free" in why
     assert "n2 unhealthy (`resurge node uncordon n2` once it is repaired)" in why
+    why = why_waiting(job(replicas=2), cluster, {}, silent=["n7"], local=True)
+    assert "n7 not reporting (`resurge node up n7` if it was powered off)" in why
+    assert "n7 not reporting" in why_waiting(job(replicas=2), cluster, {}, silent=["n7"])
     why = why_waiting(job(replicas=2), cluster, {})
     assert "n0 cordoned: gpu_xid_79 (xid:node-0:79) (`resurge node uncordon n0`)" in why
     assert "no node is reporting" in why_waiting(job(), [], {})

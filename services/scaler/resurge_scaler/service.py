@@ -110,6 +110,8 @@ class Scaler:
             if not pending:
                 return
             nodes = await self.backend.live_nodes()
+            live = {node.name for node in nodes}
+            silent = [n.name for n in await self.backend.list_nodes() if n.name not in live]
             used: dict[str, int] = {}
             for group in await self.backend.list_worker_groups():
                 used[group.node] = used.get(group.node, 0) + group.nproc
@@ -125,7 +127,13 @@ class Scaler:
                 fit = place(record.spec, nodes, used, record.avoid_nodes, need)
                 if fit is None:
                     why = why_waiting(
-                        record.spec, nodes, snapshot, record.avoid_nodes, need, local=local
+                        record.spec,
+                        nodes,
+                        snapshot,
+                        record.avoid_nodes,
+                        need,
+                        local=local,
+                        silent=silent,
                     )
                     await self.store.mutate(record.name, partial(wait_reason, reason=why))
                     continue

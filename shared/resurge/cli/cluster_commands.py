@@ -90,6 +90,7 @@ async def _add_or_remove(bus: Bus, args: argparse.Namespace) -> int:
         elif args.node_command == "up":
             powered = await power_on(bus, state_dir, args.name, args.timeout)
             print(f"node {args.name} {'powered on' if powered else 'is up already'}")
+            print(await _cordon_hint(bus, args.name), end="")
         else:
             await remove_node(bus, state_dir, args.name, args.timeout)
             print(f"node {args.name} removed")
@@ -169,6 +170,20 @@ async def _cannot_hold(bus: Bus, job: TrainingJob) -> str | None:
     except Exception:  # a warning only: the status of the job says it too
         return None
     return cannot_hold(job, nodes, local=bus.settings.cluster == "local")
+
+
+async def _cordon_hint(bus: Bus, name: str) -> str:
+    """A line for a node that came back cordoned (resurge cordons a node lost under a
+    job): powering it on is not the word that it is fit; empty if it is not cordoned."""
+    backend = await open_backend(bus, bus.settings)
+    node = next((n for n in await backend.list_nodes() if n.name == name), None)
+    if node is None or not node.cordoned:
+        return ""
+    why = f" ({node.cordon_reason})" if node.cordon_reason else ""
+    return (
+        f"it is cordoned{why}: `resurge node uncordon {name}` lets it take work again "
+        "once it is fit\n"
+    )
 
 
 async def _unwatched_hint(bus: Bus, job: str, rank: int) -> str:

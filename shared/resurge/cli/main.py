@@ -207,7 +207,9 @@ def _parser() -> argparse.ArgumentParser:
         help="power a local cluster's node on again after `resurge inject node-down`",
         description="Power a node of the local cluster in the state folder on again after "
         "`resurge inject node-down`: the supervisor starts its monitor, and the command "
-        "returns once the node reports (or fails after --timeout seconds).",
+        "returns once the node reports (or fails after --timeout seconds). A node lost "
+        "under a job comes back cordoned, as any node fault leaves it: the command says "
+        "so, and `resurge node uncordon NAME` lets it take work again.",
     )
     power.add_argument("name", help="node name, as `resurge node list` shows it")
     power.add_argument(

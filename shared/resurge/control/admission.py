@@ -190,9 +190,11 @@ def why_waiting(
     at_least: int | None = None,
     *,
     local: bool = False,
+    silent: list[str] | tuple[str, ...] = (),
 ) -> str:
     """Why ``job`` does not fit now, in words (for a Pending job's status): that no node
-    could ever hold it (:func:`cannot_hold`), or else node by node."""
+    could ever hold it (:func:`cannot_hold`), or else node by node, ``silent`` (known
+    nodes not reporting) included, each with the command that brings it back."""
     never = cannot_hold(job, nodes, local=local)
     if never is not None:
         return never
@@ -207,6 +209,19 @@ def why_waiting(
         )
     if job.spec.recovery.spares:
         needs += f" and {job.spec.recovery.spares} spare(s)"
+    notes = _node_notes(nodes, used, nproc, avoid)
+    for name in sorted(silent):
+        back = f" (`resurge node up {name}` if it was powered off)" if local else ""
+        notes.append(f"{name} not reporting{back}")
+    if not nodes:
+        notes.append("no node is reporting")
+    return f"waiting for capacity: {needs}; " + "; ".join(notes)
+
+
+def _node_notes(
+    nodes: list[NodeInfo], used: dict[str, int], nproc: int, avoid: list[str] | tuple[str, ...]
+) -> list[str]:
+    """Why each reporting node takes no replica now, with the command that changes it."""
     notes = []
     for node in sorted(nodes, key=lambda n: n.name):
         free = node.slots - used.get(node.name, 0)
@@ -224,9 +239,7 @@ def why_waiting(
             )
         elif free < nproc:
             notes.append(f"{node.name} has {max(free, 0)} of {node.slots} slot(s) free")
-    if not nodes:
-        notes.append("no node is reporting")
-    return f"waiting for capacity: {needs}; " + "; ".join(notes)
+    return notes
 
 
 def wait_reason(record: JobRecord, reason: str) -> bool:
