@@ -2,6 +2,7 @@ from datetime import UTC, datetime, timedelta
 
 from resurge.cluster import NodeInfo
 from resurge.control.admission import (
+    UNHOLDABLE,
     admission_order,
     cannot_hold,
     mark_replica_finished,
@@ -184,6 +185,12 @@ def test_a_job_the_nodes_together_could_not_hold_says_how_many_more_it_needs() -
         "with `resurge node add --gpus 2`"
     )
     assert cannot_hold(job(replicas=3, nproc=2), nodes(4, 2, 1)) is None
+
+
+def test_with_a_node_not_reporting_nobody_says_no_node_could_hold_the_job() -> None:
+    why = why_waiting(job(replicas=1, nproc=2), nodes(1), {}, silent=["n9"], local=True)
+    assert not why.startswith(UNHOLDABLE), "n9 may come back with room for it"
+    assert "n9 not reporting" in why
 
 
 def test_the_reason_no_node_could_hold_a_job_is_not_repeated_as_it_is_said_again() -> None:

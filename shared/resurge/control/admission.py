@@ -195,7 +195,9 @@ def why_waiting(
     """Why ``job`` does not fit now, in words (for a Pending job's status): that no node
     could ever hold it (:func:`cannot_hold`), or else node by node, ``silent`` (known
     nodes not reporting) included, each with the command that brings it back."""
-    never = cannot_hold(job, nodes, local=local)
+    # A known node not reporting may come back: only with every node reporting is "no
+    # node can hold it" known.
+    never = None if silent else cannot_hold(job, nodes, local=local)
     if never is not None:
         return never
     nproc = job.spec.nproc_per_node
