@@ -7,7 +7,8 @@ stdout/stderr with a ``[rank]:`` prefix as torchrun does, and reports through th
 callbacks it is given: one call per line, one per start, one per exit. An exit is
 reported when the process exits, not when its pipes close (a child it forked, such as a
 DataLoader worker, may hold them open for good): its output is then read for at most
-:data:`DRAIN_SECONDS` more, so a crash's last words arrive before its exit, and the exit
+:data:`DRAIN_SECONDS` more, until :data:`QUIET_SECONDS` pass without a line, so a crash's
+last words arrive before its exit (what it wrote is in its pipes already), and the exit
 carries its last :data:`LAST_OUTPUT_LINES` lines (stdout and stderr, oldest first, each
 cut to :data:`LAST_OUTPUT_CHARS`). Output that comes later, from such a child, is still
 read and reported; a stop also kills what is left of an exited worker's process group.
@@ -39,6 +40,8 @@ MAX_LINE_CHARS = 4096
 # An exited worker's output still in its pipes is read for at most this long before
 # its exit is reported: what it wrote is already there, only a child's end can be late.
 DRAIN_SECONDS = 0.1
+# ... and only while lines keep coming: one quiet interval ends the drain.
+QUIET_SECONDS = 0.01
 # The last lines an exit carries, and how much of each (the cause of a failure).
 LAST_OUTPUT_LINES = 20
 LAST_OUTPUT_CHARS = 1000
@@ -89,6 +92,7 @@ class WorkerProcesses:
         self._procs: dict[int, SpawnedProcess] = {}
         self._watchers: list[asyncio.Task[None]] = []
         self._last: dict[int, deque[str]] = {}
+        self._lines_read: dict[int, int] = {}
         # Output pumps still reading after their worker exited (a child holds its pipes).
         self._leftovers: dict[int, asyncio.Future[tuple[None, None]]] = {}
         self._stopping = False
@@ -113,6 +117,7 @@ class WorkerProcesses:
     def _remember(self, local_rank: int, line: str) -> None:
         last = self._last.setdefault(local_rank, deque(maxlen=LAST_OUTPUT_LINES))
         last.append(line[:LAST_OUTPUT_CHARS])
+        self._lines_read[local_rank] = self._lines_read.get(local_rank, 0) + 1
 
     def _echo(self, local_rank: int, stream: Stream, line: str) -> None:
         echo = sys.stdout if stream == "stdout" else sys.stderr
@@ -203,8 +208,7 @@ class WorkerProcesses:
             self._pump(local_rank, "stderr", proc.stderr),
         )
         code = await proc.wait()
-        # asyncio.wait, not wait_for: pumps still reading go on (a child's output).
-        await asyncio.wait([pumps], timeout=DRAIN_SECONDS)
+        await self._drain(local_rank, pumps)
         if not pumps.done():
             self._leftovers[local_rank] = pumps
             if self._stopping:
@@ -217,6 +221,20 @@ class WorkerProcesses:
         else:
             exit_ = WorkerExit(local_rank, proc.pid, code, None, expected, last)
         await self._on_exit(exit_)
+
+    async def _drain(self, local_rank: int, pumps: asyncio.Future[tuple[None, None]]) -> None:
+        """Read an exited worker's pipes until they close, or no line came for
+        :data:`QUIET_SECONDS`, or :data:`DRAIN_SECONDS` passed. A pipe already readable
+        is read before a timer of the same loop turn fires, so what the worker wrote
+        before it exited is read even when the agent was not scheduled for a while."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DRAIN_SECONDS
+        while (left := deadline - loop.time()) > 0:
+            read = self._lines_read.get(local_rank, 0)
+            # asyncio.wait, not wait_for: pumps still reading go on (a child's output).
+            done, _ = await asyncio.wait([pumps], timeout=min(QUIET_SECONDS, left))
+            if done or self._lines_read.get(local_rank, 0) == read:
+                return
 
     async def _pump(self, local_rank: int, name: Stream, reader: asyncio.StreamReader) -> None:
         while True:
