@@ -17,6 +17,11 @@ workers of ``command`` with ``env`` in ``working_dir``, on ``node``.
   server has torch imported (the default); otherwise, or when the store is not up
   within ``STORE_READY_SECONDS``, rank 0's own script hosts it (its
   ``TORCHELASTIC_USE_AGENT_STORE`` is ``False``), as before, and nothing is published.
+  Where the spec lets rank 0's agent host it, the agent of every other replica starts
+  its workers once the store accepts connections (:mod:`.store_probe`: a torch store
+  client refused once backs off half a second), saying so (AgentStateChanged
+  ``waiting``) when it has to wait; after the job's stop grace plus
+  ``STORE_READY_SECONDS`` it starts them anyway.
 - Assign(g, level ``in_process``): where every running worker is alive, connected and
   runs under ``resurge.worker.restartable``, no process stops: each gets ``restart``
   with its complete environment for generation g, and the agent waits up to
@@ -116,6 +121,7 @@ from resurge_node_agent.in_process import Rejoins, restartable_workers
 from resurge_node_agent.process_state import is_stopped
 from resurge_node_agent.rendezvous import HostedStore
 from resurge_node_agent.spawners import PlainSpawner, Spawner
+from resurge_node_agent.store_probe import until_listening
 from resurge_node_agent.worker_channel import Report, WorkerChannel, socket_path_for
 from resurge_node_agent.worker_env import (
     AGENT_STORE_ENV,
@@ -376,9 +382,15 @@ class LaunchAgent:
         self, assign: Assign, hosting: asyncio.Task[HostedStore | None] | None
     ) -> bool:
         """Whether ``assign``'s workers may use the agent's store: it is up, or another
-        agent hosts it (this replica has no rank 0). A store not up in time is closed."""
+        agent hosts it (this replica has no rank 0: awaited until it accepts
+        connections). A store not up in time is closed."""
         if hosting is None:
-            return self._rank(assign, 0) != 0
+            if self._rank(assign, 0) == 0:
+                return False  # rank 0's own script hosts it
+            if self.spec.fork_server and "torch" in self.spec.preload:
+                # Rank 0's agent hosts it, as this one would in its place (one spec).
+                await self._await_store(assign)
+            return True
         store = await hosting
         if store is not None and await store.listening(STORE_READY_SECONDS):
             self.store = store
@@ -390,6 +402,23 @@ class LaunchAgent:
         if store is not None:
             await store.close()
         return False
+
+    async def _await_store(self, assign: Assign) -> None:
+        """Until the store another agent hosts for ``assign`` accepts connections, or its
+        stop grace plus ``STORE_READY_SECONDS`` passed (see the module docstring)."""
+        where = f"{assign.master_addr}:{assign.master_port}"
+
+        async def waiting() -> None:
+            detail = f"generation {assign.generation}: waiting for the rendezvous store at {where}"
+            await self._state(AgentState.WAITING, detail)
+
+        bound = self.spec.stop_grace_seconds + STORE_READY_SECONDS
+        if not await until_listening(assign.master_addr, assign.master_port, bound, waiting):
+            self.ctx.log.warning(
+                "the rendezvous store at %s is not up after %g s; starting the workers anyway",
+                where,
+                bound,
+            )
 
     async def _assign(self, assign: Assign) -> None:
         if self.generation is not None and assign.generation <= self.generation:
