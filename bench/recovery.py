@@ -36,10 +36,11 @@ but (g), (h) and (i) allows one
 recovery level and no backoff, so every recovery is at that level and the mechanism is
 measured, not the ladder's escalation or crash-loop delays.
 
-Prints the medians and each one as a ratio to (a), measured in the same run, and each
-plain-script variant's against torchrun on the same script ((i) / (j), (k) / (l)).
+Prints the medians (and 90th percentiles) and each median as a ratio to (a), measured
+in the same run, and each plain-script variant's against torchrun on the same script
+((i) / (j), (k) / (l)); ``--values`` also prints every recovery time.
 
-    .venv/bin/python bench/recovery.py [--kills 5] [--skip-baselines] [--only a,g,h]
+    .venv/bin/python bench/recovery.py [--kills 5] [--skip-baselines] [--only a,g,h] [--values]
 """
 
 from __future__ import annotations
@@ -305,19 +306,26 @@ async def plain_recoveries(
     return record
 
 
+def p90(values: list[float]) -> float:
+    """The 90th percentile (nearest rank): 9 in 10 recoveries took at most this long."""
+    ordered = sorted(values)
+    return ordered[max(0, -(-9 * len(ordered) // 10) - 1)]
+
+
 def line(name: str, values: list[float], baseline: float | None) -> str:
     if not values:
         return f"{name:<44} {'no recovery':>10}"
     med = statistics.median(values)
     ratio = f"{med / baseline:>9.1f}x" if baseline else f"{'':>10}"
-    return (f"{name:<44} {med:>10.3f} {min(values):>8.3f} {max(values):>8.3f} {len(values):>3}"
-            f" {ratio}")  # fmt: skip
+    return (f"{name:<44} {med:>10.3f} {p90(values):>8.3f} {min(values):>8.3f} "
+            f"{max(values):>8.3f} {len(values):>3} {ratio}")  # fmt: skip
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--skip-baselines", action="store_true")
+    parser.add_argument("--values", action="store_true", help="also print every recovery time")
     parser.add_argument(
         "--only",
         default="a,b,c,d,e,f,g,h,i,j,k,l",
@@ -393,8 +401,11 @@ def main() -> int:
                 )
     baseline = statistics.median(results.get("(a) resurge, fork server") or [0.0]) or None
     print()
-    print(f"{'fault -> first step of the next generation':<44} {'median s':>10} {'min s':>8} "
-          f"{'max s':>8} {'n':>3} {'vs (a)':>10}")  # fmt: skip
+    print(f"{'fault -> first step of the next generation':<44} {'median s':>10} {'p90 s':>8} "
+          f"{'min s':>8} {'max s':>8} {'n':>3} {'vs (a)':>10}")  # fmt: skip
+    if args.values:
+        for name, values in results.items():
+            print(f"  {name}: {', '.join(f'{v:.3f}' for v in values)}")
     for name, values in results.items():
         print(line(name, values, baseline))
     in_process = results.get("(e) resurge, in-process (exception)")
