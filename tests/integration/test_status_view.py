@@ -14,7 +14,7 @@ from rich.console import Console
 from resurge.cli.status import describe, jobs_table, show_status
 from resurge.control.admission import new_record
 from resurge.control.records import JobStore
-from resurge.events import JobPhase
+from resurge.events import JobDeleted, JobPhase, JobSubmitted
 from resurge.local.job_factory import job
 from resurge.runtime.bus import Bus
 from tests.integration.stored_job import JOB, START, store_job
@@ -87,3 +87,25 @@ async def test_no_jobs_says_so(bus: Bus, capsys: pytest.CaptureFixture[str]) -> 
 async def test_an_unknown_job_is_an_error(bus: Bus, capsys: pytest.CaptureFixture[str]) -> None:
     assert await show_status(bus, _args(job="ghost")) == 1
     assert "no job named 'ghost'" in capsys.readouterr().err
+
+
+async def test_a_deleted_run_is_shown_by_its_uid_and_an_unknown_uid_lists_the_runs(
+    bus: Bus, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The stored job's run: submitted before its events, deleted after them.
+    spec = job(JOB, nproc=1, replicas=2)
+    submitted = JobSubmitted(
+        source=bus.source, job=JOB, spec=spec, time=START - timedelta(seconds=1)
+    )
+    await bus.publish(bus.subjects.job(JOB), submitted)
+    await store_job(bus, total_steps=100)
+    deleted = JobDeleted(source=bus.source, job=JOB, time=START + timedelta(seconds=61))
+    await bus.publish(bus.subjects.job(JOB), deleted)
+    assert await show_status(bus, _args(job=JOB, json=True, uid=submitted.id)) == 0
+    view = json.loads(capsys.readouterr().out)
+    assert view["uid"] == submitted.id and view["phase"] == "Succeeded"
+    assert view["step"] == 49 and view["deleted"] is not None
+    assert [f["rank"] for f in view["recentFaults"]] == [1, 0]
+    assert await show_status(bus, _args(job=JOB, uid="nosuchrun")) == 1
+    error = capsys.readouterr().err
+    assert "no run 'nosuchrun'" in error and submitted.id in error
