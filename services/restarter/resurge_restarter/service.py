@@ -292,9 +292,17 @@ class Restarter:
         its generation ends (a crash is the detector's to report, as a fault)."""
         if event.job is None or event.generation is None:
             return
-        if event.expected or not event.succeeded or self.pending.get(event.job) is None:
+        if event.expected or not event.succeeded:
             return
         generation = event.generation
+        # No record read for the exits at a job's end: the plan of a recovery was written
+        # (and seen by the record watch) before the Assign that started the worker; the
+        # instance that wrote it knows it without the watch.
+        known = self.store.remembered(event.job)
+        plan = None if known is None else known[0].pending_recovery
+        planned = plan is not None and plan.to_generation == generation
+        if known is not None and not planned and self.pending.get(event.job) != generation:
+            return
         result = await self.store.mutate(
             event.job, lambda r: apply_worker_succeeded(r, generation, event.time)
         )
