@@ -38,9 +38,15 @@ def deleted(seconds: float) -> JobDeleted:
     return JobDeleted(source=SOURCE, job="j", time=at(seconds))
 
 
-def progress(seconds: float, step: int) -> Progress:
+def progress(seconds: float, step: int, generation: int = 0) -> Progress:
     return Progress(
-        source=SOURCE, job="j", generation=0, rank=0, local_rank=0, step=step, time=at(seconds)
+        source=SOURCE,
+        job="j",
+        generation=generation,
+        rank=0,
+        local_rank=0,
+        step=step,
+        time=at(seconds),
     )
 
 
@@ -90,6 +96,7 @@ def test_the_new_run_sees_only_its_own_steps_phases_and_commands() -> None:
         assign(21, "b"),
         assign(21.5, "a"),  # an old run's command stored late
         progress(22, 1),
+        progress(22.5, 500, generation=5),  # an old run's worker, still stopping
     ]
     mine = run_events(events, new)
     assert [e.time for e in mine] == [at(21), at(22)]

@@ -9,8 +9,10 @@ without a delete) and ends with the next JobDeleted; a JobSubmitted while it run
 changes its monitoring settings.
 
 :func:`run_events` keeps, of a job's history, what belongs to one run: the events from
-its submission up to its deletion, less commands addressed to another run. Pure, no I/O
-but :func:`job_runs`.
+its submission up to its deletion, less commands addressed to another run and, where
+the run's Assigns were read, agents' reports of a generation the run never assigned
+(the deleted run's workers, still stopping when the job was submitted again). Pure, no
+I/O but :func:`job_runs`.
 """
 
 from __future__ import annotations
@@ -20,11 +22,38 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from resurge.control.history import read_history
-from resurge.events import Event, JobDeleted, JobSubmitted
+from resurge.events import (
+    AgentStateChanged,
+    Assign,
+    CheckpointSaved,
+    Event,
+    JobDeleted,
+    JobSubmitted,
+    LogLine,
+    ProcessExited,
+    ProcessStarted,
+    ProcessStateChanged,
+    Progress,
+    RendezvousPassed,
+    WorkerFault,
+)
 from resurge.events.commands import RunCommand
 from resurge.runtime.bus import Bus
 
 __all__ = ["Run", "job_runs", "run_events", "runs_of"]
+
+# What agents report about the workers of one generation.
+_AGENT_REPORTS = (
+    AgentStateChanged,
+    CheckpointSaved,
+    LogLine,
+    ProcessExited,
+    ProcessStarted,
+    ProcessStateChanged,
+    Progress,
+    RendezvousPassed,
+    WorkerFault,
+)
 
 
 @dataclass(frozen=True)
@@ -63,7 +92,17 @@ def runs_of(events: Iterable[Event], uid: str | None = None) -> list[Run]:
 
 def run_events(events: Iterable[Event], run: Run) -> list[Event]:
     """The events of ``run`` among a job's ``events``."""
-    return [event for event in events if run.holds(event)]
+    held = [event for event in events if run.holds(event)]
+    assigned = {event.generation for event in held if isinstance(event, Assign)}
+    if not assigned:  # no command read: by time alone
+        return held
+    return [
+        event
+        for event in held
+        if not isinstance(event, _AGENT_REPORTS)
+        or event.generation is None
+        or event.generation in assigned
+    ]
 
 
 async def job_runs(bus: Bus, job: str, uid: str | None = None) -> list[Run]:
