@@ -115,6 +115,23 @@ def test_commands_without_a_server_fail_clearly() -> None:
     assert "cannot reach nats at nats://127.0.0.1:1 within 1.0 s" in result.stderr
 
 
+def test_an_unreachable_server_is_reported_after_a_few_seconds_naming_the_setting() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RESURGE_CONNECT_TIMEOUT_SECONDS"}
+    result = subprocess.run(
+        [str(BIN / "resurge"), "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "RESURGE_NATS_URL": "nats://127.0.0.1:1"},
+        cwd=REPO,
+    )
+    assert result.returncode == 2
+    assert "cannot reach nats at nats://127.0.0.1:1 within 5.0 s (RESURGE_NATS_URL)" in (
+        result.stderr
+    )
+    assert "nats error" not in result.stderr and "Traceback" not in result.stderr
+
+
 @pytest.mark.e2e
 def test_demo_passes() -> None:
     result = run("resurge", "demo", timeout=180)
