@@ -120,6 +120,8 @@ def test_node_down_kills_the_whole_node_which_stays_down_until_node_up(
     assert down.returncode == 0, down.stderr
     assert f"stay down until `resurge node up {home}`" in down.stdout
     assert not any(alive(pid) for pid in before)  # killed before the command returned
+    listed = resurge(two_nodes, "node", "list").stdout  # at once, not after its heartbeat
+    assert f"powered off (`resurge node up {home}`)" in listed, listed
 
     wait_until(lambda: nodes(two_nodes)[other]["jobs"] == ["plain"], 90)  # moved over
     wait_until(lambda: status(two_nodes, "plain")["phase"] == "Running", 60)

@@ -32,14 +32,14 @@ from resurge.local.membership import (
     power_on,
     remove_node,
 )
-from resurge.local.state import resolve_state_dir
+from resurge.local.state import ClusterState, resolve_state_dir
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 
 __all__ = ["run_command"]
 
 
-async def _node(bus: Bus, args: argparse.Namespace) -> int:
+async def _node(bus: Bus, args: argparse.Namespace, *, local: bool) -> int:
     if args.node_command in ("add", "remove", "up"):
         return await _add_or_remove(bus, args)
     backend = await open_backend(bus, bus.settings)
@@ -48,24 +48,7 @@ async def _node(bus: Bus, args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(views, indent=2))
             return 0
-        if not views:
-            print("no nodes")
-        for v in views:
-            state = "cordoned" if v["cordoned"] else "ready" if v["healthy"] else "unhealthy"
-            if not v["reporting"]:
-                state = "not reporting"
-            why = f" ({v['cordonReason']})" if v["cordonReason"] else ""
-            jobs = v["jobs"]
-            names = ",".join(jobs) if isinstance(jobs, list) and jobs else "-"
-            labels = v["labels"]
-            tags = (
-                "  labels: " + ",".join(f"{k}={value}" for k, value in sorted(labels.items()))
-                if isinstance(labels, dict) and labels
-                else ""
-            )
-            print(
-                f"{v['name']:<16} {v['free']}/{v['slots']} free  {state}{why}  jobs: {names}{tags}"
-            )
+        _print_nodes(views, _powered_off(args) if local else set())
         return 0
     try:
         await set_cordon(bus, backend, args.name, cordoned=args.node_command == "cordon")
@@ -78,6 +61,35 @@ async def _node(bus: Bus, args: argparse.Namespace) -> int:
         )
     print(f"node {args.name} {args.node_command}ed")
     return 0
+
+
+def _powered_off(args: argparse.Namespace) -> set[str]:
+    """The local cluster's nodes ``resurge inject node-down`` powered off."""
+    state = ClusterState.load(resolve_state_dir(args.state_dir))
+    return set(state.down) if state is not None else set()
+
+
+def _print_nodes(views: list[dict[str, object]], powered_off: set[str]) -> None:
+    """``node list``'s lines: a node's slots, state (a powered-off one says so at once,
+    before its heartbeat runs out), cordon, jobs and labels."""
+    if not views:
+        print("no nodes")
+    for v in views:
+        state = "cordoned" if v["cordoned"] else "ready" if v["healthy"] else "unhealthy"
+        if not v["reporting"]:
+            state = "not reporting"
+        if v["name"] in powered_off:
+            state = f"powered off (`resurge node up {v['name']}`)"
+        why = f" ({v['cordonReason']})" if v["cordonReason"] else ""
+        jobs = v["jobs"]
+        names = ",".join(jobs) if isinstance(jobs, list) and jobs else "-"
+        labels = v["labels"]
+        tags = (
+            "  labels: " + ",".join(f"{k}={value}" for k, value in sorted(labels.items()))
+            if isinstance(labels, dict) and labels
+            else ""
+        )
+        print(f"{v['name']:<16} {v['free']}/{v['slots']} free  {state}{why}  jobs: {names}{tags}")
 
 
 async def _add_or_remove(bus: Bus, args: argparse.Namespace) -> int:
@@ -129,7 +141,7 @@ async def run_command(args: argparse.Namespace, settings: Settings, *, local: bo
         elif command == "inject":
             return await _inject(bus, args)
         elif command == "node":
-            return await _node(bus, args)
+            return await _node(bus, args, local=local)
         elif command == "events":
             return await show_events(bus, args)
         elif command == "report":
