@@ -209,7 +209,9 @@ async def test_exit_is_reported_while_a_forked_child_holds_stdout_with_its_last_
 
 PRINT_TITLE = (
     "import sys; print(open('/proc/self/cmdline').read().replace(chr(0), ' ').strip()); "
-    "print(open('/proc/self/comm').read().strip()); print(repr(sys.argv))"
+    "print(open('/proc/self/comm').read().strip()); print(repr(sys.argv)); "
+    "print('environ', [v for v in open('/proc/self/environ', 'rb').read().split(bytes(1)) "
+    "if v.startswith(b'PATH=')] != [])"
 )
 
 
@@ -227,6 +229,9 @@ async def test_a_forked_worker_shows_its_rank_in_ps_and_keeps_its_argv(
             assert any(r == rank and line.startswith(title) for r, line in lines), lines
             assert (rank, "resurge worker") in lines  # comm, what `ps -e` shows
             assert (rank, repr(["-c", "--flag"])) in lines  # the script's own argv
+            # The title did not overwrite the environment the process started with (the
+            # fork server's, inherited): /proc/PID/environ still reads as one.
+            assert (rank, "environ True") in lines, lines
         await stop_for_good(bus, agent)
     finally:
         agent.kill()

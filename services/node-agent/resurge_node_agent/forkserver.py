@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from resurge_node_agent.forkserver_main import decode_frames, encode_frame
+from resurge_node_agent.forkserver_main import TITLE_ROOM, decode_frames, encode_frame
 from resurge_node_agent.spawners import READ_LIMIT, PlainSpawner, SpawnedProcess
 
 __all__ = [
@@ -243,7 +243,7 @@ class _Connection:
         try:
             process = await asyncio.create_subprocess_exec(
                 *(sys.executable, "-m", SERVER_MODULE, str(theirs.fileno())),
-                *(str(os.getpid()), *preload),
+                *(str(os.getpid()), *preload, TITLE_ROOM),
                 stdin=asyncio.subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
                 start_new_session=True,

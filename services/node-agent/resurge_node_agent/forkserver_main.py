@@ -17,7 +17,9 @@ once if it is already gone.
   runs the Python program in-process; it dies with the server (parent-death signal),
   so every worker dies with the agent. A worker (its environment has ``RANK``) takes
   the process title ``resurge worker job=J rank=R local_rank=L gen=G: python ARGV``,
-  so ``ps`` tells which rank is which; its ``sys.argv`` stays the program's own. The
+  so ``ps`` tells which rank is which; its ``sys.argv`` stays the program's own and
+  ``/proc/PID/environ`` its environment (``SPT_NOENV``: the title is written over the
+  server's command line only, which the agent pads with :data:`TITLE_ROOM`). The
   answer is ``spawned`` with the pid, or with ``errno``/``strerror``/``filename`` when
   the cwd is unusable (nothing is forked then).
 - It is the children's parent: it reaps each one and sends ``exited`` with the pid and
@@ -56,7 +58,7 @@ from typing import Any, NoReturn
 
 from resurge_node_agent.parent_death import die_with_parent
 
-__all__ = ["HEADER", "decode_frames", "encode_frame", "main", "run_child"]
+__all__ = ["HEADER", "TITLE_ROOM", "decode_frames", "encode_frame", "main", "run_child"]
 
 HEADER = struct.Struct(">I")
 # Received fds per recvmsg: Linux hands over one request's three at a time.
@@ -64,6 +66,9 @@ _MAX_FDS = 16
 _RECV_BYTES = 1 << 16
 # A worker's process title, at most (a ``-c`` program's code can be long).
 _TITLE_CHARS = 300
+# The server's last argument, blank: room on its command line for a worker's title
+# (without touching the environment, a title fits in the command line it replaces).
+TITLE_ROOM = " " * _TITLE_CHARS
 
 # Dispositions this interpreter started with (SIGINT -> KeyboardInterrupt, SIGPIPE
 # ignored, ...): a child gets these back, as a freshly started interpreter would have.
@@ -105,7 +110,10 @@ def main(argv: Sequence[str]) -> int:
     _SERVER_PID = os.getpid()
     conn = socket.socket(fileno=int(argv[0]))
     conn.set_inheritable(False)
-    preloaded, failed = _preload(argv[2:])
+    preloaded, failed = _preload([name for name in argv[2:] if name.strip()])
+    # The title goes over the command line alone (TITLE_ROOM), never over the environment:
+    # /proc/PID/environ stays readable, as people and tools read a rank's variables there.
+    os.environ["SPT_NOENV"] = "1"
     with contextlib.suppress(ImportError):  # titles are a convenience, never a failure
         # Set up here, while argv and environ are still where the kernel put them: a
         # child that set it up after replacing its environment could not retitle itself.
