@@ -129,6 +129,37 @@ async def test_assign_runs_workers_with_torchrun_env_and_reports(
         agent.kill()
 
 
+async def test_an_agent_ended_by_sigterm_says_it_exits_and_only_once(
+    bus: Bus, settings: Settings, raw_events: Events, tmp_path: Path
+) -> None:
+    # A finished job's worker group is deleted (SIGTERM from its node) as its final Stop
+    # goes out: the agent's last word must be `exiting` whichever comes first.
+    agent = start_agent(settings, "pass", tmp_path, nproc=1)
+    try:
+        await bus.publish(bus.subjects.cmd("j.x", 0), assign(bus, 0, nproc=1))
+        await raw_events.wait_for(
+            lambda items: any(
+                isinstance(e, AgentStateChanged) and e.state is AgentState.IDLE for e in items
+            )
+        )
+        agent.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(agent.wait, 20) == 0
+        await bus.publish(
+            bus.subjects.cmd("j.x", 0),
+            Stop(source=bus.source, job="j.x", replica=0, generation=0, final=True),
+        )
+        await raw_events.wait_for(
+            lambda items: any(
+                isinstance(e, AgentStateChanged) and e.state is AgentState.EXITING for e in items
+            )
+        )
+        await bus.nc.flush()
+        states = [e.state for e in raw_events.of(AgentStateChanged)]
+        assert states[-1] is AgentState.EXITING and states.count(AgentState.EXITING) == 1
+    finally:
+        agent.kill()
+
+
 async def test_an_assign_with_only_its_own_slot_runs_a_large_job_s_replica(
     bus: Bus, settings: Settings, raw_events: Events, tmp_path: Path
 ) -> None:

@@ -59,7 +59,8 @@ workers of ``command`` with ``env`` in ``working_dir``, on ``node``.
   connected (plain torchrun scripts) are left alone, and the log says which were asked
   and which were not. A request for another generation, or one sent before the agent
   started, is ignored.
-- SIGTERM: stops the workers, then the agent.
+- SIGTERM: stops the workers, then the agent. Either way it ends, its last state is
+  ``exiting``, said once (a final Stop's reason, else "agent shutting down").
 
 Everything it sees is published on ``raw.<job>.<kind>.<node>``: process started and
 exited (with the worker's last output lines), every output line, the agent's own state,
@@ -159,6 +160,7 @@ class LaunchAgent:
         self.workers: WorkerProcesses | None = None
         self.running: _Running | None = None
         self.started_at = datetime.now(UTC)
+        self._said_exiting = False
         self.assign: Assign | None = None
         self.spawner: Spawner | None = None
         self.rejoins: Rejoins | None = None
@@ -594,6 +596,10 @@ class LaunchAgent:
 
     async def _shutdown(self) -> None:
         await self._stop_workers("agent shutting down")
+        # Ended by SIGTERM (its worker group deleted: the job is over, or this replica
+        # moved) as much as by a final Stop: either way the agent exits, and says so
+        # before its outbox is flushed (watchers wait for every agent to exit).
+        await self._state(AgentState.EXITING, "agent shutting down")
         for store in (self.store, self.standby):
             if store is not None:
                 await store.close()
@@ -692,6 +698,10 @@ class LaunchAgent:
             self.rejoins.confirm(hello.local_rank, report.generation)
 
     async def _state(self, state: AgentState, detail: str) -> None:
+        """Say the agent's state; ``exiting`` is said once and is its last word."""
+        if self._said_exiting:
+            return
+        self._said_exiting = state is AgentState.EXITING
         event = AgentStateChanged(
             source=self.bus.source,
             job=self.spec.job,

@@ -207,8 +207,10 @@ class Scaler:
         before, after = result
         if after.phase is JobPhase.SUCCEEDED:
             self.ctx.log.info("job %s succeeded", after.name, extra={"job": after.name})
-            await announce_phase(self.bus, before.phase, after)
+            # The final Stops before the phase: the phase has the job's worker groups
+            # deleted (on_action), and an agent should end on its Stop, not on that.
             await send_stops(self.bus, after, after.generation, "job succeeded", final=True)
+            await announce_phase(self.bus, before.phase, after)
 
     async def on_deleted(self, event: JobDeleted) -> None:
         """A deleted job: stop its workers, free its nodes, forget its record."""

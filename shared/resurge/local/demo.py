@@ -110,13 +110,20 @@ def summarize(result: StoryResult, steps: int) -> str:
     return "\n".join(lines)
 
 
-def passed(result: StoryResult, steps: int) -> bool:
-    return (
-        result.phase is JobPhase.SUCCEEDED
-        and len(result.recoveries) == 1
-        and final_step(result) == steps
-        and all(state is AgentState.EXITING for state in result.final_agent_states().values())
-    )
+def shortfalls(result: StoryResult, steps: int) -> list[str]:
+    """What the demo expected and did not see (nothing: it passed)."""
+    found = []
+    if result.phase is not JobPhase.SUCCEEDED:
+        found.append(f"the job ended {result.phase.value if result.phase else 'unfinished'}")
+    if len(result.recoveries) != 1:
+        found.append(f"{len(result.recoveries)} recoveries, not 1")
+    if final_step(result) != steps:
+        found.append(f"final step {final_step(result)}, not {steps}")
+    states = result.final_agent_states()
+    for replica, state in sorted(states.items()):
+        if state is not AgentState.EXITING:
+            found.append(f"replica {replica}'s agent last said {state.value}, not exiting")
+    return found
 
 
 async def _demo(state_dir: Path) -> int:
@@ -141,9 +148,11 @@ async def _demo(state_dir: Path) -> int:
         during=lambda bus, watch: kill_one_worker(bus, watch, job.name),
     )
     print(summarize(result, steps))
-    ok = passed(result, steps)
-    print("demo passed" if ok else f"demo FAILED: see the logs in {state_dir / 'logs'}")
-    return 0 if ok else 1
+    missing = shortfalls(result, steps)
+    for shortfall in missing:
+        print(f"not as expected: {shortfall}")
+    print(f"demo FAILED: see the logs in {state_dir / 'logs'}" if missing else "demo passed")
+    return 1 if missing else 0
 
 
 def run_demo(state_dir: Path | None = None) -> int:

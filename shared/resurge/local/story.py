@@ -312,8 +312,9 @@ def _last_agent_states(observed: list[Observed]) -> dict[int, AgentState]:
 
 def _all_exited(observed: list[Observed], job: str) -> bool:
     """Every replica of ``job``'s last assigned generation said it exits. A replica a
-    shrink took away, or one lost with its node, never says so (its agent's last word is
-    "stopping"), so only the last generation's replicas are waited for."""
+    shrink took away, or one lost with its node, may never say so (its agent was removed
+    while the job ran, or died with its node), so only the last generation's replicas
+    are waited for."""
     assigned = [o.event for o in observed if isinstance(o.event, Assign) and o.event.job == job]
     if not assigned:
         return False
