@@ -147,7 +147,9 @@ def test_a_crash_fault_carries_the_workers_last_output() -> None:
     (fault,) = ProcessExitDetector().observe(event, ctx(record(0)))
     assert isinstance(fault, FaultDetected)
     assert fault.evidence["last_output"] == "\n".join(lines)
-    assert fault.message.endswith("exit code 1: ValueError: no data in /data/shard-7")
+    assert fault.message.endswith(
+        "exit code 1; its last output: ValueError: no data in /data/shard-7"
+    )
     (quiet,) = ProcessExitDetector().observe(exited(1, 1), ctx(record(0)))
     assert isinstance(quiet, FaultDetected) and "last_output" not in quiet.evidence
     assert quiet.message.endswith("exit code 1")

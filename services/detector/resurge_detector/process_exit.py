@@ -185,7 +185,7 @@ class ProcessExitDetector:
         killed = event.signal is not None
         how = f"signal {event.signal}" if killed else f"exit code {event.exit_code}"
         said = [line.rstrip() for line in event.last_output if line.strip()]
-        last = f": {_shortened(said[-1])}" if said else ""
+        last = f"; its last output: {_shortened(said[-1])}" if said else ""
         evidence: dict[str, str | int | float | bool | None] = {
             "pid": event.pid,
             "exit_code": event.exit_code,

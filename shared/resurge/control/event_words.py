@@ -75,7 +75,7 @@ def _words(event: Event) -> str | None:  # noqa: C901  (one branch per kind peop
             return None
         how = f"was killed by {event.signal}" if event.signal else f"exited {event.exit_code}"
         said = [line.strip() for line in event.last_output if line.strip()]
-        return f"{who} {how}" + (f": {said[-1]}" if said else "")  # --json has every line
+        return f"{who} {how}" + (f"; its last output: {said[-1]}" if said else "")  # --json: all
     if isinstance(event, AgentStateChanged):  # only a lost agent by default: -v shows all
         if event.state is not AgentState.LOST:
             return None
