@@ -1,8 +1,9 @@
 """A plain DDP script meets independent faults: each is a process restart.
 
-The script (tests/e2e/workers/plain_ddp.py) never imports resurge and reports no
-progress; its only sign of life is its rendezvous, which the agent of rank 0's replica
-hosts (RendezvousPassed). 2 nodes x 2 ranks; rank 1, then rank 2, then rank 3 are
+The scripts (tests/e2e/workers/plain_ddp.py, a torchrun-style script, and
+plain_lightning.py, a PyTorch Lightning one) never import resurge and report no
+progress; their only sign of life is their rendezvous, which the agent of rank 0's
+replica hosts (RendezvousPassed). 2 nodes x 2 ranks; rank 1, then rank 2, then rank 3 are
 SIGKILLed, each once the job trains again after the last recovery. Before the agent
 hosted the store, a generation of such a script counted as "not fixed" for 30 s, and
 the second kill climbed to `pod`, the third to `job`.
@@ -23,7 +24,12 @@ from resurge.runtime.bus import Bus
 
 pytestmark = pytest.mark.e2e
 
-SCRIPT = Path(__file__).parent / "workers" / "plain_ddp.py"
+WORKERS = Path(__file__).parent / "workers"
+# Each script with what its fork server preloads.
+SCRIPTS = {
+    "torchrun": ("plain_ddp.py", ["torch"]),
+    "lightning": ("plain_lightning.py", ["lightning"]),
+}
 KILLED_RANKS = (1, 2, 3)
 
 
@@ -36,12 +42,14 @@ def recovered(times: int) -> Callable[[list[Observed]], bool]:
     return lambda seen: count(RecoveryFinished, seen) >= times
 
 
+@pytest.mark.parametrize("flavour", sorted(SCRIPTS))
 async def test_three_kills_of_a_plain_ddp_script_are_each_a_process_restart(
-    nats_url: str, namespace: str, tmp_path: Path
+    flavour: str, nats_url: str, namespace: str, tmp_path: Path
 ) -> None:
+    script, preload = SCRIPTS[flavour]
     job = python_job(
-        "plain-ddp", SCRIPT, "--steps", "400", "--step-seconds", "0.05",
-        nproc=2, replicas=2, preload=["torch"], env={"OMP_NUM_THREADS": "1"},
+        f"plain-{flavour}", WORKERS / script, "--steps", "400", "--step-seconds", "0.05",
+        nproc=2, replicas=2, preload=preload, env={"OMP_NUM_THREADS": "1"},
     )  # fmt: skip
 
     async def kill_three(bus: Bus, watch: Watch) -> None:

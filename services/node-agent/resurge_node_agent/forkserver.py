@@ -478,6 +478,12 @@ class ForkServerSpawner:
         return None if connection is None or connection.lost else connection.process.pid
 
     @property
+    def has_torch_distributed(self) -> bool:
+        """Whether the running server's preloads imported ``torch.distributed``."""
+        connection = self._connection
+        return connection is not None and bool(connection.hello.get("torch_distributed"))
+
+    @property
     def preload_failures(self) -> dict[str, str]:
         """Module -> error for each preload module the running server could not import."""
         connection = self._connection

@@ -10,7 +10,8 @@ once if it is already gone.
 - It imports each MODULE once. One that fails is reported in the ``ready`` frame, not
   fatal. It never starts threads of its own and never touches ``torch.cuda``; the
   ``ready`` frame says whether CUDA ended up initialised and how many threads exist, so
-  the agent can refuse an unsafe server.
+  the agent can refuse an unsafe server, and whether ``torch.distributed`` is imported
+  (by whichever module: ``torch``, ``lightning``), so it can host rendezvous stores.
 - ``spawn`` request (with three fds by SCM_RIGHTS: stdin, stdout, stderr): it forks; the
   child (``run_child``) becomes a session leader, takes the fds as 0/1/2, the request's
   environment (all of it, nothing else), cwd, argv and default signal dispositions, and
@@ -154,6 +155,9 @@ def _ready(preloaded: list[str], failed: dict[str, str]) -> dict[str, Any]:
         "preloaded": preloaded,
         "failed": failed,
         "cuda_initialized": cuda,
+        # Whatever preloaded it (torch itself, lightning, transformers ...): a store
+        # process forked from here can host a c10d store without importing torch.
+        "torch_distributed": "torch.distributed" in sys.modules,
         "python_threads": threading.active_count(),
         "native_threads": sum(1 for _ in Path("/proc/self/task").iterdir()),
     }

@@ -14,7 +14,8 @@ workers of ``command`` with ``env`` in ``working_dir``, on ``node``.
   ``TORCHELASTIC_USE_AGENT_STORE=True`` and connects to it as a client. Once all
   ``world_size`` ranks have joined it the agent publishes RendezvousPassed, once per
   generation. The next generation's store replaces it. It is hosted where the fork
-  server has torch imported (the default); otherwise, or when the store is not up
+  server's preloads imported ``torch.distributed`` (``torch`` by default, or
+  ``lightning`` ...); otherwise, or when the store is not up
   within ``STORE_READY_SECONDS``, rank 0's own script hosts it (its
   ``TORCHELASTIC_USE_AGENT_STORE`` is ``False``), as before, and nothing is published.
   Where the spec lets rank 0's agent host it, the agent of every other replica starts
@@ -309,14 +310,14 @@ class LaunchAgent:
         return environments
 
     def _can_host_store(self) -> bool:
-        """Whether a store process would fork from a server that has torch imported (a
-        new interpreter would pay torch's import before any worker could start)."""
+        """Whether a store process would fork from a server that has torch.distributed
+        imported, by whichever preload module (a new interpreter would pay torch's import
+        before any worker could start)."""
         spawner = self.spawner
         return (
             isinstance(spawner, ForkServerSpawner)
             and spawner.server_pid is not None
-            and "torch" in self.spec.preload
-            and "torch" not in spawner.preload_failures
+            and spawner.has_torch_distributed
         )
 
     def _host_store(self, assign: Assign) -> asyncio.Task[HostedStore | None] | None:
@@ -389,8 +390,9 @@ class LaunchAgent:
         if hosting is None:
             if self._rank(assign, 0) == 0:
                 return False  # rank 0's own script hosts it
-            if self.spec.fork_server and "torch" in self.spec.preload:
-                # Rank 0's agent hosts it, as this one would in its place (one spec).
+            if self._can_host_store():
+                # Rank 0's agent hosts it, as this one would in its place (one spec, the
+                # same preloads).
                 await self._await_store(assign)
             return True
         store = await hosting
