@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import os
 import select
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -31,8 +30,8 @@ from resurge.events import (
 )
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
-from resurge_node_agent.group_spec import spec_environment
 from tests.collect import Events
+from tests.integration.agent_process import free_port, launch_agent
 
 JOB = "rdzv"
 
@@ -84,21 +83,7 @@ def start_agent(
         stop_grace_seconds=1.0,
         preload=preload,
     )
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "RESURGE_NATS_URL": settings.nats_url,
-        "RESURGE_NAMESPACE": settings.namespace,
-        "RESURGE_LOG_FORMAT": "text",
-        **spec_environment(spec),
-    }
-    log = (tmp_path / "agent.log").open("ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "resurge_node_agent", "launch"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    return launch_agent(settings, spec, tmp_path / "agent.log", {"OMP_NUM_THREADS": "1"})
 
 
 def assign(bus: Bus, nproc: int, port: int) -> Assign:
@@ -124,12 +109,6 @@ async def stop_for_good(bus: Bus, agent: subprocess.Popen[bytes]) -> None:
 
 def said(text: str) -> Callable[[list[Event]], bool]:
     return lambda items: any(isinstance(e, LogLine) and e.line == text for e in items)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return int(probe.getsockname()[1])
 
 
 async def test_rendezvous_passed_once_after_every_rank_joined_a_plain_gloo_job(

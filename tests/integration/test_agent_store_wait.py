@@ -9,7 +9,6 @@ the store); the store is a plain listening socket the test opens.
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import subprocess
 import sys
@@ -29,8 +28,8 @@ from resurge.events import (
 )
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
-from resurge_node_agent.group_spec import spec_environment
 from tests.collect import Events
+from tests.integration.agent_process import free_port, launch_agent
 
 JOB = "storewait"
 
@@ -46,26 +45,7 @@ def start_agent(settings: Settings, tmp_path: Path) -> subprocess.Popen[bytes]:
         stop_grace_seconds=1.0,
         preload=["torch"],  # what lets rank 0's agent host the store
     )
-    env = {
-        **os.environ,
-        "RESURGE_NATS_URL": settings.nats_url,
-        "RESURGE_NAMESPACE": settings.namespace,
-        "RESURGE_LOG_FORMAT": "text",
-        **spec_environment(spec),
-    }
-    log = (tmp_path / "agent.log").open("ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "resurge_node_agent", "launch"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return launch_agent(settings, spec, tmp_path / "agent.log")
 
 
 def waiting_for_store(items: Sequence[object]) -> bool:

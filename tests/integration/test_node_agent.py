@@ -27,8 +27,9 @@ from resurge.events import (
 )
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
-from resurge_node_agent.group_spec import WORKER_GROUP_ENV, spec_environment
+from resurge_node_agent.group_spec import WORKER_GROUP_ENV
 from tests.collect import E, Events
+from tests.integration.agent_process import launch_agent
 
 PRINT_ENV = (
     "import json, os; print(json.dumps({k: os.environ[k] for k in "
@@ -63,20 +64,7 @@ def start_agent(
         stop_grace_seconds=grace,
         preload=["json"],
     )
-    env = {
-        **os.environ,
-        "RESURGE_NATS_URL": settings.nats_url,
-        "RESURGE_NAMESPACE": settings.namespace,
-        "RESURGE_LOG_FORMAT": "text",
-        **spec_environment(spec),
-    }
-    log = (tmp_path / "agent.log").open("ab")
-    return subprocess.Popen(
-        [sys.executable, "-m", "resurge_node_agent", "launch"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    return launch_agent(settings, spec, tmp_path / "agent.log")
 
 
 def assign(bus: Bus, generation: int, nproc: int = 2, uid: str | None = None) -> Assign:
