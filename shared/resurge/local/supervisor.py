@@ -3,7 +3,10 @@
 :class:`Supervisor` starts an embedded nats-server (unless given a URL), the three
 control-plane services and one node monitor per virtual node, each as a child process
 with its output in ``<state_dir>/logs/<name>.log``. It is ready once every node has
-registered and every service has bound its consumers.
+registered and every service has bound its consumers. ``restarters`` and ``scalers``
+run that many replicas of those services; ``child_env`` gives a child (by name:
+``detector``, ``scaler-2``, ``node-0``) variables of its own over the common ones, as a
+NATS URL of its own (a bench puts a proxy between each service and NATS).
 
 The nodes are the ones ``nodes.json`` in the state folder wants
 (:mod:`resurge.local.node_set`): ``nodes`` fresh ones (``node-0`` upwards, with
@@ -102,6 +105,8 @@ class Supervisor:
     extra_env: dict[str, str] = field(default_factory=dict)
     cwd: Path | None = None
     restarters: int = 1
+    scalers: int = 1
+    child_env: dict[str, dict[str, str]] = field(default_factory=dict)  # child name -> its own
     keep_nodes: bool = False
     children: dict[str, _Child] = field(default_factory=dict)
     server: NatsServer | None = None
@@ -222,18 +227,25 @@ class Supervisor:
         if self.nats_url is None:
             self._start_server()
         asyncio.run(self._restore())
-        python = sys.executable
-        for name, args in SERVICES.items():
-            self.children[name] = _Child(name, [python, *args], role=name)
-        for extra in range(2, self.restarters + 1):  # replicas share the restarter's consumers
-            name = f"restarter-{extra}"
-            self.children[name] = _Child(name, [python, *SERVICES["restarter"]], role="restarter")
+        self.children.update(self._services())
         for node in self.node_set.nodes:
             self.children[node.name] = self._monitor(node)
         for child in self.children.values():
             if not child.failed:
                 self._spawn(child)
         asyncio.run(self._wait_ready(timeout))
+
+    def _services(self) -> dict[str, _Child]:
+        """The services' children, not yet started: one of each, and ``restarters`` and
+        ``scalers`` replicas in all (``restarter-2``, ``scaler-2``, ...: replicas share
+        their service's consumers, as in the production overlay)."""
+        python = sys.executable
+        children = {name: _Child(name, [python, *a], role=name) for name, a in SERVICES.items()}
+        for role, count in (("restarter", self.restarters), ("scaler", self.scalers)):
+            for extra in range(2, count + 1):
+                name = f"{role}-{extra}"
+                children[name] = _Child(name, [python, *SERVICES[role]], role=role)
+        return children
 
     def _monitor(self, node: NodeEntry) -> _Child:
         """A node's monitor, not yet started (and never, while the node is down)."""
@@ -247,7 +259,11 @@ class Supervisor:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**self.env(), **self.credentials(child.role, child.name)},
+                env={
+                    **self.env(),
+                    **self.credentials(child.role, child.name),
+                    **self.child_env.get(child.name, {}),
+                },
                 cwd=self.cwd,
                 start_new_session=True,
             )

@@ -1,0 +1,36 @@
+"""The supervisor's services: replicas of the restarter and the scaler as asked, and a
+child's own variables (``child_env``) over the ones every child gets, so a bench can
+point one service at a NATS URL of its own."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from resurge.local.supervisor import Supervisor, _Child
+
+
+def test_two_restarters_and_two_scalers_share_their_roles(tmp_path: Path) -> None:
+    supervisor = Supervisor(tmp_path, nats_url="nats://127.0.0.1:4222", restarters=2, scalers=2)
+    services = supervisor._services()
+    assert sorted(services) == ["detector", "restarter", "restarter-2", "scaler", "scaler-2"]
+    assert services["scaler-2"].role == "scaler"
+    assert services["scaler-2"].argv == services["scaler"].argv
+    assert services["restarter-2"].role == "restarter"
+
+
+def test_a_child_gets_its_own_nats_url_and_the_others_the_common_one(tmp_path: Path) -> None:
+    own = "nats://127.0.0.1:14222"
+    common = "nats://127.0.0.1:4222"
+    supervisor = Supervisor(
+        tmp_path, nats_url=common, child_env={"detector": {"RESURGE_NATS_URL": own}}
+    )
+    supervisor.log_dir.mkdir()
+    show = [sys.executable, "-c", "import os; print(os.environ['RESURGE_NATS_URL'])"]
+    for name in ("detector", "scaler"):
+        child = supervisor.children[name] = _Child(name, show, role=name)
+        supervisor._spawn(child)
+        assert child.process is not None
+        assert child.process.wait(timeout=30) == 0
+    assert (supervisor.log_dir / "detector.log").read_text().strip() == own
+    assert (supervisor.log_dir / "scaler.log").read_text().strip() == common
