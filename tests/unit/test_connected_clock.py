@@ -1,5 +1,6 @@
 """The detector's clock stands still while the bus is down and for a grace after it,
-so a deadline never counts an outage."""
+so a deadline never counts an outage; it measures time on a monotonic source, so a step
+of the wall clock moves no deadline, and a pause of the detector counts as an outage."""
 
 from __future__ import annotations
 
@@ -14,15 +15,25 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 class Wall:
-    """A wall clock moved by hand."""
+    """A machine's two clocks moved by hand: time passing moves both; the wall clock
+    can also be stepped alone (NTP, an operator), and the monotonic one jump alone (a
+    paused VM whose monotonic clock counts the pause)."""
 
     def __init__(self) -> None:
         self.now = T0
+        self.mono = 1000.0
 
     def __call__(self) -> datetime:
         return self.now
 
+    def monotonic(self) -> float:
+        return self.mono
+
     def pass_(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+        self.mono += seconds
+
+    def step(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
 
 
@@ -37,7 +48,9 @@ def wall() -> Wall:
 
 @pytest.fixture
 def clock(wall: Wall) -> ConnectedClock:
-    return ConnectedClock(grace_seconds=5.0, wall=wall)
+    return ConnectedClock(
+        grace_seconds=5.0, wall=wall, monotonic=wall.monotonic, pause_seconds=None
+    )
 
 
 def test_connected_it_is_the_wall_clock(clock: ConnectedClock, wall: Wall) -> None:
@@ -93,15 +106,85 @@ def test_back_without_having_been_down_changes_nothing(clock: ConnectedClock, wa
     assert clock.now() == at(1) and not clock.stopped
 
 
-def test_it_never_runs_backwards(clock: ConnectedClock, wall: Wall) -> None:
+def test_it_never_runs_backwards_whatever_the_wall_clock_does(
+    clock: ConnectedClock, wall: Wall
+) -> None:
     readings = []
     for step, connected in enumerate([False, True, False, None, True, None, None, False, True]):
         if connected is not None:
             clock.connection_changed(connected)
         readings.append(clock.now())
         wall.pass_(1.5 + step % 3)
+        wall.step(-30 if step % 2 else 60)  # the wall clock set back, then forward
         readings.append(clock.now())
     assert readings == sorted(readings)
+
+
+@pytest.mark.parametrize("step", [-30.0, 60.0])
+def test_a_wall_clock_step_moves_no_deadline(
+    clock: ConnectedClock, wall: Wall, step: float
+) -> None:
+    """A heartbeat wait of 10 s, the wall clock stepped by ``step`` 4 s in: the wait
+    expires 10 s after it began, neither sooner (+60 s: a false hang) nor later (-30 s)."""
+    deadlines: Deadlines[str] = Deadlines()
+    deadlines.arm("rank 0", clock.now(), "heartbeat")
+    wall.pass_(4)
+    wall.step(step)
+    wall.pass_(5.9)
+    assert deadlines.expired(clock.now(), lambda key, what: 10.0) == []
+    wall.pass_(0.2)
+    [expired] = deadlines.expired(clock.now(), lambda key, what: 10.0)
+    assert expired.waited == pytest.approx(10.1)
+
+
+def ticking(clock: ConnectedClock, wall: Wall, seconds: float) -> None:
+    """``seconds`` pass, the clock read every quarter of a second (as the service ticks)."""
+    for _ in range(round(seconds * 4)):
+        wall.pass_(0.25)
+        clock.now()
+
+
+def test_a_pause_of_the_detector_counts_as_an_outage(wall: Wall) -> None:
+    """The monotonic clock jumps 60 s between two readings (a paused VM, SIGSTOP): the
+    gap and a grace after it are excluded, as an outage of the bus would be."""
+    clock = ConnectedClock(
+        grace_seconds=5.0, wall=wall, monotonic=wall.monotonic, pause_seconds=2.0
+    )
+    deadlines: Deadlines[str] = Deadlines()
+    ticking(clock, wall, 1)
+    deadlines.arm("rank 0", clock.now(), "heartbeat")
+    wall.pass_(60)  # nothing read the clock meanwhile
+    assert deadlines.expired(clock.now(), lambda key, what: 10.0) == []
+    assert clock.stopped and clock.excluded_seconds == pytest.approx(60)
+    ticking(clock, wall, 5)  # the grace, for the backlog
+    assert not clock.stopped
+    ticking(clock, wall, 9.75)
+    assert deadlines.expired(clock.now(), lambda key, what: 10.0) == []
+    wall.pass_(0.5)
+    [expired] = deadlines.expired(clock.now(), lambda key, what: 10.0)
+    assert expired.waited == 10.25
+    assert clock.now() == at(1 + 10.25)
+
+
+def test_a_pause_while_down_ends_with_the_grace_after_the_reconnect(wall: Wall) -> None:
+    clock = ConnectedClock(
+        grace_seconds=5.0, wall=wall, monotonic=wall.monotonic, pause_seconds=2.0
+    )
+    wall.pass_(1)
+    clock.now()
+    clock.disconnected()
+    wall.pass_(30)
+    assert clock.stopped and clock.now() == at(1)
+    clock.reconnected()
+    ticking(clock, wall, 5)
+    assert not clock.stopped and clock.now() == at(1)
+    assert clock.excluded_seconds == 35
+
+
+def test_readings_a_tick_apart_are_no_pause(wall: Wall) -> None:
+    clock = ConnectedClock(grace_seconds=5.0, wall=wall, monotonic=wall.monotonic)
+    ticking(clock, wall, 50)
+    assert not clock.stopped and clock.now() == at(50)
 
 
 def test_a_deadline_does_not_expire_for_the_outage(clock: ConnectedClock, wall: Wall) -> None:
@@ -122,6 +205,8 @@ def test_a_deadline_does_not_expire_for_the_outage(clock: ConnectedClock, wall: 
     assert expired.key == "rank 0" and expired.waited == 11
 
 
-def test_a_negative_grace_is_refused() -> None:
+def test_a_negative_grace_or_pause_is_refused() -> None:
     with pytest.raises(ValueError):
         ConnectedClock(grace_seconds=-1)
+    with pytest.raises(ValueError):
+        ConnectedClock(pause_seconds=0)

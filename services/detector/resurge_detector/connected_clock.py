@@ -1,4 +1,4 @@
-"""The detector's clock: wall-clock time that stands still while the bus is down.
+"""The detector's clock: monotonic time that stands still while the bus is down.
 
 Silence-based detectors (hang, heartbeats, lost nodes) judge deadlines against the
 detector's own clock (``ctx.now``). While the detector's NATS connection is down
@@ -9,20 +9,40 @@ when the connection goes down (:meth:`ConnectedClock.disconnected`), and starts 
 it stopped: a deadline never counts an outage, nor the grace after it. A connection
 that drops again within the grace keeps the clock stopped.
 
-It never runs backwards, and runs at the wall clock's pace otherwise; it is behind the
-wall clock by the time excluded so far (:attr:`ConnectedClock.excluded_seconds`).
-Pure logic, no I/O: the service feeds it the bus's connection changes.
+Elapsed time is measured on a monotonic source (``CLOCK_MONOTONIC``,
+:func:`time.monotonic`), never on the wall clock: a wall-clock step (NTP, an operator,
+a VM restored from a snapshot) of -30 s or +60 s moves no deadline. The readings are
+still datetimes: the wall time when the clock was made, plus the monotonic time
+elapsed since, less what was excluded, so evidence reads as a time of day (events
+themselves are stamped with the wall time by their envelope). ``CLOCK_MONOTONIC`` and
+not ``CLOCK_BOOTTIME``: on Linux the former does not advance while the machine is
+suspended, and a suspended detector saw nothing, so its silence must not count.
+
+A paused process or VM whose monotonic clock jumps anyway (a hypervisor pause, a
+``SIGSTOP``, an event loop stalled by something else) shows as a gap between two
+readings: the service reads the clock every tick (a tenth of a second by default), so a
+gap longer than ``pause`` seconds is treated as an outage of the detector itself: it is
+excluded and the grace follows it, as after a reconnect, for the backlog that queued
+meanwhile to be read before any silence counts.
+
+It never runs backwards, and runs at the monotonic clock's pace otherwise; it is
+behind the wall clock it started at by the time excluded so far
+(:attr:`ConnectedClock.excluded_seconds`). Pure logic, no I/O: the service feeds it the
+bus's connection changes; both time sources can be given, for tests.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-__all__ = ["RECONNECT_GRACE_SECONDS", "ConnectedClock"]
+__all__ = ["PAUSE_SECONDS", "RECONNECT_GRACE_SECONDS", "ConnectedClock"]
 
 # After a reconnect the clock stands still this long, for the agents to send their backlog.
 RECONNECT_GRACE_SECONDS = 10.0
+# A gap this long between two readings is a pause of the detector (see the docstring).
+PAUSE_SECONDS = 5.0
 
 
 def _wall() -> datetime:
@@ -30,50 +50,63 @@ def _wall() -> datetime:
 
 
 class ConnectedClock:
-    """Time that excludes the connection's outages and a grace after each (see the
-    module docstring). ``wall`` is the clock it follows (the system's, in UTC)."""
+    """Time that excludes the connection's outages, the detector's own pauses and a
+    grace after each (see the module docstring). ``monotonic`` measures elapsed seconds;
+    ``wall`` is read once, to place the readings in the day."""
 
     def __init__(
         self,
         grace_seconds: float = RECONNECT_GRACE_SECONDS,
         wall: Callable[[], datetime] = _wall,
+        monotonic: Callable[[], float] = time.monotonic,
+        pause_seconds: float | None = PAUSE_SECONDS,
     ) -> None:
         if grace_seconds < 0:
             raise ValueError(f"a grace of {grace_seconds} s is not a duration")
+        if pause_seconds is not None and pause_seconds <= 0:
+            raise ValueError(f"a pause of {pause_seconds} s is not a duration")
         self.grace = timedelta(seconds=grace_seconds)
-        self.wall = wall
-        self._excluded = timedelta()
-        self._stopped_at: datetime | None = None  # wall time the clock stopped
-        self._until: datetime | None = None  # wall time it runs again (None: not known)
+        self._grace = grace_seconds
+        self.pause = pause_seconds
+        self.monotonic = monotonic
+        self._start = monotonic()
+        self._start_wall = wall()
+        self._last = self._start  # the latest reading of the monotonic source
+        self._excluded = 0.0
+        self._stopped_at: float | None = None  # monotonic time the clock stopped
+        self._until: float | None = None  # monotonic time it runs again (None: not known)
+        self._down = False  # the connection is down (told, and not told back since)
 
     @property
     def stopped(self) -> bool:
         """Whether the clock stands still now."""
-        self._settle(self.wall())
+        self._settle(self._read())
         return self._stopped_at is not None
 
     @property
     def excluded_seconds(self) -> float:
-        """Seconds excluded so far (outages and graces; the current one up to now)."""
-        wall = self.wall()
-        self._settle(wall)
-        current = wall - self._stopped_at if self._stopped_at is not None else timedelta()
-        return (self._excluded + current).total_seconds()
+        """Seconds excluded so far (outages, pauses and graces; the current one up to now)."""
+        mono = self._read()
+        self._settle(mono)
+        current = mono - self._stopped_at if self._stopped_at is not None else 0.0
+        return self._excluded + current
 
     def disconnected(self) -> None:
         """The connection went down: the clock stops (it stays stopped if it was)."""
-        wall = self.wall()
-        self._settle(wall)
+        mono = self._read()
+        self._settle(mono)
         if self._stopped_at is None:
-            self._stopped_at = wall
+            self._stopped_at = mono
         self._until = None
+        self._down = True
 
     def reconnected(self) -> None:
         """The connection is back: the clock runs again after the grace."""
-        wall = self.wall()
-        self._settle(wall)
+        mono = self._read()
+        self._settle(mono)
         if self._stopped_at is not None:
-            self._until = wall + self.grace
+            self._until = mono + self._grace
+        self._down = False
 
     def connection_changed(self, connected: bool) -> None:
         """:meth:`reconnected` or :meth:`disconnected`: the bus's listener."""
@@ -84,14 +117,27 @@ class ConnectedClock:
 
     def now(self) -> datetime:
         """The time now, on this clock."""
-        wall = self.wall()
-        self._settle(wall)
-        if self._stopped_at is not None:
-            return self._stopped_at - self._excluded
-        return wall - self._excluded
+        mono = self._read()
+        self._settle(mono)
+        at = mono if self._stopped_at is None else self._stopped_at
+        return self._start_wall + timedelta(seconds=at - self._start - self._excluded)
 
-    def _settle(self, wall: datetime) -> None:
-        """End a stop whose grace has passed by ``wall``."""
-        if self._stopped_at is not None and self._until is not None and wall >= self._until:
+    def _read(self) -> float:
+        """The monotonic source now; a gap since the last reading longer than the pause
+        limit stops the clock where that gap began, until a grace after now (or, while
+        the connection is down, until a grace after it is back)."""
+        mono = max(self.monotonic(), self._last)
+        if self.pause is not None and mono - self._last > self.pause:
+            self._settle(self._last)
+            if self._stopped_at is None:
+                self._stopped_at = self._last
+            if not self._down:
+                self._until = max(self._until or mono, mono + self._grace)
+        self._last = mono
+        return mono
+
+    def _settle(self, mono: float) -> None:
+        """End a stop whose grace has passed by ``mono``."""
+        if self._stopped_at is not None and self._until is not None and mono >= self._until:
             self._excluded += self._until - self._stopped_at
             self._stopped_at = self._until = None
