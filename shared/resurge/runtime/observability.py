@@ -1,7 +1,8 @@
 """Per-service metrics registry and the ``/metrics`` + ``/healthz`` HTTP endpoint.
 
 The server runs in a daemon thread (prometheus-client's exposition is synchronous);
-``/healthz`` answers 200 while the ``healthy`` callback returns true, 503 otherwise.
+``/healthz`` answers 200 while the ``problems`` callback returns no lines, 503 with
+those lines otherwise (the bus is down, a background loop is dead or crash-looping).
 
 :class:`BoundedLabel` keeps a label whose values come from outside the code (a fault's
 reason: detector plugins choose their own) bounded: the first ``limit`` values pass
@@ -46,13 +47,17 @@ class BoundedLabel:
 
 
 class MetricsServer:
-    """Serves ``/metrics`` from ``registry`` and ``/healthz`` from ``healthy``."""
+    """Serves ``/metrics`` from ``registry`` and ``/healthz`` from ``problems``."""
 
     def __init__(
-        self, registry: CollectorRegistry, healthy: Callable[[], bool], host: str, port: int
+        self,
+        registry: CollectorRegistry,
+        problems: Callable[[], list[str]],
+        host: str,
+        port: int,
     ) -> None:
         registry_ = registry
-        healthy_ = healthy
+        problems_ = problems
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -60,8 +65,12 @@ class MetricsServer:
                 if path == "/metrics":
                     self._reply(200, generate_latest(registry_), CONTENT_TYPE_LATEST)
                 elif path == "/healthz":
-                    ok = healthy_()
-                    self._reply(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n")
+                    found = problems_()
+                    if found:
+                        body = "".join(f"unhealthy: {line}\n" for line in found)
+                        self._reply(503, body.encode())
+                    else:
+                        self._reply(200, b"ok\n")
                 else:
                     self._reply(404, b"not found: try /metrics or /healthz\n")
 

@@ -4,7 +4,13 @@ Order: configure logging, load settings once, then inside an ``AsyncExitStack`` 
 the bus, create streams, start ``/metrics`` + ``/healthz``, call the service's
 ``setup``, and freeze what start-up built out of the garbage collector. SIGTERM and
 SIGINT set ``ctx.stopping``; a service may set it itself when its work is over. On the
-way out the exit stack drains the bus and stops the server.
+way out the background tasks are cancelled, then the exit stack drains the bus and
+stops the server.
+
+Every background task of a service goes through :meth:`ServiceContext.spawn`, which
+supervises it (:mod:`resurge.runtime.supervision`: a loop that raises is logged,
+counted and restarted); ``/healthz`` is 503 while the bus is down or a loop is dead,
+waiting out a restart's backoff, or crash-looping.
 """
 
 from __future__ import annotations
@@ -14,10 +20,10 @@ import contextlib
 import gc
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from prometheus_client import CollectorRegistry
 
@@ -25,6 +31,7 @@ from resurge.runtime.bus import Bus
 from resurge.runtime.logs import configure_logging
 from resurge.runtime.observability import MetricsServer
 from resurge.runtime.settings import Settings
+from resurge.runtime.supervision import Supervisor, Work
 
 __all__ = ["ServiceContext", "run_service"]
 
@@ -43,18 +50,31 @@ class ServiceContext:
     registry: CollectorRegistry
     exit_stack: AsyncExitStack
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    supervisor: Supervisor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.supervisor = Supervisor(self.log, self.registry)
 
     @property
     def log(self) -> logging.Logger:
         """The service's logger, ``resurge.<name>``."""
         return logging.getLogger(f"resurge.{self.name}")
 
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run ``coro`` in the background; it is cancelled when the service stops."""
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+    @property
+    def tasks(self) -> set[asyncio.Task[None]]:
+        """The background tasks now running; cancelled when the service stops."""
+        return self.supervisor.tasks
+
+    def spawn(self, work: Work, *, name: str | None = None) -> asyncio.Task[None]:
+        """Run ``work`` in the background, supervised, until the service stops: a
+        coroutine runs once (a failure is logged and counted); a function making a
+        coroutine is a loop, started again whenever it raises."""
+        return self.supervisor.spawn(work, name=name)
+
+    def problems(self) -> list[str]:
+        """Why the service is unhealthy now (``/healthz``); empty while it is well."""
+        found = [] if self.bus.connected else ["not connected to nats"]
+        return found + self.supervisor.problems()
 
 
 async def _serve(
@@ -71,7 +91,7 @@ async def _serve(
         ctx = ServiceContext(name, settings, bus, registry, stack)
         if settings.metrics_port is not None:
             server = MetricsServer(
-                registry, lambda: bus.connected, settings.metrics_host, settings.metrics_port
+                registry, ctx.problems, settings.metrics_host, settings.metrics_port
             ).start()
             stack.callback(server.close)
             ctx.log.info("serving /metrics and /healthz on port %d", server.port)
