@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from resurge.cli.main import CLI_CONNECT_SECONDS, _settings
+from resurge.cli.connect import CLI_CONNECT_SECONDS, cluster_settings
 
 
 def test_the_cli_gives_an_unreachable_server_a_few_seconds(
@@ -14,12 +14,12 @@ def test_the_cli_gives_an_unreachable_server_a_few_seconds(
 ) -> None:
     monkeypatch.setenv("RESURGE_NATS_URL", "nats://127.0.0.1:1")
     monkeypatch.delenv("RESURGE_CONNECT_TIMEOUT_SECONDS", raising=False)
-    settings, local = _settings(None)
+    settings, local = cluster_settings(None)
     assert not local and settings.connect_timeout_seconds == CLI_CONNECT_SECONDS <= 5
 
 
 def test_the_setting_still_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RESURGE_NATS_URL", "nats://127.0.0.1:1")
     monkeypatch.setenv("RESURGE_CONNECT_TIMEOUT_SECONDS", "12")
-    settings, _ = _settings(None)
+    settings, _ = cluster_settings(None)
     assert settings.connect_timeout_seconds == 12

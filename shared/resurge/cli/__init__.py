@@ -1,5 +1,7 @@
-"""The ``resurge`` command: the parser and entry point (:mod:`.main`), the commands that
-talk to a running cluster (:mod:`.cluster_commands`), and ``resurge schema``."""
+"""The ``resurge`` command: the parser and entry point (:mod:`.main`), one module per
+command (:mod:`.commands`), how a command reaches its cluster (:mod:`.connect`), and the
+views the commands print (:mod:`.status`, :mod:`.events`, :mod:`.report`,
+:mod:`.schemas`)."""
 
 from resurge.cli.main import main
 

@@ -29,7 +29,7 @@ from resurge.control.runs import Run, job_runs
 from resurge.control.timeline import Timeline, build_timeline
 from resurge.runtime.bus import Bus
 
-__all__ = ["add_report_parser", "render_html", "render_png", "write_report"]
+__all__ = ["render_html", "render_png", "write_report"]
 
 _CAUSES = {
     "detection": "detecting faults",
@@ -38,34 +38,6 @@ _CAUSES = {
     "waiting_for_capacity": "waiting for capacity",
     "cluster_down": "cluster down",
 }
-
-
-def add_report_parser(commands: Any) -> None:
-    """The ``report`` subcommand."""
-    report = commands.add_parser(
-        "report",
-        help="write a job's timeline as JOB.png and a self-contained JOB.html",
-        description="Write a job's timeline, read back from the durable streams (so it "
-        "works after the job ended): steps and world size over time, faults and "
-        "recoveries with their level and duration, resizes, and a summary of goodput and "
-        "time lost by cause. Needs matplotlib (pip install 'resurge[report]').",
-    )
-    report.add_argument("job", help="the job's name")
-    report.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="folder for JOB.png and JOB.html (default: reports/JOB/ in the state folder, "
-        "for example .resurge/reports/JOB/)",
-    )
-    report.add_argument(
-        "--uid",
-        metavar="UID",
-        help="report this run of JOB (a job deleted and submitted again under its name is "
-        "a new run; `resurge status JOB --json` shows its uid); default: the current run, "
-        "or the newest one stored",
-    )
 
 
 def default_out(state_dir: Path, job: str) -> Path:

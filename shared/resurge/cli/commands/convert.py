@@ -13,10 +13,10 @@ import argparse
 import sys
 from pathlib import Path
 
-__all__ = ["add_convert_parser", "run_convert"]
+__all__ = ["add_parser", "run"]
 
 
-def add_convert_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``convert`` with the ``resurge`` subcommands."""
     convert = commands.add_parser(
         "convert",
@@ -39,9 +39,10 @@ def add_convert_parser(commands: argparse._SubParsersAction[argparse.ArgumentPar
         metavar="FILE",
         help="write the TrainingJob YAML to FILE instead of stdout",
     )
+    convert.set_defaults(run=run)
 
 
-def run_convert(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Convert ``args.file``; the exit status."""
     from resurge.jobspec import JobSpecError
     from resurge.jobspec.hyperpod import HyperPodError, convert_hyperpod_yaml

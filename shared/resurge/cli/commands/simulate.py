@@ -12,10 +12,10 @@ import argparse
 import sys
 from pathlib import Path
 
-__all__ = ["add_simulate_parser", "run_simulate"]
+__all__ = ["add_parser", "run"]
 
 
-def add_simulate_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``simulate`` with the ``resurge`` subcommands."""
     simulate = commands.add_parser(
         "simulate",
@@ -33,9 +33,10 @@ def add_simulate_parser(commands: argparse._SubParsersAction[argparse.ArgumentPa
         metavar="DIR",
         help="write summary.json and goodput.png (needs matplotlib) into DIR",
     )
+    simulate.set_defaults(run=run)
 
 
-def run_simulate(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``args.config``; the exit status."""
     from resurge.simulation import ConfigError, MissingPlotting, load_config, simulate
     from resurge.simulation.plot import write_plot
