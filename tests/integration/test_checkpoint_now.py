@@ -124,6 +124,7 @@ async def test_a_checkpoint_request_makes_a_connected_worker_save_and_report(
         await send_checkpoint_requests(bus, record(0), "resize 2 -> 4")
         [saved] = await raw_events.wait_for(lambda items: raw_events.of(CheckpointSaved))
         assert (saved.generation, saved.rank, saved.local_rank, saved.node) == (0, 0, 0, "n1")
+        assert saved.world_size == 2  # its generation's, so it counts with no other's
         assert read(Path(saved.path, "rank-0")) == f"{saved.step}\n"
         lines = await raw_events.wait_for(
             lambda items: [

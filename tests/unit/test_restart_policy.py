@@ -138,9 +138,8 @@ def test_a_fault_before_the_new_generation_made_progress_climbs_a_rung() -> None
 
 def test_progress_past_the_resume_point_means_the_restart_worked() -> None:
     rec = record()
-    apply_checkpoint(rec, 0, 40, "/c/40")
-    for rank in range(1, 4):
-        apply_checkpoint(rec, rank, 40, "/c/40")
+    for rank in range(4):
+        apply_checkpoint(rec, rank, 40, "/c/40", generation=0, world_size=4)
     apply_fault(rec, fault("a", 0, rank=1), now=at(0))
     assert rec.resume_step == 40
     apply_sign_of_life(rec, 1, at(1), progress=True, step=40)
@@ -477,25 +476,6 @@ def test_first_step_closes_recovery_when_workers_report_progress() -> None:
     assert rec.pending_recovery is not None  # a worker start is not a step
     assert apply_sign_of_life(rec, 1, bad.time + timedelta(seconds=0.5), progress=True)
     assert rec.pending_recovery is None and rec.last_recovery_seconds == 0.5
-
-
-def test_checkpoint_becomes_resume_point_once_every_rank_saved_it() -> None:
-    rec = record(replicas=1)
-    rec.spec = rec.spec.model_copy(
-        update={"spec": rec.spec.spec.model_copy(update={"nproc_per_node": 1})}
-    )
-    rec.placements = [Placement(replica=0, node="a"), Placement(replica=1, node="b")]
-    assert rec.world_size == 2
-    assert apply_checkpoint(rec, 0, 10, "/c/step-10")
-    assert not apply_checkpoint(rec, 0, 10, "/c/step-10")  # a repeat changes nothing
-    assert rec.latest_checkpoint is None
-    assert apply_checkpoint(rec, 0, 20, "/c/step-20")
-    assert apply_checkpoint(rec, 1, 10, "/c/step-10")
-    assert rec.latest_checkpoint is not None and rec.latest_checkpoint.step == 10
-    assert rec.checkpoint_reports == {20: [0]}
-    assert not apply_checkpoint(rec, 1, 5, "/c/step-5")  # older than the resume point
-    assert apply_checkpoint(rec, 1, 20, "/c/step-20")
-    assert rec.latest_checkpoint.step == 20 and rec.checkpoint_reports == {}
 
 
 def test_alerts_are_not_acted_on() -> None:

@@ -683,7 +683,13 @@ class LaunchAgent:
             )
             await self._telemetry(event)
         elif isinstance(report, CheckpointReport):
-            await self._publish(CheckpointSaved(step=report.step, path=report.path, **envelope))
+            # The world size of the worker's generation, so its report counts only with
+            # those of its own generation (the Assign of an older one is gone).
+            world = self.assign.world_size if self.assign.generation == hello.generation else None
+            saved = CheckpointSaved(
+                step=report.step, path=report.path, world_size=world, **envelope
+            )
+            await self._publish(saved)
         elif isinstance(report, FaultReport):
             envelope["generation"] = report.generation
             self.ctx.log.warning(

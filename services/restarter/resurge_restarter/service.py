@@ -392,13 +392,18 @@ class Restarter:
             self.metrics.meter.phase(name, record.phase, record.submitted, datetime.now(UTC))
 
     async def on_checkpoint(self, event: CheckpointSaved) -> None:
-        """Count a rank's saved checkpoint into the job record."""
+        """Count a rank's saved checkpoint into the job record, with the reports of its
+        own generation and world size."""
         if event.job is None or event.rank is None:
             return
-        rank = event.rank
-        result = await self.store.mutate(
-            event.job, lambda r: apply_checkpoint(r, rank, event.step, event.path)
-        )
+        rank, generation, world = event.rank, event.generation, event.world_size
+
+        def count(record: JobRecord) -> bool:
+            return apply_checkpoint(
+                record, rank, event.step, event.path, generation=generation, world_size=world
+            )
+
+        result = await self.store.mutate(event.job, count)
         if result is not None and result[0].latest_checkpoint != result[1].latest_checkpoint:
             self.ctx.log.info(
                 "job %s: every rank saved step %d", event.job, event.step, extra={"job": event.job}

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 import nats.js.errors
 from nats.js.kv import KeyValue
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from resurge.contract.subjects import escape_token, unescape_token
 from resurge.events import JobPhase, RecoveryLevel
@@ -29,6 +29,7 @@ from resurge.runtime.kv_keys import bucket_keys
 
 __all__ = [
     "CheckpointRef",
+    "CheckpointReports",
     "HeldGrow",
     "JobRecord",
     "JobStore",
@@ -210,6 +211,19 @@ class CheckpointRef(BaseModel):
     path: str
 
 
+class CheckpointReports(BaseModel):
+    """The ranks of one generation that reported saving one step's checkpoint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    generation: int = Field(ge=0)
+    world_size: int = Field(
+        ge=1, description="Ranks in that generation: the step is complete once all reported it."
+    )
+    step: int = Field(ge=0)
+    ranks: list[int] = Field(description="The ranks that reported it, ascending.")
+
+
 class JobRecord(BaseModel):
     """One job's lasting state: what the control plane decided for it."""
 
@@ -262,8 +276,10 @@ class JobRecord(BaseModel):
     latest_checkpoint: CheckpointRef | None = Field(
         default=None, description="Newest checkpoint every rank of the job reported saved."
     )
-    checkpoint_reports: dict[int, list[int]] = Field(
-        default_factory=dict, description="Newer steps some ranks reported saved: step -> ranks."
+    checkpoint_reports: list[CheckpointReports] = Field(
+        default_factory=list,
+        description="Newer steps some ranks reported saved, per generation and world size; "
+        "oldest step first.",
     )
     reports_progress: bool = Field(
         default=False, description="Its workers report progress (they use resurge.worker)."
@@ -287,6 +303,14 @@ class JobRecord(BaseModel):
     message: str = ""
     submitted: datetime = Field(default_factory=lambda: datetime.now(UTC))
     updated: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    @field_validator("checkpoint_reports", mode="before")
+    @classmethod
+    def _unattributed_reports(cls, value: object) -> object:
+        # A record written before reports were kept per generation holds {step: ranks}:
+        # which generation those ranks were in is unknown, so they are not counted (the
+        # ranks report their next checkpoint anew).
+        return [] if isinstance(value, dict) else value
 
     @property
     def world_size(self) -> int:

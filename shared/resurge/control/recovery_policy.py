@@ -72,9 +72,9 @@ from datetime import datetime, timedelta
 from enum import Enum
 
 from resurge.cluster import NodeInfo
+from resurge.control.checkpoint_count import apply_checkpoint
 from resurge.control.planner import master_port_for
 from resurge.control.records import (
-    CheckpointRef,
     JobRecord,
     LastFault,
     LastRecovery,
@@ -120,7 +120,6 @@ LAST_LINES_SHOWN = 2
 # Reasons of faults that judge a rank hung: its workers are stopped without a grace period.
 HANG_REASONS = frozenset({"hang", "log_hang"})
 
-_CHECKPOINT_STEPS_KEPT = 8
 LADDER = list(RecoveryLevel)
 _SCOPE_FLOOR = {
     FaultScope.PROCESS: RecoveryLevel.IN_PROCESS,
@@ -694,22 +693,4 @@ def _close_recovery(record: JobRecord, generation: int, seen_at: datetime) -> bo
         seconds=seconds,
     )
     record.message = f"recovered at level {pending.level.value}"
-    return True
-
-
-def apply_checkpoint(record: JobRecord, rank: int, step: int, path: str) -> bool:
-    """Count ``rank``'s report of checkpoint ``step``; once every rank of the job has
-    reported it, it becomes the resume point. True if anything changed."""
-    latest = record.latest_checkpoint
-    if latest is not None and step <= latest.step:
-        return False
-    ranks = set(record.checkpoint_reports.get(step, [])) | {rank}
-    if len(ranks) >= record.world_size:
-        record.latest_checkpoint = CheckpointRef(step=step, path=path)
-        record.checkpoint_reports = {s: r for s, r in record.checkpoint_reports.items() if s > step}
-        return True
-    if ranks == set(record.checkpoint_reports.get(step, [])):
-        return False
-    reports = {**record.checkpoint_reports, step: sorted(ranks)}
-    record.checkpoint_reports = dict(sorted(reports.items())[-_CHECKPOINT_STEPS_KEPT:])
     return True

@@ -35,6 +35,15 @@ class CheckpointSaved(Envelope):
     local_rank: int = Field(ge=0, description="Rank of the worker within its replica.")
     step: int = Field(ge=0, description="Training step the checkpoint holds.")
     path: str = Field(description="Where the checkpoint is (a folder or URI).")
+    world_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="Ranks in the worker's generation (its WORLD_SIZE): the step's checkpoint "
+        "is complete once that many ranks of the same generation reported it. None from an "
+        "agent of an earlier release (the job record's world size is then assumed, for the "
+        "current generation only).",
+        examples=[8],
+    )
 
 
 class WorkerFault(Envelope):

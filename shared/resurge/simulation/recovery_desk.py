@@ -146,8 +146,10 @@ class RecoveryDesk:
             return
         if not self.record.placements:
             return
-        for rank in range(self.record.world_size):
-            apply_checkpoint(self.record, rank, step, f"checkpoint-{step}")
+        generation, world = self.record.generation, self.record.world_size
+        for rank in range(world):
+            path = f"checkpoint-{step}"
+            apply_checkpoint(self.record, rank, step, path, generation=generation, world_size=world)
 
     def fault(
         self, now: float, fault: FaultInput, free_nodes: list[NodeInfo], replica_node: str
