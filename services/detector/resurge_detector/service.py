@@ -21,6 +21,14 @@ batch of raw events (and each tick) it publishes what the detectors concluded, t
 writes what their state changed, and only then acks the batch, so a restart or a
 failed write redelivers the batch rather than losing a change.
 
+A concluded event is kept until JetStream acknowledged it: one whose publication
+fails (and every one concluded after it, so they keep their order) waits in a queue of
+at most :data:`UNPUBLISHED_LIMIT` events and goes out, first, with the next batch's or
+tick's conclusions. A detector concludes a fault once (a hang is reported once per
+generation), so a publication that failed is never left to a detector to repeat; and a
+failed publication still fails its batch, which is not acked. The tick and the job
+watch are loops supervised by the runner (:mod:`resurge.runtime.supervision`).
+
 Every time the detectors see (``now`` of each batch and tick) is read from a
 :class:`~resurge_detector.connected_clock.ConnectedClock` fed by the bus's connection
 changes: it stands still while the detector is cut off from NATS and for a grace after
@@ -31,17 +39,19 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter as Tally
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 
 from nats.js.kv import KeyValue
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from resurge.contract.subjects import RAW_KIND_TOKEN, unescape_token
 from resurge.control.records import JobRecord
 from resurge.detection import Detector, load_detectors
 from resurge.events import CapacityChanged, Envelope, Event, FaultDetected, ReplicaFinished
 from resurge.runtime.live_first import LiveFirst
+from resurge.runtime.logs import RateLimitedLog
 from resurge.runtime.observability import BoundedLabel
 from resurge.runtime.service import ServiceContext
 from resurge_detector.connected_clock import ConnectedClock
@@ -49,10 +59,14 @@ from resurge_detector.runtime import DetectorRuntime, Partition
 from resurge_detector.settings import DetectorSettings
 from resurge_detector.state_store import StateStore
 
-__all__ = ["DetectorService", "make_setup"]
+__all__ = ["UNPUBLISHED_LIMIT", "DetectorService", "make_setup"]
 
 # Raw events judged between two turns of the event loop.
 _SLICE = 64
+
+# Concluded events kept while their publication fails (an outage of a minute at a few
+# faults a second); past it the oldest is dropped, counted and logged.
+UNPUBLISHED_LIMIT = 10_000
 
 # Detection latency buckets (seconds): a fault from an exit or a report comes in well
 # under a second; a log rule's or a straggler's may take a window of seconds.
@@ -99,6 +113,20 @@ class DetectorService:
             buckets=LATENCY_BUCKETS,
             registry=ctx.registry,
         )
+        self.unpublished_events = Gauge(
+            "resurge_detector_unpublished_events",
+            "Concluded events waiting to be published again (their publication failed).",
+            registry=ctx.registry,
+        )
+        self.unpublished_dropped = Counter(
+            "resurge_detector_unpublished_dropped_total",
+            f"Concluded events dropped unpublished: more than {UNPUBLISHED_LIMIT} waited.",
+            ["kind"],
+            registry=ctx.registry,
+        )
+        self._unpublished: deque[Envelope] = deque()
+        self._publishing = asyncio.Lock()
+        self._failures = RateLimitedLog(ctx.log, interval=30.0)
         self._reason = BoundedLabel()
         self.first = LiveFirst(ctx.registry)
         runtime.on_fault = self._detected
@@ -128,8 +156,8 @@ class DetectorService:
         bus = self.bus
         bus.on_connection_change(self._connection_changed)
         watcher = await (await bus.jobs_bucket()).watch(">")
-        self.ctx.spawn(self.follow_jobs(watcher))
-        self.ctx.spawn(self.tick())
+        self.ctx.spawn(partial(self.follow_jobs, watcher), name="follow_jobs")
+        self.ctx.spawn(self.tick, name="tick")
         self.ctx.exit_stack.push_async_callback(watcher.stop)
         partition = self.runtime.partition
         if partition.replicas == 1:
@@ -167,23 +195,42 @@ class DetectorService:
             self.ctx.log.warning("bus down: the detectors' clock stands still until it is back")
 
     async def publish(self, events: list[Envelope]) -> None:
-        """Publish what the detectors concluded, each on its subject (a fault first, then
-        its log line: the restarter's decision does not wait for the log)."""
-        bus = self.bus
-        for event in events:
-            self.published.labels(event.kind).inc()
-            if isinstance(event, FaultDetected) and event.job is not None:
-                await bus.publish(bus.subjects.fault(event.job, event.scope.value), event)
-                self.ctx.log.warning(
-                    "fault %s: %s",
-                    event.fault_id,
-                    event.message,
-                    extra={"job": event.job, "rank": event.rank},
+        """Publish what the detectors concluded, after those whose publication failed
+        before, in order, each on its subject; an event leaves the queue once JetStream
+        acknowledged it. Raises when one fails: it and the rest wait for the next call."""
+        queue = self._unpublished
+        async with self._publishing:  # one publisher at a time keeps the order
+            queue.extend(events)
+            while len(queue) > UNPUBLISHED_LIMIT:
+                dropped = queue.popleft()
+                self.unpublished_dropped.labels(dropped.kind).inc()
+                self.ctx.log.error(
+                    "dropped unpublished %s %s: too many wait", dropped.kind, dropped.id
                 )
-            elif isinstance(event, ReplicaFinished) and event.job is not None:
-                await bus.publish(bus.subjects.job(event.job), event)
-            elif isinstance(event, CapacityChanged) and event.node is not None:
-                await bus.publish(bus.subjects.capacity(event.node), event)
+            try:
+                while queue:
+                    await self._publish_one(queue[0])
+                    queue.popleft()
+            finally:
+                self.unpublished_events.set(len(queue))
+
+    async def _publish_one(self, event: Envelope) -> None:
+        """One event on its subject (a fault first, then its log line: the restarter's
+        decision does not wait for the log)."""
+        bus = self.bus
+        if isinstance(event, FaultDetected) and event.job is not None:
+            await bus.publish(bus.subjects.fault(event.job, event.scope.value), event)
+            self.ctx.log.warning(
+                "fault %s: %s",
+                event.fault_id,
+                event.message,
+                extra={"job": event.job, "rank": event.rank},
+            )
+        elif isinstance(event, ReplicaFinished) and event.job is not None:
+            await bus.publish(bus.subjects.job(event.job), event)
+        elif isinstance(event, CapacityChanged) and event.node is not None:
+            await bus.publish(bus.subjects.capacity(event.node), event)
+        self.published.labels(event.kind).inc()
 
     async def follow_jobs(self, watcher: KeyValue.KeyWatcher) -> None:
         """Keep the runtime's job records as the jobs bucket changes."""
@@ -197,10 +244,20 @@ class DetectorService:
             )
 
     async def tick(self) -> None:
-        """Every tick: the detectors judge silences and windows; their state is saved."""
+        """Every tick: the detectors judge silences and windows, what they concluded is
+        published (with what waits from before), and their state is saved. A failed
+        publication waits for the next tick; the loop goes on."""
         while True:
             await asyncio.sleep(self.settings.detector_tick_seconds)
-            await self.publish(self.runtime.tick(self.clock.now()))
+            try:
+                await self.publish(self.runtime.tick(self.clock.now()))
+            except Exception as error:  # kept in the queue: the next tick tries again
+                self._failures.warning(
+                    "tick",
+                    f"could not publish what the detectors concluded "
+                    f"({len(self._unpublished)} events wait): {error!r}",
+                )
+                continue
             try:
                 await self.state.save()
             except Exception as error:  # the next batch or tick tries again
