@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from resurge.contract.subjects import NODE_LEVEL_JOB
+from resurge.control.record_entries import RecordReader
 from resurge.control.records import JobRecord
 from resurge.detection import (
     LANE_KINDS,
@@ -99,6 +100,7 @@ class DetectorRuntime:
             for kind in detector.kinds:
                 self._by_kind[kind].append(detector)
         self._log = RateLimitedLog(log, interval=60.0)
+        self.records = RecordReader(log)
         # Checked once: a protocol check looks up every member each time.
         self._durable = [d for d in self.detectors if isinstance(d, DurableState)]
         self._forgetting = [d for d in self.detectors if isinstance(d, ForgetsJobs)]
@@ -162,6 +164,17 @@ class DetectorRuntime:
             self.jobs.pop(name, None)
         else:
             self.jobs[name] = record
+
+    def put_job(self, name: str, value: bytes | None) -> None:
+        """A jobs-bucket entry of ``name`` (None or empty: deleted): :meth:`set_job` with
+        its record; a record that does not validate here (a newer schema) is logged,
+        counted (``records.skipped``) and skipped, and the last one read is kept."""
+        if not value:
+            self.set_job(name, None)
+            return
+        record = self.records.read(name, value)
+        if record is not None:
+            self.set_job(name, record)
 
     def owns_event(self, event: Envelope) -> bool:
         """Whether this replica judges ``event`` (node-level events: every replica)."""

@@ -38,18 +38,20 @@ it is back, so an outage of the bus never counts as workers' silence.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter as Tally
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 
+import nats.js.errors
 from nats.js.kv import KeyValue
 from prometheus_client import Counter, Gauge, Histogram
 
 from resurge.contract.subjects import RAW_KIND_TOKEN, unescape_token
-from resurge.control.records import JobRecord
 from resurge.detection import Detector, load_detectors
 from resurge.events import CapacityChanged, Envelope, Event, FaultDetected, ReplicaFinished
+from resurge.runtime.kv_keys import bucket_keys
 from resurge.runtime.live_first import LiveFirst
 from resurge.runtime.logs import RateLimitedLog
 from resurge.runtime.observability import BoundedLabel
@@ -146,6 +148,12 @@ class DetectorService:
             "detectors: %s; partition %d of %d", names, partition.index, partition.replicas
         )
         state = await StateStore.open(ctx.bus, runtime)
+        # The records first: a restored deadline is judged against its job's record,
+        # and a detector's tick drops what belongs to no job it knows.
+        jobs = await ctx.bus.jobs_bucket()
+        for key in await bucket_keys(jobs):
+            with contextlib.suppress(nats.js.errors.KeyNotFoundError):  # deleted meanwhile
+                runtime.put_job(unescape_token(key), (await jobs.get(key)).value)
         restored = await state.restore()
         if restored:
             ctx.log.info("restored %d detector state entries", restored)
@@ -233,15 +241,13 @@ class DetectorService:
         self.published.labels(event.kind).inc()
 
     async def follow_jobs(self, watcher: KeyValue.KeyWatcher) -> None:
-        """Keep the runtime's job records as the jobs bucket changes."""
+        """Keep the runtime's job records as the jobs bucket changes (a record this
+        version cannot read is skipped, the last one read kept: see ``put_job``)."""
         async for entry in watcher:
             if entry is None:
                 continue
-            name = unescape_token(entry.key)
-            deleted = entry.operation in ("DEL", "PURGE") or not entry.value
-            self.runtime.set_job(
-                name, None if deleted else JobRecord.model_validate_json(entry.value)
-            )
+            deleted = entry.operation in ("DEL", "PURGE")
+            self.runtime.put_job(unescape_token(entry.key), None if deleted else entry.value)
 
     async def tick(self) -> None:
         """Every tick: the detectors judge silences and windows, what they concluded is

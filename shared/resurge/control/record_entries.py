@@ -1,0 +1,45 @@
+"""A job record read from a watch of the jobs bucket, whatever version wrote it.
+
+Every service watches the jobs bucket, and any version of resurge may write to it: a
+newer one may add a field or a phase this one does not know, and a record that does not
+validate here must not end the watch (the detector then stopped following every job:
+no new spec, no new generation). :meth:`RecordReader.read` turns such an entry into None,
+logged once per job and minute and counted in :attr:`RecordReader.skipped`; the reader
+keeps the last record it could read, and the watch goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pydantic import ValidationError
+
+from resurge.control.records import JobRecord
+from resurge.runtime.logs import RateLimitedLog
+
+__all__ = ["RecordReader"]
+
+
+class RecordReader:
+    """Reads records from jobs-bucket entries, skipping those it cannot read."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._log = RateLimitedLog(logger, interval=60.0)
+        self.skipped = 0  # entries that did not validate
+
+    def read(self, job: str, value: bytes) -> JobRecord | None:
+        """The record in ``value``, or None (logged, counted) when it does not validate."""
+        try:
+            return JobRecord.model_validate_json(value)
+        except ValidationError as error:
+            self.skipped += 1
+            first = error.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            self._log.warning(
+                job,
+                f"job {job}: its record does not validate here (a newer schema?), "
+                f"kept the last one read: {where}: {first['msg']}",
+                job=job,
+                reason="record_unreadable",
+            )
+            return None
