@@ -1,7 +1,10 @@
 """The bus: one NATS connection per service, typed publish and consume, streams at start.
 
-- :meth:`Bus.connect` retries the first connection, then reconnects forever; every
-  connection change is logged, and handed to the listeners of
+- :meth:`Bus.connect` retries the first connection, then reconnects forever; a
+  connection whose pings (every ``RESURGE_NATS_PING_SECONDS``) go unanswered
+  ``MAX_OUTSTANDING_PINGS`` times in a row (a half-open one: a partition) is dropped
+  and reconnected, so an outage is seen in seconds. Every connection change is
+  logged, and handed to the listeners of
   :meth:`Bus.on_connection_change` (a party that must not count an outage as
   silence, such as the detector's clock). Durable consumers and core subscriptions
   carry on after a reconnect by themselves, also to a restarted server that kept its
@@ -85,6 +88,10 @@ __all__ = [
 # 30 s); what is left unacked is delivered again to whoever takes over. Seen in CI: a
 # detector took over 20 s to stop after SIGTERM.
 DRAIN_TIMEOUT_SECONDS = 5
+
+# Pings unanswered after which the connection counts as dead (the ping interval is the
+# nats_ping_seconds setting): a half-open connection is found in 3 intervals.
+MAX_OUTSTANDING_PINGS = 2
 
 # Refusals of the first connection (0.2 s apart) after which a server is taken to mean it.
 _REFUSALS = 5
@@ -314,6 +321,8 @@ class Bus:
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.2,  # type: ignore[arg-type]  # typed int, takes float
                 connect_timeout=2,
+                ping_interval=settings.nats_ping_seconds,  # type: ignore[arg-type]  # a float
+                max_outstanding_pings=MAX_OUTSTANDING_PINGS,
                 allow_reconnect=True,
                 drain_timeout=DRAIN_TIMEOUT_SECONDS,
                 **auth,

@@ -46,6 +46,14 @@ class Settings(BaseSettings):
     connect_timeout_seconds: float = Field(
         default=30.0, gt=0, description="How long to retry the first connection to NATS."
     )
+    nats_ping_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often the connection to NATS is pinged; 2 pings unanswered "
+        "(at most 3 intervals) end it as dead, and it reconnects, so a half-open "
+        "connection (a network partition, a dead NAT entry) is found in seconds, not "
+        "minutes (nats.py pings every 2 minutes by default).",
+    )
     metrics_host: str = Field(default="127.0.0.1", description="Address of /metrics and /healthz.")
     metrics_port: int | None = Field(
         default=None,
