@@ -31,6 +31,14 @@ service's memory (RSS) at start and end; and every invariant broken:
 This is a benchmark, not a test: it prints, it does not assert.
 
     .venv/bin/python bench/chaos.py [--minutes 20] [--every 15] [--seed 1]
+
+``--control-plane`` runs the control plane's own chaos instead (proxies between each
+service and NATS that partition and delay, failed publishes, the detector killed during
+a hang, two scalers and two restarters, a wall-clock step; four invariants checked at
+every moment): :mod:`chaos_control_plane` says what it does. Its seed is random unless
+given, and printed; ``--every`` defaults to 8 s there.
+
+    .venv/bin/python bench/chaos.py --control-plane [--minutes 20] [--seed N]
 """
 
 from __future__ import annotations
@@ -338,9 +346,18 @@ def steps_lost(result: StoryResult, job: str) -> list[int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--minutes", type=float, default=20.0, help="training time (default 20)")
-    parser.add_argument("--every", type=float, default=15.0, help="seconds between disturbances")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--every", type=float, default=None, help="seconds between disturbances")
+    parser.add_argument("--seed", type=int, default=None, help="default: 1 (control plane: random)")
+    parser.add_argument(
+        "--control-plane", action="store_true", help="the control plane's own chaos (see above)"
+    )
     args = parser.parse_args()
+    if args.control_plane:
+        from chaos_control_plane import main as control_plane
+
+        return control_plane(args.minutes, args.every, args.seed)
+    args.every = 15.0 if args.every is None else args.every
+    args.seed = 1 if args.seed is None else args.seed
     with tempfile.TemporaryDirectory(prefix="resurge-chaos-") as folder:
         result, chaos, job = asyncio.run(
             run_chaos(args.minutes, args.every, args.seed, Path(folder))

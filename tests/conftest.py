@@ -79,6 +79,7 @@ async def no_leaked_tasks() -> AsyncIterator[None]:
 # with its half of the collection and steals from the end of the other's, so what is
 # collected first starts first and no long test is left to end the run alone.
 SLOW_FIRST = (
+    "tests/e2e/test_chaos_control_plane",
     "tests/e2e/test_no_false_positive",
     "tests/e2e/test_elastic",
     "tests/e2e/test_cluster_restart",
