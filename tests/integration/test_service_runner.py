@@ -11,6 +11,8 @@ import sys
 import urllib.error
 import urllib.request
 
+import pytest
+
 from resurge.runtime.settings import Settings
 
 
@@ -63,6 +65,34 @@ def test_service_serves_metrics_and_health_logs_json_and_stops_on_sigterm(
         assert 'resurge_dead_letters_total{reason="not_json"} 0.0' in body
         assert get(f"http://127.0.0.1:{port}/nope")[0] == 404
 
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("service", ["scaler", "restarter"])
+def test_a_service_whose_loops_all_run_is_healthy(settings: Settings, service: str) -> None:
+    """Each background loop is supervised, and none ends by design (the local backend's
+    reconciliation among them): a loop that ended would make /healthz 503."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "RESURGE_NATS_URL": settings.nats_url,
+        "RESURGE_NAMESPACE": settings.namespace,
+        "RESURGE_METRICS_PORT": str(port),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", f"resurge_{service}"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        read_json_logs_until(proc, f"{service} ready")
+        assert get(f"http://127.0.0.1:{port}/healthz") == (200, "ok\n")
+        assert (
+            "# TYPE resurge_task_restarts_total counter"
+            in get(f"http://127.0.0.1:{port}/metrics")[1]
+        )
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     finally:

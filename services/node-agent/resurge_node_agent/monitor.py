@@ -148,7 +148,7 @@ class NodeMonitor:
                 loop.call_soon_threadsafe(queue.put_nowait, report)
 
         gpus.start(on_gpu_error)
-        self.ctx.spawn(self._publish_gpu_errors())
+        self.ctx.spawn(self._publish_gpu_errors, name="publish_gpu_errors")
         # Bound before the first report, so a NodeReport seen means commands are heard.
         await bus.consume(
             bus.subjects.node_cmd(self.config.node),
@@ -159,8 +159,8 @@ class NodeMonitor:
         )
         await self._report()
         if self.backend.launches_worker_groups:  # else the cluster runs them (pods)
-            self.ctx.spawn(self._reconcile(self.backend.watch(node=self.config.node)))
-        self.ctx.spawn(self._heartbeat())
+            self.ctx.spawn(self._follow_worker_groups, name="reconcile")
+        self.ctx.spawn(self._heartbeat, name="heartbeat")
 
     async def _heartbeat(self) -> None:
         while True:
@@ -266,6 +266,10 @@ class NodeMonitor:
             extra={"event_id": event.id},
         )
 
+    async def _follow_worker_groups(self) -> None:
+        assert self.backend is not None
+        await self._reconcile(self.backend.watch(node=self.config.node))
+
     async def _reconcile(self, changes: AsyncIterator[ClusterChange]) -> None:
         async for change in changes:
             if _cancelled():
@@ -280,7 +284,10 @@ class NodeMonitor:
                     await self._apply(key, change.worker_group)
             except Exception:
                 self.ctx.log.exception("could not reconcile worker group %s", _name(key))
-            await self._report()
+            try:
+                await self._report()
+            except Exception:  # a missed report, not a dead watch
+                self.ctx.log.exception("could not report node %s", self.config.node)
 
     async def _apply(self, key: GroupKey, spec: WorkerGroupSpec) -> None:
         running = self.groups.get(key)
@@ -314,7 +321,7 @@ class NodeMonitor:
             spec.incarnation,
             extra={"job": spec.job, "replica": spec.replica},
         )
-        self.ctx.spawn(self._watch(key, spec, process))
+        self.ctx.spawn(self._watch(key, spec, process), name="watch_worker_group")
 
     def _log_file(self, spec: WorkerGroupSpec) -> IO[bytes] | None:
         if self.config.log_dir is None:

@@ -216,10 +216,7 @@ class Dispatcher:
             self._rechecks.pop(slot, None)
             await check(name)
 
-        task = asyncio.get_running_loop().create_task(later())
-        self._rechecks[slot] = task
-        self.ctx.tasks.add(task)  # cancelled when the service stops
-        task.add_done_callback(self.ctx.tasks.discard)
+        self._rechecks[slot] = self.ctx.spawn(later(), name="recheck")
 
     async def watch_records(
         self,
@@ -255,4 +252,4 @@ class Dispatcher:
                         except Exception:
                             self.ctx.log.exception("taking over %s's recovery failed", record.name)
 
-        self.ctx.spawn(pump())
+        self.ctx.spawn(pump, name="watch_records")

@@ -78,9 +78,10 @@ class Scaler:
 
     async def start(self) -> None:
         """Write job statuses in the background and consume the scaler's subjects."""
-        self.ctx.spawn(StatusWriter(self.store.kv, self.backend, self.metrics.job_seen).run())
-        self.ctx.spawn(self.backend.reconcile())
-        self.ctx.spawn(self.tick())
+        writer = StatusWriter(self.store.kv, self.backend, self.metrics.job_seen)
+        self.ctx.spawn(writer.run, name="status_writer")
+        self.ctx.spawn(self.backend.reconcile, name="reconcile")
+        self.ctx.spawn(self.tick, name="tick")
         bus = self.bus
         await bus.consume(
             bus.subjects.all("job"),

@@ -16,6 +16,7 @@ get it from :func:`resurge.cluster.open_backend`; only the local cluster's own s
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -218,7 +219,9 @@ class LocalBackend:
         return watch_changes(self.nodes, self.cordons, self.groups, self._read_node, node)
 
     async def reconcile(self) -> None:
-        """Nothing to do: each node's monitor turns its worker groups into processes."""
+        """Nothing to do until cancelled: each node's monitor turns its worker groups
+        into processes."""
+        await asyncio.Event().wait()
 
 
 # mypy fails here when LocalBackend drifts from the protocol.

@@ -197,6 +197,8 @@ class ClusterBackend(Protocol):
     async def reconcile(self) -> None:
         """Keep the cluster in line with the backend's records until cancelled (the
         scaler runs it): Kubernetes turns worker groups into pods and TrainingJobs into
-        job submissions; local returns at once (each node's monitor does its part).
+        job submissions; local has nothing to do and waits to be cancelled (each
+        node's monitor does its part). The scaler runs it as a supervised loop: it
+        is started again if it raises, and a return counts as a dead loop.
         Safe to run in more than one process at a time."""
         ...
