@@ -41,6 +41,7 @@ from datetime import datetime
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
+from resurge.contract.families import FAULT_GRADE_KINDS
 from resurge.control.records import JobRecord
 from resurge.events import Envelope, FaultDetected, FaultScope, RecoveryLevel, Severity, Source
 
@@ -60,7 +61,7 @@ ENTRY_POINT_GROUP = "resurge.detectors"
 
 # The fault-grade raw kinds, few and urgent: the detector service reads them through a
 # fault lane of their own, and takes their live copies (docs/detectors.md).
-LANE_KINDS = frozenset({"process_exited", "worker_fault", "agent_state", "gpu_error"})
+LANE_KINDS = FAULT_GRADE_KINDS
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
-"""Every subscriber, through a real nats-server: bad messages are terminated, counted by
-reason, dead-lettered, and the good message right after is still handled.
+"""Every declared subscriber, through a real nats-server: bad messages are terminated,
+counted by reason, dead-lettered, and the good message right after is still handled.
 
-Each service consumes with ``Bus.consume(..., expects=...)``, the detector and the
-restarter's progress reader with ``consume_batches`` and a kind token, and a launch
-agent reads its commands through a ``CommandInbox(..., expects=...)`` (no consumer in
-the server); the table below repeats each one's subject and ``expects``, and a test
-reads the services' source to keep the table complete.
+The cases come from the declarations (:mod:`resurge.contract.subscriptions`): every
+entry whose reader is a durable consumer, a batch reader or a command inbox, bound the
+way the services bind it (``Bus.bind``, ``CommandInbox.declared``). A batch reader that
+leaves bad messages to another reader (the detector's fault lanes) skips them: acked,
+neither counted nor dead-lettered. A test holds the services to binding only through
+the declarations, so a consumer the table misses cannot exist.
 """
 
 from __future__ import annotations
@@ -17,39 +18,22 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from resurge.contract import subscriptions as declared
 from resurge.contract.subjects import RAW_KIND_TOKEN, Subjects
+from resurge.contract.subscriptions import SUBSCRIPTIONS, Reader, Scope, Subscription
 from resurge.events import (
-    Assign,
-    CapacityChanged,
-    CheckpointNow,
-    CheckpointSaved,
+    EVENT_KINDS,
     DeadLetter,
     DeadLetterReason,
     DecodeError,
     Envelope,
-    FaultDetected,
-    InjectFault,
-    InjectGpuError,
-    JobDeleted,
-    JobSubmitted,
-    PhaseChanged,
-    ProcessExited,
-    ProcessStarted,
-    Progress,
-    RecoveryFinished,
-    RecoveryStarted,
-    RendezvousPassed,
-    RepairNode,
-    ReplicaFinished,
-    ScaleDecided,
-    Stop,
     decode_event,
     encode_event,
 )
@@ -62,94 +46,58 @@ from tests.property.strategies import event_of, events
 JOB = "job.with.dots"
 NODE = "node-0"
 WAIT = 20.0
+# A concrete subject of each family, for subscriptions that read the whole family.
+_CONCRETE: dict[str, Callable[[Subjects, str], str]] = {
+    "raw": lambda s, kind: s.raw(JOB, kind, NODE),
+    "fault": lambda s, _: s.fault(JOB, "process"),
+    "capacity": lambda s, _: s.capacity(NODE),
+    "action": lambda s, _: s.action(JOB),
+    "job": lambda s, _: s.job(JOB),
+}
 
 
 @dataclass(frozen=True)
 class Consumer:
-    """One consumer of one service: where it reads, what it takes."""
+    """One declared subscription, bound once (a per-kind one: for its first kind)."""
 
-    service: str
-    filter: Callable[[Subjects], str]
-    publish_on: Callable[[Subjects], str]
-    expects: tuple[type[Envelope], ...]
-    # consume: a durable consumer; batches: consume_batches with the raw kind token;
-    # inbox: a CommandInbox (core subscription, caught up from the stream)
-    reader: Literal["consume", "batches", "inbox"] = "consume"
+    entry: Subscription
+
+    @property
+    def service(self) -> str:
+        return self.entry.service
+
+    @property
+    def scope(self) -> Scope:
+        """Its binding (each example has a namespace of its own: names may repeat)."""
+        kind = self.entry.kinds[0] if self.entry.per_kind else None
+        return Scope(job=JOB, replica=0, node=NODE, kind=kind, group="prop")
+
+    @property
+    def expects(self) -> tuple[type[Envelope], ...]:
+        return tuple(EVENT_KINDS[k] for k in self.entry.kinds)
 
     @property
     def batches(self) -> bool:
-        return self.reader == "batches"
+        return self.entry.reader is Reader.BATCHES
+
+    @property
+    def dead_letters(self) -> bool:
+        return self.entry.dead_letters
+
+    def publish_on(self, subjects: Subjects) -> str:
+        """A subject the subscription reads, of its first kind."""
+        subject = self.entry.subject(subjects, self.scope)
+        if "*" in subject.split(".") or subject.endswith(">"):
+            return _CONCRETE[self.entry.family](subjects, self.entry.kinds[0])
+        return subject
 
 
-CONSUMERS = [
-    Consumer(
-        "restarter", lambda s: s.all("fault"), lambda s: s.fault(JOB, "process"), (FaultDetected,)
-    ),
-    Consumer(
-        "restarter",
-        lambda s: s.raw(None, "process_started", None),
-        lambda s: s.raw(JOB, "process_started", NODE),
-        (ProcessStarted,),
-    ),
-    Consumer(
-        "restarter",
-        lambda s: s.raw(None, "progress", None),
-        lambda s: s.raw(JOB, "progress", NODE),
-        (Progress,),  # the kind its subject names
-        reader="batches",
-    ),
-    Consumer(
-        "restarter",
-        lambda s: s.raw(None, "checkpoint_saved", None),
-        lambda s: s.raw(JOB, "checkpoint_saved", NODE),
-        (CheckpointSaved,),
-    ),
-    Consumer(
-        "restarter",
-        lambda s: s.raw(None, "rendezvous_passed", None),
-        lambda s: s.raw(JOB, "rendezvous_passed", NODE),
-        (RendezvousPassed,),
-    ),
-    Consumer(
-        "restarter",
-        lambda s: s.raw(None, "process_exited", None),
-        lambda s: s.raw(JOB, "process_exited", NODE),
-        (ProcessExited,),
-    ),
-    Consumer(
-        "scaler",
-        lambda s: s.all("job"),
-        lambda s: s.job(JOB),
-        (JobSubmitted, ReplicaFinished, JobDeleted),
-    ),
-    Consumer(
-        "scaler",
-        lambda s: s.action(None),
-        lambda s: s.action(JOB),
-        (PhaseChanged, RecoveryStarted, RecoveryFinished, ScaleDecided),
-    ),
-    Consumer("scaler", lambda s: s.all("capacity"), lambda s: s.capacity(NODE), (CapacityChanged,)),
-    Consumer(
-        "node-agent",
-        lambda s: s.node_cmd(NODE),
-        lambda s: s.node_cmd(NODE),
-        (InjectGpuError, RepairNode),
-    ),
-    Consumer(
-        "node-agent",
-        lambda s: s.cmd(JOB, 0),
-        lambda s: s.cmd(JOB, 0),
-        (Assign, Stop, InjectFault, CheckpointNow),
-        reader="inbox",
-    ),
-    Consumer(
-        "detector",
-        lambda s: s.all("raw"),
-        lambda s: s.raw(JOB, "process_started", NODE),
-        (ProcessStarted,),  # the kind its subject names
-        reader="batches",
-    ),
-]
+TESTED = (Reader.DURABLE, Reader.BATCHES, Reader.INBOX)
+CONSUMERS = [Consumer(entry) for entry in SUBSCRIPTIONS if entry.reader in TESTED]
+
+_BINDINGS = {"consume", "consume_batches", "listen", "subscribe", "CommandInbox"}
+# The names the services bind declared subscriptions by.
+DECLARED = {n for n in declared.__all__ if isinstance(getattr(declared, n), Subscription)}
 
 
 def _called(node: ast.AST) -> str | None:
@@ -160,35 +108,38 @@ def _called(node: ast.AST) -> str | None:
     return node.func.id if isinstance(node.func, ast.Name) else None
 
 
-def consumed_in_services() -> set[tuple[str, frozenset[str]]]:
-    """Each ``consume`` call's and ``CommandInbox`` construction's ``expects=`` in the
-    services' source, with which of the two it is."""
-    found: set[tuple[str, frozenset[str]]] = set()
+def bindings_in_services() -> tuple[list[str], set[str]]:
+    """Calls in the services' source that bind a subscription other than through a
+    declaration (where), and the declarations the source names."""
+    direct: list[str] = []
+    named: set[str] = set()
     for path in (REPO_ROOT / "services").glob("*/resurge_*/*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            called = _called(node)
-            if called not in ("consume", "CommandInbox"):
-                continue
-            assert isinstance(node, ast.Call)
-            reader = "inbox" if called == "CommandInbox" else "consume"
-            for keyword in node.keywords:
-                if keyword.arg == "expects" and isinstance(keyword.value, ast.Tuple):
-                    names = [e.id for e in keyword.value.elts if isinstance(e, ast.Name)]
-                    found.add((reader, frozenset(names)))
-    return found
+            if _called(node) in _BINDINGS:
+                direct.append(f"{path.relative_to(REPO_ROOT)}:{getattr(node, 'lineno', 0)}")
+            if isinstance(node, ast.Name | ast.Attribute):
+                name = node.id if isinstance(node, ast.Name) else node.attr
+                if name in DECLARED:
+                    named.add(name)
+    return direct, named
 
 
-def test_the_table_has_every_consumer_of_every_service() -> None:
-    table = {
-        (c.reader, frozenset(m.__name__ for m in c.expects)) for c in CONSUMERS if not c.batches
-    }
-    assert table == consumed_in_services()
-    detector = (REPO_ROOT / "services/detector/resurge_detector/service.py").read_text()
-    assert "consume_batches(" in detector
-    assert "kind_token=RAW_KIND_TOKEN" in detector
-    restarter = (REPO_ROOT / "services/restarter/resurge_restarter/service.py").read_text()
-    assert restarter.count("consume_batches(") == 1
-    assert "kind_token=RAW_KIND_TOKEN" in restarter
+def test_services_bind_only_declared_subscriptions_and_every_one_is_bound() -> None:
+    direct, named = bindings_in_services()
+    assert direct == [], "bind through resurge.contract.subscriptions (Bus.bind)"
+    assert named == DECLARED
+
+
+def test_declarations_name_each_consumer_once() -> None:
+    keys = [(e.service, e.name) for e in SUBSCRIPTIONS]
+    assert len(keys) == len(set(keys))
+    durable = [
+        (e.service, e.durable)
+        for e in SUBSCRIPTIONS
+        if e.reader in (Reader.DURABLE, Reader.BATCHES)
+    ]
+    assert len(durable) == len(set(durable))
+    assert {e.role for e in SUBSCRIPTIONS} == {"agent", "detector", "restarter", "scaler"}
 
 
 def expected_reason(body: bytes, consumer: Consumer, subject: str) -> DeadLetterReason | None:
@@ -254,9 +205,7 @@ async def until(condition: Callable[[], bool], what: str) -> None:
         await asyncio.sleep(0.02)
 
 
-@pytest.mark.parametrize(
-    "consumer", CONSUMERS, ids=lambda c: f"{c.service}-{c.expects[0].__name__}"
-)
+@pytest.mark.parametrize("consumer", CONSUMERS, ids=lambda c: f"{c.service}-{c.entry.name}")
 @settings(
     max_examples=3,
     phases=[Phase.explicit, Phase.reuse, Phase.generate],  # shrinking through a server is slow
@@ -295,6 +244,8 @@ async def check_consumer(
     bad = [body for body in bad if expected_reason(body, consumer, subject) is not None]
     good = data.draw(event_of(consumer.expects[0]))
     wanted = Counter(str(expected_reason(body, consumer, subject)) for body in bad)
+    if not consumer.dead_letters:  # left to another reader of the same messages
+        wanted = Counter()
 
     seen = Seen()
 
@@ -305,26 +256,18 @@ async def check_consumer(
 
     dlq = await bus.nc.subscribe(bus.subjects.dlq(consumer.service), cb=on_letter)
     before = dead_lettered(registry)
-    durable = f"prop-{uuid.uuid4().hex[:10]}"
+    durable = consumer.entry.consumer(consumer.scope)
     inbox: CommandInbox | None = None
-    if consumer.reader == "inbox":
-        inbox = CommandInbox(
-            bus, consumer.filter(bus.subjects), seen.handler, expects=consumer.expects
-        )
+    if consumer.entry.reader is Reader.INBOX:
+        inbox = CommandInbox.declared(bus, consumer.entry, consumer.scope, seen.handler)
         inboxes.append(inbox)
         await inbox.start()
         # One handled first: the catch-up at start is over, the bad ones come live.
         first = data.draw(event_of(consumer.expects[0]))
         await bus.js.publish(subject, encode_event(first), headers={"Nats-Msg-Id": first.id})
         assert await asyncio.wait_for(seen.handled.get(), WAIT) == first
-    elif consumer.batches:
-        await bus.consume_batches(
-            consumer.filter(bus.subjects), durable, seen.handler, kind_token=RAW_KIND_TOKEN
-        )
     else:
-        await bus.consume(
-            consumer.filter(bus.subjects), durable, seen.handler, expects=consumer.expects
-        )
+        await bus.bind(consumer.entry, seen.handler, consumer.scope)
     for body in bad:
         await bus.js.publish(subject, body)
     await bus.js.publish(subject, encode_event(good), headers={"Nats-Msg-Id": good.id})
@@ -333,7 +276,7 @@ async def check_consumer(
     assert handled == good
     after = dead_lettered(registry)
     assert Counter({r: after[r] - before[r] for r in after if after[r] != before[r]}) == wanted
-    await until(lambda: len(seen.letters) >= len(bad), "the dead letters")
+    await until(lambda: len(seen.letters) >= sum(wanted.values()), "the dead letters")
     assert Counter(letter.reason.value for letter in seen.letters) == wanted
     assert all(letter.subject == subject for letter in seen.letters)
 

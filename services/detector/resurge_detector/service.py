@@ -48,7 +48,13 @@ import nats.js.errors
 from nats.js.kv import KeyValue
 from prometheus_client import Counter, Gauge, Histogram
 
-from resurge.contract.subjects import RAW_KIND_TOKEN, unescape_token
+from resurge.contract.subjects import unescape_token
+from resurge.contract.subscriptions import (
+    DETECTOR_LANE_BATCHES,
+    DETECTOR_LANE_LIVE,
+    DETECTOR_RAW,
+    Scope,
+)
 from resurge.detection import Detector, load_detectors
 from resurge.events import CapacityChanged, Envelope, Event, FaultDetected, ReplicaFinished
 from resurge.runtime.kv_keys import bucket_keys
@@ -169,23 +175,13 @@ class DetectorService:
         self.ctx.exit_stack.push_async_callback(watcher.stop)
         partition = self.runtime.partition
         if partition.replicas == 1:
-            durable = "detector"
+            group = Scope(group="detector")
         else:
-            durable = f"detector-{partition.index}-of-{partition.replicas}"
-        for kind in sorted(self.runtime.lane_kinds):
-            subject = bus.subjects.raw(None, kind, None)
-            lane = f"{durable}-{kind.replace('_', '-')}"
-            await bus.listen(subject, lane, self.on_live, kind_token=RAW_KIND_TOKEN)
-            await bus.consume_batches(
-                subject,
-                lane,
-                self.on_lane,
-                kind_token=RAW_KIND_TOKEN,
-                dead_letters=False,  # the main consumer reads them too and dead-letters
-            )
-        await bus.consume_batches(
-            bus.subjects.all("raw"), durable, self.on_raw, kind_token=RAW_KIND_TOKEN
-        )
+            group = Scope(group=f"detector-{partition.index}-of-{partition.replicas}")
+        lanes = sorted(self.runtime.lane_kinds)
+        await bus.bind(DETECTOR_LANE_LIVE, self.on_live, group, kinds=lanes)
+        await bus.bind(DETECTOR_LANE_BATCHES, self.on_lane, group, kinds=lanes)
+        await bus.bind(DETECTOR_RAW, self.on_raw, group)
 
     def _detected(self, event: Envelope, fault: FaultDetected) -> None:
         seconds = max((fault.time - event.time).total_seconds(), 0.0)

@@ -87,6 +87,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from resurge.cluster.protocol import WorkerGroupSpec
+from resurge.contract.subscriptions import LAUNCH_COMMANDS, Scope
 from resurge.events import (
     AgentState,
     AgentStateChanged,
@@ -191,11 +192,11 @@ class LaunchAgent:
         # One position per (node, incarnation, run): an agent started again after a crash goes
         # on where it stopped; a recreated or moved one starts from the newest command.
         spec = self.spec
-        inbox = CommandInbox(
+        inbox = CommandInbox.declared(
             self.bus,
-            self.bus.subjects.cmd(spec.job, spec.replica),
+            LAUNCH_COMMANDS,
+            Scope(job=spec.job, replica=spec.replica),
             self.on_command,
-            expects=(Assign, Stop, InjectFault, CheckpointNow),
             position_key=position_key(
                 spec.node, spec.job, spec.replica, spec.incarnation, spec.uid
             ),

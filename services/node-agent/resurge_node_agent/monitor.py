@@ -52,6 +52,7 @@ from typing import IO
 from resurge.cluster import open_backend
 from resurge.cluster.protocol import ClusterBackend, ClusterChange, NodeInfo, WorkerGroupSpec
 from resurge.contract.subjects import NODE_LEVEL_JOB, escape_token
+from resurge.contract.subscriptions import MONITOR_COMMANDS, Scope
 from resurge.events import (
     AgentState,
     AgentStateChanged,
@@ -150,13 +151,7 @@ class NodeMonitor:
         gpus.start(on_gpu_error)
         self.ctx.spawn(self._publish_gpu_errors, name="publish_gpu_errors")
         # Bound before the first report, so a NodeReport seen means commands are heard.
-        await bus.consume(
-            bus.subjects.node_cmd(self.config.node),
-            f"monitor-{escape_token(self.config.node)}",
-            self._on_command,
-            expects=(InjectGpuError, RepairNode),
-            start="new",
-        )
+        await bus.bind(MONITOR_COMMANDS, self._on_command, Scope(node=self.config.node))
         await self._report()
         if self.backend.launches_worker_groups:  # else the cluster runs them (pods)
             self.ctx.spawn(self._follow_worker_groups, name="reconcile")

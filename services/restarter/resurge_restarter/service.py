@@ -34,7 +34,14 @@ import contextlib
 from datetime import UTC, datetime
 
 from resurge.cluster import ClusterBackend, open_backend
-from resurge.contract.subjects import RAW_KIND_TOKEN
+from resurge.contract.subscriptions import (
+    RESTARTER_CHECKPOINTS,
+    RESTARTER_EXITS,
+    RESTARTER_FAULTS,
+    RESTARTER_PROGRESS,
+    RESTARTER_RENDEZVOUS,
+    RESTARTER_SIGN_OF_LIFE,
+)
 from resurge.control.job_messages import announce_phase, send_stops
 from resurge.control.records import JobRecord, JobStore
 from resurge.control.recovery_policy import (
@@ -115,42 +122,14 @@ class Restarter:
         await self.resume_unfinished()
         await self.dispatcher.watch_records(self.take_over, self._record_seen)
         bus = self.bus
-        await bus.consume(
-            bus.subjects.all("fault"), "restarter", self.on_fault, expects=(FaultDetected,)
-        )
-        await bus.consume(
-            bus.subjects.raw(None, "process_started", None),
-            "restarter-sign-of-life",
-            self.sign_of_life,
-            expects=(ProcessStarted,),
-        )
-        await bus.consume(
-            bus.subjects.raw(None, "rendezvous_passed", None),
-            "restarter-rendezvous",
-            self.on_rendezvous,
-            expects=(RendezvousPassed,),
-        )
-        await bus.consume(
-            bus.subjects.raw(None, "process_exited", None),
-            "restarter-exits",
-            self.on_exit,
-            expects=(ProcessExited,),
-        )
+        await bus.bind(RESTARTER_FAULTS, self.on_fault)
+        await bus.bind(RESTARTER_SIGN_OF_LIFE, self.sign_of_life)
+        await bus.bind(RESTARTER_RENDEZVOUS, self.on_rendezvous)
+        await bus.bind(RESTARTER_EXITS, self.on_exit)
         # Every rank's steps of every job: read in batches with one ack per batch, so a
         # busy cluster's progress does not crowd out the fault consumer above.
-        await bus.consume_batches(
-            bus.subjects.raw(None, "progress", None),
-            "restarter-progress-batches",
-            self.on_progress,
-            kind_token=RAW_KIND_TOKEN,
-            start="new",
-        )
-        await bus.consume(
-            bus.subjects.raw(None, "checkpoint_saved", None),
-            "restarter-checkpoints",
-            self.on_checkpoint,
-            expects=(CheckpointSaved,),
-        )
+        await bus.bind(RESTARTER_PROGRESS, self.on_progress)
+        await bus.bind(RESTARTER_CHECKPOINTS, self.on_checkpoint)
 
     async def resume_unfinished(self) -> None:
         """Look at every job record once: carry out (or schedule) undispatched plans, and

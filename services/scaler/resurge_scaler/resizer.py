@@ -47,6 +47,7 @@ from datetime import UTC, datetime
 from functools import partial
 
 from resurge.cluster import ClusterBackend, NodeInfo
+from resurge.contract.subscriptions import SCALER_RESIZE_AGENTS, Scope
 from resurge.control.elastic_decision import GrowWait, Kind, Resize, plan
 from resurge.control.job_messages import send_checkpoint_requests
 from resurge.control.nodes import is_being_removed
@@ -195,8 +196,8 @@ class Resizer:
                 if waiting == wanted:
                     came.set()
 
-        subscription = await self.bus.subscribe(
-            self.bus.subjects.raw(preview.name, "agent_state", None), on_state
+        [subscription] = await self.bus.bind(
+            SCALER_RESIZE_AGENTS, on_state, Scope(job=preview.name)
         )
         try:
             for placement in added:

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from functools import partial
 
 from resurge.cluster import ClusterBackend, open_backend
+from resurge.contract.subscriptions import SCALER_ACTIONS, SCALER_CAPACITY, SCALER_JOBS
 from resurge.control.admission import (
     admission_order,
     mark_replica_finished,
@@ -83,24 +84,9 @@ class Scaler:
         self.ctx.spawn(self.backend.reconcile, name="reconcile")
         self.ctx.spawn(self.tick, name="tick")
         bus = self.bus
-        await bus.consume(
-            bus.subjects.all("job"),
-            "scaler",
-            self.on_job_event,
-            expects=(JobSubmitted, ReplicaFinished, JobDeleted),
-        )
-        await bus.consume(
-            bus.subjects.action(None),
-            "scaler-phases",
-            self.on_action,
-            expects=(PhaseChanged, RecoveryStarted, RecoveryFinished, ScaleDecided),
-        )
-        await bus.consume(
-            bus.subjects.all("capacity"),
-            "scaler-capacity",
-            self.on_capacity,
-            expects=(CapacityChanged,),
-        )
+        await bus.bind(SCALER_JOBS, self.on_job_event)
+        await bus.bind(SCALER_ACTIONS, self.on_action)
+        await bus.bind(SCALER_CAPACITY, self.on_capacity)
 
     # -- admission ----------------------------------------------------------------------
 

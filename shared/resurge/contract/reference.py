@@ -11,9 +11,11 @@ Contract:
   ``yaml`` and :mod:`resurge.contract`.
 - Subjects: every family's address is built by :class:`~resurge.contract.subjects.Subjects`
   (default namespace ``resurge``), its wildcards named after the builder's arguments.
-  :data:`FAMILIES` says which kinds travel on which family; a kind the schemas hold and
-  no family lists, or the other way round, raises :class:`ValueError`, so a new event
-  kind cannot be left out of the reference.
+  Which kinds travel on which family is :mod:`resurge.contract.families`' table; a kind
+  the schemas hold and no family lists, or the other way round, raises
+  :class:`ValueError`, so a new event kind cannot be left out of the reference.
+- Readers: who reads each family, and the table of every service's subscriptions, come
+  from the declarations of :mod:`resurge.contract.subscriptions`.
 - Output: :func:`events_markdown` (Markdown) and :func:`asyncapi_document` (a dict of
   JSON types; :func:`asyncapi_yaml` is its YAML text) depend only on their input: the
   same schemas give the same bytes, so a test can hold the committed files to them.
@@ -35,7 +37,10 @@ from typing import Any
 
 import yaml
 
+from resurge.contract.families import RAW_JOB_KINDS, RAW_NODE_KINDS
+from resurge.contract.families import family as stream_family
 from resurge.contract.subjects import NODE_LEVEL_JOB, Subjects
+from resurge.contract.subscriptions import SUBSCRIPTIONS, Reader, Scope
 from resurge.contract.vocabulary import FaultScope
 
 __all__ = [
@@ -77,11 +82,22 @@ class Family:
     name: str
     summary: str
     publishers: str
-    subscribers: str
     parameters: tuple[Parameter, ...]
-    kinds: tuple[str, ...]
     build: Callable[[Subjects], str]
     note: str = ""
+    other_readers: str = ""
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The kinds the family carries (:mod:`resurge.contract.families`)."""
+        return stream_family(self.name).kinds
+
+    @property
+    def subscribers(self) -> str:
+        """Who reads the family: the services that declare a subscription to it, with
+        the kinds each takes, then the readers outside the services."""
+        readers = [r for r in (_service_readers(self.name), self.other_readers) if r]
+        return "; ".join(readers) or "nobody in resurge"
 
     @property
     def address(self) -> str:
@@ -106,27 +122,35 @@ _JOB = Parameter(
     "byte).",
 )
 _NODE = Parameter("node", "The node's name, escaped as one token like the job's.")
-_RAW_JOB_KINDS = (
-    "process_started",
-    "process_exited",
-    "process_state",
-    "rendezvous_passed",
-    "log_line",
-    "agent_state",
-    "progress",
-    "checkpoint_saved",
-    "worker_fault",
-)
-_RAW_NODE_KINDS = ("gpu_sample", "gpu_error", "node_report")
+_RAW_JOB_KINDS = RAW_JOB_KINDS
+_RAW_NODE_KINDS = RAW_NODE_KINDS
+_SERVICE_NAMES = {"node-agent": "launch agents", "node-monitor": "node monitors"}
+
+
+def _service_readers(family_name: str) -> str:
+    """``the restarter (`a`, `b`); the scaler`` for the services reading a family."""
+    kinds: dict[str, list[str]] = {}
+    for entry in SUBSCRIPTIONS:
+        if entry.family == family_name:
+            taken = kinds.setdefault(entry.service, [])
+            taken += [k for k in entry.kinds if k not in taken]
+    carried = set(stream_family(family_name).kinds)
+    some = any(set(taken) != carried for taken in kinds.values())
+    parts = []
+    for service, taken in kinds.items():
+        name = _SERVICE_NAMES.get(service, f"the {service}")
+        if set(taken) == carried:
+            parts.append(f"{name} (every kind)" if some else name)
+        else:
+            parts.append(f"{name} ({', '.join(f'`{k}`' for k in taken)})")
+    return "; ".join(parts)
+
 
 FAMILIES: tuple[Family, ...] = (
     Family(
         name="raw",
         summary="Node-agent telemetry: what workers, agents and GPUs did.",
         publishers="node agents: `launch` (one replica's workers) and `monitor` (one node)",
-        subscribers="the detector (every kind); the restarter (`process_started`, "
-        "`rendezvous_passed`, `progress`, `checkpoint_saved`, `process_exited`); the scaler "
-        "(`agent_state`, during a resize)",
         parameters=(
             Parameter(
                 "job",
@@ -136,7 +160,6 @@ FAMILIES: tuple[Family, ...] = (
             Parameter("kind", "The event kind.", _RAW_JOB_KINDS + _RAW_NODE_KINDS),
             _NODE,
         ),
-        kinds=_RAW_JOB_KINDS + _RAW_NODE_KINDS,
         build=lambda s: s.raw(None, None, None),
         note="The stream keeps raw telemetry for a short time (an hour by default, "
         "`RESURGE_RAW_MAX_AGE_SECONDS`); the other streams a day "
@@ -146,7 +169,6 @@ FAMILIES: tuple[Family, ...] = (
         name="fault",
         summary="Faults the detector found, by how far they reach.",
         publishers="the detector",
-        subscribers="the restarter",
         parameters=(
             _JOB,
             Parameter(
@@ -155,7 +177,6 @@ FAMILIES: tuple[Family, ...] = (
                 tuple(scope.value for scope in FaultScope),
             ),
         ),
-        kinds=("fault_detected",),
         build=lambda s: s.fault(None, None),
     ),
     Family(
@@ -163,9 +184,7 @@ FAMILIES: tuple[Family, ...] = (
         summary="One node's capacity as it changes: its slots, the free ones, its health.",
         publishers="the detector (node health), `resurge node` commands, the Kubernetes "
         "backend's node watch",
-        subscribers="the scaler",
         parameters=(_NODE,),
-        kinds=("capacity_changed",),
         build=lambda s: s.capacity(None),
     ),
     Family(
@@ -175,8 +194,6 @@ FAMILIES: tuple[Family, ...] = (
         publishers="the restarter and the scaler (`assign`, `stop`, `checkpoint_now`); "
         "`resurge inject` (`inject_fault`, `inject_gpu_error`); `resurge node uncordon` "
         "(`repair_node`)",
-        subscribers="node agents: `launch` reads its replica's subject, `monitor` reads "
-        f"`cmd.{NODE_LEVEL_JOB}.<node>`",
         parameters=(
             Parameter(
                 "job",
@@ -189,14 +206,6 @@ FAMILIES: tuple[Family, ...] = (
                 "node's name as one token.",
             ),
         ),
-        kinds=(
-            "assign",
-            "stop",
-            "checkpoint_now",
-            "inject_fault",
-            "inject_gpu_error",
-            "repair_node",
-        ),
         build=lambda s: s.cmd(None, None),
     ),
     Family(
@@ -205,29 +214,25 @@ FAMILIES: tuple[Family, ...] = (
         "resizes, phase changes.",
         publishers="the restarter (`recovery_started`, `recovery_finished`), the scaler "
         "(`scale_decided`), and both when they move a job's phase (`phase_changed`)",
-        subscribers="the scaler; `resurge events`, `resurge status`, `resurge report`",
         parameters=(_JOB,),
-        kinds=("recovery_started", "recovery_finished", "scale_decided", "phase_changed"),
         build=lambda s: s.action(None),
+        other_readers="`resurge events`, `resurge status`, `resurge report`",
     ),
     Family(
         name="job",
         summary="The life of a job: submitted, deleted, a replica finished.",
         publishers="`resurge submit` and `resurge delete` (local), the Kubernetes "
         "controller (from TrainingJob resources), the detector (`replica_finished`)",
-        subscribers="the scaler",
         parameters=(_JOB,),
-        kinds=("job_submitted", "job_deleted", "replica_finished"),
         build=lambda s: s.job(None),
     ),
     Family(
         name="dlq",
         summary="Messages a service could not decode or handle, with the reason.",
         publishers="every service, for what it received",
-        subscribers="people and tools that watch for bad input",
         parameters=(Parameter("service", "The service that could not read the message."),),
-        kinds=("dead_letter",),
         build=lambda s: s.dlq(None),
+        other_readers="people and tools that watch for bad input",
     ),
 )
 
@@ -393,6 +398,44 @@ def _family_section(family: Family, kinds: Mapping[str, Schema], envelope: list[
     return lines
 
 
+_READER_WORDS = {
+    Reader.DURABLE: "durable consumer",
+    Reader.BATCHES: "durable consumer, in batches",
+    Reader.LIVE: "live copies (queue group)",
+    Reader.WATCH: "core subscription, while it waits",
+    Reader.INBOX: "command inbox (direct gets)",
+}
+_KIND_SLOT = "kind__slot"  # a fixed token the table shows as `{kind}`
+
+
+def _subscriptions_section() -> list[str]:
+    """Every service's subscriptions, from their declarations."""
+    lines = [
+        "## Who reads what",
+        "",
+        "Each service's subscriptions, as it declares them (`resurge.contract."
+        "subscriptions`); its NATS permissions allow these and no others. `{group}` is "
+        "the detector's consumer group (`detector`, or `detector-<i>-of-<n>` for one of "
+        "several partitions), `{kind}` each fault-grade kind.",
+        "",
+        "| service | subject | read as | consumer | kinds | what it does with them |",
+        "|---|---|---|---|---|---|",
+    ]
+    for entry in SUBSCRIPTIONS:
+        open_kind = Scope(kind=_KIND_SLOT) if entry.per_kind else Scope()
+        subject = entry.subject(_SUBJECTS, open_kind).replace(_KIND_SLOT, "{kind}")
+        consumer = f"`{entry.durable}`" if entry.durable else ""
+        kinds = ", ".join(f"`{k}`" for k in entry.kinds)
+        if entry.kinds == stream_family(entry.family).kinds and len(entry.kinds) > 1:
+            kinds = "every kind"
+        reader = _READER_WORDS[entry.reader] + (", new only" if entry.start == "new" else "")
+        lines.append(
+            f"| {entry.service} | `{subject}` | {reader} | {consumer} | {kinds} "
+            f"| {_cell(entry.reads)} |"
+        )
+    return [*lines, ""]
+
+
 def _type_section(name: str, schema: Schema) -> list[str]:
     lines = [f"### {name}", "", _prose(schema.get("description", "")), ""]
     if "enum" in schema:
@@ -463,6 +506,7 @@ def events_markdown(schemas: Mapping[str, Schema]) -> str:
     ]
     for family in FAMILIES:
         lines += _family_section(family, kinds, envelope)
+    lines += _subscriptions_section()
     lines += ["## Types used by the fields", ""]
     for name, schema in _nested_types(kinds).items():
         lines += _type_section(name, schema)

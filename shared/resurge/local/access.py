@@ -39,8 +39,9 @@ from resurge.cluster.local_keys import (
     WORKER_GROUPS_BUCKET,
     node_key,
 )
+from resurge.contract.families import FAMILY_NAMES
 from resurge.contract.subjects import Subjects, escape_token
-from resurge.detection import LANE_KINDS
+from resurge.contract.subscriptions import Reader, Scope, of_role
 from resurge.local.state import credentials_path
 from resurge.runtime.bus import AGENT_POSITIONS_BUCKET, JOBS_BUCKET
 from resurge.runtime.nats_auth import Credentials, inbox_prefix, write_credentials
@@ -60,7 +61,7 @@ ROLES = ("agent", "detector", "restarter", "scaler", "viewer", "admin")
 # The detector's own bucket (resurge_detector.state_store.STATE_BUCKET: a service the
 # shared library cannot import; a unit test keeps the two equal).
 DETECTOR_STATE_BUCKET = "detector_state"
-_FAMILIES = ("raw", "fault", "capacity", "cmd", "action", "job", "dlq")
+_FAMILIES = FAMILY_NAMES
 _BUCKETS = (
     JOBS_BUCKET,
     NODES_BUCKET,
@@ -188,6 +189,40 @@ class _Namespace:
         g.pub(*(self.s.dlq(service) for service in services))
 
 
+def covers(wide: str, narrow: str) -> bool:
+    """Whether NATS subject pattern ``wide`` matches every subject ``narrow`` matches."""
+    a, b = wide.split("."), narrow.split(".")
+    for i, token in enumerate(a):
+        if token == ">":
+            return len(b) > i
+        if i >= len(b) or b[i] == ">" or (token != "*" and (token != b[i])):
+            return False
+    return len(a) == len(b)
+
+
+def _subscriptions(ns: _Namespace, g: _Grants, role: str, node: str | None) -> None:
+    """What binding ``role``'s declared subscriptions takes (:mod:`resurge.contract.
+    subscriptions`), open tokens as wildcards but an agent's node: a durable consumer
+    per filter (none where another filter of the role's on that stream covers it), a
+    core subscription for live and watching readers, the command inbox's reads."""
+    filters: dict[str, list[str]] = {}
+    for entry in of_role(role):
+        for scope in entry.scopes(Scope(node=node)):
+            subject = entry.subject(ns.s, scope)
+            if entry.reader in (Reader.DURABLE, Reader.BATCHES):
+                filters.setdefault(entry.family, [])
+                if subject not in filters[entry.family]:
+                    filters[entry.family].append(subject)
+            elif entry.reader is Reader.INBOX:
+                ns.commands(g, node)
+            else:
+                g.sub(subject)
+    for family, subjects in filters.items():
+        for subject in subjects:
+            if not any(covers(other, subject) for other in subjects if other != subject):
+                ns.consume(g, family, subject)
+
+
 def agent_user(node: str | None) -> str:
     """The user of ``node``'s agents (``agent-<node>``), or ``agent`` for every node."""
     return "agent" if node is None else f"agent-{escape_token(node)}"
@@ -198,8 +233,7 @@ def _agent(ns: _Namespace, g: _Grants, node: str | None) -> None:
     node_token = "*" if node is None else escape_token(node)
     g.pub(f"{subjects.root}.raw.*.*.{node_token}")
     ns.dead_letters(g, "node-agent", "node-monitor")
-    ns.commands(g, node)  # launch agents
-    ns.consume(g, "cmd", subjects.node_cmd(node))  # the monitor's node commands
+    _subscriptions(ns, g, "agent", node)  # launch agents' commands, the monitor's
     for bucket in (NODES_BUCKET, CORDONS_BUCKET, WORKER_GROUPS_BUCKET):
         ns.kv_read(g, bucket)
     ns.kv_write(g, NODES_BUCKET, "*" if node is None else node_key(node))
@@ -207,9 +241,7 @@ def _agent(ns: _Namespace, g: _Grants, node: str | None) -> None:
 
 def _detector(ns: _Namespace, g: _Grants, node: str | None) -> None:
     ns.manage(g, JOBS_BUCKET, DETECTOR_STATE_BUCKET)
-    ns.consume(g, "raw", ns.s.all("raw"))
-    for kind in sorted(LANE_KINDS):  # the fault lane's live copies
-        g.sub(ns.s.raw(None, kind, None))
+    _subscriptions(ns, g, "detector", node)  # every raw kind; the fault lanes' live copies
     ns.events(g, "fault", "job", "capacity")
     ns.dead_letters(g, "detector")
     ns.kv_read(g, JOBS_BUCKET)
@@ -230,23 +262,12 @@ def _control(ns: _Namespace, g: _Grants, role: str) -> None:
 
 def _restarter(ns: _Namespace, g: _Grants, node: str | None) -> None:
     _control(ns, g, "restarter")
-    ns.consume(g, "fault", ns.s.all("fault"))
-    for kind in (
-        "process_started",
-        "rendezvous_passed",
-        "progress",
-        "checkpoint_saved",
-        "process_exited",
-    ):
-        ns.consume(g, "raw", ns.s.raw(None, kind, None))
+    _subscriptions(ns, g, "restarter", node)
 
 
 def _scaler(ns: _Namespace, g: _Grants, node: str | None) -> None:
     _control(ns, g, "scaler")
-    ns.consume(g, "job", ns.s.all("job"))
-    ns.consume(g, "action", ns.s.action(None))
-    ns.consume(g, "capacity", ns.s.all("capacity"))
-    g.sub(ns.s.raw(None, "agent_state", None))  # the replicas a resize adds, coming up
+    _subscriptions(ns, g, "scaler", node)  # jobs, actions, capacity; agents during a grow
 
 
 def _viewer(ns: _Namespace, g: _Grants, node: str | None) -> None:

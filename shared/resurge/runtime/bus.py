@@ -29,6 +29,9 @@
 - :meth:`Bus.listen` adds live copies of a stored subject (a core subscription), for
   the few urgent events a service takes from whichever copy arrives first
   (:mod:`resurge.runtime.live_first`).
+- :meth:`Bus.bind` binds a service's declared subscription
+  (:mod:`resurge.contract.subscriptions`) with whichever of those its reader is: the
+  services bind only so, so what they read is what the permissions and docs say.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, TypeVar
@@ -59,8 +62,11 @@ from nats.js.api import (
 from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from resurge.contract.subjects import Subjects
+from resurge.contract.families import FAMILIES
+from resurge.contract.subjects import RAW_KIND_TOKEN, Subjects
+from resurge.contract.subscriptions import Reader, Scope, Subscription
 from resurge.events import (
+    EVENT_KINDS,
     DeadLetterReason,
     DecodeError,
     Envelope,
@@ -111,15 +117,7 @@ log = logging.getLogger("resurge.runtime.bus")
 Handler = Callable[[Any], Awaitable[None]]
 
 # Stream families of DESIGN section 2, and whether they keep the short raw retention.
-_FAMILIES = {
-    "raw": True,
-    "fault": False,
-    "capacity": False,
-    "cmd": False,
-    "action": False,
-    "job": False,
-    "dlq": False,
-}
+_FAMILIES = {family.name: family.short_retention for family in FAMILIES}
 JOBS_BUCKET = "jobs"
 # Where each launch agent records the last command it handled (command_inbox).
 AGENT_POSITIONS_BUCKET = "agent_positions"
@@ -623,6 +621,50 @@ class Bus:
         )
         self._subscriptions.append(sub)
         return sub
+
+    async def bind(
+        self,
+        entry: Subscription,
+        handler: Callable[..., Awaitable[None]],
+        scope: Scope | None = None,
+        *,
+        kinds: Iterable[str] | None = None,
+        **options: Any,
+    ) -> list[Any]:
+        """Bind declared subscription ``entry`` (:mod:`resurge.contract.subscriptions`)
+        with its subject, consumer name, start and kinds, ``scope`` filling its open
+        tokens; a per-kind entry binds once per kind (``kinds``: a subset of its own,
+        None: all of them).
+        ``handler`` is what the entry's reader hands over (:meth:`consume`: an event;
+        :meth:`consume_batches`: a list; :meth:`listen`: an event; :meth:`subscribe`: an
+        event and its subject); ``options`` go to that method. Returns the core
+        subscriptions made (those of live and watching readers), to unsubscribe. A
+        command inbox is made with ``CommandInbox.declared`` instead."""
+        made: list[Any] = []
+        for one in entry.scopes(scope, None if kinds is None else tuple(kinds)):
+            subject, name = entry.subject(self.subjects, one), entry.consumer(one)
+            if entry.reader is Reader.DURABLE:
+                expects = tuple(EVENT_KINDS[k] for k in entry.kinds)
+                await self.consume(
+                    subject, name, handler, expects=expects, start=entry.start, **options
+                )
+            elif entry.reader is Reader.BATCHES:
+                if entry.start == "last_per_subject":
+                    raise ValueError(f"{entry.name}: batches start at all or new messages")
+                await self.consume_batches(
+                    subject, name, handler, kind_token=RAW_KIND_TOKEN,
+                    dead_letters=entry.dead_letters, start=entry.start, **options,
+                )  # fmt: skip
+            elif entry.reader is Reader.LIVE:
+                made.append(
+                    await self.listen(subject, name, handler, kind_token=RAW_KIND_TOKEN, **options)
+                )
+            elif entry.reader is Reader.WATCH:
+                made.append(await self.subscribe(subject, handler))
+            else:
+                what = f"{entry.service}/{entry.name}"
+                raise ValueError(f"{what}: a {entry.reader} reader is not bound here")
+        return made
 
     async def _deliver(self, consumer: _Consumer, msg: Msg) -> None:
         event = await self._check(msg, consumer.kind_token)

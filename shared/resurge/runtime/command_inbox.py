@@ -53,7 +53,15 @@ from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
 from resurge.contract.subjects import escape_token
-from resurge.events import DeadLetterReason, DecodeError, Envelope, Event, decode_event
+from resurge.contract.subscriptions import Reader, Scope, Subscription
+from resurge.events import (
+    EVENT_KINDS,
+    DeadLetterReason,
+    DecodeError,
+    Envelope,
+    Event,
+    decode_event,
+)
 from resurge.runtime.bus import (
     AGENT_POSITIONS_BUCKET,
     DRAIN_TIMEOUT_SECONDS,
@@ -153,6 +161,22 @@ class CommandInbox:
         self._sub: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._errors = RateLimitedLog(log, interval=30.0)
+
+    @classmethod
+    def declared(
+        cls,
+        bus: Bus,
+        entry: Subscription,
+        scope: Scope,
+        handler: Handler,
+        **options: Any,
+    ) -> CommandInbox:
+        """The inbox of declared subscription ``entry`` (a command-inbox reader of
+        :mod:`resurge.contract.subscriptions`), ``scope`` naming its job and replica."""
+        if entry.reader is not Reader.INBOX:
+            raise ValueError(f"{entry.service}/{entry.name} is not read by a command inbox")
+        expects = tuple(EVENT_KINDS[k] for k in entry.kinds)
+        return cls(bus, entry.subject(bus.subjects, scope), handler, expects=expects, **options)
 
     async def start(self) -> None:
         """Subscribe, find where to start, and hand commands over from then on (in a
