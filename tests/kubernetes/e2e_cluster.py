@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import nats.js.errors
 
 from resurge.cluster.kubernetes_objects import monitor_report
+from resurge.local.supervisor import READY_CONSUMERS
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 from tests.kubernetes.conftest import KubeApi
@@ -41,8 +42,6 @@ T = TypeVar("T")
 
 BIN = Path(sys.executable).parent
 SERVICES = ("detector", "restarter", "scaler")
-# Durable consumers each service binds once it is ready: (stream family, consumer).
-READY_CONSUMERS = (("raw", "detector"), ("fault", "restarter"), ("job", "scaler"))
 _POLL_SECONDS = 0.1
 _STOP_GRACE_SECONDS = 10.0
 

@@ -50,6 +50,7 @@ import nats.js.errors
 from resurge.cluster import open_backend
 from resurge.cluster.local import LocalBackend
 from resurge.contract.subjects import Subjects
+from resurge.contract.subscriptions import DETECTOR_RAW, RESTARTER_FAULTS, SCALER_JOBS, Scope
 from resurge.local.access import LocalAccess, tls_block
 from resurge.local.nats_server import NatsServer, cluster_of
 from resurge.local.node_set import NodeEntry, NodeSet, editing, plan
@@ -70,9 +71,8 @@ SERVICES = {
 }
 # Durable consumers each service binds once it is ready: (stream family, consumer).
 READY_CONSUMERS = [
-    ("raw", "detector"),
-    ("fault", "restarter"),
-    ("job", "scaler"),
+    (entry.family, entry.consumer(Scope(group="detector")))
+    for entry in (DETECTOR_RAW, RESTARTER_FAULTS, SCALER_JOBS)
 ]
 _MAX_BACKOFF_SECONDS = 10.0
 # A removed node's monitor stops its worker groups first: SIGKILL only after this long.

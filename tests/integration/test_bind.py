@@ -1,0 +1,69 @@
+"""``Bus.bind`` binds a declared subscription as its reader says, through a real
+nats-server: a watching reader's subscription is returned (and ends when unsubscribed),
+a per-kind reader binds once per kind asked for (none for none), and a command inbox is
+not bound by the bus."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from resurge.contract.subscriptions import (
+    DETECTOR_LANE_BATCHES,
+    LAUNCH_COMMANDS,
+    SCALER_RESIZE_AGENTS,
+    Scope,
+)
+from resurge.events import AgentState, AgentStateChanged, Event
+from resurge.runtime.bus import Bus
+
+
+def waiting(bus: Bus, job: str, replica: int) -> AgentStateChanged:
+    return AgentStateChanged(
+        source=bus.source, job=job, replica=replica, node="n0", state=AgentState.WAITING
+    )
+
+
+async def test_a_watch_reads_its_jobs_subject_until_unsubscribed(bus: Bus) -> None:
+    seen: asyncio.Queue[tuple[Event, str]] = asyncio.Queue()
+
+    async def on_state(event: Event, subject: str) -> None:
+        await seen.put((event, subject))
+
+    [subscription] = await bus.bind(SCALER_RESIZE_AGENTS, on_state, Scope(job="grows.1"))
+    await bus.publish(bus.subjects.raw("other", "agent_state", "n0"), waiting(bus, "other", 0))
+    mine = waiting(bus, "grows.1", 1)
+    await bus.publish(bus.subjects.raw("grows.1", "agent_state", "n0"), mine)
+    event, subject = await asyncio.wait_for(seen.get(), 10)
+    assert event == mine and subject == bus.subjects.raw("grows.1", "agent_state", "n0")
+    await subscription.unsubscribe()
+    await bus.publish(bus.subjects.raw("grows.1", "agent_state", "n0"), waiting(bus, "grows.1", 2))
+    await bus.nc.flush()
+    assert seen.empty()
+
+
+async def test_a_per_kind_reader_binds_the_kinds_asked_for(bus: Bus) -> None:
+    async def on_lane(events: list[Event]) -> None:
+        pass
+
+    await bus.bind(DETECTOR_LANE_BATCHES, on_lane, Scope(group="d"), kinds=())
+    assert await consumers(bus) == []
+    await bus.bind(DETECTOR_LANE_BATCHES, on_lane, Scope(group="d"), kinds=("worker_fault",))
+    assert await consumers(bus) == [
+        ("d-worker-fault", bus.subjects.raw(None, "worker_fault", None))
+    ]
+
+
+async def consumers(bus: Bus) -> list[tuple[str | None, str | None]]:
+    """The raw stream's consumers: name and filter."""
+    infos = await bus.js.consumers_info(bus.subjects.stream("raw"))
+    return [(info.name, info.config.filter_subject) for info in infos]
+
+
+async def test_a_command_inbox_is_not_bound_by_the_bus(bus: Bus) -> None:
+    async def on_command(event: Event) -> None:
+        pass
+
+    with pytest.raises(ValueError, match="inbox reader is not bound here"):
+        await bus.bind(LAUNCH_COMMANDS, on_command, Scope(job="j", replica=0))
