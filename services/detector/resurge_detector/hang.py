@@ -30,13 +30,31 @@ a redelivered input or a restarted detector that blames the same rank is de-dupl
 
 Times are this detector's own clock when an event arrives (``ctx.now``), never the
 agents', so clock skew between nodes does not matter; each generation keeps its ranks'
-waits as :class:`~resurge_detector.deadlines.Deadlines`. What is learned lives in memory:
-a restarted detector learns again from the floors up.
+waits as :class:`~resurge_detector.deadlines.Deadlines`.
+
+A restart of the detector (:class:`~resurge.detection.DurableState`): every wait is
+armed by an event, and a hung job sends none, so without more a detector restarted
+during a hang (its last events acknowledged) would never judge it. Kept per job, in
+two entries: ``ranks``, the newest generation's ranks (run ``uid``, generation, and per
+rank its replica, node, whether it reported progress in this generation and whether it
+is stopped; a rank that exited is dropped), which changes a few times per rank and
+generation, never per report; and ``learned``, the job's pace, which changes only when
+a longest interval grows. No time is kept: a restarted detector arms each rank's wait
+(heartbeat if it reported progress, else start-up; stopped as well if it was stopped)
+from its first reading of its clock, so a hang under way is judged a whole limit after
+the restart, never sooner (no false hang), and no time crosses from one process's
+monotonic clock to another's. The blame then knows no steps (a rank that reports after
+the restart has the most progress). A hang already concluded is not kept: concluded
+again after a restart it has the same id and is de-duplicated, and one concluded but
+never published is not lost. An entry of another run, of a generation older than the
+record's or of a finished job is dropped.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -78,6 +96,7 @@ class _Rank:
 
 @dataclass
 class _Generation:
+    uid: str | None = None  # the run's (its record's uid when the generation was first seen)
     ranks: dict[int, _Rank] = field(default_factory=dict)
     last_progress: datetime | None = None  # any rank's
     reported: bool = False
@@ -99,14 +118,17 @@ class _Generation:
         self.waits.disarm(number)
         self.stopped.disarm(number)
 
-    def stop(self, number: int, rank: _Rank, stopped: bool, now: datetime) -> None:
-        """Its agent reported the rank stopped (it runs no code) or running again."""
+    def stop(self, number: int, rank: _Rank, stopped: bool, now: datetime) -> bool:
+        """Its agent reported the rank stopped (it runs no code) or running again; whether
+        that changed its state."""
+        changed = (rank.stopped_since is not None) != stopped
         if not stopped:
             rank.stopped_since = None
             self.stopped.disarm(number)
         elif rank.stopped_since is None:
             rank.stopped_since = now
             self.quiet(number, rank)
+        return changed
 
     def progressed(self, number: int, now: datetime) -> None:
         """The rank reported progress: its next report is awaited, and the stopped ranks'
@@ -116,6 +138,14 @@ class _Generation:
         if self.stopped:
             for stopped in self.stopped:
                 self.quiet(stopped, self.ranks[stopped])
+
+    def facts(self, number: int) -> bytes:
+        """What a restarted detector needs to arm this generation's waits again."""
+        ranks = {
+            str(n): [r.replica, r.node, r.last_progress is not None, r.stopped_since is not None]
+            for n, r in self.ranks.items()
+        }
+        return json.dumps({"uid": self.uid, "generation": number, "ranks": ranks}).encode()
 
     def quiet(self, number: int, rank: _Rank) -> None:
         """Arm the stopped rank's deadline: quiet since it stopped or since the
@@ -133,6 +163,18 @@ class _Learned:
     longest_startup: float = 0.0  # seconds from a rank's start to its first report
     reporting_ranks: set[int] = field(default_factory=set)  # ranks that reported progress
     first_reporting_generation: int | None = None
+    uid: str | None = None  # the run's
+
+    def facts(self) -> bytes:
+        return json.dumps(
+            {
+                "uid": self.uid,
+                "longest_gap": self.longest_gap,
+                "longest_startup": self.longest_startup,
+                "reporting_ranks": sorted(self.reporting_ranks),
+                "first_reporting_generation": self.first_reporting_generation,
+            }
+        ).encode()
 
 
 @dataclass(frozen=True)
@@ -154,14 +196,18 @@ class HangDetector:
         self._generations: dict[tuple[str, int], _Generation] = {}
         self._newest: dict[str, int] = {}
         self._learned: dict[str, _Learned] = {}
+        self._changed: set[tuple[str, str]] = set()  # (job, "ranks" or "learned")
+        self._restored: dict[tuple[str, str], dict[str, Any]] = {}  # armed on first use
 
     # -- events -------------------------------------------------------------------------
 
     def observe(self, event: _Events, ctx: DetectorContext) -> list[Envelope]:
         """Follow a rank's start, progress, stopped state and exit; concludes nothing."""
+        if self._restored:
+            self._arm_restored(ctx)
         if event.job is None or event.generation is None or event.rank is None:
             return []
-        generation = self._generation(event.job, event.generation)
+        generation = self._generation(event.job, event.generation, ctx)
         if generation is None:
             return []
         now = ctx.now
@@ -171,6 +217,7 @@ class HangDetector:
                 generation.end(event.rank)
             elif isinstance(event, ProcessStarted):
                 generation.start(event.rank, _Rank(now, event.replica, event.node))
+            self._changed.add((event.job, "ranks"))
             return []
         rank = generation.ranks.get(event.rank)
         if rank is None:  # a start we did not see (the detector restarted): count from now
@@ -178,8 +225,8 @@ class HangDetector:
         if isinstance(event, Progress):
             self._progress(event.job, event.generation, event.rank, event.step, rank, now)
             generation.progressed(event.rank, now)
-        else:
-            generation.stop(event.rank, rank, event.stopped, now)
+        elif generation.stop(event.rank, rank, event.stopped, now):
+            self._changed.add((event.job, "ranks"))
         return []
 
     def forget_job(self, job: str) -> None:
@@ -189,8 +236,11 @@ class HangDetector:
         self._learned.pop(job, None)
         for key in [k for k in self._generations if k[0] == job]:
             del self._generations[key]
+        for what in ("ranks", "learned"):
+            self._restored.pop((job, what), None)
+            self._changed.add((job, what))
 
-    def _generation(self, job: str, number: int) -> _Generation | None:
+    def _generation(self, job: str, number: int, ctx: DetectorContext) -> _Generation | None:
         """The state of ``job``'s generation ``number``; None for an older generation."""
         newest = self._newest.get(job, -1)
         if number < newest:
@@ -201,16 +251,71 @@ class HangDetector:
                 del self._generations[key]
         generation = self._generations.get((job, number))
         if generation is None:
-            generation = self._generations[(job, number)] = _Generation()
+            record = ctx.job(job)
+            uid = None if record is None else record.uid
+            generation = self._generations[(job, number)] = _Generation(uid)
+            self._changed.add((job, "ranks"))
         return generation
+
+    # -- durable facts ------------------------------------------------------------------
+
+    def state_changes(self) -> Mapping[tuple[str, str], bytes | None]:
+        """The changed entries (:class:`~resurge.detection.DurableState`): a job's newest
+        generation's ranks, its learned pace; None for a job no longer followed."""
+        changes: dict[tuple[str, str], bytes | None] = {}
+        for job, what in self._changed:
+            value: bytes | None = None
+            if what == "learned":
+                learned = self._learned.get(job)
+                value = None if learned is None else learned.facts()
+            else:
+                number = self._newest.get(job)
+                generation = None if number is None else self._generations.get((job, number))
+                value = None if generation is None else generation.facts(number or 0)
+            changes[(job, what)] = value
+        self._changed.clear()
+        return changes
+
+    def restore_state(self, job: str, key: str, value: bytes) -> None:
+        """A stored entry, given back at start: armed at the first reading of the clock."""
+        if key in ("ranks", "learned"):
+            self._restored[(job, key)] = json.loads(value)
+
+    def _arm_restored(self, ctx: DetectorContext) -> None:
+        """Arm the restored generations' waits from ``ctx.now`` (see the module docstring)."""
+        restored, self._restored = self._restored, {}
+        for (job, what), facts in sorted(restored.items(), key=lambda item: item[0][1]):
+            record = ctx.job(job)
+            if record is None or record.phase.finished or record.uid != facts["uid"]:
+                self._changed.add((job, what))  # not this run's, or over: the entry goes
+            elif what == "learned":
+                self._learned.setdefault(job, _restored_learned(facts))
+            elif record.generation > facts["generation"] or job in self._newest:
+                self._changed.add((job, what))
+            else:
+                self._restore_generation(job, facts, ctx)
+
+    def _restore_generation(self, job: str, facts: dict[str, Any], ctx: DetectorContext) -> None:
+        generation = self._generation(job, int(facts["generation"]), ctx)
+        assert generation is not None  # nothing newer is known: checked by the caller
+        now = ctx.now
+        for number, (replica, node, progressed, stopped) in facts["ranks"].items():
+            rank = generation.start(int(number), _Rank(now, replica, node))
+            if progressed:
+                rank.last_progress = now
+                generation.progressed(int(number), now)
+            if stopped:
+                generation.stop(int(number), rank, True, now)
 
     def _progress(
         self, job: str, generation: int, number: int, step: int, rank: _Rank, now: datetime
     ) -> None:
         learned = self._learned.get(job)
         if learned is None:
-            learned = self._learned[job] = _Learned()
+            learned = self._learned[job] = _Learned(uid=self._run(job, generation))
+        before = (learned.longest_startup, learned.longest_gap, len(learned.reporting_ranks))
         if rank.last_progress is None:
+            self._changed.add((job, "ranks"))  # its first report in this generation
             learned.longest_startup = max(
                 learned.longest_startup, (now - rank.started).total_seconds()
             )
@@ -221,21 +326,31 @@ class HangDetector:
         learned.reporting_ranks.add(number)
         if learned.first_reporting_generation is None:
             learned.first_reporting_generation = generation
+        if before != (learned.longest_startup, learned.longest_gap, len(learned.reporting_ranks)):
+            self._changed.add((job, "learned"))
         rank.last_progress, rank.last_step = now, step
+
+    def _run(self, job: str, number: int) -> str | None:
+        generation = self._generations.get((job, number))
+        return None if generation is None else generation.uid
 
     # -- timeouts -----------------------------------------------------------------------
 
     def tick(self, ctx: DetectorContext) -> list[Envelope]:
         """One hang fault for each generation that has an overdue rank."""
+        if self._restored:
+            self._arm_restored(ctx)
         faults: list[Envelope] = []
         for key, generation in list(self._generations.items()):
             job, number = key
             record = ctx.job(job)
             if record is None or record.phase.finished or number < record.generation:
                 del self._generations[key]
+                self._changed.add((job, "ranks"))
                 if record is None or record.phase.finished:
                     self._learned.pop(job, None)
                     self._newest.pop(job, None)
+                    self._changed.add((job, "learned"))
                 continue
             if generation.reported or not generation.ranks:
                 continue
@@ -369,6 +484,16 @@ def _startup_limit(
         return None
     seconds = max(LEARNED_STARTUP_FLOOR_SECONDS, LEARNED_TIMEOUT_FACTOR * learned.longest_startup)
     return seconds, "learned"
+
+
+def _restored_learned(facts: dict[str, Any]) -> _Learned:
+    return _Learned(
+        longest_gap=float(facts["longest_gap"]),
+        longest_startup=float(facts["longest_startup"]),
+        reporting_ranks=set(facts["reporting_ranks"]),
+        first_reporting_generation=facts["first_reporting_generation"],
+        uid=facts["uid"],
+    )
 
 
 def _last_sign(rank: _Rank) -> datetime:

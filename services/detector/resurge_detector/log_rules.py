@@ -33,15 +33,31 @@ late; otherwise the late rank itself (``blamed: late_rank``).
 Each condition fires once per rank and generation, with a stable ``fault_id``
 (``log_rule:<job>:g<gen>:r<rank>:<rule>:<what>``, the blamed rank) and an event id
 derived from it. ``action: alert`` marks the fault ``alert_only``.
+
+A restart of the detector (:class:`~resurge.detection.DurableState`): a deadline is
+armed by an event, and after a restart no event may ever come again (a rank hung in
+Python prints nothing more; its line was acknowledged before the restart). So what a
+deadline needs to be armed again is durable, per job: its generation and run (``uid``),
+and per rank whether it started, which rules matched at least once, which a stop
+pattern turned off and whether it is stopped. These change a few times per rank and
+generation (never per line), so they are cheap to keep. What fired is not kept: a
+fault concluded again after a restart has the same id, and is de-duplicated, while one
+concluded but never published before the restart is not lost. The times
+are not kept: a restarted detector arms every wait again from its first reading of its
+clock, so each runs at least its whole limit after the restart (a deadline may come
+late by the time the detector was away, never early: no false hang), and no time
+crosses from one process's monotonic clock to another's. A stored entry of another run
+of the job, of an older generation than the record's or of a finished job is dropped.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -147,8 +163,24 @@ class _Rank:
 @dataclass
 class _Job:
     generation: int
+    uid: str | None = None  # the run's (its record's uid when the job was first seen)
     ranks: dict[int, _Rank] = field(default_factory=dict)
     fired: set[str] = field(default_factory=set)
+
+    def facts(self) -> bytes:
+        """What a restarted detector needs to arm this job's deadlines again."""
+        ranks = {
+            str(number): {
+                "replica": rank.replica,
+                "node": rank.node,
+                "started": rank.started is not None,
+                "stopped": rank.stopped_since is not None,
+                "matched": sorted(n for n, s in rank.rules.items() if s.first_match),
+                "off": sorted(n for n, s in rank.rules.items() if s.stopped),
+            }
+            for number, rank in self.ranks.items()
+        }
+        return json.dumps({"uid": self.uid, "generation": self.generation, "ranks": ranks}).encode()
 
     def stopped(self) -> tuple[int, _Rank] | None:
         """The rank stopped longest (lowest number first), if any is stopped."""
@@ -170,6 +202,8 @@ class LogRuleDetector:
 
     def __init__(self) -> None:
         self._jobs: dict[str, _Job] = {}
+        self._changed: set[str] = set()  # jobs whose durable facts changed
+        self._restored: dict[str, dict[str, Any]] = {}  # stored facts, armed on first use
         self._patterns = PatternCache()
         self._slow = RateLimitedLog(log)
         # Lines on which some rule's search ran out of time (those rules skipped the line).
@@ -181,42 +215,105 @@ class LogRuleDetector:
         self, event: LogLine | ProcessStarted | ProcessStateChanged, ctx: DetectorContext
     ) -> list[Envelope]:
         """A log line against the rules (a rank's start and stop are followed too)."""
+        if self._restored:
+            self._arm_restored(ctx)
         if event.job is None or event.generation is None or event.rank is None:
             return []
         record = ctx.job(event.job)
         if record is None or event.generation < record.generation:
             return []
-        job = self._job(event.job, event.generation)
+        job = self._job(event.job, event.generation, record.uid)
         if job is None:
             return []
         rank = job.ranks.get(event.rank)
         if rank is None:
             rank = job.ranks[event.rank] = _Rank()
+            self._changed.add(event.job)
         rank.replica, rank.node = event.replica, event.node
         # Log lines first: they are nearly every event, and a model's failed isinstance
         # is slow.
         if isinstance(event, LogLine):
             where = _Where(event.job, event.generation, event.rank)
             return self._line(event, record, job, where, rank, ctx)
+        self._follow(event, event.job, rank, ctx.now)
+        return []
+
+    def _follow(
+        self, event: ProcessStarted | ProcessStateChanged, job: str, rank: _Rank, now: datetime
+    ) -> None:
+        """A rank's start, or its agent's word that it stopped or runs again."""
         if isinstance(event, ProcessStarted):
-            rank.start(ctx.now)
+            rank.start(now)
+            self._changed.add(job)
         elif isinstance(event, ProcessStateChanged):
+            if (rank.stopped_since is not None) != event.stopped:
+                self._changed.add(job)
             if not event.stopped:
                 rank.stopped_since = None
             elif rank.stopped_since is None:
-                rank.stopped_since = ctx.now
-        return []
+                rank.stopped_since = now
 
     def forget_job(self, job: str) -> None:
         """A new run of ``job`` (:class:`~resurge.detection.ForgetsJobs`): its rules start
         over from its generation 0."""
         self._jobs.pop(job, None)
+        self._restored.pop(job, None)
+        self._changed.add(job)
 
-    def _job(self, name: str, generation: int) -> _Job | None:
+    def _job(self, name: str, generation: int, uid: str | None) -> _Job | None:
         job = self._jobs.get(name)
         if job is None or generation > job.generation:
-            job = self._jobs[name] = _Job(generation)
+            job = self._jobs[name] = _Job(generation, uid)
+            self._changed.add(name)
         return job if generation == job.generation else None
+
+    # -- durable facts ------------------------------------------------------------------
+
+    def state_changes(self) -> Mapping[tuple[str, str], bytes | None]:
+        """Each changed job's facts (:class:`~resurge.detection.DurableState`); None for
+        a job no longer followed."""
+        changes: dict[tuple[str, str], bytes | None] = {}
+        for name in self._changed:
+            job = self._jobs.get(name)
+            changes[(name, "facts")] = None if job is None else job.facts()
+        self._changed.clear()
+        return changes
+
+    def restore_state(self, job: str, key: str, value: bytes) -> None:
+        """A job's stored facts, given back at start: its waits are armed again at the
+        first reading of the clock (the first event or tick)."""
+        if key == "facts":
+            self._restored[job] = json.loads(value)
+
+    def _arm_restored(self, ctx: DetectorContext) -> None:
+        """Arm the restored jobs' waits from ``ctx.now`` (see the module docstring)."""
+        restored, self._restored = self._restored, {}
+        for name, facts in restored.items():
+            record = ctx.job(name)
+            generation = int(facts["generation"])
+            if (
+                record is None
+                or record.phase.finished
+                or record.uid != facts["uid"]
+                or record.generation > generation
+                or name in self._jobs
+            ):
+                self._changed.add(name)  # not this run's, or over: its entry goes
+                continue
+            job = self._jobs[name] = _Job(generation, record.uid)
+            rules = {rule.name: rule for rule in record.spec.spec.monitoring.log_rules}
+            for number, known in facts["ranks"].items():
+                rank = job.ranks[int(number)] = _Rank(known["replica"], known["node"])
+                if known["started"]:
+                    rank.start(ctx.now)
+                if known["stopped"]:
+                    rank.stopped_since = ctx.now
+                for rule_name in known["matched"]:
+                    if rule_name in rules:
+                        rank.matched(rank.seen(rules[rule_name]), ctx.now)
+                for rule_name in known["off"]:
+                    if rule_name in rules:
+                        rank.stop(rank.seen(rules[rule_name]))
 
     def _line(
         self,
@@ -270,11 +367,14 @@ class LogRuleDetector:
         pattern, stop = patterns
         if stop is not None and budget.search(stop, text) is not None:
             rank.stop(seen)
+            self._changed.add(where.job)
             return []
         match = budget.search(pattern, text)
         if match is None:
             return []
         faults = self._late(rule, seen, job, where, rank, ctx)
+        if seen.first_match is None:
+            self._changed.add(where.job)
         rank.matched(seen, ctx.now)
         line = text[:EVIDENCE_LINE_CHARS]
         if rule.fault_on_match:
@@ -336,11 +436,14 @@ class LogRuleDetector:
 
     def tick(self, ctx: DetectorContext) -> list[Envelope]:
         """``log_hang`` faults for the rules whose next match is overdue now."""
+        if self._restored:
+            self._arm_restored(ctx)
         faults: list[Envelope] = []
         for name, job in list(self._jobs.items()):
             record = ctx.job(name)
             if record is None or record.phase.finished or record.generation > job.generation:
                 del self._jobs[name]
+                self._changed.add(name)
                 continue
             rules = {rule.name: rule for rule in record.spec.spec.monitoring.log_rules}
             # A rule without a time limit is never late (its state is renewed on its next line).
