@@ -30,6 +30,10 @@ it) names the stopped rank (the one stopped longest), as the hang detector does;
 ``evidence.blamed`` is ``stopped`` and ``evidence.late_rank`` the rank whose output was
 late; otherwise the late rank itself (``blamed: late_rank``).
 
+A rule whose searches cost the detector more than its budget for one job is suspended
+for that job and announced once, as an alert (``log_rule_suspended``, scope ``job``,
+``alert_only``: nothing restarts): see :mod:`resurge_detector.rule_costs`.
+
 Each condition fires once per rank and generation, with a stable ``fault_id``
 (``log_rule:<job>:g<gen>:r<rank>:<rule>:<what>``, the blamed rank) and an event id
 derived from it. ``action: alert`` marks the fault ``alert_only``.
@@ -57,6 +61,7 @@ import json
 import logging
 import math
 import operator
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -84,6 +89,7 @@ from resurge_detector.bounded_regex import (
     PatternCache,
 )
 from resurge_detector.deadlines import Deadlines
+from resurge_detector.rule_costs import RuleCosts, Spent
 
 __all__ = ["EVIDENCE_LINE_CHARS", "LogRuleDetector"]
 
@@ -200,8 +206,9 @@ class LogRuleDetector:
     name = "log_rules"
     kinds = frozenset({"log_line", "process_started", "process_state"})
 
-    def __init__(self) -> None:
+    def __init__(self, costs: RuleCosts | None = None) -> None:
         self._jobs: dict[str, _Job] = {}
+        self.costs = costs or RuleCosts()
         self._changed: set[str] = set()  # jobs whose durable facts changed
         self._restored: dict[str, dict[str, Any]] = {}  # stored facts, armed on first use
         self._patterns = PatternCache()
@@ -259,6 +266,7 @@ class LogRuleDetector:
         self._jobs.pop(job, None)
         self._restored.pop(job, None)
         self._changed.add(job)
+        self.costs.forget(job)
 
     def _job(self, name: str, generation: int, uid: str | None) -> _Job | None:
         job = self._jobs.get(name)
@@ -332,6 +340,9 @@ class LogRuleDetector:
         for rule in rules:
             if rule.ranks is not None and where.rank not in rule.ranks:
                 continue
+            if self.costs.suspended(where.job, rule):
+                continue
+            started = time.perf_counter()
             try:
                 faults += self._apply(rule, event, text, budget, job, where, rank, ctx)
             except MatchTimeout as error:
@@ -343,9 +354,50 @@ class LogRuleDetector:
                     rank=where.rank,
                     reason="log_rule_timeout",
                 )
+            over = self.costs.spend(where.job, rule, started, time.perf_counter())
+            if over is not None:
+                faults.append(self._suspend(rule, over, where, rank, ctx))
         if timed_out:
             self.lines_timed_out += 1
         return faults
+
+    def _suspend(
+        self, rule: LogRule, spent: Spent, where: _Where, rank: _Rank, ctx: DetectorContext
+    ) -> FaultDetected:
+        """The alert that ``rule`` is suspended for the job (see :mod:`.rule_costs`)."""
+        patterns = f"{rule.log_pattern}\n{rule.stop_pattern or ''}"
+        digest = hashlib.sha256(patterns.encode()).hexdigest()[:12]
+        fault_id = f"log_rule_suspended:{where.job}:{rule.name}:{digest}"
+        message = (
+            f"log rule {rule.name!r} suspended for this job: its patterns took "
+            f"{spent.seconds:.2f} s of the detector's time for {spent.lines} line(s), over "
+            f"its budget of {self.costs.budget:g} s per {self.costs.window:g} s; it matches "
+            "and awaits nothing until its patterns change"
+        )
+        self._slow.warning(
+            fault_id, message, job=where.job, rank=where.rank, reason="log_rule_suspended"
+        )
+        return ctx.fault(
+            fault_id=fault_id,
+            reason="log_rule_suspended",
+            scope=FaultScope.JOB,
+            message=message,
+            evidence={
+                "rule": rule.name,
+                "log_pattern": rule.log_pattern[:EVIDENCE_LINE_CHARS],
+                "seconds": round(spent.seconds, 3),
+                "lines": spent.lines,
+                "budget_seconds": self.costs.budget,
+                "window_seconds": self.costs.window,
+            },
+            alert_only=True,
+            id="log-rule-" + hashlib.sha256(fault_id.encode()).hexdigest()[:40],
+            job=where.job,
+            generation=where.generation,
+            rank=where.rank,
+            replica=rank.replica,
+            node=rank.node,
+        )
 
     def _apply(
         self,
@@ -444,21 +496,35 @@ class LogRuleDetector:
             if record is None or record.phase.finished or record.generation > job.generation:
                 del self._jobs[name]
                 self._changed.add(name)
+                if record is None or record.phase.finished:
+                    self.costs.forget(name)
                 continue
-            rules = {rule.name: rule for rule in record.spec.spec.monitoring.log_rules}
-            # A rule without a time limit is never late (its state is renewed on its next line).
-            timed = [rule for rule in rules.values() if _timed(rule)]
-            for number, rank in job.ranks.items():
-                for gone in rank.rules.keys() - rules.keys():
-                    rank.forget(gone)
-                if not timed or rank.replica in record.finished_replicas:
-                    continue
-                where = _Where(name, job.generation, number)
-                for rule in timed:
-                    if rule.ranks is not None and number not in rule.ranks:
-                        continue
-                    if self._compiled(rule) is None:
-                        continue
+            faults += self._overdue(name, job, record, ctx)
+        return faults
+
+    def _overdue(
+        self, name: str, job: _Job, record: JobRecord, ctx: DetectorContext
+    ) -> list[Envelope]:
+        """``log_hang`` faults of one job's ranks whose next match is overdue now."""
+        faults: list[Envelope] = []
+        rules = {rule.name: rule for rule in record.spec.spec.monitoring.log_rules}
+        # A rule without a time limit is never late (its state is renewed on its next line);
+        # a suspended one reads no line, so it cannot be late either.
+        timed = [
+            rule
+            for rule in rules.values()
+            if _timed(rule)
+            and self._compiled(rule) is not None
+            and not self.costs.suspended(name, rule)
+        ]
+        for number, rank in job.ranks.items():
+            for gone in rank.rules.keys() - rules.keys():
+                rank.forget(gone)
+            if not timed or rank.replica in record.finished_replicas:
+                continue
+            where = _Where(name, job.generation, number)
+            for rule in timed:
+                if rule.ranks is None or number in rule.ranks:
                     faults += self._late(rule, rank.seen(rule), job, where, rank, ctx)
         return faults
 
