@@ -123,7 +123,7 @@ async def _client(
 @pytest.fixture
 async def streams(cluster: tuple[str, LocalAccess]) -> None:
     """The streams and buckets, as the supervisor (admin) creates them before anyone."""
-    from resurge.cluster.local import LocalBackend
+    from resurge.cluster.local.backend import LocalBackend
 
     async with _bus(cluster, "admin") as bus:
         await bus.ensure_streams()

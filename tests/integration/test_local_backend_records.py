@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from resurge.cluster import WorkerGroupSpec, open_backend
-from resurge.cluster.local import LocalBackend
+from resurge.cluster.local.backend import LocalBackend
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 

@@ -16,7 +16,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from resurge.cluster import ClusterBackend, NodeInfo, open_backend
-from resurge.cluster.local_keys import JOB_STATUS_BUCKET
+from resurge.cluster.local.keys import JOB_STATUS_BUCKET
 from resurge.control.records import JobStore
 from resurge.events import CapacityChanged, JobPhase
 from resurge.local.job_factory import EXAMPLE

@@ -15,7 +15,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from resurge.cluster import ClusterBackend, NodeInfo, open_backend
-from resurge.cluster.local_keys import JOB_STATUS_BUCKET
+from resurge.cluster.local.keys import JOB_STATUS_BUCKET
 from resurge.control.client import submit_job
 from resurge.control.records import JobStore, status_view
 from resurge.events import CapacityChanged, JobPhase

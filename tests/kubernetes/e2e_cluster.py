@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import nats.js.errors
 
-from resurge.cluster.kubernetes_objects import monitor_report
+from resurge.cluster.kubernetes.objects import monitor_report
 from resurge.local.supervisor import READY_CONSUMERS
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings

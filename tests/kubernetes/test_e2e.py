@@ -28,7 +28,7 @@ import pytest
 import yaml
 from kubernetes import watch as k8s_watch
 
-from resurge.cluster.kubernetes_objects import node_info
+from resurge.cluster.kubernetes.objects import node_info
 from resurge.events import (
     Assign,
     Event,

@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from resurge.cluster.kubernetes_controller import spec_digest
-from resurge.cluster.kubernetes_objects import (
+from resurge.cluster.kubernetes.controller import spec_digest
+from resurge.cluster.kubernetes.objects import (
     GPU_RESOURCE,
     MONITOR_ANNOTATION,
     group_of_pod,

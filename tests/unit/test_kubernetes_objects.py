@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from resurge.cluster import WORKER_GROUP_ENV, NodeInfo, WorkerGroupSpec
-from resurge.cluster.kubernetes_objects import (
+from resurge.cluster.kubernetes.objects import (
     CORDON_REASON_ANNOTATION,
     MONITOR_ANNOTATION,
     UNHEALTHY_TAINT,
@@ -21,7 +21,7 @@ from resurge.cluster.kubernetes_objects import (
     report_patch,
     uncordon_patch,
 )
-from resurge.cluster.kubernetes_status import event_manifests, status_patch
+from resurge.cluster.kubernetes.status import event_manifests, status_patch
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 

@@ -1,7 +1,7 @@
 """Each service's RBAC grants exactly the Kubernetes API calls its code makes.
 
 What the code uses is read from the code, not from a copy of the roles: the calls of the
-official ``kubernetes`` client in ``shared/resurge/cluster/kubernetes*.py`` are found
+official ``kubernetes`` client in ``shared/resurge/cluster/kubernetes/`` are found
 with ``ast`` (a method of a ``CoreV1Api`` or ``CustomObjectsApi`` attribute, called or
 passed on, e.g. to ``_call``; a list method passed to ``follow`` lists and watches), and
 each method name becomes (apiGroup, resource, verb) by the client's naming:
@@ -88,8 +88,8 @@ class Function:
 
 
 def _modules() -> dict[Path, ast.Module]:
-    paths = sorted(CLUSTER.glob("kubernetes*.py"))
-    assert paths, f"no kubernetes*.py in {CLUSTER}"
+    paths = sorted((CLUSTER / "kubernetes").glob("*.py"))
+    assert paths, f"no modules in {CLUSTER}/kubernetes"
     return {path: ast.parse(path.read_text(), str(path)) for path in paths}
 
 

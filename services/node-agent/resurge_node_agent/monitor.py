@@ -262,8 +262,10 @@ class NodeMonitor:
         )
 
     async def _follow_worker_groups(self) -> None:
-        assert self.backend is not None
-        await self._reconcile(self.backend.watch(node=self.config.node))
+        backend = self.backend
+        assert backend is not None
+        if backend.launches_worker_groups:  # else the cluster runs them (pods)
+            await self._reconcile(backend.watch(node=self.config.node))
 
     async def _reconcile(self, changes: AsyncIterator[ClusterChange]) -> None:
         async for change in changes:

@@ -6,7 +6,7 @@ Services, the CLI and the local cluster call it and then speak only
 
 from __future__ import annotations
 
-from resurge.cluster.local import LocalBackend
+from resurge.cluster.local.backend import LocalBackend
 from resurge.cluster.protocol import ClusterBackend
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
@@ -23,6 +23,6 @@ async def open_backend(bus: Bus, settings: Settings) -> ClusterBackend:
     """
     if settings.cluster == "local":
         return await LocalBackend.open(bus)
-    from resurge.cluster.kubernetes import KubernetesBackend  # the client loads slowly
+    from resurge.cluster.kubernetes.backend import KubernetesBackend  # the client loads slowly
 
     return await KubernetesBackend.open(bus, settings)

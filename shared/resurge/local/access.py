@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from resurge.cluster.local_keys import (
+from resurge.cluster.local.keys import (
     CORDONS_BUCKET,
     JOB_STATUS_BUCKET,
     NODES_BUCKET,

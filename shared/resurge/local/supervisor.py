@@ -48,7 +48,7 @@ import nats.errors
 import nats.js.errors
 
 from resurge.cluster import open_backend
-from resurge.cluster.local import LocalBackend
+from resurge.cluster.local.backend import LocalBackend
 from resurge.contract.subjects import Subjects
 from resurge.contract.subscriptions import DETECTOR_RAW, RESTARTER_FAULTS, SCALER_JOBS, Scope
 from resurge.local.access import LocalAccess, tls_block

@@ -6,7 +6,7 @@ monitor agent through :meth:`LocalBackend.report_node`); bucket ``<ns>_cordons``
 heartbeat never undoes it, as a kubelet never undoes ``spec.unschedulable``); bucket
 ``<ns>_workergroups`` one :class:`WorkerGroupSpec` per (node, job, replica), which the
 node's monitor agent watches and turns into ``resurge-node-agent launch`` processes;
-bucket ``<ns>_jobstatus`` one status object per job. Keys: :mod:`resurge.cluster.local_keys`.
+bucket ``<ns>_jobstatus`` one status object per job. Keys: :mod:`resurge.cluster.local.keys`.
 
 :class:`LocalBackend` implements :class:`~resurge.cluster.protocol.ClusterBackend`
 whole; mypy checks that below. Nothing outside :mod:`resurge.cluster` names it: callers
@@ -27,7 +27,7 @@ import nats.js.errors
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from resurge.cluster.local_keys import (
+from resurge.cluster.local.keys import (
     CORDONS_BUCKET,
     JOB_STATUS_BUCKET,
     NODES_BUCKET,
@@ -35,7 +35,7 @@ from resurge.cluster.local_keys import (
     node_key,
     worker_group_key,
 )
-from resurge.cluster.local_watch import watch_changes
+from resurge.cluster.local.watch import watch_changes
 from resurge.cluster.protocol import (
     NODE_TIMEOUT_SECONDS,
     ClusterBackend,
@@ -215,7 +215,7 @@ class LocalBackend:
         return status
 
     def watch(self, node: str | None = None) -> AsyncIterator[ClusterChange]:
-        """Nodes and worker groups now, then each change (:mod:`.local_watch`)."""
+        """Nodes and worker groups now, then each change (:mod:`.watch`)."""
         return watch_changes(self.nodes, self.cordons, self.groups, self._read_node, node)
 
     async def reconcile(self) -> None:

@@ -24,7 +24,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from nats.js.kv import KeyValue
 from pydantic import ValidationError
 
-from resurge.cluster.local_keys import node_key, parse_worker_group_key
+from resurge.cluster.local.keys import node_key, parse_worker_group_key
 from resurge.cluster.protocol import ClusterChange, NodeInfo, WorkerGroupSpec
 from resurge.contract.subjects import unescape_token
 

@@ -1,7 +1,7 @@
 """The Kubernetes controller: TrainingJobs in, pods and Services out, node capacity told.
 
-Run by the scaler (:meth:`KubernetesBackend.reconcile`) until cancelled; three loops,
-each over a watch that resumes and relists (:mod:`.kubernetes_watch`):
+Run by the scaler (:meth:`~.backend.KubernetesBackend.reconcile`) until cancelled; three loops,
+each over a watch that resumes and relists (:mod:`.watch`):
 
 - **TrainingJobs** of the backend's namespace become job submissions on the bus
   (``JobSubmitted``, as ``resurge submit`` publishes), once per spec: the digest of the
@@ -10,7 +10,7 @@ each over a watch that resumes and relists (:mod:`.kubernetes_watch`):
   message naming the field, and a Warning Event. A deleted TrainingJob is
   ``JobDeleted``.
 - **Pods** are kept in line with the worker-group records: each record has exactly one
-  pod carrying its spec (:func:`~.kubernetes_objects.pod_manifest`); a pod whose spec
+  pod carrying its spec (:func:`~.objects.pod_manifest`); a pod whose spec
   is not its record's (a new incarnation, another node) or whose record is gone is
   deleted, and a record without its pod gets one, so a pod deleted behind resurge's
   back, or evicted (phase Failed), comes back; but not when the job's TrainingJob is
@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
 
-from resurge.cluster.kubernetes_objects import (
+from resurge.cluster.kubernetes.api import CRD_GROUP, CRD_PLURAL, CRD_VERSION, KubeApi
+from resurge.cluster.kubernetes.objects import (
     JOB_LABEL,
     group_of_pod,
     job_service,
@@ -41,14 +42,16 @@ from resurge.cluster.kubernetes_objects import (
     pod_manifest,
     pod_name,
 )
-from resurge.cluster.kubernetes_watch import SYNCED, drain, follow, raise_if_cancelled
-from resurge.cluster.local_watch import watch_changes
+from resurge.cluster.kubernetes.watch import SYNCED, drain, follow, raise_if_cancelled
+from resurge.cluster.local.watch import watch_changes
 from resurge.cluster.protocol import BackendError, WorkerGroupSpec
 from resurge.events import CapacityChanged, JobDeleted, JobSubmitted
 from resurge.jobspec import JobSpecError, parse_job
 
 if TYPE_CHECKING:
-    from resurge.cluster.kubernetes import KubernetesBackend
+    from resurge.cluster.local.backend import LocalBackend
+    from resurge.runtime.bus import Bus
+    from resurge.runtime.settings import Settings
 
 __all__ = ["Controller", "spec_digest"]
 
@@ -77,12 +80,15 @@ def _name(obj: dict[str, Any]) -> str:
 
 
 class Controller:
-    """The three loops of the module docstring over one backend."""
+    """The three loops of the module docstring: the cluster through ``kube``, the
+    worker-group records in ``records``, submissions and capacity on ``bus``."""
 
-    def __init__(self, backend: KubernetesBackend) -> None:
-        self.backend = backend
-        self.bus = backend.bus
-        self.namespace = backend.namespace
+    def __init__(self, kube: KubeApi, bus: Bus, records: LocalBackend, settings: Settings) -> None:
+        self.kube = kube
+        self.bus = bus
+        self.records = records
+        self.settings = settings
+        self.namespace = kube.namespace
         self.desired: dict[Key, WorkerGroupSpec] = {}
         self.pods: dict[str, tuple[Key, WorkerGroupSpec, dict[str, Any]]] = {}
         self.deleting: set[str] = set()
@@ -101,10 +107,8 @@ class Controller:
 
     async def follow_jobs(self) -> None:
         """Submit each TrainingJob's spec once, and delete deleted ones, until cancelled."""
-        from resurge.cluster.kubernetes import CRD_GROUP, CRD_PLURAL, CRD_VERSION
-
         async for kind, obj in follow(
-            self.backend.custom.list_namespaced_custom_object,
+            self.kube.custom.list_namespaced_custom_object,
             group=CRD_GROUP,
             version=CRD_VERSION,
             namespace=self.namespace,
@@ -161,30 +165,17 @@ class Controller:
         log.info("TrainingJob %s submitted", name, extra={"job": name})
 
     async def _patch_status(self, name: str, status: dict[str, Any]) -> None:
-        from resurge.cluster.kubernetes import CRD_GROUP, CRD_PLURAL, CRD_VERSION, MERGE_PATCH
-
-        await self.backend._call(
-            f"patch the status of TrainingJob {name}",
-            self.backend.custom.patch_namespaced_custom_object_status,
-            CRD_GROUP,
-            CRD_VERSION,
-            self.namespace,
-            CRD_PLURAL,
-            name,
-            {"status": status},
-            _content_type=MERGE_PATCH,
-            _preload_content=False,
-        )
+        await self.kube.patch_training_job_status(name, {"status": status})
 
     async def _event(
         self, training_job: dict[str, Any], reason: str, message: str, warning: bool = True
     ) -> None:
-        from resurge.cluster.kubernetes_status import event
+        from resurge.cluster.kubernetes.status import event
 
         try:
-            await self.backend._call(
+            await self.kube.call(
                 f"record an Event on {_name(training_job)}",
-                self.backend.core.create_namespaced_event,
+                self.kube.core.create_namespaced_event,
                 self.namespace,
                 event(training_job, reason, message, warning=warning),
                 _preload_content=False,
@@ -203,7 +194,7 @@ class Controller:
 
         async def pods() -> None:
             async for kind, obj in follow(
-                self.backend.core.list_namespaced_pod,
+                self.kube.core.list_namespaced_pod,
                 namespace=self.namespace,
                 label_selector=JOB_LABEL,
             ):
@@ -214,12 +205,12 @@ class Controller:
 
         async def groups() -> None:
             await synced.wait()
-            watched = watch_changes(None, None, self.backend.records.groups, _none)
+            watched = watch_changes(None, None, self.records.groups, _none)
             async with contextlib.aclosing(watched) as changes:
                 async for change in changes:
                     await queue.put(("group", change))
 
-        for spec in await self.backend.records.list_worker_groups():
+        for spec in await self.records.list_worker_groups():
             self.desired[(spec.job, spec.replica)] = spec
         async with contextlib.aclosing(drain(queue, [pods(), groups()])) as changes:
             async for kind, item in changes:
@@ -304,10 +295,10 @@ class Controller:
         return bool((training_job.get("metadata") or {}).get("deletionTimestamp"))
 
     async def _create_pod(self, spec: WorkerGroupSpec) -> None:
-        settings = self.backend.settings
+        settings = self.settings
         # Read now, not from the TrainingJob watch: the pods' watch may already show the
         # garbage collection of a deletion that watch has not delivered yet.
-        training_job = await self.backend.training_job(spec.job)
+        training_job = await self.kube.training_job(spec.job)
         if self._owner_gone(spec.job, training_job):
             log.info(
                 "no pod for %s replica %d: its TrainingJob is deleted",
@@ -319,7 +310,7 @@ class Controller:
         if spec.job not in self.services:
             await self._create(
                 "Service",
-                self.backend.core.create_namespaced_service,
+                self.kube.core.create_namespaced_service,
                 job_service(spec.job, training_job),
             )
             self.services.add(spec.job)
@@ -337,7 +328,7 @@ class Controller:
             settings.kube_host_network,
             agent_secret=settings.kube_agent_secret,
         )
-        created = await self._create("Pod", self.backend.core.create_namespaced_pod, manifest)
+        created = await self._create("Pod", self.kube.core.create_namespaced_pod, manifest)
         log.info(
             "%s pod %s for %s replica %d on %s",
             "created" if created else "found existing",
@@ -351,7 +342,7 @@ class Controller:
     async def _create(self, what: str, fn: Any, body: dict[str, Any]) -> bool:
         """Create ``body``; False if it already existed (409), which is not an error."""
         try:
-            await self.backend._call(
+            await self.kube.call(
                 f"create {what} {body['metadata']['name']}",
                 fn,
                 self.namespace,
@@ -367,9 +358,9 @@ class Controller:
 
     async def _delete_pod(self, name: str) -> None:
         try:
-            await self.backend._call(
+            await self.kube.call(
                 f"delete pod {name}",
-                self.backend.core.delete_namespaced_pod,
+                self.kube.core.delete_namespaced_pod,
                 name,
                 self.namespace,
                 _preload_content=False,
@@ -381,9 +372,9 @@ class Controller:
     async def _delete_service(self, job: str) -> None:
         self.services.discard(job)
         try:
-            await self.backend._call(
+            await self.kube.call(
                 f"delete Service {job}",
-                self.backend.core.delete_namespaced_service,
+                self.kube.core.delete_namespaced_service,
                 job,
                 self.namespace,
                 _preload_content=False,
@@ -398,7 +389,7 @@ class Controller:
         """Publish CapacityChanged for each change of a Node's readiness, schedulability,
         slots or labels (a healthy node first seen is left to its monitor)."""
         told: dict[str, tuple[bool, int, dict[str, str]]] = {}
-        async for kind, obj in follow(self.backend.core.list_node):
+        async for kind, obj in follow(self.kube.core.list_node):
             if kind == SYNCED:
                 continue
             name = _name(obj)

@@ -1,7 +1,7 @@
 """The Kubernetes backend: Nodes, cordons and taints, TrainingJob status and Events
 through the official ``kubernetes`` client; worker groups realised as pods.
 
-- Nodes are the cluster's Node objects (:func:`~.kubernetes_objects.node_info`); a
+- Nodes are the cluster's Node objects (:func:`~.objects.node_info`); a
   node is live while its kubelet says Ready and its resurge monitor reported within
   ``NODE_TIMEOUT_SECONDS``. :meth:`report_node` records the monitor's report as an
   annotation (written when it changes, or every few seconds as a heartbeat); on a
@@ -10,7 +10,7 @@ through the official ``kubernetes`` client; worker groups realised as pods.
   NoSchedule`` taint and the reason; :meth:`uncordon` clears all three.
 - Worker groups and job statuses are kept as the local backend keeps them (JetStream
   KV records: every write a compare-free put, watched by whoever needs them); the
-  controller (:meth:`reconcile`, run by the scaler, :mod:`.kubernetes_controller`) turns
+  controller (:meth:`reconcile`, run by the scaler, :mod:`.controller`) turns
   each group into a pod and follows TrainingJobs into job submissions. A job's status is
   also patched into its TrainingJob's status subresource, and each recovery and resize
   becomes a Kubernetes Event on it.
@@ -21,18 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from resurge.cluster.kubernetes_objects import (
+from resurge.cluster.kubernetes.api import MERGE_PATCH, KubeApi, api_client, json_of, missing
+from resurge.cluster.kubernetes.controller import Controller
+from resurge.cluster.kubernetes.objects import (
     cordon_patch,
     node_info,
     node_manifest,
@@ -40,10 +38,10 @@ from resurge.cluster.kubernetes_objects import (
     report_patch,
     uncordon_patch,
 )
-from resurge.cluster.kubernetes_status import event_manifests, status_patch
-from resurge.cluster.kubernetes_watch import SYNCED, drain, follow
-from resurge.cluster.local import LocalBackend
-from resurge.cluster.local_watch import watch_changes
+from resurge.cluster.kubernetes.status import event_manifests, status_patch
+from resurge.cluster.kubernetes.watch import SYNCED, drain, follow
+from resurge.cluster.local.backend import LocalBackend
+from resurge.cluster.local.watch import watch_changes
 from resurge.cluster.protocol import (
     NODE_TIMEOUT_SECONDS,
     BackendError,
@@ -56,42 +54,12 @@ from resurge.cluster.protocol import (
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 
-__all__ = ["CRD_GROUP", "CRD_PLURAL", "CRD_VERSION", "KubernetesBackend", "api_client"]
+__all__ = ["KubernetesBackend"]
 
 log = logging.getLogger("resurge.cluster.kubernetes")
 
-CRD_GROUP = "resurge.dev"
-CRD_VERSION = "v1alpha1"
-CRD_PLURAL = "trainingjobs"
-MERGE_PATCH = "application/merge-patch+json"
-
 # A monitor's report that says nothing new is written at most this often.
 _HEARTBEAT_WRITE_SECONDS = NODE_TIMEOUT_SECONDS / 3
-
-T = TypeVar("T")
-
-
-def api_client() -> k8s.ApiClient:
-    """A client for the cluster this runs in (its service account), else for the
-    current context of ``$KUBECONFIG`` (or ``~/.kube/config``)."""
-    configuration = k8s.Configuration()
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        # The client reads $KUBECONFIG once, when imported; read it now.
-        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=os.environ.get("KUBECONFIG") or None, client_configuration=configuration
-        )
-    return k8s.ApiClient(configuration)
-
-
-def _json(response: Any) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(response.data)
-    return data
-
-
-def _missing(error: Exception) -> bool:
-    return isinstance(error, ApiException) and error.status == 404
 
 
 class KubernetesBackend:
@@ -100,14 +68,12 @@ class KubernetesBackend:
     name: str = "kubernetes"
     launches_worker_groups: bool = False
 
-    def __init__(self, bus: Bus, records: LocalBackend, api: k8s.ApiClient, settings: Settings):
+    def __init__(self, bus: Bus, records: LocalBackend, kube: KubeApi, settings: Settings):
         self.bus = bus
         self.records = records
-        self.api = api
-        self.core = k8s.CoreV1Api(api)
-        self.custom = k8s.CustomObjectsApi(api)
+        self.kube = kube
         self.settings = settings
-        self.namespace = settings.kube_namespace
+        self.namespace = kube.namespace
         self._reported: dict[str, NodeInfo] = {}
         self._statuses: dict[str, dict[str, object]] = {}
 
@@ -122,35 +88,30 @@ class KubernetesBackend:
                 f"RESURGE_CLUSTER=kubernetes: no cluster to talk to ({error}); run inside a "
                 "pod with a service account, or set KUBECONFIG"
             ) from error
-        return cls(bus, await LocalBackend.open(bus), api, settings)
-
-    async def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        try:
-            return await asyncio.to_thread(fn, *args, **kwargs)
-        except ApiException as error:
-            if error.status == 404:
-                raise
-            raise BackendError(f"{what}: {error.status} {error.reason}") from error
+        kube = KubeApi(api, settings.kube_namespace)
+        return cls(bus, await LocalBackend.open(bus), kube, settings)
 
     # -- nodes ----------------------------------------------------------------------------
 
     async def _nodes(self) -> list[dict[str, Any]]:
-        listed = await self._call("list nodes", self.core.list_node, _preload_content=False)
-        return list(_json(listed).get("items") or [])
+        listed = await self.kube.call(
+            "list nodes", self.kube.core.list_node, _preload_content=False
+        )
+        return list(json_of(listed).get("items") or [])
 
     async def _node(self, name: str) -> dict[str, Any] | None:
         try:
-            got = await self._call(
-                f"read node {name}", self.core.read_node, name, _preload_content=False
+            got = await self.kube.call(
+                f"read node {name}", self.kube.core.read_node, name, _preload_content=False
             )
         except ApiException as error:
-            if _missing(error):
+            if missing(error):
                 return None
             raise
-        return _json(got)
+        return json_of(got)
 
     async def list_nodes(self) -> list[NodeInfo]:
-        """Every Node, as :func:`~.kubernetes_objects.node_info` reads it."""
+        """Every Node, as :func:`~.objects.node_info` reads it."""
         return [node_info(node) for node in await self._nodes()]
 
     async def live_nodes(self) -> list[NodeInfo]:
@@ -176,9 +137,9 @@ class KubernetesBackend:
         node = await self._node(info.name)
         if node is None:
             try:
-                await self._call(
+                await self.kube.call(
                     f"register node {info.name}",
-                    self.core.create_node,
+                    self.kube.core.create_node,
                     node_manifest(info),
                     _preload_content=False,
                 )
@@ -189,9 +150,9 @@ class KubernetesBackend:
             else:
                 self._reported[info.name] = info
                 return
-        await self._call(
+        await self.kube.call(
             f"patch node {info.name}",
-            self.core.patch_node,
+            self.kube.core.patch_node,
             info.name,
             report_patch(node, info),
             _content_type=MERGE_PATCH,
@@ -215,9 +176,9 @@ class KubernetesBackend:
             for t in (current.get("spec") or {}).get("taints") or []
         ):
             return
-        await self._call(
+        await self.kube.call(
             f"cordon node {node}",
-            self.core.patch_node,
+            self.kube.core.patch_node,
             node,
             cordon_patch(current, reason),
             _content_type=MERGE_PATCH,
@@ -227,9 +188,9 @@ class KubernetesBackend:
     async def uncordon(self, node: str) -> None:
         """Clear unschedulable, the unhealthy taint and the reason."""
         current = await self._known(node)
-        await self._call(
+        await self.kube.call(
             f"uncordon node {node}",
-            self.core.patch_node,
+            self.kube.core.patch_node,
             node,
             uncordon_patch(current),
             _content_type=MERGE_PATCH,
@@ -262,24 +223,13 @@ class KubernetesBackend:
         before = self._statuses.get(job)
         if before is None:
             before = dict(training_job.get("status") or {})
-        await self._call(
-            f"patch the status of TrainingJob {job}",
-            self.custom.patch_namespaced_custom_object_status,
-            CRD_GROUP,
-            CRD_VERSION,
-            self.namespace,
-            CRD_PLURAL,
-            job,
-            status_patch(status, before),
-            _content_type=MERGE_PATCH,
-            _preload_content=False,
-        )
+        await self.kube.patch_training_job_status(job, status_patch(status, before))
         self._statuses[job] = status
         for event in event_manifests(training_job, before, status):
             with contextlib.suppress(BackendError):  # an Event is a courtesy, not state
-                await self._call(
+                await self.kube.call(
                     f"record an Event on {job}",
-                    self.core.create_namespaced_event,
+                    self.kube.core.create_namespaced_event,
                     self.namespace,
                     event,
                     _preload_content=False,
@@ -290,38 +240,20 @@ class KubernetesBackend:
         return await self.records.read_job_status(job)
 
     async def training_job(self, job: str) -> dict[str, Any] | None:
-        """The TrainingJob named ``job`` in the backend's namespace; None if none is
-        (a job submitted with ``resurge submit``, or a name no object can have)."""
-        try:
-            got = await self._call(
-                f"read TrainingJob {job}",
-                self.custom.get_namespaced_custom_object,
-                CRD_GROUP,
-                CRD_VERSION,
-                self.namespace,
-                CRD_PLURAL,
-                job,
-                _preload_content=False,
-            )
-        except ApiException as error:
-            if _missing(error):
-                return None
-            raise
-        except ValueError:  # a name the client refuses to put in a path
-            return None
-        return _json(got)
+        """The TrainingJob named ``job`` in the backend's namespace; None if none is."""
+        return await self.kube.training_job(job)
 
     # -- changes ------------------------------------------------------------------------
 
     async def watch(self, node: str | None = None) -> AsyncGenerator[ClusterChange, None]:
-        """Nodes (from a Node watch that resumes and relists, :mod:`.kubernetes_watch`)
+        """Nodes (from a Node watch that resumes and relists, :mod:`.watch`)
         and worker group records now, then each change."""
         selector = {} if node is None else {"field_selector": f"metadata.name={node}"}
         queue: asyncio.Queue[ClusterChange] = asyncio.Queue()
         synced = asyncio.Event()
 
         async def nodes() -> None:
-            async with contextlib.aclosing(follow(self.core.list_node, **selector)) as events:
+            async with contextlib.aclosing(follow(self.kube.core.list_node, **selector)) as events:
                 async for kind, obj in events:
                     await on_node(kind, obj)
 
@@ -343,10 +275,8 @@ class KubernetesBackend:
                 yield change
 
     async def reconcile(self) -> None:
-        """Run the controller until cancelled (:mod:`.kubernetes_controller`)."""
-        from resurge.cluster.kubernetes_controller import Controller
-
-        await Controller(self).run()
+        """Run the controller until cancelled (:mod:`.controller`)."""
+        await Controller(self.kube, self.bus, self.records, self.settings).run()
 
 
 def _node_name(obj: dict[str, Any]) -> str:

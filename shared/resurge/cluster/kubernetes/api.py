@@ -1,0 +1,120 @@
+"""The Kubernetes API as resurge uses it: the TrainingJob CRD's names, the client of the
+cluster resurge runs in, and :class:`KubeApi`, which makes each call of the official
+client off the event loop in one namespace, a refusal becoming a
+:class:`~resurge.cluster.protocol.BackendError` that names what was attempted (a 404
+stays an ``ApiException``: absent is an answer). The backend and its controller both
+talk to the cluster through it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from resurge.cluster.protocol import BackendError
+
+__all__ = [
+    "CRD_GROUP",
+    "CRD_PLURAL",
+    "CRD_VERSION",
+    "MERGE_PATCH",
+    "KubeApi",
+    "api_client",
+    "json_of",
+    "missing",
+]
+
+CRD_GROUP = "resurge.dev"
+CRD_VERSION = "v1alpha1"
+CRD_PLURAL = "trainingjobs"
+MERGE_PATCH = "application/merge-patch+json"
+
+T = TypeVar("T")
+
+
+def api_client() -> k8s.ApiClient:
+    """A client for the cluster this runs in (its service account), else for the
+    current context of ``$KUBECONFIG`` (or ``~/.kube/config``)."""
+    configuration = k8s.Configuration()
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        k8s_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        # The client reads $KUBECONFIG once, when imported; read it now.
+        k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=os.environ.get("KUBECONFIG") or None, client_configuration=configuration
+        )
+    return k8s.ApiClient(configuration)
+
+
+def json_of(response: Any) -> dict[str, Any]:
+    """The body of a response read with ``_preload_content=False``."""
+    data: dict[str, Any] = json.loads(response.data)
+    return data
+
+
+def missing(error: Exception) -> bool:
+    """Whether ``error`` is the API server's 404."""
+    return isinstance(error, ApiException) and error.status == 404
+
+
+class KubeApi:
+    """The core and custom-object APIs of one client, in one namespace."""
+
+    def __init__(self, api: k8s.ApiClient, namespace: str) -> None:
+        self.api = api
+        self.core = k8s.CoreV1Api(api)
+        self.custom = k8s.CustomObjectsApi(api)
+        self.namespace = namespace
+
+    async def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` in a thread; an error but 404 as a BackendError
+        naming ``what``."""
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except ApiException as error:
+            if error.status == 404:
+                raise
+            raise BackendError(f"{what}: {error.status} {error.reason}") from error
+
+    async def training_job(self, job: str) -> dict[str, Any] | None:
+        """The TrainingJob named ``job`` in the namespace; None if none is (a job
+        submitted with ``resurge submit``, or a name no object can have)."""
+        try:
+            got = await self.call(
+                f"read TrainingJob {job}",
+                self.custom.get_namespaced_custom_object,
+                CRD_GROUP,
+                CRD_VERSION,
+                self.namespace,
+                CRD_PLURAL,
+                job,
+                _preload_content=False,
+            )
+        except ApiException as error:
+            if missing(error):
+                return None
+            raise
+        except ValueError:  # a name the client refuses to put in a path
+            return None
+        return json_of(got)
+
+    async def patch_training_job_status(self, job: str, patch: dict[str, Any]) -> None:
+        """Merge ``patch`` (``{"status": ...}``) into the TrainingJob's status."""
+        await self.call(
+            f"patch the status of TrainingJob {job}",
+            self.custom.patch_namespaced_custom_object_status,
+            CRD_GROUP,
+            CRD_VERSION,
+            self.namespace,
+            CRD_PLURAL,
+            job,
+            patch,
+            _content_type=MERGE_PATCH,
+            _preload_content=False,
+        )
