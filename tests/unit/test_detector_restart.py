@@ -1,6 +1,7 @@
 """A detector restarted while a deadline is armed judges it all the same: the hang and
 log-rule detectors keep what arms their waits as durable state, and a restarted one arms
-them again from its first reading of the clock (never sooner: no false hang). Pure,
+them again from its first reading of the clock (never sooner: no false hang); the
+node-health detector awaits a report from every node a running job is placed on. Pure,
 through the runtime: its state is handed from one runtime to a fresh one as the state
 store hands it over (tests/integration/test_detector_state.py has the store itself)."""
 
@@ -17,6 +18,7 @@ from resurge.events import (
     FaultDetected,
     JobPhase,
     LogLine,
+    NodeReport,
     ProcessExited,
     ProcessStarted,
     ProcessStateChanged,
@@ -26,6 +28,7 @@ from resurge.events import (
 from resurge.local import job_factory
 from resurge_detector.hang import HangDetector
 from resurge_detector.log_rules import LogRuleDetector
+from resurge_detector.node_health import NodeHealthDetector
 from resurge_detector.runtime import DetectorRuntime, Partition
 
 SOURCE = Source(service="detector", instance="t")
@@ -239,3 +242,24 @@ def test_the_learned_pace_outlives_the_restart() -> None:
     assert faults(after.tick(at(500 + 999))) == []
     [fault] = faults(after.tick(at(500 + 1001)))
     assert fault.evidence["limit_seconds"] == 1000 and fault.evidence["limit_source"] == "learned"
+
+
+# -- node health -----------------------------------------------------------------------
+
+
+def test_a_node_silent_since_before_the_restart_is_lost_a_limit_after_it() -> None:
+    """Two nodes hold the job; n1 died just before the detector restarted, so the new one
+    never hears it: lost once ``silence_seconds`` passed since the restart."""
+    job = record()
+    job = job.model_copy(
+        update={"placements": [Placement(replica=0, node="n0"), Placement(replica=1, node="n1")]}
+    )
+    after = runtime(lambda: NodeHealthDetector(silence_seconds=5), job)
+    n0 = NodeReport(source=SOURCE, node="n0", slots_total=2, slots_free=0, healthy=True)
+    after.tick(at(10))  # the first tick after the restart
+    for second in range(11, 16):
+        after.observe(n0.model_copy(update={"id": f"n0-{second}"}), at(second))
+        assert faults(after.tick(at(second))) == []
+    [lost] = faults(after.tick(at(15.1)))
+    assert (lost.reason, lost.node, lost.replica) == ("node_lost", "n1", 1)
+    assert after.tick(at(15.2)) == []  # once

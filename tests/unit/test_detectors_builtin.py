@@ -339,10 +339,14 @@ def test_node_health_publishes_capacity_changes_and_faults_jobs_on_a_lost_node()
     capacity, fault = nodes.tick(ctx(8, rec))
     assert isinstance(capacity, CapacityChanged) and not capacity.healthy
     assert isinstance(fault, FaultDetected) and fault.reason == "node_lost" and fault.replica == 1
-    assert nodes.tick(ctx(20, rec)) == []
-    [back] = report(21, 2)
+    # n0 holds replica 0 and was never heard since the first tick (8 s): lost as well,
+    # with no capacity (its slots were never seen).
+    [placed] = nodes.tick(ctx(20, rec))
+    assert isinstance(placed, FaultDetected) and (placed.reason, placed.node) == ("node_lost", "n0")
+    assert nodes.tick(ctx(30, rec)) == []
+    [back] = report(31, 2)
     assert back.healthy
-    capacity, unhealthy = report(22, 2, healthy=False)
+    capacity, unhealthy = report(32, 2, healthy=False)
     assert unhealthy.reason == "node_unhealthy" and unhealthy.fault_id != fault.fault_id
 
 

@@ -5,6 +5,12 @@ CapacityChanged when a node first reports, when its slots or health change, when
 stops reporting for longer than ``silence_seconds`` (lost: no healthy slots), and when
 it comes back. A node that turns unhealthy or is lost is also a node-scoped fault for
 every running job with a replica on it.
+
+A node's silence is judged from its last report, and a restarted detector has seen none:
+a node that died just before the restart would never be lost. So at its first tick the
+detector also awaits a report from every node that a running job is placed on, from
+then: one that sends none within ``silence_seconds`` is lost, and its jobs fault (no
+capacity is published for it: its slots were never seen).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ class _Node:
     labels: dict[str, str]
     lost: bool = False
     incident: int = 0
+    reported: bool = True  # False: awaited since the detector started, never heard
 
 
 class NodeHealthDetector:
@@ -40,12 +47,16 @@ class NodeHealthDetector:
     def __init__(self, silence_seconds: float = SILENCE_SECONDS) -> None:
         self.silence_seconds = silence_seconds
         self._nodes: dict[str, _Node] = {}
+        self._started = False  # the first tick armed the placed nodes
 
     def observe(self, event: NodeReport, ctx: DetectorContext) -> list[Envelope]:
         """A capacity change when the node's report changed; faults when it turned unhealthy."""
         if event.node is None:
             return []
         node = self._nodes.get(event.node)
+        if node is not None and not node.reported:  # awaited since the start: heard now
+            del self._nodes[event.node]
+            node = None
         state = (event.slots_total, event.slots_free, event.healthy)
         if (
             node is not None
@@ -69,6 +80,9 @@ class NodeHealthDetector:
 
     def tick(self, ctx: DetectorContext) -> list[Envelope]:
         """A node silent for ``silence_seconds`` is lost: no capacity, and its jobs fault."""
+        if not self._started:
+            self._started = True
+            self._await_placed(ctx)
         out: list[Envelope] = []
         for name, node in self._nodes.items():
             silent = (ctx.now - node.seen).total_seconds()
@@ -76,10 +90,20 @@ class NodeHealthDetector:
                 continue
             node.lost = True
             node.incident += 1
-            out.append(self._capacity(name, node, ctx))
+            if node.reported:
+                out.append(self._capacity(name, node, ctx))
             why = f"node {name} sent no report for {silent:.1f} s"
             out += self._faults(name, node, ctx, "node_lost", why)
         return out
+
+    def _await_placed(self, ctx: DetectorContext) -> None:
+        """Await a report, from now, of every node a running job is placed on."""
+        for record in ctx.jobs.values():
+            if record.phase.finished:
+                continue
+            for placement in record.placements:
+                if placement.node not in self._nodes:
+                    self._nodes[placement.node] = _Node(ctx.now, 0, 0, True, {}, reported=False)
 
     def _capacity(self, name: str, node: _Node, ctx: DetectorContext) -> CapacityChanged:
         healthy = node.healthy and not node.lost
