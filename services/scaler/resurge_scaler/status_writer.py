@@ -7,7 +7,9 @@ handlers' path, so a slow status write never delays an admission or a recovery.
 
 Writes are idempotent and skipped when the view did not change (most record changes,
 such as a checkpoint report, leave it as it was). A write that fails is kept and tried
-again on the next change of any record; a deleted job's status is left as last written.
+again on the next change of any record; a deleted job's status is left as last written,
+and so is that of a job whose record this version cannot read (a newer resurge's: it is
+logged and skipped, and the watch goes on).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from nats.js.kv import KeyValue
 
 from resurge.cluster import ClusterBackend
 from resurge.contract.subjects import unescape_token
+from resurge.control.record_entries import RecordReader
 from resurge.control.records import JobRecord, status_view
 
 __all__ = ["StatusWriter"]
@@ -42,6 +45,7 @@ class StatusWriter:
         self.seen = seen
         self._written: dict[str, dict[str, object]] = {}
         self._unwritten: dict[str, dict[str, object]] = {}
+        self._records = RecordReader(log)
 
     async def run(self) -> None:
         """Write statuses until cancelled: every record's now, then each change."""
@@ -57,7 +61,9 @@ class StatusWriter:
                     if self.seen is not None:
                         self.seen(name, None)
                     continue
-                record = JobRecord.model_validate_json(entry.value)
+                record = self._records.read(name, entry.value)
+                if record is None:  # a newer resurge's: logged, the last one read stands
+                    continue
                 if self.seen is not None:
                     self.seen(name, record)
                 self.saw(record)
