@@ -20,8 +20,8 @@ import statistics
 import sys
 import time
 
-from resurge_node_agent.forkserver import ForkServerSpawner
-from resurge_node_agent.spawners import PlainSpawner, Spawner
+from resurge_node_agent.launch.forkserver import ForkServerSpawner
+from resurge_node_agent.launch.spawners import PlainSpawner, Spawner
 
 WORKER = "import torch; raise SystemExit(0 if (torch.ones(2) + 1).sum().item() == 4 else 1)"
 

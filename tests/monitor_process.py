@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from resurge.runtime.settings import Settings
-from resurge_node_agent.gpus import SIMULATE_GPUS
+from resurge_node_agent.monitor.gpus import SIMULATE_GPUS
 
 
 def cli_env(settings: Settings) -> dict[str, str]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from resurge.worker.wire import CheckpointReport, Hello, ProgressReport, checkpoint_now_line
-from resurge_node_agent.worker_channel import Report, WorkerChannel, socket_path_for
+from resurge_node_agent.launch.worker_channel import Report, WorkerChannel, socket_path_for
 from tests.e2e.test_example_ddp import Finished, checkpoints, finish, start
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from resurge.cluster.protocol import WorkerGroupSpec
 from resurge.runtime.settings import Settings
-from resurge_node_agent.group_spec import spec_environment
+from resurge_node_agent.launch.group_spec import spec_environment
 
 __all__ = ["free_port", "launch_agent"]
 

@@ -18,7 +18,7 @@ from resurge.events import CheckpointNow, CheckpointSaved, Event, LogLine, Progr
 from resurge.local import job_factory
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
-from resurge_node_agent.group_spec import spec_environment
+from resurge_node_agent.launch.group_spec import spec_environment
 from tests.collect import Events
 from tests.integration.test_node_agent import assign
 

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from resurge_node_agent.forkserver import (
+from resurge_node_agent.launch.forkserver import (
     STARTUP_PREFIXES,
     ForkServerSpawner,
     PythonProgram,
     python_program,
     startup_mismatch,
 )
-from resurge_node_agent.spawners import PlainSpawner, SpawnedProcess, Spawner
+from resurge_node_agent.launch.spawners import PlainSpawner, SpawnedProcess, Spawner
 
 PY = sys.executable
 SECONDS = 30
@@ -364,7 +364,7 @@ async def test_a_fork_server_dies_with_the_agent_that_started_it(tmp_path: Path)
     child of the agent here), so the server never sees it close."""
     agent_code = (
         "import asyncio, os, time\n"
-        "from resurge_node_agent.forkserver import ForkServerSpawner\n"
+        "from resurge_node_agent.launch.forkserver import ForkServerSpawner\n"
         "async def main():\n"
         "    spawner = await ForkServerSpawner.start(preload=('json',))\n"
         "    if os.fork() == 0:\n"

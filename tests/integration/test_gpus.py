@@ -22,7 +22,7 @@ import pytest
 from resurge.events import Event, GpuError, GpuSample, NodeReport
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
-from resurge_node_agent.gpus import (
+from resurge_node_agent.monitor.gpus import (
     SIMULATE_GPUS,
     GpuErrorReport,
     NvmlGpus,

@@ -36,7 +36,7 @@ from resurge.events import (
 )
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
-from resurge_node_agent.group_spec import spec_environment
+from resurge_node_agent.launch.group_spec import spec_environment
 from tests.collect import Events
 
 pytestmark = pytest.mark.slow

@@ -27,7 +27,7 @@ from resurge.events import (
 )
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
-from resurge_node_agent.group_spec import WORKER_GROUP_ENV
+from resurge_node_agent.launch.group_spec import WORKER_GROUP_ENV
 from tests.collect import E, Events
 from tests.integration.agent_process import launch_agent
 

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 
-from resurge_node_agent.forkserver import SERVER_MODULE
+from resurge_node_agent.launch.forkserver import SERVER_MODULE
 
 SECONDS = 30
 
@@ -31,7 +31,7 @@ def run(code: str) -> subprocess.CompletedProcess[str]:
 def test_a_process_whose_parent_is_alive_lives_on() -> None:
     done = run(
         "import os\n"
-        "from resurge_node_agent.parent_death import die_with_parent\n"
+        "from resurge_node_agent.launch.parent_death import die_with_parent\n"
         "die_with_parent(os.getppid()); print('alive')\n"
     )
     assert (done.returncode, done.stdout) == (0, "alive\n"), done.stderr
@@ -40,7 +40,7 @@ def test_a_process_whose_parent_is_alive_lives_on() -> None:
 def test_a_process_whose_parent_already_died_exits_at_once() -> None:
     # Its parent is not the pid it names: as if that parent had died before the request.
     done = run(
-        "from resurge_node_agent.parent_death import die_with_parent\n"
+        "from resurge_node_agent.launch.parent_death import die_with_parent\n"
         f"die_with_parent({reaped_pid()}); print('alive')\n"
     )
     assert (done.returncode, done.stdout) == (1, ""), done.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from resurge.worker.wire import MAX_LINE_BYTES, Hello, stop_pending_line
-from resurge_node_agent.worker_channel import (
+from resurge_node_agent.launch.worker_channel import (
     SOCKET_PATH_MAX_BYTES,
     WorkerChannel,
     socket_path_for,
@@ -351,7 +351,7 @@ async def test_garbage_is_counted_by_reason_and_the_channel_keeps_serving(agent:
 async def test_each_reason_is_logged_once_a_minute(
     agent: Agent, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="resurge_node_agent.worker_channel")
+    caplog.set_level(logging.WARNING, logger="resurge_node_agent.launch.worker_channel")
     _, writer = await raw_connection(agent.channel.path)
     writer.write(b"nope\n" * 3 + b"[]\n" + hello(local_rank=0))
     writer.write(b'{"type":"progress","step":1,"metrics":{}}\n')

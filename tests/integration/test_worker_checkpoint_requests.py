@@ -10,7 +10,7 @@ import pytest
 
 from resurge.worker import WorkerRun
 from resurge.worker.wire import AgentMessage, CheckpointReport, Hello, checkpoint_now_line
-from resurge_node_agent.worker_channel import Report, WorkerChannel, socket_path_for
+from resurge_node_agent.launch.worker_channel import Report, WorkerChannel, socket_path_for
 from tests.integration.test_worker_channel import WAIT, run_worker
 
 # Under `connect` or `restartable` (HOW, set before it), with a SIGUSR1 handler: waits

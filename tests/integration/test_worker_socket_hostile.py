@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from resurge.worker.wire import MAX_LINE_BYTES
-from resurge_node_agent.worker_channel import (
+from resurge_node_agent.launch.worker_channel import (
     MAX_WRITE_BACKLOG_BYTES,
     WorkerChannel,
     socket_path_for,

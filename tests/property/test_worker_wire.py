@@ -13,7 +13,7 @@ from resurge.worker.wire import (
     parse_agent_message,
     parse_worker_message,
 )
-from resurge_node_agent.worker_channel import _Lines
+from resurge_node_agent.launch.worker_channel import _Lines
 
 HOSTILE_LINES = st.one_of(
     st.binary(max_size=200),

@@ -13,8 +13,8 @@ from resurge.cluster.protocol import WorkerGroupSpec
 from resurge.events import Assign, ReplicaSlot, Source
 from resurge.runtime.service import ServiceContext
 from resurge.runtime.settings import Settings
-from resurge_node_agent.launcher import LaunchAgent
-from resurge_node_agent.workers import WorkerExit
+from resurge_node_agent.launch.agent import LaunchAgent
+from resurge_node_agent.launch.workers import WorkerExit
 
 SOURCE = Source(service="node-agent", instance="n:1")
 

@@ -20,7 +20,7 @@ from resurge.worker.environment import (
     default_checkpoint_dir,
     read_environment,
 )
-from resurge_node_agent.worker_env import checkpoint_environment
+from resurge_node_agent.launch.worker_env import checkpoint_environment
 
 
 def record(name: str, checkpoint: dict[str, Any] | None = None) -> JobRecord:

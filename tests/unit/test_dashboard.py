@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import AsyncExitStack
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -71,7 +71,8 @@ def service_registries() -> list[CollectorRegistry]:
     Bus(Client(), Settings(), "any", registries[0])  # messages, dead letters, batches
     RestarterMetrics(registries[1])
     ScalerMetrics(registries[2])
-    ctx = cast(ServiceContext, SimpleNamespace(registry=registries[3], bus=None))
+    # A real context (its supervisor registers the task metrics every service has).
+    ctx = ServiceContext("detector", Settings(), cast(Bus, None), registries[3], AsyncExitStack())
     runtime = DetectorRuntime([], Source.here("detector"), Partition())
     DetectorService(ctx, DetectorSettings(), runtime, cast(StateStore, None))
     return registries

@@ -7,7 +7,7 @@ from resurge.control.planner import (
 from resurge.control.records import CheckpointRef, JobRecord, Placement
 from resurge.events import Assign, Source, decode_event, encode_event
 from resurge.local import job_factory
-from resurge_node_agent.worker_env import worker_environment
+from resurge_node_agent.launch.worker_env import worker_environment
 
 SOURCE = Source(service="test", instance="here:1")
 

@@ -1,7 +1,7 @@
 """``resurge-node-agent``: command line of the node agent.
 
 ``launch`` takes its replica's worker group as one JSON document (see
-:mod:`resurge_node_agent.group_spec`); a missing or invalid one exits with status 2 and
+:mod:`resurge_node_agent.launch.group_spec`); a missing or invalid one exits with status 2 and
 a message naming the field. ``monitor`` takes the node's own flags; a ``--label`` that is
 not ``key=value`` with a Kubernetes-style key and value exits with status 2 naming it.
 Connection settings come from ``RESURGE_*`` variables for both.
@@ -18,9 +18,9 @@ from pathlib import Path
 from resurge.control.nodes import parse_label
 from resurge.runtime.service import ServiceContext, run_service
 from resurge.runtime.settings import Settings
-from resurge_node_agent.group_spec import WORKER_GROUP_ENV, SpecError, read_spec
-from resurge_node_agent.launcher import LaunchAgent
-from resurge_node_agent.monitor import MonitorConfig, NodeMonitor
+from resurge_node_agent.launch.agent import LaunchAgent
+from resurge_node_agent.launch.group_spec import WORKER_GROUP_ENV, SpecError, read_spec
+from resurge_node_agent.monitor.node_monitor import MonitorConfig, NodeMonitor
 
 __all__ = ["main"]
 

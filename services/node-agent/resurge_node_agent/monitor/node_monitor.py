@@ -1,8 +1,8 @@
 """``monitor`` mode: one per node. Reports the node and runs the worker groups placed on it.
 
-- GPUs: NVML's when it finds any (:class:`~resurge_node_agent.gpus.NvmlGpus`); where
+- GPUs: NVML's when it finds any (:class:`~resurge_node_agent.monitor.gpus.NvmlGpus`); where
   NVML has none (no driver, as on a laptop or CI) and ``--gpus M`` is above 0, ``M``
-  simulated GPUs (:class:`~resurge_node_agent.gpus.SimulatedGpus`), which is what the local
+  simulated GPUs (:class:`~resurge_node_agent.monitor.gpus.SimulatedGpus`), which is what the local
   cluster's virtual nodes get. ``RESURGE_SIMULATE_GPUS=1`` simulates even where NVML
   finds GPUs. The node offers ``--gpus`` slots either way.
 - Every heartbeat (and whenever a worker group or a GPU's health changes) it reports the
@@ -65,8 +65,8 @@ from resurge.events import (
 from resurge.runtime.bus import PermanentError
 from resurge.runtime.outbox import Outbox
 from resurge.runtime.service import ServiceContext
-from resurge_node_agent.gpus import GpuErrorReport, GpuSource, SimulatedGpus, select_gpus
-from resurge_node_agent.group_spec import spec_environment
+from resurge_node_agent.launch.group_spec import spec_environment
+from resurge_node_agent.monitor.gpus import GpuErrorReport, GpuSource, SimulatedGpus, select_gpus
 
 __all__ = ["MonitorConfig", "NodeMonitor"]
 

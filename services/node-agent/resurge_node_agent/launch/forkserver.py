@@ -1,7 +1,7 @@
-"""A pre-warmed fork server behind the :class:`~resurge_node_agent.spawners.Spawner` interface.
+"""A pre-warmed fork server behind the :class:`~.spawners.Spawner` interface.
 
 ``await ForkServerSpawner.start(preload=("torch",))`` starts one server process
-(:mod:`resurge_node_agent.forkserver_main`) that imports ``preload`` once; every Python
+(:mod:`resurge_node_agent.launch.forkserver_main`) that imports ``preload`` once; every Python
 worker is then forked from it instead of paying for a new interpreter and its imports.
 The agent creates each worker's stdout/stderr pipes, passes the write ends (and
 /dev/null for stdin) to the server with SCM_RIGHTS, and reads the read ends itself; the
@@ -22,7 +22,7 @@ Which argv are forked (everything else goes to a :class:`PlainSpawner`, unchange
   ``torch.set_num_threads``), which the child applies itself.
 
 The server dies with the agent and every forked worker with the server (parent-death
-signals, :mod:`resurge_node_agent.parent_death`), so no worker outlives its agent.
+signals, :mod:`resurge_node_agent.launch.parent_death`), so no worker outlives its agent.
 If the server dies, every worker it had not reported yet gets SIGKILL on its process
 group (nobody could reap it or learn its exit status any more) and its ``wait()``
 returns ``-SIGKILL`` once it is gone. The next Python spawn starts a new server (paying
@@ -49,8 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from resurge_node_agent.forkserver_main import TITLE_ROOM, decode_frames, encode_frame
-from resurge_node_agent.spawners import READ_LIMIT, PlainSpawner, SpawnedProcess
+from resurge_node_agent.launch.forkserver_main import TITLE_ROOM, decode_frames, encode_frame
+from resurge_node_agent.launch.spawners import READ_LIMIT, PlainSpawner, SpawnedProcess
 
 __all__ = [
     "STARTUP_PREFIXES",
@@ -64,7 +64,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SERVER_MODULE = "resurge_node_agent.forkserver_main"
+SERVER_MODULE = "resurge_node_agent.launch.forkserver_main"
 # Variables read once at interpreter or native-library start (locale, sys.path, flags,
 # the dynamic loader, malloc, OpenMP/MKL/OpenBLAS pools): forking cannot change them.
 STARTUP_PREFIXES = (

@@ -26,8 +26,8 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from resurge_node_agent.process_state import is_stopped
-from resurge_node_agent.spawners import READ_LIMIT, SpawnedProcess, Spawner
+from resurge_node_agent.launch.process_state import is_stopped
+from resurge_node_agent.launch.spawners import READ_LIMIT, SpawnedProcess, Spawner
 
 __all__ = ["WorkerExit", "WorkerProcesses"]
 

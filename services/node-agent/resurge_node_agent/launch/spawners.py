@@ -5,7 +5,7 @@ A spawner starts ``argv`` with exactly the environment ``env`` (the caller merge
 the agent reads as :class:`asyncio.StreamReader` (lines up to :data:`READ_LIMIT`). The
 child leads its own session and process group, so ``os.killpg(pid, sig)`` reaches it
 and everything it forked, and it is SIGKILLed when the agent dies, however the agent
-dies (:mod:`resurge_node_agent.parent_death`). ``wait()`` returns once the process
+dies (:mod:`resurge_node_agent.launch.parent_death`). ``wait()`` returns once the process
 itself has exited, even while a child it forked still holds its stdout or stderr open
 (a DataLoader worker does), with asyncio's return code: the exit status, or the
 negative signal number when a signal ended the process.
@@ -14,7 +14,7 @@ negative signal number when a signal ended the process.
 on its process group and is waited for. Stop workers gracefully before closing.
 
 :class:`PlainSpawner` is ``asyncio.create_subprocess_exec``; the fork server in
-:mod:`resurge_node_agent.forkserver` is the other implementation.
+:mod:`resurge_node_agent.launch.forkserver` is the other implementation.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from resurge_node_agent.parent_death import die_with_parent
+from resurge_node_agent.launch.parent_death import die_with_parent
 
 __all__ = ["READ_LIMIT", "PlainSpawner", "SpawnedProcess", "Spawner"]
 

@@ -119,19 +119,19 @@ from resurge.worker.wire import (
     raise_line,
     restart_line,
 )
-from resurge_node_agent.forkserver import ForkServerError, ForkServerSpawner
-from resurge_node_agent.in_process import Rejoins, restartable_workers
-from resurge_node_agent.process_state import is_stopped
-from resurge_node_agent.rendezvous import HostedStore
-from resurge_node_agent.spawners import PlainSpawner, Spawner
-from resurge_node_agent.store_probe import until_listening
-from resurge_node_agent.worker_channel import Report, WorkerChannel, socket_path_for
-from resurge_node_agent.worker_env import (
+from resurge_node_agent.launch.forkserver import ForkServerError, ForkServerSpawner
+from resurge_node_agent.launch.in_process import Rejoins, restartable_workers
+from resurge_node_agent.launch.process_state import is_stopped
+from resurge_node_agent.launch.rendezvous import HostedStore
+from resurge_node_agent.launch.spawners import PlainSpawner, Spawner
+from resurge_node_agent.launch.store_probe import until_listening
+from resurge_node_agent.launch.worker_channel import Report, WorkerChannel, socket_path_for
+from resurge_node_agent.launch.worker_env import (
     AGENT_STORE_ENV,
     checkpoint_environment,
     worker_environment,
 )
-from resurge_node_agent.workers import AGENT_ONLY_ENV, Stream, WorkerExit, WorkerProcesses
+from resurge_node_agent.launch.workers import AGENT_ONLY_ENV, Stream, WorkerExit, WorkerProcesses
 
 __all__ = ["LaunchAgent"]
 

@@ -7,7 +7,7 @@ plain ``init_process_group("gloo"|"nccl")`` script needs nothing more; the store
 clients joining is a sign of life that needs nothing from the script.
 
 The agent itself never imports torch. :meth:`HostedStore.prepare` starts
-:mod:`resurge_node_agent.rendezvous_store` through the agent's spawner (forked from the
+:mod:`resurge_node_agent.launch.rendezvous_store` through the agent's spawner (forked from the
 fork server, which has torch imported) as a warmed-up standby, ahead of the generation
 it will serve; :meth:`HostedStore.host` gives it the generation's port and world size
 through a named pipe, and :meth:`HostedStore.listening` waits until it accepts
@@ -31,12 +31,12 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
-from resurge_node_agent.rendezvous_store import JOINED, LISTENING, STANDBY
-from resurge_node_agent.spawners import SpawnedProcess, Spawner
+from resurge_node_agent.launch.rendezvous_store import JOINED, LISTENING, STANDBY
+from resurge_node_agent.launch.spawners import SpawnedProcess, Spawner
 
 __all__ = ["STORE_MODULE", "HostedStore"]
 
-STORE_MODULE = "resurge_node_agent.rendezvous_store"
+STORE_MODULE = "resurge_node_agent.launch.rendezvous_store"
 # How often the pipe is tried while the standby, which said it is ready, opens it.
 _OPEN_RETRY_SECONDS = 0.0005
 

@@ -1,7 +1,7 @@
 """The fork server process: import the heavy modules once, then fork a worker per request.
 
-Started by :class:`resurge_node_agent.forkserver.ForkServerSpawner` as
-``python -m resurge_node_agent.forkserver_main FD AGENT_PID [MODULE ...]``, never by
+Started by :class:`resurge_node_agent.launch.forkserver.ForkServerSpawner` as
+``python -m resurge_node_agent.launch.forkserver_main FD AGENT_PID [MODULE ...]``, never by
 hand. FD is its end of a unix stream socket pair; every message either way is one
 frame: a 4-byte big-endian length, then UTF-8 JSON. AGENT_PID is the process that
 started it: the server dies with it (SIGKILL, its parent-death signal), and exits at
@@ -57,7 +57,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from resurge_node_agent.parent_death import die_with_parent
+from resurge_node_agent.launch.parent_death import die_with_parent
 
 __all__ = ["HEADER", "TITLE_ROOM", "decode_frames", "encode_frame", "main", "run_child"]
 

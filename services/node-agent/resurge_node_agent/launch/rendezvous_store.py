@@ -1,7 +1,7 @@
 """One generation's rendezvous store, hosted for its agent (a process of its own).
 
-``python -m resurge_node_agent.rendezvous_store FIFO``, started by
-:class:`resurge_node_agent.rendezvous.HostedStore`, never by hand, forked from the agent's
+``python -m resurge_node_agent.launch.rendezvous_store FIFO``, started by
+:class:`resurge_node_agent.launch.rendezvous.HostedStore`, never by hand, forked from the agent's
 fork server: it uses the torch the server preloaded and imports none itself (the control
 plane never does); without it, it exits 1 saying so.
 
