@@ -86,11 +86,6 @@ async def test_a_hang_under_way_is_caught_after_the_detector_is_sigkilled(
                            nodes=1, gpus_per_node=1, wait_seconds=90, end_with_during=True,
                            before_submit=read_lines,
                            during=kill_detector_during_the_hang)  # fmt: skip
-    print(
-        result.service_restarts,
-        killed,
-        [(f.reason, f.time.timestamp() - killed["at"]) for f in result.faults],
-    )
     assert result.service_restarts["detector"] == 1
     [fault] = [f for f in result.faults if f.generation == 0]
     assert (fault.reason, fault.rank, fault.evidence["rule"]) == ("log_hang", 0, "steps")

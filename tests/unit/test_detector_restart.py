@@ -181,7 +181,25 @@ def test_another_run_s_or_an_older_generation_s_facts_are_dropped_and_deleted() 
         before.observe(line(0, "step 1"), at(1))
         after = restart(before, LogRuleDetector, now)
         assert first_fault(after, 5, 30) is None
-        assert after.state_changes() == {("log_rules", "j", "facts"): None}
+        assert after.state_changes() == {("log_rules", "j", "r0"): None}
+
+
+def test_facts_are_kept_per_replica_and_a_new_generation_s_replace_the_old() -> None:
+    """One entry per replica: a change rewrites its replica's alone; a new generation
+    deletes the entries of replicas it does not have."""
+    job = record(logRules=[LINE])
+    rt = runtime(LogRuleDetector, job)
+    for rank in range(4):  # replicas 0 and 1, two ranks each
+        rt.observe(started(rank).model_copy(update={"replica": rank // 2}), at(0))
+    assert set(rt.state_changes()) == {("log_rules", "j", "r0"), ("log_rules", "j", "r1")}
+    rt.observe(line(3, "step 1").model_copy(update={"replica": 1}), at(1))
+    assert set(rt.state_changes()) == {("log_rules", "j", "r1")}
+    assert rt.state_changes() == {}  # nothing changed since
+    newer = job.model_copy(update={"generation": 1})
+    rt.set_job("j", newer)
+    rt.observe(started(0, generation=1), at(2))  # generation 1 has replica 0 only
+    changes = rt.state_changes()
+    assert changes[("log_rules", "j", "r1")] is None and changes[("log_rules", "j", "r0")]
 
 
 # -- hang ------------------------------------------------------------------------------

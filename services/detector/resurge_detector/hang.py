@@ -34,12 +34,13 @@ waits as :class:`~resurge_detector.deadlines.Deadlines`.
 
 A restart of the detector (:class:`~resurge.detection.DurableState`): every wait is
 armed by an event, and a hung job sends none, so without more a detector restarted
-during a hang (its last events acknowledged) would never judge it. Kept per job, in
-two entries: ``ranks``, the newest generation's ranks (run ``uid``, generation, and per
-rank its replica, node, whether it reported progress in this generation and whether it
-is stopped; a rank that exited is dropped), which changes a few times per rank and
-generation, never per report; and ``learned``, the job's pace, which changes only when
-a longest interval grows. No time is kept: a restarted detector arms each rank's wait
+during a hang (its last events acknowledged) would never judge it. Kept per job: the
+newest generation's ranks, one entry per replica (``r<replica>``: run ``uid``,
+generation, and per rank its replica, node, whether it reported progress in this
+generation and whether it is stopped; a rank that exited is dropped), which change a
+few times per rank and generation, never per report; and ``learned``, the job's pace,
+which changes only when a longest interval grows (:mod:`resurge_detector.facts`).
+No time is kept: a restarted detector arms each rank's wait
 (heartbeat if it reported progress, else start-up; stopped as well if it was stopped)
 from its first reading of its clock, so a hang under way is judged a whole limit after
 the restart, never sooner (no false hang), and no time crosses from one process's
@@ -53,7 +54,6 @@ record's or of a finished job is dropped.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -78,6 +78,7 @@ from resurge.jobspec.monitoring import (
     MonitoringSpec,
 )
 from resurge_detector.deadlines import Deadlines
+from resurge_detector.facts import Entries, pack, replica_key, unpack
 
 __all__ = ["HangDetector"]
 
@@ -139,13 +140,17 @@ class _Generation:
             for stopped in self.stopped:
                 self.quiet(stopped, self.ranks[stopped])
 
-    def facts(self, number: int) -> bytes:
-        """What a restarted detector needs to arm this generation's waits again."""
+    def facts(self, job: str, number: int, key: str) -> bytes | None:
+        """What a restarted detector needs to arm the waits of this generation's ranks of
+        one replica again (packed); None when it has none."""
         ranks = {
             str(n): [r.replica, r.node, r.last_progress is not None, r.stopped_since is not None]
             for n, r in self.ranks.items()
+            if replica_key(r.replica) == key
         }
-        return json.dumps({"uid": self.uid, "generation": number, "ranks": ranks}).encode()
+        if not ranks:
+            return None
+        return pack(job, {"uid": self.uid, "generation": number, "ranks": ranks})
 
     def quiet(self, number: int, rank: _Rank) -> None:
         """Arm the stopped rank's deadline: quiet since it stopped or since the
@@ -165,16 +170,17 @@ class _Learned:
     first_reporting_generation: int | None = None
     uid: str | None = None  # the run's
 
-    def facts(self) -> bytes:
-        return json.dumps(
+    def facts(self, job: str) -> bytes | None:
+        return pack(
+            job,
             {
                 "uid": self.uid,
                 "longest_gap": self.longest_gap,
                 "longest_startup": self.longest_startup,
                 "reporting_ranks": sorted(self.reporting_ranks),
                 "first_reporting_generation": self.first_reporting_generation,
-            }
-        ).encode()
+            },
+        )
 
 
 @dataclass(frozen=True)
@@ -196,7 +202,7 @@ class HangDetector:
         self._generations: dict[tuple[str, int], _Generation] = {}
         self._newest: dict[str, int] = {}
         self._learned: dict[str, _Learned] = {}
-        self._changed: set[tuple[str, str]] = set()  # (job, "ranks" or "learned")
+        self._entries = Entries()  # per job: "learned", and one entry per replica
         self._restored: dict[tuple[str, str], dict[str, Any]] = {}  # armed on first use
 
     # -- events -------------------------------------------------------------------------
@@ -217,7 +223,7 @@ class HangDetector:
                 generation.end(event.rank)
             elif isinstance(event, ProcessStarted):
                 generation.start(event.rank, _Rank(now, event.replica, event.node))
-            self._changed.add((event.job, "ranks"))
+            self._entries.touch(event.job, replica_key(event.replica))
             return []
         rank = generation.ranks.get(event.rank)
         if rank is None:  # a start we did not see (the detector restarted): count from now
@@ -226,7 +232,7 @@ class HangDetector:
             self._progress(event.job, event.generation, event.rank, event.step, rank, now)
             generation.progressed(event.rank, now)
         elif generation.stop(event.rank, rank, event.stopped, now):
-            self._changed.add((event.job, "ranks"))
+            self._entries.touch(event.job, replica_key(rank.replica))
         return []
 
     def forget_job(self, job: str) -> None:
@@ -236,9 +242,9 @@ class HangDetector:
         self._learned.pop(job, None)
         for key in [k for k in self._generations if k[0] == job]:
             del self._generations[key]
-        for what in ("ranks", "learned"):
-            self._restored.pop((job, what), None)
-            self._changed.add((job, what))
+        for entry in [k for k in self._restored if k[0] == job]:
+            del self._restored[entry]
+        self._entries.touch_all(job)
 
     def _generation(self, job: str, number: int, ctx: DetectorContext) -> _Generation | None:
         """The state of ``job``'s generation ``number``; None for an older generation."""
@@ -254,44 +260,44 @@ class HangDetector:
             record = ctx.job(job)
             uid = None if record is None else record.uid
             generation = self._generations[(job, number)] = _Generation(uid)
-            self._changed.add((job, "ranks"))
+            self._entries.touch_all(job)  # the older generation's entries go
         return generation
 
     # -- durable facts ------------------------------------------------------------------
 
     def state_changes(self) -> Mapping[tuple[str, str], bytes | None]:
-        """The changed entries (:class:`~resurge.detection.DurableState`): a job's newest
-        generation's ranks, its learned pace; None for a job no longer followed."""
-        changes: dict[tuple[str, str], bytes | None] = {}
-        for job, what in self._changed:
-            value: bytes | None = None
-            if what == "learned":
-                learned = self._learned.get(job)
-                value = None if learned is None else learned.facts()
-            else:
-                number = self._newest.get(job)
-                generation = None if number is None else self._generations.get((job, number))
-                value = None if generation is None else generation.facts(number or 0)
-            changes[(job, what)] = value
-        self._changed.clear()
-        return changes
+        """The changed entries (:class:`~resurge.detection.DurableState`): the ranks of a
+        job's newest generation, one entry per replica, and its learned pace; None
+        deletes an entry no longer needed."""
+        return self._entries.changes(self._entry)
+
+    def _entry(self, job: str, key: str) -> bytes | None:
+        if key == "learned":
+            learned = self._learned.get(job)
+            return None if learned is None else learned.facts(job)
+        number = self._newest.get(job)
+        generation = None if number is None else self._generations.get((job, number))
+        if number is None or generation is None:
+            return None
+        return generation.facts(job, number, key)
 
     def restore_state(self, job: str, key: str, value: bytes) -> None:
         """A stored entry, given back at start: armed at the first reading of the clock."""
-        if key in ("ranks", "learned"):
-            self._restored[(job, key)] = json.loads(value)
+        self._entries.stored(job, key)
+        self._restored[(job, key)] = unpack(value)
 
     def _arm_restored(self, ctx: DetectorContext) -> None:
-        """Arm the restored generations' waits from ``ctx.now`` (see the module docstring)."""
+        """Arm the restored generations' waits from ``ctx.now`` (see the module docstring):
+        the learned pace first, then the newest generation's entries."""
         restored, self._restored = self._restored, {}
-        for (job, what), facts in sorted(restored.items(), key=lambda item: item[0][1]):
+        for (job, key), facts in sorted(restored.items(), key=_learned_then_newest):
             record = ctx.job(job)
             if record is None or record.phase.finished or record.uid != facts["uid"]:
-                self._changed.add((job, what))  # not this run's, or over: the entry goes
-            elif what == "learned":
+                self._entries.touch(job, key)  # not this run's, or over: the entry goes
+            elif key == "learned":
                 self._learned.setdefault(job, _restored_learned(facts))
-            elif record.generation > facts["generation"] or job in self._newest:
-                self._changed.add((job, what))
+            elif max(record.generation, self._newest.get(job, -1)) > facts["generation"]:
+                self._entries.touch(job, key)  # of an older generation
             else:
                 self._restore_generation(job, facts, ctx)
 
@@ -315,7 +321,7 @@ class HangDetector:
             learned = self._learned[job] = _Learned(uid=self._run(job, generation))
         before = (learned.longest_startup, learned.longest_gap, len(learned.reporting_ranks))
         if rank.last_progress is None:
-            self._changed.add((job, "ranks"))  # its first report in this generation
+            self._entries.touch(job, replica_key(rank.replica))  # its first report here
             learned.longest_startup = max(
                 learned.longest_startup, (now - rank.started).total_seconds()
             )
@@ -327,7 +333,7 @@ class HangDetector:
         if learned.first_reporting_generation is None:
             learned.first_reporting_generation = generation
         if before != (learned.longest_startup, learned.longest_gap, len(learned.reporting_ranks)):
-            self._changed.add((job, "learned"))
+            self._entries.touch(job, "learned")
         rank.last_progress, rank.last_step = now, step
 
     def _run(self, job: str, number: int) -> str | None:
@@ -346,11 +352,10 @@ class HangDetector:
             record = ctx.job(job)
             if record is None or record.phase.finished or number < record.generation:
                 del self._generations[key]
-                self._changed.add((job, "ranks"))
+                self._entries.touch_all(job)
                 if record is None or record.phase.finished:
                     self._learned.pop(job, None)
                     self._newest.pop(job, None)
-                    self._changed.add((job, "learned"))
                 continue
             if generation.reported or not generation.ranks:
                 continue
@@ -484,6 +489,11 @@ def _startup_limit(
         return None
     seconds = max(LEARNED_STARTUP_FLOOR_SECONDS, LEARNED_TIMEOUT_FACTOR * learned.longest_startup)
     return seconds, "learned"
+
+
+def _learned_then_newest(item: tuple[tuple[str, str], dict[str, Any]]) -> tuple[bool, int]:
+    (_, key), facts = item
+    return key != "learned", -int(facts.get("generation", 0))
 
 
 def _restored_learned(facts: dict[str, Any]) -> _Learned:

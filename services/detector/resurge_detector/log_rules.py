@@ -41,10 +41,11 @@ derived from it. ``action: alert`` marks the fault ``alert_only``.
 A restart of the detector (:class:`~resurge.detection.DurableState`): a deadline is
 armed by an event, and after a restart no event may ever come again (a rank hung in
 Python prints nothing more; its line was acknowledged before the restart). So what a
-deadline needs to be armed again is durable, per job: its generation and run (``uid``),
-and per rank whether it started, which rules matched at least once, which a stop
-pattern turned off and whether it is stopped. These change a few times per rank and
-generation (never per line), so they are cheap to keep. What fired is not kept: a
+deadline needs to be armed again is durable, per job and replica (one entry each,
+``r<replica>``: :mod:`resurge_detector.facts`): its generation and run (``uid``), and
+per rank whether it started, which rules matched at least once, which a stop pattern
+turned off and whether it is stopped. These change a few times per rank and generation
+(never per line), so they are cheap to keep. What fired is not kept: a
 fault concluded again after a restart has the same id, and is de-duplicated, while one
 concluded but never published before the restart is not lost. The times
 are not kept: a restarted detector arms every wait again from its first reading of its
@@ -57,7 +58,6 @@ of the job, of an older generation than the record's or of a finished job is dro
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import operator
@@ -89,6 +89,7 @@ from resurge_detector.bounded_regex import (
     PatternCache,
 )
 from resurge_detector.deadlines import Deadlines
+from resurge_detector.facts import Entries, pack, replica_key, unpack
 from resurge_detector.rule_costs import RuleCosts, Spent
 
 __all__ = ["EVIDENCE_LINE_CHARS", "LogRuleDetector"]
@@ -173,20 +174,25 @@ class _Job:
     ranks: dict[int, _Rank] = field(default_factory=dict)
     fired: set[str] = field(default_factory=set)
 
-    def facts(self) -> bytes:
-        """What a restarted detector needs to arm this job's deadlines again."""
+    def facts(self, name: str, key: str) -> bytes | None:
+        """What a restarted detector needs to arm the deadlines of this job's ranks of one
+        replica again (packed); None when it has none."""
+        # Per rank: [replica, node, started, stopped, rules matched, rules turned off].
         ranks = {
-            str(number): {
-                "replica": rank.replica,
-                "node": rank.node,
-                "started": rank.started is not None,
-                "stopped": rank.stopped_since is not None,
-                "matched": sorted(n for n, s in rank.rules.items() if s.first_match),
-                "off": sorted(n for n, s in rank.rules.items() if s.stopped),
-            }
+            str(number): [
+                rank.replica,
+                rank.node,
+                rank.started is not None,
+                rank.stopped_since is not None,
+                sorted(n for n, s in rank.rules.items() if s.first_match),
+                sorted(n for n, s in rank.rules.items() if s.stopped),
+            ]
             for number, rank in self.ranks.items()
+            if replica_key(rank.replica) == key
         }
-        return json.dumps({"uid": self.uid, "generation": self.generation, "ranks": ranks}).encode()
+        if not ranks:
+            return None
+        return pack(name, {"uid": self.uid, "generation": self.generation, "ranks": ranks})
 
     def stopped(self) -> tuple[int, _Rank] | None:
         """The rank stopped longest (lowest number first), if any is stopped."""
@@ -209,8 +215,8 @@ class LogRuleDetector:
     def __init__(self, costs: RuleCosts | None = None) -> None:
         self._jobs: dict[str, _Job] = {}
         self.costs = costs or RuleCosts()
-        self._changed: set[str] = set()  # jobs whose durable facts changed
-        self._restored: dict[str, dict[str, Any]] = {}  # stored facts, armed on first use
+        self._entries = Entries()  # per job: one entry per replica
+        self._restored: dict[tuple[str, str], dict[str, Any]] = {}  # armed on first use
         self._patterns = PatternCache()
         self._slow = RateLimitedLog(log)
         # Lines on which some rule's search ran out of time (those rules skipped the line).
@@ -235,7 +241,7 @@ class LogRuleDetector:
         rank = job.ranks.get(event.rank)
         if rank is None:
             rank = job.ranks[event.rank] = _Rank()
-            self._changed.add(event.job)
+            self._entries.touch(event.job, replica_key(event.replica))
         rank.replica, rank.node = event.replica, event.node
         # Log lines first: they are nearly every event, and a model's failed isinstance
         # is slow.
@@ -251,10 +257,10 @@ class LogRuleDetector:
         """A rank's start, or its agent's word that it stopped or runs again."""
         if isinstance(event, ProcessStarted):
             rank.start(now)
-            self._changed.add(job)
+            self._entries.touch(job, replica_key(rank.replica))
         elif isinstance(event, ProcessStateChanged):
             if (rank.stopped_since is not None) != event.stopped:
-                self._changed.add(job)
+                self._entries.touch(job, replica_key(rank.replica))
             if not event.stopped:
                 rank.stopped_since = None
             elif rank.stopped_since is None:
@@ -264,64 +270,74 @@ class LogRuleDetector:
         """A new run of ``job`` (:class:`~resurge.detection.ForgetsJobs`): its rules start
         over from its generation 0."""
         self._jobs.pop(job, None)
-        self._restored.pop(job, None)
-        self._changed.add(job)
+        for entry in [k for k in self._restored if k[0] == job]:
+            del self._restored[entry]
+        self._entries.touch_all(job)
         self.costs.forget(job)
 
     def _job(self, name: str, generation: int, uid: str | None) -> _Job | None:
         job = self._jobs.get(name)
         if job is None or generation > job.generation:
             job = self._jobs[name] = _Job(generation, uid)
-            self._changed.add(name)
+            self._entries.touch_all(name)  # the older generation's entries go
         return job if generation == job.generation else None
 
     # -- durable facts ------------------------------------------------------------------
 
     def state_changes(self) -> Mapping[tuple[str, str], bytes | None]:
-        """Each changed job's facts (:class:`~resurge.detection.DurableState`); None for
-        a job no longer followed."""
-        changes: dict[tuple[str, str], bytes | None] = {}
-        for name in self._changed:
-            job = self._jobs.get(name)
-            changes[(name, "facts")] = None if job is None else job.facts()
-        self._changed.clear()
-        return changes
+        """The changed entries (:class:`~resurge.detection.DurableState`): the facts of a
+        job's ranks, one entry per replica; None deletes an entry no longer needed."""
+        return self._entries.changes(self._entry)
+
+    def _entry(self, name: str, key: str) -> bytes | None:
+        job = self._jobs.get(name)
+        return None if job is None else job.facts(name, key)
 
     def restore_state(self, job: str, key: str, value: bytes) -> None:
-        """A job's stored facts, given back at start: its waits are armed again at the
-        first reading of the clock (the first event or tick)."""
-        if key == "facts":
-            self._restored[job] = json.loads(value)
+        """A stored entry, given back at start: its waits are armed again at the first
+        reading of the clock (the first event or tick)."""
+        self._entries.stored(job, key)
+        self._restored[(job, key)] = unpack(value)
 
     def _arm_restored(self, ctx: DetectorContext) -> None:
-        """Arm the restored jobs' waits from ``ctx.now`` (see the module docstring)."""
+        """Arm the restored jobs' waits from ``ctx.now`` (see the module docstring), the
+        newest generation's entries first."""
         restored, self._restored = self._restored, {}
-        for name, facts in restored.items():
+        for (name, key), facts in sorted(restored.items(), key=lambda i: -i[1]["generation"]):
             record = ctx.job(name)
             generation = int(facts["generation"])
+            known = self._jobs.get(name)
             if (
                 record is None
                 or record.phase.finished
                 or record.uid != facts["uid"]
                 or record.generation > generation
-                or name in self._jobs
+                or (known is not None and known.generation != generation)
             ):
-                self._changed.add(name)  # not this run's, or over: its entry goes
+                self._entries.touch(name, key)  # not this run's, or over: the entry goes
                 continue
-            job = self._jobs[name] = _Job(generation, record.uid)
-            rules = {rule.name: rule for rule in record.spec.spec.monitoring.log_rules}
-            for number, known in facts["ranks"].items():
-                rank = job.ranks[int(number)] = _Rank(known["replica"], known["node"])
-                if known["started"]:
-                    rank.start(ctx.now)
-                if known["stopped"]:
-                    rank.stopped_since = ctx.now
-                for rule_name in known["matched"]:
-                    if rule_name in rules:
-                        rank.matched(rank.seen(rules[rule_name]), ctx.now)
-                for rule_name in known["off"]:
-                    if rule_name in rules:
-                        rank.stop(rank.seen(rules[rule_name]))
+            job = self._job(name, generation, record.uid)
+            assert job is not None  # nothing newer is known: checked above
+            self._restore_ranks(job, record, facts["ranks"], ctx.now)
+
+    @staticmethod
+    def _restore_ranks(
+        job: _Job, record: JobRecord, ranks: dict[str, list[Any]], now: datetime
+    ) -> None:
+        rules = {rule.name: rule for rule in record.spec.spec.monitoring.log_rules}
+        for number, known in ranks.items():
+            replica, node, was_started, was_stopped, matched, off = known
+            rank = job.ranks[int(number)] = _Rank(replica, node)
+            if was_started:
+                rank.start(now)
+            if was_stopped:
+                rank.stopped_since = now
+            for rule_name in matched:
+                if rule_name in rules:
+                    rank.matched(rank.seen(rules[rule_name]), now)
+            for rule_name in off:
+                if rule_name in rules:
+                    rank.stop(rank.seen(rules[rule_name]))
 
     def _line(
         self,
@@ -419,14 +435,14 @@ class LogRuleDetector:
         pattern, stop = patterns
         if stop is not None and budget.search(stop, text) is not None:
             rank.stop(seen)
-            self._changed.add(where.job)
+            self._entries.touch(where.job, replica_key(rank.replica))
             return []
         match = budget.search(pattern, text)
         if match is None:
             return []
         faults = self._late(rule, seen, job, where, rank, ctx)
         if seen.first_match is None:
-            self._changed.add(where.job)
+            self._entries.touch(where.job, replica_key(rank.replica))
         rank.matched(seen, ctx.now)
         line = text[:EVIDENCE_LINE_CHARS]
         if rule.fault_on_match:
@@ -495,7 +511,7 @@ class LogRuleDetector:
             record = ctx.job(name)
             if record is None or record.phase.finished or record.generation > job.generation:
                 del self._jobs[name]
-                self._changed.add(name)
+                self._entries.touch_all(name)
                 if record is None or record.phase.finished:
                     self.costs.forget(name)
                 continue
