@@ -9,7 +9,10 @@ asked for when the deadline is judged, not stored, because it may change meanwhi
 A wait has expired when it lasted longer than its limit, or, for a set made with
 ``at_limit=True``, as long as its limit. Every time is the detector's own clock when
 it saw the event (``ctx.now``), never an agent's, so clock skew between nodes does not
-move a deadline. Pure logic, no I/O.
+move a deadline; that clock measures elapsed time monotonically
+(:mod:`resurge_detector.connected_clock`), so neither does a step of the wall clock.
+A deadline is never stored across processes: a restarted detector arms it again from
+its own start (see the hang and log-rule detectors). Pure logic, no I/O.
 """
 
 from __future__ import annotations
