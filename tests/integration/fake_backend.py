@@ -62,6 +62,7 @@ class FakeBackend:
         self.statuses: dict[str, dict[str, object]] = {}
         self.calls: list[Call] = []
         self._failures: dict[str, int] = {}
+        self._down: set[str] = set()
         self._changed = asyncio.Condition()
         self._watchers: list[asyncio.Queue[ClusterChange]] = []
 
@@ -69,6 +70,15 @@ class FakeBackend:
         """Make the ``occurrence``-th call of ``method`` from now on raise
         :class:`BackendError` without changing anything (once)."""
         self._failures[method] = occurrence
+
+    def down(self, method: str) -> None:
+        """Make every call of ``method`` raise :class:`BackendError` (changing nothing)
+        until :meth:`up`: a cluster unreachable for a while."""
+        self._down.add(method)
+
+    def up(self, method: str) -> None:
+        """Undo :meth:`down`."""
+        self._down.discard(method)
 
     def writes(self) -> list[Call]:
         """The calls that changed (or, failing, would have changed) the cluster."""
@@ -94,6 +104,7 @@ class FakeBackend:
                 del self._failures[method]
             else:
                 self._failures[method] = left - 1
+        failing = failing or method in self._down
         async with self._changed:
             self.calls.append(Call(method, args, failed=failing))
             self._changed.notify_all()

@@ -543,6 +543,7 @@ def test_a_node_fault_climbed_to_the_job_rung_still_leaves_its_node() -> None:
     rec = record()
     view = cluster(("n0", 0), ("n1", 0), ("n2", 2), ("n3", 2))
     apply_fault(rec, xid("x0", 0), now=at(0), cluster=view)  # n0 lost: replica 0 to n2
+    assert mark_dispatched(rec, rec.generation)
     view = cluster(("n0", 0), ("n1", 0), ("n2", 0), ("n3", 2))
     # n1 fails before the new generation made progress: the restart "did not fix it",
     # so the ladder climbs to the job rung; it must not restart replica 1 on n1 again.

@@ -4,22 +4,26 @@
 
 1. RecoveryStarted and PhaseChanged on ``action.<job>`` (ids derived from the job and
    generation, so a repeat is de-duplicated by JetStream);
-2. Stop(g) to where the failed generation ran (not for ``in_process``: those workers
-   stay and re-enter their training function); for a resize, to ``stop_placements``
-   only (the replicas that go, or every replica where the workers cannot re-enter
-   in-process), and no RecoveryStarted (the scaler announced it with ScaleDecided);
+2. Stop(g) to where the failed generation ran (for ``in_process``, only to the
+   replicas that go: the others stay and re-enter their training function); for a
+   resize, to ``stop_placements`` only (the replicas that go, or every replica where
+   the workers cannot re-enter in-process), and no RecoveryStarted (the scaler
+   announced it with ScaleDecided);
 3. cordons; moved replicas' worker groups deleted on the old node and created on the
-   new one; recreated (for a resize: added) replicas' worker groups written; for a
-   requeue or a resize, the worker groups of the old placements that are not placements
-   any more deleted;
-4. the backoff wait (in a background task, so the fault consumer is never held);
+   new one; recreated (for a resize: added) replicas' worker groups written; the worker
+   groups of stopped placements the record no longer places deleted (a requeue's, a
+   resize's removed replicas, those of a plan this one replaced);
+4. the backoff wait (in a background task, so the fault consumer is never held), after
+   which the record is read again: a plan replaced meanwhile sends nothing more;
 5. Assign(g+1) to every replica (ids derived from job, replica and generation);
 6. the plan marked dispatched (compare-and-set).
 
-A restarter that dies anywhere in there leaves the plan undispatched; the next
-restarter to look carries it out again from step 1 once the claim has lapsed. The
-cluster is reached only through :class:`~resurge.cluster.ClusterBackend`, whose
-writes are idempotent too.
+A restarter that dies or fails anywhere in there leaves the plan undispatched; the
+next restarter to look (this one's reconciler included, :mod:`.reconcile`) carries it
+out again from step 1 once the claim has lapsed. A plan replaced before it was
+dispatched passes what it still owed to the plan that replaced it
+(:func:`resurge.control.recovery_policy.supersede`). The cluster is reached only
+through :class:`~resurge.cluster.ClusterBackend`, whose writes are idempotent too.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from resurge.cluster import ClusterBackend
 from resurge.contract.subjects import unescape_token
@@ -38,8 +42,8 @@ from resurge.control.job_messages import (
     stop_messages,
 )
 from resurge.control.planner import command_id
-from resurge.control.records import JobRecord, JobStore
-from resurge.control.recovery_policy import ClusterView, mark_dispatched
+from resurge.control.records import JobRecord, JobStore, PendingRecovery, Placement
+from resurge.control.recovery_policy import ClusterView, mark_dispatched, same_plan
 from resurge.control.worker_groups import worker_group
 from resurge.events import Envelope, JobPhase, RecoveryLevel, RecoveryStarted
 from resurge.runtime.service import ServiceContext
@@ -59,22 +63,37 @@ async def cluster_view(backend: ClusterBackend, exclude_job: str | None = None) 
     return ClusterView(nodes=await backend.live_nodes(), used=used)
 
 
+def _leaving(record: JobRecord) -> list[Placement]:
+    """The placements ``record``'s plan stops that the record no longer places (a
+    requeue's, a resize's removed replicas, a moved replica's old node, those of a plan
+    it replaced): their worker groups are deleted."""
+    plan = record.pending_recovery
+    assert plan is not None
+    staying = {(p.replica, p.node) for p in record.placements}
+    return [p for p in plan.stop_placements if (p.replica, p.node) not in staying]
+
+
+def _still_planned(record: JobRecord | None, plan: PendingRecovery, uid: str, me: str) -> bool:
+    """Whether ``record`` (as read now) still holds ``plan`` of run ``uid``, undispatched
+    and claimed by ``me``: one replaced meanwhile is not to be sent."""
+    current = None if record is None else record.pending_recovery
+    if record is None or current is None or record.uid != uid:
+        return False
+    return not current.dispatched and current.claimed_by == me and same_plan(current, plan)
+
+
 def _changes_cluster(record: JobRecord) -> bool:
     """Whether step 3 has anything to do for ``record``'s plan."""
     plan = record.pending_recovery
     assert plan is not None
-    if plan.cordon or plan.moves or plan.requeue or plan.resize:
+    if plan.cordon or plan.moves or plan.requeue or plan.resize or _leaving(record):
         return True
     placed = {p.replica for p in record.placements}
     return any(replica in placed for replica in plan.recreate)
 
 
 class Dispatcher:
-    """Carries plans out for one restarter instance (``me``), and schedules re-checks.
-
-    ``retry`` is called with a job's name when carrying out its plan failed after the
-    backoff wait (the fault that led to it was acknowledged long before).
-    """
+    """Carries plans out for one restarter instance (``me``), and schedules re-checks."""
 
     def __init__(
         self,
@@ -83,14 +102,12 @@ class Dispatcher:
         backend: ClusterBackend,
         me: str,
         lease_seconds: float,
-        retry: Check | None = None,
     ) -> None:
         self.ctx = ctx
         self.store = store
         self.backend = backend
         self.me = me
         self.lease_seconds = lease_seconds
-        self.retry = retry
         self._rechecks: dict[str, asyncio.Task[None]] = {}
 
     async def carry_out(self, record: JobRecord, previous: JobPhase | None) -> None:
@@ -136,6 +153,9 @@ class Dispatcher:
                 placements=plan.stop_placements,
                 hung_ranks=plan.hung_ranks,
             )
+        elif leaving := _leaving(record):  # in-process: only replicas that go stop
+            why = f"{plan.level.value} restart after {plan.fault_id}"
+            messages += stop_messages(bus, record, plan.from_generation, why, placements=leaving)
         delay = (plan.start_at - datetime.now(UTC)).total_seconds()
         if delay <= 0 and not _changes_cluster(record):
             # Nothing happens between the stops and the new generation: step 5's
@@ -159,7 +179,8 @@ class Dispatcher:
             self.ctx.spawn(self._after(delay, record))
 
     async def _change_cluster(self, record: JobRecord) -> None:
-        """Step 3: cordons, moves, recreations and a requeue's deletions."""
+        """Step 3: cordons, moves, recreations, and the deletions of the worker groups
+        of replicas that go (:func:`_leaving`)."""
         plan = record.pending_recovery
         assert plan is not None
         for node in plan.cordon:
@@ -167,27 +188,44 @@ class Dispatcher:
         placements = {p.replica: p for p in record.placements}
         for move in plan.moves:
             await self.backend.delete_worker_group(record.name, move.replica, move.from_node)
-            await self.backend.create_worker_group(worker_group(record, placements[move.replica]))
+            if move.replica in placements:  # a requeue after it placed it nowhere
+                placed = placements[move.replica]
+                await self.backend.create_worker_group(worker_group(record, placed))
         for replica in plan.recreate:
             if replica in placements:
                 await self.backend.create_worker_group(worker_group(record, placements[replica]))
-        if plan.requeue or plan.resize:
-            staying = {(p.replica, p.node) for p in record.placements}
-            for p in plan.stop_placements:
-                if (p.replica, p.node) not in staying:
-                    await self.backend.delete_worker_group(record.name, p.replica, p.node)
+        moved = {(m.replica, m.from_node) for m in plan.moves}
+        for p in _leaving(record):
+            if (p.replica, p.node) not in moved:
+                await self.backend.delete_worker_group(record.name, p.replica, p.node)
 
     async def _after(self, delay: float, record: JobRecord) -> None:
+        """Steps 5 and 6 once the backoff ran out, for the plan the record holds then:
+        one replaced meanwhile (a fault decided anew, and the new plan took over what
+        this one still owed) sends nothing. A failure leaves the plan undispatched; it
+        is taken over once its claim lapses (the restarter's reconciler)."""
+        plan = record.pending_recovery
+        assert plan is not None
         await asyncio.sleep(delay)
         try:
-            await self._start_generation(record)
+            found = await self.store.get(record.name)
+            now = None if found is None else found[0]
+            if now is None or not _still_planned(now, plan, record.uid, self.me):
+                self.ctx.log.info(
+                    "job %s: the plan to generation %d was replaced in its backoff; not sent",
+                    record.name,
+                    plan.to_generation,
+                    extra={"job": record.name},
+                )
+                return
+            await self._start_generation(now)
         except Exception:
             self.ctx.log.exception(
-                "starting the new generation of %s failed; retrying", record.name
+                "starting generation %d of %s failed; it is taken over once its claim lapses",
+                plan.to_generation,
+                record.name,
+                extra={"job": record.name},
             )
-            if self.retry is not None:
-                when = datetime.now(UTC) + timedelta(seconds=self.lease_seconds)
-                self.recheck_at(record.name, when, self.retry)
 
     async def _start_generation(
         self, record: JobRecord, first: list[tuple[str, Envelope]] | None = None
@@ -218,15 +256,11 @@ class Dispatcher:
 
         self._rechecks[slot] = self.ctx.spawn(later(), name="recheck")
 
-    async def watch_records(
-        self,
-        on_record: Callable[[JobRecord], Awaitable[None]],
-        seen: Callable[[str, JobRecord | None], None] | None = None,
-    ) -> None:
-        """Hand every job record written from now on whose plan is undispatched and
-        claimed by another instance to ``on_record`` (in a background task); ``seen``
-        gets every record as it is written (None: the job's record was deleted). The
-        store remembers each, so a fault's decision starts without reading its record."""
+    async def watch_records(self, seen: Callable[[str, JobRecord | None], None]) -> None:
+        """Hand every job record, as it is now and as it is written from now on, to
+        ``seen`` (in a background task; None: the job's record was deleted), this
+        instance's own writes too. The store remembers each, so a fault's decision
+        starts without reading its record."""
         watcher = await self.store.kv.watchall()
         self.ctx.exit_stack.push_async_callback(watcher.stop)
 
@@ -236,20 +270,12 @@ class Dispatcher:
                     continue
                 if not entry.value:
                     self.store.forget(unescape_token(entry.key))
-                    if seen is not None:
-                        seen(unescape_token(entry.key), None)
+                    seen(unescape_token(entry.key), None)
                     continue
                 with contextlib.suppress(ValueError):  # a record of a newer schema
                     record = JobRecord.model_validate_json(entry.value)
                     if entry.revision is not None:
                         self.store.remember(record, entry.revision)
-                    if seen is not None:
-                        seen(record.name, record)
-                    plan = record.pending_recovery
-                    if plan is not None and not plan.dispatched and plan.claimed_by != self.me:
-                        try:
-                            await on_record(record)
-                        except Exception:
-                            self.ctx.log.exception("taking over %s's recovery failed", record.name)
+                    seen(record.name, record)
 
         self.ctx.spawn(pump, name="watch_records")

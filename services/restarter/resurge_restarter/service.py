@@ -8,11 +8,20 @@ Assign(g+1); then mark the plan dispatched. Every step is idempotent, and comman
 carry ids derived from (job, replica, generation), so carrying a plan out twice sends
 nothing new.
 
-Crash safety: a plan not marked dispatched is carried out by whichever restarter sees
-it once its claim has lapsed (``claimed_until``, the backoff plus a short lease): on
-start-up every record is checked, and a watch on the job records sees plans written
-by others. Two restarters share the fault consumer (a queue group); the
-compare-and-set lets one decision win, and the claim lets one instance carry it out.
+A fault that fails the job writes the phase and the job's last steps
+(:mod:`resurge.control.job_end`) in one compare-and-set, then does them: the final
+Stops, the phase announced, the worker groups deleted, each marked done in the record.
+
+Crash and failure safety: every side effect follows from the record
+(:mod:`.reconcile`). A plan not marked dispatched, and a finished job's last steps not
+marked done, are carried out by whichever restarter looks once their claim has lapsed
+(``claimed_until``, the backoff plus a short lease): on start-up every record is
+looked at, and a watch on the job records (this instance's own writes included) keeps
+the time of the next look; a look that fails is tried again. So a carrying-out that
+failed after the fault's last redelivery, or an instance that died, is finished
+later, with no new event. Two restarters share the fault consumer (a queue group);
+the compare-and-set lets one decision win, and the claim lets one instance carry it
+out.
 
 A recovery ends when the new generation trained (:mod:`resurge.control.recovery_policy`):
 its first completed step, or for workers that report no progress its ranks passing
@@ -42,7 +51,9 @@ from resurge.contract.subscriptions import (
     RESTARTER_RENDEZVOUS,
     RESTARTER_SIGN_OF_LIFE,
 )
-from resurge.control.job_messages import announce_phase, send_stops
+from resurge.control.job_end import claim_ending
+from resurge.control.job_finish import finish_job
+from resurge.control.job_messages import announce_phase
 from resurge.control.records import JobRecord, JobStore
 from resurge.control.recovery_policy import (
     ClusterView,
@@ -74,6 +85,7 @@ from resurge.runtime.service import ServiceContext
 from resurge_restarter.dispatch import Dispatcher, cluster_view
 from resurge_restarter.known_jobs import KnownJobs
 from resurge_restarter.metrics import RestarterMetrics
+from resurge_restarter.reconcile import Reconciler, next_look
 from resurge_restarter.warm_up import warm_up
 
 __all__ = ["LEASE_SECONDS", "Restarter", "setup"]
@@ -104,9 +116,8 @@ class Restarter:
         self.store = store
         self.me = me or ctx.bus.source.instance
         self.lease_seconds = lease_seconds
-        self.dispatcher = Dispatcher(
-            ctx, store, backend, self.me, lease_seconds, retry=self.take_over_by_name
-        )
+        self.dispatcher = Dispatcher(ctx, store, backend, self.me, lease_seconds)
+        self.reconciler = Reconciler(ctx, self.reconcile, lease_seconds)
         # Jobs with a recovery in flight (job -> generation being started; an entry lives
         # while its recovery does), and, bounded (:mod:`.known_jobs`), jobs known to
         # report progress and the newest generation of each seen past its resume point:
@@ -116,11 +127,11 @@ class Restarter:
         self.metrics = RestarterMetrics(ctx.registry)
 
     async def start(self) -> None:
-        """Warm the fault path (:mod:`.warm_up`), finish the plans left undispatched,
-        watch for others', then consume events."""
+        """Warm the fault path (:mod:`.warm_up`), look at what every record owes, watch
+        the records, then consume events."""
         warm_up(self.bus, self.me)
         await self.resume_unfinished()
-        await self.dispatcher.watch_records(self.take_over, self._record_seen)
+        await self.dispatcher.watch_records(self._record_seen)
         bus = self.bus
         await bus.bind(RESTARTER_FAULTS, self.on_fault)
         await bus.bind(RESTARTER_SIGN_OF_LIFE, self.sign_of_life)
@@ -132,10 +143,11 @@ class Restarter:
         await bus.bind(RESTARTER_CHECKPOINTS, self.on_checkpoint)
 
     async def resume_unfinished(self) -> None:
-        """Look at every job record once: carry out (or schedule) undispatched plans, and
-        schedule the settle check of a recovery that only settling can end."""
+        """Look at every job record once: schedule the look at what it owes (an
+        undispatched plan, a finished job's last steps; at once where no claim holds
+        them), and the settle check of a recovery that only settling can end."""
         for record in await self.store.all():
-            await self.take_over(record)
+            self.reconciler.note(record.name, next_look(record))
             due = settle_due(record)
             if due is not None:
                 self.dispatcher.recheck_at(record.name, due, self.settle, "settle")
@@ -144,7 +156,8 @@ class Restarter:
         """Decide, write the decision and its plan (compare-and-set), then carry it out.
 
         A redelivered fault whose plan is still undispatched (an earlier attempt
-        stopped part-way) has the plan carried out again.
+        stopped part-way) has the plan carried out again; one that failed the job has
+        the job's last steps that are not done yet done again.
         """
         if fault.job is None:
             return
@@ -184,14 +197,16 @@ class Restarter:
             plan = after.pending_recovery
             if plan is not None and plan.fault_id == fault.fault_id and not plan.dispatched:
                 await self.take_over(after)  # redelivered: an earlier attempt stopped part-way
+            ending = after.ending
+            if ending is not None and not ending.done and fault.fault_id in after.handled_faults:
+                await self.finish(after)  # the same, for the steps of a job it failed
             return
         if decision.verdict is Verdict.FAIL:
             self.pending.pop(after.name, None)
             self.ctx.log.error(
                 "job %s failed: %s", after.name, decision.why, extra={"job": after.name}
             )
-            await send_stops(self.bus, after, after.generation, decision.why, final=True)
-            await announce_phase(self.bus, before.phase, after)
+            await finish_job(self.bus, self.backend, self.store, after)
             return
         assert after.pending_recovery is not None
         self.pending[after.name] = after.pending_recovery.to_generation
@@ -362,8 +377,10 @@ class Restarter:
         self.metrics.meter.fault(fault.job, fault.fault_id, fault.time, exited)
 
     def _record_seen(self, name: str, record: JobRecord | None) -> None:
-        """Follow a job's phase for its goodput; a deleted job's series go, and what
-        was known of its progress (a job submitted again under its name is a new run)."""
+        """Note when to look at what the record owes (:mod:`.reconcile`); follow a job's
+        phase for its goodput; a deleted job's series go, and what was known of its
+        progress (a job submitted again under its name is a new run)."""
+        self.reconciler.note(name, None if record is None else next_look(record))
         if record is None:
             self.metrics.meter.forget(name)
             self.known.forget(name)
@@ -389,8 +406,9 @@ class Restarter:
             )
 
     async def take_over(self, record: JobRecord) -> None:
-        """Carry out ``record``'s plan if it is undispatched and its claim has lapsed (or
-        is ours); a claim another instance still holds is looked at again when it lapses."""
+        """Carry out ``record``'s plan if it is undispatched, still the record's, and its
+        claim has lapsed (or is ours); a claim another instance still holds is looked at
+        again when it lapses."""
         plan = record.pending_recovery
         if plan is None or plan.dispatched:
             return
@@ -398,11 +416,10 @@ class Restarter:
         now = datetime.now(UTC)
         held = plan.claimed_until is not None and now < plan.claimed_until
         if plan.claimed_by != self.me and held:
-            assert plan.claimed_until is not None
-            self.dispatcher.recheck_at(record.name, plan.claimed_until, self.take_over_by_name)
+            self.reconciler.note(record.name, plan.claimed_until)
             return
         result = await self.store.mutate(
-            record.name, lambda r: claim(r, self.me, now, self.lease_seconds)
+            record.name, lambda r: claim(r, self.me, now, self.lease_seconds, expected=plan)
         )
         if result is None or result[0] is result[1]:
             return
@@ -426,11 +443,46 @@ class Restarter:
         )
         await self.dispatcher.carry_out(result[1], None)
 
-    async def take_over_by_name(self, name: str) -> None:
-        """:meth:`take_over` for the record of job ``name`` as it is now."""
-        found = await self.store.get(name)
-        if found is not None:
-            await self.take_over(found[0])
+    async def finish(self, record: JobRecord) -> None:
+        """Do the last steps of ``record``'s run that are not done yet, once their claim
+        has lapsed (or is ours)."""
+        now = datetime.now(UTC)
+
+        def take(r: JobRecord) -> bool:
+            return r.uid == record.uid and claim_ending(r, self.me, now, self.lease_seconds)
+
+        result = await self.store.mutate(record.name, take)
+        if result is None or result[0] is result[1]:
+            return
+        ending = result[0].ending
+        assert ending is not None
+        self.ctx.log.warning(
+            "finishing %s's end as %s (claimed by %s until %s)",
+            record.name,
+            record.phase.value,
+            ending.claimed_by or "nobody",
+            ending.claimed_until,
+            extra={"job": record.name},
+        )
+        await finish_job(self.bus, self.backend, self.store, result[1])
+
+    async def reconcile(self, name: str) -> datetime | None:
+        """The reconciler's look at job ``name`` (:mod:`.reconcile`): carry out what its
+        record owes once no live claim holds it; when to look again (None: never)."""
+        found = self.store.remembered(name) or await self.store.get(name)
+        if found is None:
+            return None
+        record = found[0]
+        due = next_look(record)
+        if due is None or due > datetime.now(UTC):
+            return due
+        plan = record.pending_recovery
+        if plan is not None and not plan.dispatched:
+            await self.take_over(record)
+        else:
+            await self.finish(record)
+        after = self.store.remembered(name)
+        return None if after is None else next_look(after[0])
 
 
 async def setup(ctx: ServiceContext) -> None:

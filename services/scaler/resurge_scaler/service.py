@@ -3,7 +3,10 @@
 - job submitted -> Pending record; then every Pending job that fits is placed, its
   worker groups are created through the cluster backend, and generation g is assigned.
 - capacity changed, job finished or deleted -> try the Pending jobs again.
-- every replica finished -> Succeeded; a finished job's worker groups are deleted.
+- every replica finished -> Succeeded, written with the job's last steps
+  (:mod:`resurge.control.job_end`), then those done: the final Stops, the phase
+  announced, the worker groups deleted; a restarter finishes what a failure leaves.
+  Any finished job's worker groups are deleted when its phase is announced, too.
 - any job record changed -> its status view is written through the backend (its own
   task: :class:`~resurge_scaler.status_writer.StatusWriter`).
 - after each of these, and every second (so that timeouts run out): admission again,
@@ -34,6 +37,8 @@ from resurge.control.admission import (
     wait_reason,
     why_waiting,
 )
+from resurge.control.job_end import ENDING_LEASE_SECONDS, begin_ending
+from resurge.control.job_finish import finish_job
 from resurge.control.job_messages import announce_phase, send_assignments, send_stops
 from resurge.control.records import JobRecord, JobStore
 from resurge.control.worker_groups import worker_groups
@@ -186,18 +191,33 @@ class Scaler:
         if event.job is None or event.replica is None or event.generation is None:
             return
         replica, generation = event.replica, event.generation
-        result = await self.store.mutate(
-            event.job, lambda r: mark_replica_finished(r, replica, generation)
-        )
+        me = self.bus.source.instance
+
+        def finished(record: JobRecord) -> bool:
+            previous, plan = record.phase, record.pending_recovery
+            if not mark_replica_finished(record, replica, generation):
+                return False
+            if record.phase is JobPhase.SUCCEEDED:
+                begin_ending(
+                    record,
+                    previous=previous,
+                    reason="job succeeded",
+                    plan=plan,
+                    claimant=me,
+                    now=datetime.now(UTC),
+                    lease_seconds=ENDING_LEASE_SECONDS,
+                )
+            return True
+
+        result = await self.store.mutate(event.job, finished)
         if result is None or result[0] is result[1]:
             return
-        before, after = result
+        after = result[1]
         if after.phase is JobPhase.SUCCEEDED:
             self.ctx.log.info("job %s succeeded", after.name, extra={"job": after.name})
-            # The final Stops before the phase: the phase has the job's worker groups
-            # deleted (on_action), and an agent should end on its Stop, not on that.
-            await send_stops(self.bus, after, after.generation, "job succeeded", final=True)
-            await announce_phase(self.bus, before.phase, after)
+            # Its last steps, each marked done in the record (a restarter finishes what
+            # a failure here leaves): the final Stops, the phase, the worker groups deleted.
+            await finish_job(self.bus, self.backend, self.store, after)
 
     async def on_deleted(self, event: JobDeleted) -> None:
         """A deleted job: stop its workers, free its nodes, forget its record."""

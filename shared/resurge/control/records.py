@@ -31,6 +31,7 @@ __all__ = [
     "CheckpointRef",
     "CheckpointReports",
     "HeldGrow",
+    "JobEnding",
     "JobRecord",
     "JobStore",
     "LastFault",
@@ -123,6 +124,34 @@ class PendingRecovery(BaseModel):
     dispatched: bool = False
     claimed_by: str = ""
     claimed_until: datetime | None = None
+
+
+class JobEnding(BaseModel):
+    """What a job that finished (Succeeded or Failed) still owes, written with its phase
+    (one compare-and-set): the final Stop to every replica, the phase announced
+    (PhaseChanged), its worker groups deleted (:mod:`resurge.control.job_end`). Each
+    flag turns true once its step succeeded; until ``claimed_until`` the instance in
+    ``claimed_by`` does the steps, after it any restarter."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    previous: JobPhase = Field(description="The phase the job finished from.")
+    reason: str = Field(description="Why it finished, as its final Stops say.")
+    placements: list[Placement] = Field(
+        default_factory=list,
+        description="Where its worker groups are: its placements, and those a plan not yet "
+        "carried out still had to stop.",
+    )
+    stopped: bool = Field(default=False, description="The final Stops are stored.")
+    announced: bool = Field(default=False, description="PhaseChanged is stored.")
+    released: bool = Field(default=False, description="Its worker groups are deleted.")
+    claimed_by: str = ""
+    claimed_until: datetime | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether every step is done."""
+        return self.stopped and self.announced and self.released
 
 
 class LastRecovery(BaseModel):
@@ -264,6 +293,9 @@ class JobRecord(BaseModel):
     )
     last_fault: LastFault | None = None
     pending_recovery: PendingRecovery | None = None
+    ending: JobEnding | None = Field(
+        default=None, description="A finished job's last steps, and which are done."
+    )
     last_recovery_seconds: float | None = None
     last_recovery: LastRecovery | None = None
     last_resize: LastResize | None = None

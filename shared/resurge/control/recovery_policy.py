@@ -73,6 +73,7 @@ from enum import Enum
 
 from resurge.cluster import NodeInfo
 from resurge.control.checkpoint_count import apply_checkpoint
+from resurge.control.job_end import begin_ending
 from resurge.control.planner import master_port_for
 from resurge.control.records import (
     JobRecord,
@@ -105,7 +106,9 @@ __all__ = [
     "generation_fixed",
     "last_output_words",
     "mark_dispatched",
+    "same_plan",
     "settle_due",
+    "supersede",
 ]
 
 # A generation of a job whose workers report no progress and never pass a rendezvous
@@ -400,7 +403,7 @@ def _moved(placements: list[Placement], moves: list[Move], cluster: ClusterView)
     ]
 
 
-def apply_fault(  # noqa: C901 - the ladder in order: ignore, pick a level, edit the record
+def apply_fault(
     record: JobRecord,
     fault: FaultDetected,
     *,
@@ -412,8 +415,68 @@ def apply_fault(  # noqa: C901 - the ladder in order: ignore, pick a level, edit
 ) -> Decision:
     """Decide what ``fault`` calls for and edit ``record`` to match (the module's
     ladder): on a restart, the next generation and its plan in ``pending_recovery``,
-    claimed by ``claimant`` until ``lease_seconds`` past its backoff. ``reached``: the
-    furthest step the record's current generation completed, if the caller knows it."""
+    claimed by ``claimant`` until ``lease_seconds`` past its backoff; on a failure, the
+    job's last steps in ``ending`` (:mod:`resurge.control.job_end`), claimed the same
+    way. ``reached``: the furthest step the record's current generation completed, if
+    the caller knows it.
+
+    A plan the record held that was not carried out yet (waiting out its backoff, or a
+    resize no restarter took yet) is replaced, and what it still owed passes to what
+    replaces it (:func:`supersede`): its Stops, cordons, moves and recreated or released
+    worker groups."""
+    previous, plan = record.phase, record.pending_recovery
+    decision = _decide(
+        record,
+        fault,
+        now=now,
+        cluster=cluster,
+        claimant=claimant,
+        lease_seconds=lease_seconds,
+        reached=reached,
+    )
+    if decision.verdict is Verdict.FAIL:
+        begin_ending(
+            record,
+            previous=previous,
+            reason=decision.why,
+            plan=plan,
+            claimant=claimant,
+            now=now,
+            lease_seconds=lease_seconds,
+        )
+    elif decision.verdict is Verdict.RESTART and record.pending_recovery is not None:
+        record.pending_recovery = supersede(plan, record.pending_recovery)
+    return decision
+
+
+def supersede(old: PendingRecovery | None, new: PendingRecovery) -> PendingRecovery:
+    """``new``, with what ``old`` (the plan it replaces) still owed if ``old`` was not
+    carried out: Stops to its ``stop_placements`` too (whose worker groups are deleted
+    where the record no longer places them), its cordons, moves and recreations."""
+    if old is None or old.dispatched:
+        return new
+    have = {(p.replica, p.node) for p in new.stop_placements}
+    owed = [p for p in old.stop_placements if (p.replica, p.node) not in have]
+    return new.model_copy(
+        update={
+            "stop_placements": [*new.stop_placements, *owed],
+            "cordon": [*new.cordon, *(n for n in old.cordon if n not in new.cordon)],
+            "moves": [*old.moves, *new.moves],
+            "recreate": sorted({*old.recreate, *new.recreate}),
+        }
+    )
+
+
+def _decide(  # noqa: C901 - the ladder in order: ignore, pick a level, edit the record
+    record: JobRecord,
+    fault: FaultDetected,
+    *,
+    now: datetime,
+    cluster: ClusterView | None,
+    claimant: str,
+    lease_seconds: float,
+    reached: int | None,
+) -> Decision:
     if fault.alert_only:
         return Decision(Verdict.IGNORE, "an alert: reported, not acted on")
     if record.phase.finished:
@@ -553,10 +616,20 @@ def apply_fault(  # noqa: C901 - the ladder in order: ignore, pick a level, edit
     return Decision(Verdict.RESTART, record.message, level)
 
 
-def claim(record: JobRecord, claimant: str, now: datetime, lease_seconds: float) -> bool:
-    """Take over an undispatched plan whose claim expired (or is ours). True if taken."""
+def claim(
+    record: JobRecord,
+    claimant: str,
+    now: datetime,
+    lease_seconds: float,
+    expected: PendingRecovery | None = None,
+) -> bool:
+    """Take over an undispatched plan whose claim expired (or is ours). True if taken.
+    ``expected``: the plan the caller means to carry out; a record that holds another
+    one (it was replaced meanwhile) is not claimed."""
     plan = record.pending_recovery
     if plan is None or plan.dispatched:
+        return False
+    if expected is not None and not same_plan(plan, expected):
         return False
     if plan.claimed_by != claimant and plan.claimed_until is not None and now < plan.claimed_until:
         return False
@@ -565,6 +638,12 @@ def claim(record: JobRecord, claimant: str, now: datetime, lease_seconds: float)
         update={"claimed_by": claimant, "claimed_until": until}
     )
     return True
+
+
+def same_plan(plan: PendingRecovery, other: PendingRecovery) -> bool:
+    """Whether two plans are one (the same fault's or resize's, to the same generation),
+    whatever their claims and whether dispatched."""
+    return plan.fault_id == other.fault_id and plan.to_generation == other.to_generation
 
 
 def mark_dispatched(record: JobRecord, to_generation: int) -> bool:
