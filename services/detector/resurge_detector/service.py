@@ -136,6 +136,13 @@ class DetectorService:
         self._publishing = asyncio.Lock()
         self._failures = RateLimitedLog(ctx.log, interval=30.0)
         self._reason = BoundedLabel()
+        unreadable = Counter(
+            "resurge_detector_records_unreadable_total",
+            "Job records skipped because they do not validate here (a newer resurge's); "
+            "the job's last readable record is kept.",
+            registry=ctx.registry,
+        )
+        runtime.records.on_skip = unreadable.inc
         self.first = LiveFirst(ctx.registry)
         runtime.on_fault = self._detected
 

@@ -3,14 +3,16 @@
 Every service watches the jobs bucket, and any version of resurge may write to it: a
 newer one may add a field or a phase this one does not know, and a record that does not
 validate here must not end the watch (the detector then stopped following every job:
-no new spec, no new generation). :meth:`RecordReader.read` turns such an entry into None,
-logged once per job and minute and counted in :attr:`RecordReader.skipped`; the reader
-keeps the last record it could read, and the watch goes on.
+no new spec, no new generation). :meth:`RecordReader.read` turns such an entry into
+None, logged once per job and minute and counted (:attr:`RecordReader.skipped`, and
+:attr:`RecordReader.on_skip` for a metric); the reader keeps the last record it could
+read, and the watch goes on.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from pydantic import ValidationError
 
@@ -26,6 +28,7 @@ class RecordReader:
     def __init__(self, logger: logging.Logger) -> None:
         self._log = RateLimitedLog(logger, interval=60.0)
         self.skipped = 0  # entries that did not validate
+        self.on_skip: Callable[[], object] | None = None  # told of each (a metric)
 
     def read(self, job: str, value: bytes) -> JobRecord | None:
         """The record in ``value``, or None (logged, counted) when it does not validate."""
@@ -33,6 +36,8 @@ class RecordReader:
             return JobRecord.model_validate_json(value)
         except ValidationError as error:
             self.skipped += 1
+            if self.on_skip is not None:
+                self.on_skip()
             first = error.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
             self._log.warning(
