@@ -39,15 +39,18 @@ newest generation's ranks, one entry per replica (``r<replica>``: run ``uid``,
 generation, and per rank its replica, node, whether it reported progress in this
 generation and whether it is stopped; a rank that exited is dropped), which change a
 few times per rank and generation, never per report; and ``learned``, the job's pace,
-which changes only when a longest interval grows (:mod:`resurge_detector.facts`).
-No time is kept: a restarted detector arms each rank's wait
-(heartbeat if it reported progress, else start-up; stopped as well if it was stopped)
-from its first reading of its clock, so a hang under way is judged a whole limit after
-the restart, never sooner (no false hang), and no time crosses from one process's
-monotonic clock to another's. The blame then knows no steps (a rank that reports after
-the restart has the most progress). A hang already concluded is not kept: concluded
-again after a restart it has the same id and is de-duplicated, and one concluded but
-never published is not lost. An entry of another run, of a generation older than the
+which changes only when a longest interval grows (:mod:`resurge_detector.facts`). No
+time is kept: a restarted detector arms each rank's wait (heartbeat if it reported
+progress, else start-up; stopped as well if it was stopped) from its first reading of
+its clock, so a hang under way is judged a whole limit after the restart, never sooner
+(no false hang), and no time crosses from one process's monotonic clock to another's.
+Why not arm them from the job records alone: a record names the generation and its
+placements, not which ranks already reported progress (heartbeat or start-up limit),
+matched a rule (a recurring frequency counts only after a first match) or exited, so
+arming every rank of it would raise false hangs. The blame then knows no steps (a rank
+that reports after the restart has the most progress). A hang already concluded is not
+kept: concluded again after a restart it has the same id and is de-duplicated, and one
+concluded but never published is not lost. An entry of another run, of a generation older than the
 record's or of a finished job is dropped.
 """
 
