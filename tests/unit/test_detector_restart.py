@@ -7,6 +7,7 @@ store hands it over (tests/integration/test_detector_state.py has the store itse
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -26,6 +27,7 @@ from resurge.events import (
     Source,
 )
 from resurge.local import job_factory
+from resurge_detector.facts import MAX_BYTES, pack, unpack
 from resurge_detector.hang import HangDetector
 from resurge_detector.log_rules import LogRuleDetector
 from resurge_detector.node_health import NodeHealthDetector
@@ -281,3 +283,11 @@ def test_a_node_silent_since_before_the_restart_is_lost_a_limit_after_it() -> No
     [lost] = faults(after.tick(at(15.1)))
     assert (lost.reason, lost.node, lost.replica) == ("node_lost", "n1", 1)
     assert after.tick(at(15.2)) == []  # once
+
+
+def test_facts_too_big_for_a_message_are_not_kept() -> None:
+    """An entry over the bound is deleted (None), not written: a write that cannot
+    succeed would hold back every ack of the raw events behind it."""
+    noise = secrets.token_hex(MAX_BYTES)  # incompressible, twice the bound
+    assert pack("j", {"ranks": noise}) is None
+    assert unpack(pack("j", {"ranks": "small"}) or b"") == {"ranks": "small"}
