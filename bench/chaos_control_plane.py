@@ -3,11 +3,13 @@
 A local cluster of 4 nodes x 2 slots runs two restarters and two scalers (as the
 production overlay does) beside the detector, every service and every node monitor
 reaching NATS through a TCP proxy of its own (:mod:`tcp_proxy`). Jobs of the bench's
-torch-free worker (:mod:`chaos_worker`) run on it: ``trainer``, elastic over 2 to 4
-replicas for the whole run, and a 2-replica ``batch-N`` of 20 to 40 s every 30 s or so,
-so jobs finish, queue for slots and take the slots a shrink frees. Every ``--every``
-seconds (jittered; default 8) one disturbance is dealt from a deck of every kind,
-shuffled with the printed seed (each kind once before any twice):
+torch-free worker (:mod:`chaos_worker`) run on it for the whole run: ``trainer``, 2
+replicas (the worker-side faults' target: never resized, so each fault made in it is
+its own incident), and ``elastic``, 1 to 4 replicas, growing into free slots and
+shrinking for the rest; and a 2-replica ``batch-N`` of 20 to 40 s every 30 s or so, of
+a higher priority, so jobs finish, queue for slots and take the slots a shrink frees.
+Every ``--every`` seconds (jittered; default 8) one disturbance is dealt from a deck of
+every kind, shuffled with the printed seed (each kind once before any twice):
 
 - ``kill_rank`` / ``stop_rank`` (a hang) / ``log`` (a CUDA error line) / ``kill_agent`` /
   ``xid`` (a fatal XID 79; the node is replaced once the trainer moved): one of the
@@ -31,12 +33,15 @@ shuffled with the printed seed (each kind once before any twice):
   the report says so.
 
 A fault that breaks the trainer waits for its recovery (at most
-``RECOVERY_LIMIT_SECONDS``) before the next one; the other kinds overlap. The last
-30 s disturb nothing: the links heal, the batches end, the trainer is deleted. Twice a
-second the judge (:mod:`chaos_invariants`) checks that no node holds more workers than
-slots, each injected fault is recovered exactly once, no job stays Recovering past its
-limits, and no worker of a finished job runs; each broken one is printed when seen and
-again at the end, after the seed. It is a bench: it exits 0 whatever broke
+``RECOVERY_LIMIT_SECONDS``) before the next one (and no node is removed meanwhile),
+and is made only while the trainer has run one generation for ``STEADY_SECONDS``, and
+not in the last 30 s; the other kinds overlap. Then nothing is disturbed: the links
+heal, the last fault is recovered (or judged not), the batches end (up to 15 s), the
+long jobs are deleted and judged ``FINISHED_GRACE_SECONDS`` more. Twice a second
+the judge (:mod:`chaos_invariants`) checks that no node holds more workers than slots,
+each injected fault is recovered exactly once, no job stays Recovering past its limits,
+and no worker of a finished job runs; each broken one is printed when seen and again
+at the end, after the seed. It is a bench: it exits 0 whatever broke
 (tests/e2e/test_chaos_control_plane.py asserts that nothing did).
 """
 
@@ -56,19 +61,27 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from chaos_invariants import RECOVERY_LIMIT_SECONDS, Judge, Worker, census
+from chaos_invariants import (
+    FINISHED_GRACE_SECONDS,
+    LONGEST_PARTITION_SECONDS,
+    RECOVERY_LIMIT_SECONDS,
+    Judge,
+    Worker,
+    census,
+)
 from nats.js.api import DiscardPolicy
 from tcp_proxy import Proxy
 
 from resurge.control.client import delete_job, inject_fault, inject_xid, submit_job
-from resurge.control.records import JobStore
-from resurge.events import Event, RecoveryStarted
+from resurge.control.records import JobRecord, JobStore
+from resurge.events import Event, JobPhase, RecoveryStarted
 from resurge.jobspec import TrainingJob
 from resurge.local.job_factory import python_job
 from resurge.local.membership import add_node, remove_node
 from resurge.local.nats_server import free_port
 from resurge.local.supervisor import Supervisor
 from resurge.runtime.bus import Bus
+from resurge.worker.environment import GENERATION
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("chaos_worker.py")
@@ -76,19 +89,25 @@ NODES, SLOTS = 4, 2
 SERVICES = ("detector", "restarter", "restarter-2", "scaler", "scaler-2")
 STEP_SECONDS = 0.2
 SETTLE_SECONDS = 30.0
+STEADY_SECONDS = 3.0  # a breaking fault waits for the trainer to run this long
 BREAKING = ("kill_rank", "stop_rank", "log", "kill_agent", "xid", "hang_kill_detector")
+ALONE = (*BREAKING, "remove_node")  # not while a breaking fault waits for its recovery
+ELASTIC = "elastic"
 OVERLAPPING = ("kill_service", "remove_node", "partition", "delay", "reset", "publish_fail")
 STREAMS = ("fault", "cmd", "job", "action")
 CUDA_LINE = "RuntimeError: CUDA error: an illegal memory access was encountered"
 
 
-def _job(name: str, steps: int, replicas: int | dict[str, int], folder: Path) -> TrainingJob:
+def _job(
+    name: str, steps: int, replicas: int | dict[str, int], folder: Path, priority: int = 0
+) -> TrainingJob:
     args = ["--job", name, "--steps", str(steps), "--step-seconds", str(STEP_SECONDS)]
     return python_job(
-        name, WORKER, *args, replicas=replicas, forkServer=False,
+        name, WORKER, *args, replicas=replicas, forkServer=False, priority=priority,
         elastic={"cooldownSeconds": 3, "scaleUpSnoozeSeconds": 3},
-        recovery={"jobMaxRetryCount": 1000, "evalPeriodSeconds": 5},
-        monitoring={"heartbeatTimeoutSeconds": 5, "logRules": [
+        recovery={"jobMaxRetryCount": 1000, "evalPeriodSeconds": 5,
+                  "backoff": {"initialSeconds": 1, "maxSeconds": 5}},
+        monitoring={"heartbeatTimeoutSeconds": 5, "startupTimeoutSeconds": 30, "logRules": [
             {"name": "cuda", "logPattern": "CUDA error", "faultOnMatch": True},
         ]},
         checkpoint={"intervalSteps": 25, "dir": str(folder / "ckpt" / name)},
@@ -150,6 +169,9 @@ class Bench:
         self.trainer = "trainer"
         self.supervisor: Supervisor | None = None
         self.workers: list[Worker] = []
+        self.records: list[JobRecord] = []
+        self.settled: list[JobRecord] = []  # the records once the disturbances ended
+        self._steady: tuple[int, float] | None = None  # the trainer's generation, Running since
 
     def now(self) -> float:
         return time.monotonic() - self.started
@@ -183,7 +205,8 @@ class Bench:
             await bus.subscribe(bus.subjects.raw(self.trainer, "progress", None), self._on_progress)
             await bus.nc.flush()
             steps = int((self.minutes * 60 + 120) / STEP_SECONDS)
-            await submit_job(bus, _job(self.trainer, steps, {"min": 2, "max": 4}, self.folder))
+            await submit_job(bus, _job(self.trainer, steps, 2, self.folder))
+            await submit_job(bus, _job(ELASTIC, steps, {"min": 1, "max": 4}, self.folder))
             await self._disturb(bus, self.minutes * 60 - SETTLE_SECONDS)
             await self._settle(bus)
         finally:
@@ -225,6 +248,7 @@ class Bench:
                 records = await store.all()
                 children = list(self.supervisor.children.items())
                 monitors = {c.process.pid: name for name, c in children if c.node and c.process}
+                self.records = records
                 self.workers = await asyncio.to_thread(census, WORKER.name, monitors)
                 slots = {n.name: n.gpus for n in self.supervisor.node_set.nodes}  # type: ignore[union-attr]
                 self.judge.sample(self.now(), records, self.workers, slots)
@@ -236,7 +260,7 @@ class Bench:
         next_batch = self.now() + 10
         end = self.now() + seconds
         kinds = [*BREAKING, *OVERLAPPING] + (["clock_step"] if self.clock.library else [])
-        deck: list[str] = []  # every kind once, shuffled, then again
+        deck: list[str] = []  # every kind once, shuffled, then again (dealt from the front)
         pending: float | None = None  # when the breaking fault in flight was made
         while self.now() < end:
             await asyncio.sleep(self.every * self.rng.uniform(0.6, 1.4))
@@ -245,11 +269,11 @@ class Bench:
                 next_batch = self.now() + self.rng.uniform(20, 40)
             if pending is not None and self._recovered(pending):
                 pending = None
-            if not deck:
-                deck = self.rng.sample(kinds, len(kinds))
-            playable = [k for k in deck if pending is None or k not in BREAKING]
-            if not playable:
-                continue
+            alone = pending is None and self.now() < end - SETTLE_SECONDS
+            playable = [k for k in deck if alone or k not in ALONE]
+            if not playable:  # a fresh deck on top: what waits for a recovery stays
+                deck += self.rng.sample(kinds, len(kinds))
+                playable = [k for k in deck if alone or k not in ALONE]
             kind = playable[0]
             deck.remove(kind)
             try:
@@ -277,15 +301,32 @@ class Bench:
         self.batches += 1
         name = f"batch-{self.batches}"
         steps = int(self.rng.uniform(20, 40) / STEP_SECONDS)
-        await submit_job(bus, _job(name, steps, 2, self.folder))
+        await submit_job(bus, _job(name, steps, 2, self.folder, priority=1))
         self.say(f"submitted {name}: 2 replicas, {steps * STEP_SECONDS:.0f} s of steps")
 
     def _trainer_workers(self) -> list[Worker]:
-        return [w for w in self.workers if w.job == self.trainer and w.state not in ("T", "t")]
+        """The trainer's running workers, once it has trained in one generation for a
+        few seconds: a fault made then is this fault's alone (none while it recovers
+        or resizes, which would take it in without a recovery of its own)."""
+        record = next((r for r in self.records if r.name == self.trainer), None)
+        if record is None or record.phase is not JobPhase.RUNNING:
+            self._steady = None
+            return []
+        if self._steady is None or self._steady[0] != record.generation:
+            self._steady = (record.generation, self.now())
+        if self.now() - self._steady[1] < STEADY_SECONDS:
+            return []
+        return [
+            w
+            for w in self.workers
+            if w.job == self.trainer
+            and w.state not in ("T", "t")
+            and _environ(w.pid, GENERATION) == str(record.generation)
+        ]
 
     async def _make(self, kind: str, bus: Bus) -> str | None:
         """Make one disturbance of ``kind``; what it did, or None if nothing could be."""
-        victims = self._trainer_workers()
+        victims = self._trainer_workers() if kind in BREAKING else []
         victim = self.rng.choice(victims) if victims else None
         if kind in BREAKING and victim is None:
             return None
@@ -294,10 +335,10 @@ class Bench:
         elif kind == "stop_rank" and victim:
             os.kill(victim.pid, signal.SIGSTOP)
         elif kind == "log" and victim:
-            rank = _rank_of(victim.pid)
+            rank = _environ(victim.pid, "RANK")
             if rank is None:
                 return None
-            await inject_fault(bus, self.trainer, rank, "log", CUDA_LINE)
+            await inject_fault(bus, self.trainer, int(rank), "log", CUDA_LINE)
         elif kind == "kill_agent" and victim:
             if "resurge_node_agent" not in _cmdline(victim.parent):
                 return None
@@ -328,7 +369,7 @@ class Bench:
             self._later(self._replace(bus, self.rng.choice(nodes), wait=0))
             return "a node leaves, a fresh one joins"
         if kind == "partition":
-            seconds = self.rng.uniform(3, 15)
+            seconds = self.rng.uniform(3, LONGEST_PARTITION_SECONDS)
             self._later(self._window(proxy, "blackhole", 0, seconds))
             return f"{proxy.name} blackholed for {seconds:.1f} s"
         if kind == "delay":
@@ -391,17 +432,28 @@ class Bench:
         for task in list(self.background):
             task.cancel()
         self.say("settling: links healed, no more disturbances")
+        verdict = max(  # the last fault's recovery, or the judge's verdict on it
+            (i.at + RECOVERY_LIMIT_SECONDS + 1 for i in self.judge.injected if not i.recovered),
+            default=0.0,
+        )
+        while self.now() < verdict:
+            if all(i.recovered for i in self.judge.injected):
+                break
+            await asyncio.sleep(0.5)
         deadline = self.now() + SETTLE_SECONDS / 2
         store = JobStore(await bus.jobs_bucket())
+        batches = {f"batch-{n}" for n in range(1, self.batches + 1)}
         while self.now() < deadline:
-            records = await store.all()
-            if all(r.phase.finished for r in records if r.name != self.trainer):
+            self.settled = await store.all()
+            finished = {r.name for r in self.settled if r.phase.finished}
+            if batches <= finished:
                 break
             await asyncio.sleep(1)
-        with contextlib.suppress(LookupError):
-            await delete_job(bus, self.trainer)
-            self.say("deleted the trainer")
-        await asyncio.sleep(SETTLE_SECONDS / 2 + 5)
+        for name in (self.trainer, ELASTIC):
+            with contextlib.suppress(LookupError):
+                await delete_job(bus, name)
+                self.say(f"deleted {name}")
+        await asyncio.sleep(FINISHED_GRACE_SECONDS + 3)  # its workers judged once
 
     def report(self, seed: int) -> None:
         judge = self.judge
@@ -416,6 +468,8 @@ class Bench:
         print(f"faults injected into the trainer: {len(judge.injected)}; recovered: {recovered}")
         print(f"recoveries started (all jobs): {len(judge.recoveries)}")
         print(f"batch jobs submitted: {self.batches}")
+        phases = Counter(f"{r.phase}" for r in self.settled)
+        print(f"jobs when the disturbances ended: {dict(phases)}")
         print(f"invariants broken: {len(judge.broken)}")
         for broken in judge.broken:
             print(f"  - {broken}")
@@ -443,14 +497,17 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _rank_of(pid: int) -> int | None:
+def _environ(pid: int, name: str) -> str | None:
+    """Variable ``name`` of process ``pid`` as it started (workers are not forked here:
+    their environment is their own)."""
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:
         return None
+    prefix = f"{name}=".encode()
     for entry in environ:
-        if entry.startswith(b"RANK="):
-            return int(entry[5:])
+        if entry.startswith(prefix):
+            return entry[len(prefix) :].decode()
     return None
 
 

@@ -32,6 +32,7 @@ from resurge.events import JobPhase, RecoveryStarted
 
 __all__ = [
     "FINISHED_GRACE_SECONDS",
+    "LONGEST_PARTITION_SECONDS",
     "OVERLAP_GRACE_SECONDS",
     "RECOVERY_LIMIT_SECONDS",
     "Broken",
@@ -41,14 +42,16 @@ __all__ = [
     "recovering_limit",
 ]
 
-# A worker asked to stop has the job's stopGraceSeconds, then SIGKILL; the agent reads
-# its Stop over a bus the bench may be delaying.
-FINISHED_GRACE_SECONDS = 20.0
-OVERLAP_GRACE_SECONDS = 20.0
+# The longest the bench partitions a link, and the longest it disturbs one at all.
+LONGEST_PARTITION_SECONDS = 15.0
+LONGEST_DISTURBANCE_SECONDS = 20.0
+# A worker asked to stop has its job's stopGraceSeconds (the default, 10 s, in the
+# bench's jobs), then SIGKILL; its agent may hear the Stop only once a partition heals.
+FINISHED_GRACE_SECONDS = 10.0 + LONGEST_PARTITION_SECONDS + 10.0
+OVERLAP_GRACE_SECONDS = FINISHED_GRACE_SECONDS
 # From an injected fault to the recovery it causes, worst case: a hang's heartbeat
 # timeout, a disturbed link's reconnect, the backoff.
-RECOVERY_LIMIT_SECONDS = 90.0
-LONGEST_DISTURBANCE_SECONDS = 20.0
+RECOVERY_LIMIT_SECONDS = 60.0
 
 
 def recovering_limit(record: JobRecord) -> float:
@@ -147,7 +150,11 @@ class Judge:
 
     def recovery(self, at: float, event: RecoveryStarted) -> None:
         """A RecoveryStarted arrived at ``at``: the first after an injection into its job
-        recovers it; a fault or generation recovered twice is broken."""
+        recovers it; a fault or generation recovered twice is broken. A publisher's
+        retry of the same event (same id: core NATS passes both on, the stream keeps
+        one) counts once."""
+        if any(r.id == event.id for _, r in self.recoveries):
+            return
         self.recoveries.append((at, event))
         for injected in self.injected:
             if injected.job == event.job and not injected.recovered and injected.at <= at:
@@ -221,12 +228,14 @@ class Judge:
                                 f"{limit:g} s (generation {record.generation})")  # fmt: skip
             else:
                 self._recovering.pop(record.name, None)
-            if record.phase.finished:
-                self._finished.setdefault(record.name, at)
         for name in list(self._recovering):
             if name not in present:
                 del self._recovering[name]
-        for job in {w.job for w in workers} - present:  # deleted: as finished
+        over = {r.name for r in records if r.phase.finished}
+        over |= {w.job for w in workers} - present  # deleted: as finished
+        for job in set(self._finished) - over:  # a record read amiss once: judged anew
+            del self._finished[job]
+        for job in over:
             self._finished.setdefault(job, at)
         for job, since in self._finished.items():
             left = sorted(w.pid for w in workers if w.job == job)
