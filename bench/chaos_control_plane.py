@@ -2,7 +2,8 @@
 
 A local cluster of 4 nodes x 2 slots runs two restarters and two scalers (as the
 production overlay does) beside the detector, every service and every node monitor
-reaching NATS through a TCP proxy of its own (:mod:`tcp_proxy`). Jobs of the bench's
+reaching NATS through a TCP proxy of its own (:mod:`tcp_proxy`; a node added during
+the run reaches it directly). Jobs of the bench's
 torch-free worker (:mod:`chaos_worker`) run on it for the whole run: ``trainer``, 2
 replicas (the worker-side faults' target: never resized, so each fault made in it is
 its own incident), and ``elastic``, 1 to 4 replicas, growing into free slots and
@@ -281,8 +282,9 @@ class Bench:
             except Exception as error:  # a disturbance that could not be made is no result
                 detail = None
                 self.say(f"{kind}: could not: {error!r}")
-            if detail is None:
+            if detail is None:  # dealt again after the rest of the deck
                 self.skipped[kind] += 1
+                deck.append(kind)
                 continue
             self.made[kind] += 1
             self.say(f"{kind}: {detail}")
