@@ -468,6 +468,8 @@ class Bench:
             print("clock_step left out: the libfaketime package is not installed")
         recovered = sum(1 for i in judge.injected if i.recovered)
         print(f"faults injected into the trainer: {len(judge.injected)}; recovered: {recovered}")
+        for i in judge.injected:
+            print(f"  t={i.at:7.1f}s {i.kind}: " + (f"recovered, {i.by}" if i.recovered else "-"))
         print(f"recoveries started (all jobs): {len(judge.recoveries)}")
         print(f"batch jobs submitted: {self.batches}")
         phases = Counter(f"{r.phase}" for r in self.settled)

@@ -123,6 +123,7 @@ class _Injected:
     job: str
     at: float
     recovered: bool = False
+    by: str = ""  # the recovery's reason and when it started
 
 
 @dataclass
@@ -159,6 +160,7 @@ class Judge:
         for injected in self.injected:
             if injected.job == event.job and not injected.recovered and injected.at <= at:
                 injected.recovered = True
+                injected.by = f"{event.reason} at t={at:.1f}s ({event.level})"
         twice = Counter(r.fault_id for _, r in self.recoveries if r.job == event.job)
         if twice[event.fault_id] > 1:
             self._break(at, "recovered once", f"fault {event.fault_id}",
