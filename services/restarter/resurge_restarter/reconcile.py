@@ -57,7 +57,15 @@ class Reconciler:
         self.retry_seconds = retry_seconds
         self._due: dict[str, datetime] = {}
         self._changed = asyncio.Event()
+        # What the loop sleeps until (None: until woken); ASAP while it looks, when what
+        # is noted is seen once the looks are done, without waking it.
+        self._until: datetime | None = ASAP
         self._loop: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Run the loop (:meth:`note` starts it too, if it is not running)."""
+        if self._loop is None or self._loop.done():
+            self._loop = self.ctx.spawn(self.run, name="reconcile")
 
     def note(self, name: str, due: datetime | None) -> None:
         """Look at job ``name`` at ``due`` (None: no more), instead of when noted before."""
@@ -65,31 +73,32 @@ class Reconciler:
             self._due.pop(name, None)
             return
         self._due[name] = due
-        self._changed.set()
         if self._loop is None or self._loop.done():
-            self._loop = self.ctx.spawn(self.run, name="reconcile")
-
-    def due(self, name: str) -> datetime | None:
-        """When job ``name`` is looked at next (None: not)."""
-        return self._due.get(name)
+            self.start()
+        elif self._until is None or due < self._until:
+            self._changed.set()  # sooner than the loop sleeps until
 
     async def run(self) -> None:
         """Look at each job when it is due, forever."""
         while True:
-            self._changed.clear()
             now = datetime.now(UTC)
             ready = [name for name, due in self._due.items() if due <= now]
-            for name in ready:
-                del self._due[name]
-                again = await self._look(name)
-                if again is not None and name not in self._due:  # no newer word came
-                    self._due[name] = again
             if ready:
+                self._until = ASAP
+                for name in ready:
+                    del self._due[name]
+                    again = await self._look(name)
+                    if again is not None and name not in self._due:  # no newer word came
+                        self._due[name] = again
                 continue
-            soonest = min(self._due.values(), default=None)
-            wait = None if soonest is None else (soonest - now).total_seconds() + _PAST_DUE_SECONDS
+            self._until = min(self._due.values(), default=None)
+            self._changed.clear()
+            wait = None
+            if self._until is not None:
+                wait = (self._until - now).total_seconds() + _PAST_DUE_SECONDS
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), wait)
+            self._until = ASAP
 
     async def _look(self, name: str) -> datetime | None:
         later = datetime.now(UTC) + timedelta(seconds=self.retry_seconds)

@@ -130,6 +130,7 @@ class Restarter:
         """Warm the fault path (:mod:`.warm_up`), look at what every record owes, watch
         the records, then consume events."""
         warm_up(self.bus, self.me)
+        self.reconciler.start()
         await self.resume_unfinished()
         await self.dispatcher.watch_records(self._record_seen)
         bus = self.bus
