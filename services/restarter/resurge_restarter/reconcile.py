@@ -58,8 +58,10 @@ class Reconciler:
         self._due: dict[str, datetime] = {}
         self._changed = asyncio.Event()
         # What the loop sleeps until (None: until woken); ASAP while it looks, when what
-        # is noted is seen once the looks are done, without waking it.
+        # is noted is seen once the looks are done. A look due sooner than that sets an
+        # alarm for its time rather than waking the loop now (the fault's path goes on).
         self._until: datetime | None = ASAP
+        self._alarm: asyncio.TimerHandle | None = None
         self._loop: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -75,8 +77,14 @@ class Reconciler:
         self._due[name] = due
         if self._loop is None or self._loop.done():
             self.start()
-        elif self._until is None or due < self._until:
-            self._changed.set()  # sooner than the loop sleeps until
+            return
+        if self._until is not None and due >= self._until:
+            return
+        self._until = due
+        if self._alarm is not None:
+            self._alarm.cancel()
+        delay = (due - datetime.now(UTC)).total_seconds() + _PAST_DUE_SECONDS
+        self._alarm = asyncio.get_running_loop().call_later(max(delay, 0.0), self._changed.set)
 
     async def run(self) -> None:
         """Look at each job when it is due, forever."""
@@ -99,6 +107,9 @@ class Reconciler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), wait)
             self._until = ASAP
+            if self._alarm is not None:
+                self._alarm.cancel()
+                self._alarm = None
 
     async def _look(self, name: str) -> datetime | None:
         later = datetime.now(UTC) + timedelta(seconds=self.retry_seconds)
