@@ -43,24 +43,15 @@ from resurge.control.job_messages import (
 )
 from resurge.control.planner import command_id
 from resurge.control.records import JobRecord, JobStore, PendingRecovery, Placement
-from resurge.control.recovery_policy import ClusterView, mark_dispatched, same_plan
+from resurge.control.recovery_policy import mark_dispatched, same_plan
 from resurge.control.worker_groups import worker_group
 from resurge.events import Envelope, JobPhase, RecoveryLevel, RecoveryStarted
 from resurge.runtime.service import ServiceContext
 
-__all__ = ["Dispatcher", "cluster_view"]
+__all__ = ["Dispatcher"]
 
 Check = Callable[[str], Awaitable[None]]
 """Called with a job's name: look at its record again."""
-
-
-async def cluster_view(backend: ClusterBackend, exclude_job: str | None = None) -> ClusterView:
-    """Live nodes and the slots worker groups take on each (``exclude_job``'s not counted)."""
-    used: dict[str, int] = {}
-    for group in await backend.list_worker_groups():
-        if group.job != exclude_job:
-            used[group.node] = used.get(group.node, 0) + group.nproc
-    return ClusterView(nodes=await backend.live_nodes(), used=used)
 
 
 def _leaving(record: JobRecord) -> list[Placement]:

@@ -51,6 +51,7 @@ from resurge.contract.subscriptions import (
     RESTARTER_RENDEZVOUS,
     RESTARTER_SIGN_OF_LIFE,
 )
+from resurge.control.allocations import Claim
 from resurge.control.job_end import claim_ending
 from resurge.control.job_finish import finish_job
 from resurge.control.job_messages import announce_phase
@@ -81,10 +82,12 @@ from resurge.events import (
     RecoveryFinished,
     RendezvousPassed,
 )
+from resurge.runtime.bus import TransientError
 from resurge.runtime.service import ServiceContext
-from resurge_restarter.dispatch import Dispatcher, cluster_view
+from resurge_restarter.dispatch import Dispatcher
 from resurge_restarter.known_jobs import KnownJobs
 from resurge_restarter.metrics import RestarterMetrics
+from resurge_restarter.placing import MovePlacer, covered
 from resurge_restarter.reconcile import Reconciler, next_look
 from resurge_restarter.warm_up import warm_up
 
@@ -118,6 +121,7 @@ class Restarter:
         self.lease_seconds = lease_seconds
         self.dispatcher = Dispatcher(ctx, store, backend, self.me, lease_seconds)
         self.reconciler = Reconciler(ctx, self.reconcile, lease_seconds)
+        self.placer = MovePlacer(ctx.bus, backend, store, self.me)
         # Jobs with a recovery in flight (job -> generation being started; an entry lives
         # while its recovery does), and, bounded (:mod:`.known_jobs`), jobs known to
         # report progress and the newest generation of each seen past its resume point:
@@ -154,6 +158,15 @@ class Restarter:
                 self.dispatcher.recheck_at(record.name, due, self.settle, "settle")
 
     async def on_fault(self, fault: FaultDetected) -> None:
+        """:meth:`decide_and_carry_out`; the slots claimed for its moves are dropped once
+        that created their worker groups (or failed), not before: a job deleted
+        meanwhile must not see its slots handed out under a group about to be made."""
+        try:
+            await self.decide_and_carry_out(fault)
+        finally:
+            await self.placer.release_held(fault.fault_id)
+
+    async def decide_and_carry_out(self, fault: FaultDetected) -> None:
         """Decide, write the decision and its plan (compare-and-set), then carry it out.
 
         A redelivered fault whose plan is still undispatched (an earlier attempt
@@ -169,30 +182,10 @@ class Restarter:
                 "fault for unknown job %s ignored", fault.job, extra={"job": fault.job}
             )
             return
-        cluster: ClusterView | None = None
-        if fault.scope is FaultScope.NODE or any(e.node_scoped for e in found[0].history):
-            cluster = await cluster_view(self.backend, exclude_job=fault.job)
-        decisions: list[Decision] = []
-
-        def change(record: JobRecord) -> bool:
-            decisions[:] = [
-                apply_fault(
-                    record,
-                    fault,
-                    now=datetime.now(UTC),
-                    cluster=cluster,
-                    claimant=self.me,
-                    lease_seconds=self.lease_seconds,
-                    reached=self.known.reached(record.name, record.generation),
-                )
-            ]
-            return decisions[0].verdict is not Verdict.IGNORE
-
-        result = await self.store.mutate(fault.job, change)
+        result, decision = await self._decide(fault, found[0])
         if result is None:
             return
         before, after = result
-        decision = decisions[0] if decisions else None
         if decision is None or decision.verdict is Verdict.IGNORE:
             self.ctx.log.info("fault %s ignored: %s", fault.fault_id, decision and decision.why)
             plan = after.pending_recovery
@@ -226,6 +219,43 @@ class Restarter:
                 fault.reason,
                 extra={"job": after.name, "generation": after.generation},
             )
+
+    async def _decide(
+        self, fault: FaultDetected, known: JobRecord
+    ) -> tuple[tuple[JobRecord, JobRecord] | None, Decision | None]:
+        """Decide ``fault`` and write the decision (compare-and-set): the record before
+        and after (None: no such job) and the decision (None: not decided)."""
+        decisions: list[Decision] = []
+
+        def decide(record: JobRecord, cluster: ClusterView | None) -> Decision:
+            return apply_fault(
+                record,
+                fault,
+                now=datetime.now(UTC),
+                cluster=cluster,
+                claimant=self.me,
+                lease_seconds=self.lease_seconds,
+                reached=self.known.reached(record.name, record.generation),
+            )
+
+        # A fault that may move a replica decides on the one cluster snapshot and claims
+        # the moves' slots first (:mod:`.placing`); any other restart touches neither.
+        cluster: ClusterView | None = None
+        claims: list[Claim] = []
+        if fault.scope is FaultScope.NODE or any(e.node_scoped for e in known.history):
+            cluster, claims = await self.placer.reserve(known, fault.fault_id, decide)  # held
+        unclaimed = [False]
+
+        def change(record: JobRecord) -> bool:
+            decisions[:] = [decide(record, cluster)]
+            acts = decisions[0].verdict is not Verdict.IGNORE
+            unclaimed[0] = acts and not covered(record, fault.fault_id, claims)
+            return acts and not unclaimed[0]
+
+        result = await self.store.mutate(known.name, change)
+        if unclaimed[0]:  # the record changed since the moves were claimed
+            raise TransientError(f"{known.name}: moves not claimed; deciding again")
+        return result, decisions[0] if decisions else None
 
     async def on_progress(self, events: list[Event]) -> None:
         """One batch of progress reports, each a sign of life, in the order they came."""

@@ -5,7 +5,8 @@
   each unfinished job runs with and the replicas it is meant to run with (as in
   ``resurge status``);
 - ``resurge_gpus_in_use`` and ``resurge_gpus_idle``: slots of the healthy live nodes
-  taken by worker groups, and free.
+  in use (:mod:`resurge.control.cluster_snapshot`: replicas, held spares, worker groups,
+  claimed placements), and free.
 
 Label bounds: ``kind`` is a ResizeKind (a closed enum); ``job`` is bounded by the
 unfinished jobs: a job's series go when it finishes or its record is deleted.
@@ -13,11 +14,9 @@ unfinished jobs: a job's series go when it finishes or its record is deleted.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from resurge.cluster import NodeInfo, WorkerGroupSpec
+from resurge.control.cluster_snapshot import ClusterSnapshot
 from resurge.control.records import JobRecord, status_view
 
 __all__ = ["RESIZE_KINDS", "ScalerMetrics"]
@@ -52,12 +51,12 @@ class ScalerMetrics:
         )
         self.in_use = Gauge(
             "resurge_gpus_in_use",
-            "GPU slots of healthy live nodes that worker groups take.",
+            "GPU slots of healthy live nodes in use (replicas, held spares, placements).",
             registry=registry,
         )
         self.idle = Gauge(
             "resurge_gpus_idle",
-            "GPU slots of healthy live nodes that no worker group takes.",
+            "GPU slots of healthy live nodes not in use.",
             registry=registry,
         )
         self._jobs: set[str] = set()
@@ -81,13 +80,11 @@ class ScalerMetrics:
         self.target.labels(name).set(replicas["target"])
         self._jobs.add(name)
 
-    def gpus(self, nodes: Iterable[NodeInfo], groups: Iterable[WorkerGroupSpec]) -> None:
-        """Set the GPU gauges from the live nodes and the worker groups on them."""
-        slots = {node.name: node.slots for node in nodes if node.healthy}
-        used: dict[str, int] = {}
-        for group in groups:
-            if group.node in slots:
-                used[group.node] = used.get(group.node, 0) + group.nproc
+    def gpus(self, snapshot: ClusterSnapshot) -> None:
+        """Set the GPU gauges from the cluster snapshot: slots of its healthy live nodes
+        in use (by replicas, held spares, worker groups and claims) and free."""
+        slots = {node.name: node.slots for node in snapshot.nodes if node.healthy}
+        used = snapshot.used()
         in_use = sum(min(used.get(name, 0), total) for name, total in slots.items())
         self.in_use.set(in_use)
         self.idle.set(sum(slots.values()) - in_use)

@@ -42,12 +42,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 
 from resurge.cluster import ClusterBackend, NodeInfo
 from resurge.contract.subscriptions import SCALER_RESIZE_AGENTS, Scope
+from resurge.control.allocations import (
+    AllocationConflict,
+    Allocations,
+    Claim,
+    open_allocations,
+)
+from resurge.control.cluster_snapshot import ClusterReads, read_snapshot
 from resurge.control.elastic_decision import GrowWait, Kind, Resize, plan
 from resurge.control.job_messages import send_checkpoint_requests
 from resurge.control.nodes import is_being_removed
@@ -63,6 +71,8 @@ __all__ = ["Resizer"]
 
 _CARRIED_OUT = (Kind.GROW, Kind.SHRINK, Kind.SUSPEND)
 _LONG_AGO = 1e9  # seconds before now: a node being removed is overdue at once
+_ATTEMPTS = 20
+_CLAIM_MARGIN = 30.0  # seconds a grow's claims outlive its warm-up and checkpoint bounds
 
 
 class Resizer:
@@ -74,57 +84,104 @@ class Resizer:
         store: JobStore,
         backend: ClusterBackend,
         metrics: ScalerMetrics | None = None,
+        allocations: Callable[[], Awaitable[Allocations]] | None = None,
     ) -> None:
         self.ctx = ctx
         self.metrics = metrics
         self.bus = ctx.bus
         self.store = store
         self.backend = backend
+        self.reads = ClusterReads(
+            backend.list_nodes, backend.live_nodes, backend.list_worker_groups
+        )
         self.lost: dict[str, float] = {}
         self.ready: dict[str, float | None] | None = None
         self.in_flight: set[str] = set()
         self._deciding = asyncio.Lock()
+        self._open_allocations = allocations
+        self._allocations: Allocations | None = None
+
+    async def allocations(self) -> Allocations:
+        """The allocation ledger (the scaler's, or one made on first use)."""
+        if self._allocations is None:
+            if self._open_allocations is not None:
+                self._allocations = await self._open_allocations()
+            else:
+                self._allocations = await open_allocations(self.bus, self.bus.source.instance)
+            assert self._allocations is not None
+        return self._allocations
 
     async def rebalance(self) -> None:
-        """Decide once on the records and nodes as they are now; start each resize."""
+        """Decide once on the cluster snapshot as it is now; claim the slots each grow
+        adds (a lost claim decides again), then start each resize."""
         async with self._deciding:
-            records = [r for r in await self.store.all() if not r.phase.finished]
-            if not records:
-                self.lost = {}
-                return
-            nodes = await self.backend.live_nodes()
-            now = time.time()
-            self.lost = lost_since(self.lost, records, nodes, now)
-            self.ready = ready_since(self.ready, nodes, now)
-            for node in nodes:
-                if is_being_removed(node) and node.name in self.lost:
-                    self.lost[node.name] = now - _LONG_AGO
-            resized = {
-                r.name: r.last_resize.time.timestamp() for r in records if r.last_resize is not None
-            }
-            cluster, shapes = shapes_from(
-                records, nodes, now, resized_at=resized, lost=self.lost, ready=self.ready
-            )
-            shapes = [replace(s, busy=True) if s.name in self.in_flight else s for s in shapes]
-            decided = plan(cluster, shapes, now)
-            by_name = {r.name: r for r in records}
-            for record in records:
-                held = _held(decided.held.get(record.name))
-                if record.held_grow != held:
-                    await self.store.mutate(record.name, partial(_note_held, held=held))
-            for resize in decided.resizes:
-                if resize.kind not in _CARRIED_OUT:
-                    continue  # admissions: the admission pass places them
-                self.in_flight.add(resize.job)
-                self.ctx.spawn(self._carry_out(by_name[resize.job], resize, nodes))
+            allocations = await self.allocations()
+            for _ in range(_ATTEMPTS):
+                if await self._decide(allocations):
+                    return
+            self.ctx.log.warning("resizes skipped: the allocation ledger kept moving")
 
-    async def _carry_out(self, record: JobRecord, resize: Resize, nodes: list[NodeInfo]) -> None:
+    async def _decide(self, allocations: Allocations) -> bool:
+        """One decision and its claims; False if another placer wrote meanwhile."""
+        snapshot = await read_snapshot(self.reads, self.store, allocations)
+        records = [r for r in snapshot.records if not r.phase.finished]
+        if not records:
+            self.lost = {}
+            return True
+        nodes = snapshot.nodes
+        now = time.time()
+        self.lost = lost_since(self.lost, records, nodes, now)
+        self.ready = ready_since(self.ready, nodes, now)
+        for node in nodes:
+            if is_being_removed(node) and node.name in self.lost:
+                self.lost[node.name] = now - _LONG_AGO
+        resized = {
+            r.name: r.last_resize.time.timestamp() for r in records if r.last_resize is not None
+        }
+        cluster, shapes = shapes_from(
+            records,
+            nodes,
+            now,
+            resized_at=resized,
+            lost=self.lost,
+            ready=self.ready,
+            reserved=snapshot.reserved(),
+        )
+        # A resize in flight here or at another scaler (its slots claimed) is busy.
+        busy = self.in_flight | snapshot.claimed_jobs()
+        shapes = [replace(s, busy=True) if s.name in busy else s for s in shapes]
+        decided = plan(cluster, shapes, now)
+        by_name = {r.name: r for r in records}
+        for record in records:
+            held = _held(decided.held.get(record.name))
+            if record.held_grow != held:
+                await self.store.mutate(record.name, partial(_note_held, held=held))
+        addresses = {n.name: n.address for n in nodes}
+        carried = [r for r in decided.resizes if r.kind in _CARRIED_OUT]
+        claims = {r.job: _claims(allocations, by_name[r.job], r, addresses) for r in carried}
+        new = [claim for held in claims.values() for claim in held]
+        if new:
+            try:
+                await allocations.claim(snapshot.claims, snapshot.revision, new)
+            except AllocationConflict:
+                return False
+        for resize in carried:
+            self.in_flight.add(resize.job)
+            self.ctx.spawn(self._carry_out(by_name[resize.job], resize, nodes, claims[resize.job]))
+        return True
+
+    async def _carry_out(
+        self, record: JobRecord, resize: Resize, nodes: list[NodeInfo], claims: list[Claim]
+    ) -> None:
         try:
             await self._resize(record, resize, nodes)
         except Exception:
             self.ctx.log.exception("resizing %s failed", record.name, extra={"job": record.name})
         finally:
-            self.in_flight.discard(record.name)
+            try:
+                await (await self.allocations()).release(claims)
+            finally:
+                self.in_flight.discard(record.name)
 
     async def _resize(self, record: JobRecord, resize: Resize, nodes: list[NodeInfo]) -> None:
         addresses = {n.name: n.address for n in nodes}
@@ -272,6 +329,27 @@ def _note_held(record: JobRecord, held: HeldGrow | None) -> bool:
         return False
     record.held_grow = held
     return True
+
+
+def _claims(
+    allocations: Allocations, record: JobRecord, resize: Resize, addresses: dict[str, str]
+) -> list[Claim]:
+    """Claims of the slots ``resize`` adds to ``record`` (its replicas' indices as
+    :func:`.resize_plan.apply_resize` gives them), held while they warm up and the
+    checkpoint is taken, plus a margin."""
+    if not resize.add:
+        return []
+    preview = record.model_copy(deep=True)
+    now = datetime.now(UTC)
+    write = apply_resize(
+        preview, resize, generation=record.generation, addresses=addresses, now=now
+    )
+    if not write:
+        return []
+    elastic = record.spec.spec.elastic
+    ttl = elastic.scaling_timeout_seconds + elastic.checkpoint_timeout_seconds + _CLAIM_MARGIN
+    nproc = record.spec.spec.nproc_per_node
+    return [allocations.make(record.name, p.replica, p.node, nproc, ttl) for p in _added(preview)]
 
 
 def _added(preview: JobRecord) -> list[Placement]:

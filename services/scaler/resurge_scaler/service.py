@@ -37,10 +37,17 @@ from resurge.control.admission import (
     wait_reason,
     why_waiting,
 )
+from resurge.control.allocations import (
+    AllocationConflict,
+    Allocations,
+    Claim,
+    open_allocations,
+)
+from resurge.control.cluster_snapshot import ClusterReads, ClusterSnapshot, read_snapshot
 from resurge.control.job_end import ENDING_LEASE_SECONDS, begin_ending
 from resurge.control.job_finish import finish_job
 from resurge.control.job_messages import announce_phase, send_assignments, send_stops
-from resurge.control.records import JobRecord, JobStore
+from resurge.control.records import JobRecord, JobStore, Placement
 from resurge.control.worker_groups import worker_groups
 from resurge.events import (
     CapacityChanged,
@@ -62,6 +69,12 @@ from resurge_scaler.status_writer import StatusWriter
 __all__ = ["TICK_SECONDS", "Scaler", "setup"]
 
 TICK_SECONDS = 1.0
+# How long an admission's claims hold if this scaler dies before writing the record.
+_CLAIM_SECONDS = 60.0
+_ATTEMPTS = 20
+
+_Fit = tuple[list[Placement], list[str]] | str
+"""A Pending job's placements and spares, or why it waits."""
 
 
 class Scaler:
@@ -72,8 +85,12 @@ class Scaler:
         self.bus = ctx.bus
         self.store = store
         self.backend = backend
+        self.reads = ClusterReads(
+            backend.list_nodes, backend.live_nodes, backend.list_worker_groups
+        )
         self.metrics = ScalerMetrics(ctx.registry)
-        self.resizer = Resizer(ctx, store, backend, self.metrics)
+        self._allocations: Allocations | None = None
+        self.resizer = Resizer(ctx, store, backend, self.metrics, self.allocations)
         self._admitting = asyncio.Lock()
 
     @classmethod
@@ -96,53 +113,87 @@ class Scaler:
     # -- admission ----------------------------------------------------------------------
 
     async def admit_pending(self) -> None:
-        """Start every Pending job that fits now, in admission order; say why the rest wait."""
+        """Start every Pending job that fits now, in admission order; say why the rest
+        wait. The placements are decided on the one cluster snapshot and claimed in the
+        allocation ledger before any record is written; a lost claim decides again."""
         async with self._admitting:
-            pending = admission_order(await self.store.all())
-            if not pending:
+            allocations = await self.allocations()
+            for _ in range(_ATTEMPTS):
+                snapshot = await read_snapshot(self.reads, self.store, allocations)
+                pending = admission_order(list(snapshot.records))
+                if not pending:
+                    return
+                fits, claims = self._place(snapshot, pending, allocations)
+                try:
+                    if claims:
+                        await allocations.claim(snapshot.claims, snapshot.revision, claims)
+                except AllocationConflict:
+                    continue
+                try:
+                    for record, fit in fits:
+                        await self._start_or_wait(record, fit)
+                finally:
+                    await allocations.release(claims)
                 return
-            nodes = await self.backend.live_nodes()
-            live = {node.name for node in nodes}
-            silent = [n.name for n in await self.backend.list_nodes() if n.name not in live]
-            used: dict[str, int] = {}
-            for group in await self.backend.list_worker_groups():
-                used[group.node] = used.get(group.node, 0) + group.nproc
-            for held in await self.store.all():
-                if not held.phase.finished:
-                    for node in held.spare_nodes:
-                        used[node] = used.get(node, 0) + held.spec.spec.nproc_per_node
-            now = datetime.now(UTC)
-            local = self.ctx.settings.cluster == "local"
-            for record in pending:
-                snapshot = dict(used)
-                need = needed_replicas(record, now)
-                fit = place(record.spec, nodes, used, record.avoid_nodes, need)
-                if fit is None:
-                    why = why_waiting(
-                        record.spec,
-                        nodes,
-                        snapshot,
-                        record.avoid_nodes,
-                        need,
-                        local=local,
-                        silent=silent,
-                    )
-                    await self.store.mutate(record.name, partial(wait_reason, reason=why))
-                    continue
-                placements, spares = fit
-                result = await self.store.mutate(
-                    record.name, partial(start, placements=placements, spares=spares)
+            self.ctx.log.warning("admission skipped: the allocation ledger kept moving")
+
+    def _place(
+        self, snapshot: ClusterSnapshot, pending: list[JobRecord], allocations: Allocations
+    ) -> tuple[list[tuple[JobRecord, _Fit]], list[Claim]]:
+        """Each Pending record's placements and spares, or why it waits; the claims."""
+        nodes = snapshot.nodes
+        live = {node.name for node in nodes}
+        silent = [n.name for n in snapshot.known if n.name not in live]
+        used = snapshot.used()
+        now = datetime.now(UTC)
+        local = self.ctx.settings.cluster == "local"
+        fits: list[tuple[JobRecord, _Fit]] = []
+        claims: list[Claim] = []
+        for record in pending:
+            before = dict(used)
+            need = needed_replicas(record, now)
+            fit = place(record.spec, nodes, used, record.avoid_nodes, need)
+            if fit is None:
+                why = why_waiting(
+                    record.spec, nodes, before, record.avoid_nodes, need, local=local, silent=silent
                 )
-                if result is None or result[0] is result[1]:
-                    continue
-                before, after = result
-                for group in worker_groups(after):
-                    await self.backend.create_worker_group(group)
-                await send_assignments(self.bus, after)
-                self.ctx.log.info(
-                    "started %s: %s", after.name, after.message, extra={"job": after.name}
-                )
-                await announce_phase(self.bus, before.phase, after)
+                fits.append((record, why))
+                continue
+            fits.append((record, fit))
+            nproc = record.spec.spec.nproc_per_node
+            claims += [
+                allocations.make(record.name, p.replica, p.node, nproc, _CLAIM_SECONDS)
+                for p in fit[0]
+            ]
+            claims += [
+                allocations.make(record.name, None, node, nproc, _CLAIM_SECONDS) for node in fit[1]
+            ]
+        return fits, claims
+
+    async def _start_or_wait(self, record: JobRecord, fit: _Fit) -> None:
+        """Write why ``record`` waits, or start it on its placements."""
+        if isinstance(fit, str):
+            await self.store.mutate(record.name, partial(wait_reason, reason=fit))
+            return
+        placements, spares = fit
+        result = await self.store.mutate(
+            record.name, partial(start, placements=placements, spares=spares)
+        )
+        if result is None or result[0] is result[1]:
+            return
+        before, after = result
+        for group in worker_groups(after):
+            await self.backend.create_worker_group(group)
+        await send_assignments(self.bus, after)
+        self.ctx.log.info("started %s: %s", after.name, after.message, extra={"job": after.name})
+        await announce_phase(self.bus, before.phase, after)
+
+    async def allocations(self) -> Allocations:
+        """The allocation ledger (its bucket made on first use)."""
+        if self._allocations is None:
+            self._allocations = await open_allocations(self.bus, self.bus.source.instance)
+            assert self._allocations is not None
+        return self._allocations
 
     async def release(self, record: JobRecord) -> None:
         """Delete the worker groups of ``record``'s placements."""
@@ -246,8 +297,8 @@ class Scaler:
             except Exception:
                 self.ctx.log.exception("admitting and resizing failed; trying again")
             try:
-                nodes = await self.backend.live_nodes()
-                self.metrics.gpus(nodes, await self.backend.list_worker_groups())
+                allocations = await self.allocations()
+                self.metrics.gpus(await read_snapshot(self.reads, self.store, allocations))
             except Exception as error:  # the next tick tries again
                 self.ctx.log.warning("could not count the GPUs in use: %r", error)
 

@@ -30,10 +30,14 @@ def cluster_from(
     nodes: Iterable[NodeInfo],
     topology_keys: tuple[str, ...] = (ZONE_LABEL,),
     ready: Mapping[str, float | None] | None = None,
+    reserved: Mapping[str, int] | None = None,
 ) -> Cluster:
     """The :class:`Cluster` of ``nodes`` (pass the live ones: the rest count as gone);
-    ``ready`` maps a node to when it became schedulable (:func:`ready_since`)."""
+    ``ready`` maps a node to when it became schedulable (:func:`ready_since`);
+    ``reserved``: slots taken by what no record names
+    (:meth:`~resurge.control.cluster_snapshot.ClusterSnapshot.reserved`)."""
     since = ready or {}
+    held = reserved or {}
     return Cluster(
         nodes=tuple(
             Node(
@@ -42,6 +46,7 @@ def cluster_from(
                 schedulable=n.schedulable,
                 labels=dict(n.labels),
                 ready_since=since.get(n.name),
+                reserved=held.get(n.name, 0),
             )
             for n in nodes
         ),
@@ -119,12 +124,14 @@ def shapes_from(
     lost: Mapping[str, float] | None = None,
     topology_keys: tuple[str, ...] = (ZONE_LABEL,),
     ready: Mapping[str, float | None] | None = None,
+    reserved: Mapping[str, int] | None = None,
 ) -> tuple[Cluster, list[JobShape]]:
     """The cluster and the shapes of the unfinished ``records``, ready for ``decide``.
 
     ``resized_at`` maps a job to when it was last resized; ``lost`` maps a node to when
     it was first seen gone (:func:`lost_since`); ``ready`` maps a node to when it was
-    first seen schedulable (:func:`ready_since`).
+    first seen schedulable (:func:`ready_since`); ``reserved``: the snapshot's slots in
+    use that no record names (:meth:`~resurge.control.cluster_snapshot.ClusterSnapshot.reserved`).
     """
     resized = resized_at or {}
     shapes = [
@@ -132,4 +139,4 @@ def shapes_from(
         for record in records
         if not record.phase.finished
     ]
-    return cluster_from(nodes, topology_keys, ready), shapes
+    return cluster_from(nodes, topology_keys, ready, reserved), shapes

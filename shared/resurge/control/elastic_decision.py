@@ -10,9 +10,12 @@ resizes to carry out (:class:`Resize`); :func:`plan` also says why each job that
 nothing waits. The same input always gives the same answer. A finished job is simply
 absent from the input, so its slots are free at once.
 
-Slots: a node's free slots are its ``slots`` less ``nproc`` for each replica and each
-held spare of a Running job on it. Unschedulable (unhealthy or cordoned) nodes, and
-nodes absent from the cluster, offer nothing; a job's replica on one of them is *lost*.
+Slots: a node's free slots are its ``slots`` less its ``reserved`` slots (taken by what
+no shape names: a grow of another scaler still warming up, a placement claimed and not
+yet written; :meth:`resurge.control.cluster_snapshot.ClusterSnapshot.reserved`) and
+less ``nproc`` for each replica and each held spare of a Running job on it.
+Unschedulable (unhealthy or cordoned) nodes, and nodes absent from the cluster, offer
+nothing; a job's replica on one of them is *lost*.
 
 The policy, in three passes over the jobs in priority order (higher ``priority``
 first, then earlier ``submitted``, then name):
@@ -107,14 +110,16 @@ class Kind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """A node: its slots (GPUs) in all, whether new work may go there, its labels, and
-    when it last became schedulable (None: long before any decision)."""
+    """A node: its slots (GPUs) in all, whether new work may go there, its labels,
+    when it last became schedulable (None: long before any decision), and the slots
+    taken by what no job shape names (``reserved``)."""
 
     name: str
     slots: int
     schedulable: bool = True
     labels: Mapping[str, str] = field(default_factory=dict)
     ready_since: float | None = None
+    reserved: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,7 +331,7 @@ class _State:
     @staticmethod
     def build(cluster: Cluster, jobs: list[JobShape], now: float) -> _State:
         groups = _Groups(cluster)
-        free = {n.name: n.slots for n in cluster.nodes if n.schedulable}
+        free = {n.name: n.slots - n.reserved for n in cluster.nodes if n.schedulable}
         lost = _take_used(free, jobs)
         pool = Pool(free, groups.of, max((n.slots for n in cluster.nodes), default=0))
         shapes = sorted(jobs, key=lambda j: (-j.priority, j.submitted, j.name))

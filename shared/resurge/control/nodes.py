@@ -1,7 +1,8 @@
 """What ``resurge node`` shows and changes: nodes, their free slots, their cordons.
 
-:func:`node_views` lists every node a backend knows with the slots the worker groups
-on it take, its health, whether it is cordoned and why, and the jobs it runs.
+:func:`node_views` lists every node a backend knows with its slots in use (the one
+cluster snapshot, :mod:`resurge.control.cluster_snapshot`), its health, whether it is
+cordoned and why, and the jobs it runs.
 :func:`set_cordon` cordons or uncordons a node (idempotent; the backend's
 :class:`UnknownNodeError`, a :class:`LookupError`, for a node nobody reported) and
 publishes the node's CapacityChanged, so the scaler tries Pending jobs again at once.
@@ -22,12 +23,20 @@ from datetime import UTC, datetime
 from functools import partial
 
 from resurge.cluster import NODE_TIMEOUT_SECONDS, ClusterBackend, NodeInfo
+from resurge.control.allocations import Allocations, open_allocations
+from resurge.control.cluster_snapshot import (
+    ClusterReads,
+    ClusterSnapshot,
+    build_snapshot,
+    read_snapshot,
+)
 from resurge.control.records import JobRecord, JobStore
 from resurge.events import CapacityChanged
 from resurge.runtime.bus import Bus
 
 __all__ = [
     "REMOVING_REASON",
+    "bus_node_views",
     "is_being_removed",
     "mark_for_removal",
     "node_views",
@@ -75,13 +84,16 @@ def parse_label(text: str) -> tuple[str, str]:
     return key, value
 
 
-async def node_views(backend: ClusterBackend) -> list[dict[str, object]]:
-    """One object per node, sorted by name (``resurge node list --json``)."""
-    used: dict[str, int] = {}
-    jobs: dict[str, set[str]] = {}
-    for group in await backend.list_worker_groups():
-        used[group.node] = used.get(group.node, 0) + group.nproc
-        jobs.setdefault(group.node, set()).add(group.job)
+async def node_views(
+    backend: ClusterBackend, store: JobStore | None = None, allocations: Allocations | None = None
+) -> list[dict[str, object]]:
+    """One object per node, sorted by name (``resurge node list --json``), its free
+    slots and jobs from the one cluster snapshot
+    (:func:`~resurge.control.cluster_snapshot.read_snapshot`: replicas, held spares,
+    worker groups, placements claimed). Without ``store`` (no job records at hand) only
+    worker groups and claims count."""
+    snapshot = await _snapshot(backend, store, allocations)
+    used = snapshot.used()
     now = datetime.now(UTC)
     return [
         {
@@ -92,11 +104,33 @@ async def node_views(backend: ClusterBackend) -> list[dict[str, object]]:
             "reporting": node.alive(now, NODE_TIMEOUT_SECONDS),
             "cordoned": node.cordoned,
             "cordonReason": node.cordon_reason,
-            "jobs": sorted(jobs.get(node.name, ())),
+            "jobs": snapshot.jobs_on(node.name),
             "labels": node.labels,
         }
-        for node in sorted(await backend.list_nodes(), key=lambda n: n.name)
+        for node in sorted(snapshot.known, key=lambda n: n.name)
     ]
+
+
+async def _snapshot(
+    backend: ClusterBackend, store: JobStore | None, allocations: Allocations | None
+) -> ClusterSnapshot:
+    if store is not None:
+        return await read_snapshot(ClusterReads.of(backend), store, allocations)
+    claims, revision = ([], 0) if allocations is None else await allocations.read()
+    return build_snapshot(
+        await backend.live_nodes(),
+        (),
+        await backend.list_worker_groups(),
+        claims,
+        known=await backend.list_nodes(),
+        revision=revision,
+    )
+
+
+async def bus_node_views(bus: Bus, backend: ClusterBackend) -> list[dict[str, object]]:
+    """:func:`node_views` with the job records and the ledger on ``bus``."""
+    store = JobStore(await bus.jobs_bucket())
+    return await node_views(backend, store, await open_allocations(bus, "cli", create=False))
 
 
 def _stop_avoiding(record: JobRecord, node: str) -> bool:
@@ -138,9 +172,12 @@ async def mark_for_removal(bus: Bus, backend: ClusterBackend, name: str) -> None
 
 
 async def _announce(bus: Bus, backend: ClusterBackend, name: str) -> None:
-    """Publish ``name``'s CapacityChanged as the backend sees the node now."""
-    node = next(n for n in await backend.list_nodes() if n.name == name)
-    used = sum(g.nproc for g in await backend.list_worker_groups() if g.node == name)
+    """Publish ``name``'s CapacityChanged as the cluster snapshot sees the node now."""
+    store = JobStore(await bus.jobs_bucket())
+    allocations = await open_allocations(bus, "cli", create=False)
+    snapshot = await read_snapshot(ClusterReads.of(backend), store, allocations)
+    node = next(n for n in snapshot.known if n.name == name)
+    used = snapshot.used().get(name, 0)
     healthy = node.healthy and node.alive(datetime.now(UTC), NODE_TIMEOUT_SECONDS)
     event = CapacityChanged(
         source=bus.source,

@@ -43,7 +43,7 @@ from resurge.contract.families import FAMILY_NAMES
 from resurge.contract.subjects import Subjects, escape_token
 from resurge.contract.subscriptions import Reader, Scope, of_role
 from resurge.local.state import credentials_path
-from resurge.runtime.bus import AGENT_POSITIONS_BUCKET, JOBS_BUCKET
+from resurge.runtime.bus import AGENT_POSITIONS_BUCKET, ALLOCATIONS_BUCKET, JOBS_BUCKET
 from resurge.runtime.nats_auth import Credentials, inbox_prefix, write_credentials
 
 __all__ = [
@@ -70,6 +70,7 @@ _BUCKETS = (
     JOB_STATUS_BUCKET,
     DETECTOR_STATE_BUCKET,
     AGENT_POSITIONS_BUCKET,
+    ALLOCATIONS_BUCKET,
 )
 _API = "$JS.API"
 
@@ -251,12 +252,18 @@ def _detector(ns: _Namespace, g: _Grants, node: str | None) -> None:
 
 def _control(ns: _Namespace, g: _Grants, role: str) -> None:
     """What restarter and scaler share: commands, the job records, the worker groups."""
-    ns.manage(g, *_BUCKETS[:5])
+    ns.manage(g, *_BUCKETS[:5], ALLOCATIONS_BUCKET)
     ns.events(g, "cmd", "action", "capacity")
     ns.dead_letters(g, role)
-    for bucket in _BUCKETS[:5]:
+    for bucket in (*_BUCKETS[:5], ALLOCATIONS_BUCKET):
         ns.kv_read(g, bucket)
-    for bucket in (JOBS_BUCKET, CORDONS_BUCKET, WORKER_GROUPS_BUCKET, JOB_STATUS_BUCKET):
+    for bucket in (
+        JOBS_BUCKET,
+        CORDONS_BUCKET,
+        WORKER_GROUPS_BUCKET,
+        JOB_STATUS_BUCKET,
+        ALLOCATIONS_BUCKET,  # the placements they decide (resurge.control.allocations)
+    ):
         ns.kv_write(g, bucket)
 
 
@@ -273,7 +280,7 @@ def _scaler(ns: _Namespace, g: _Grants, node: str | None) -> None:
 def _viewer(ns: _Namespace, g: _Grants, node: str | None) -> None:
     g.sub(f"{ns.root}.>")
     ns.history(g)  # `resurge events` and `resurge report` read the streams back
-    for bucket in _BUCKETS[:5]:
+    for bucket in (*_BUCKETS[:5], ALLOCATIONS_BUCKET):  # `node list` counts claims too
         ns.kv_read(g, bucket)
 
 

@@ -82,6 +82,7 @@ from resurge.runtime.settings import Settings
 
 __all__ = [
     "AGENT_POSITIONS_BUCKET",
+    "ALLOCATIONS_BUCKET",
     "BatchReader",
     "Bus",
     "Handler",
@@ -121,6 +122,9 @@ _FAMILIES = {family.name: family.short_retention for family in FAMILIES}
 JOBS_BUCKET = "jobs"
 # Where each launch agent records the last command it handled (command_inbox).
 AGENT_POSITIONS_BUCKET = "agent_positions"
+# The allocation ledger (resurge.control.allocations): placements decided, not yet in a
+# job record. Made by the first placer that needs it, so other roles need no grant.
+ALLOCATIONS_BUCKET = "allocations"
 _NAK_DELAY_SECONDS = 1.0
 _DELIVER = {
     "all": DeliverPolicy.ALL,
@@ -407,6 +411,16 @@ class Bus:
     async def jobs_bucket(self) -> KeyValue:
         """The KV bucket of job records (``<namespace>_jobs``)."""
         return await self.js.key_value(self.subjects.kv_bucket(JOBS_BUCKET))
+
+    async def allocations_bucket(self, create: bool = True) -> KeyValue | None:
+        """The allocation ledger's bucket (``<namespace>_allocations``), created if
+        missing and ``create`` (placers); None if missing and not ``create`` (viewers)."""
+        try:
+            return await self.js.key_value(self.subjects.kv_bucket(ALLOCATIONS_BUCKET))
+        except nats.js.errors.BucketNotFoundError:
+            if not create:
+                return None
+        return await self.create_bucket(ALLOCATIONS_BUCKET, history=1)
 
     async def publish(self, subject: str, event: Envelope) -> None:
         """Store ``event`` in its stream and wait for the server's ack."""

@@ -127,14 +127,14 @@ def run(args: argparse.Namespace) -> int:
 
 async def _node(bus: Bus, args: argparse.Namespace, *, local: bool) -> int:
     from resurge.cluster import open_backend
-    from resurge.control.nodes import node_views, set_cordon
+    from resurge.control.nodes import bus_node_views, set_cordon
     from resurge.events import RepairNode
 
     if args.node_command in _LOCAL:
         return await _add_remove_or_power(bus, args)
     backend = await open_backend(bus, bus.settings)
     if args.node_command == "list":
-        views = await node_views(backend)
+        views = await bus_node_views(bus, backend)
         if args.json:
             print(json.dumps(views, indent=2))
             return 0
