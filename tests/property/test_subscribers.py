@@ -113,7 +113,7 @@ def bindings_in_services() -> tuple[list[str], set[str]]:
     declaration (where), and the declarations the source names."""
     direct: list[str] = []
     named: set[str] = set()
-    for path in (REPO_ROOT / "services").glob("*/resurge_*/*.py"):
+    for path in (REPO_ROOT / "services").glob("*/resurge_*/**/*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if _called(node) in _BINDINGS:
                 direct.append(f"{path.relative_to(REPO_ROOT)}:{getattr(node, 'lineno', 0)}")

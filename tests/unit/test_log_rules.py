@@ -21,6 +21,7 @@ from resurge.events import (
 from resurge.local import job_factory
 from resurge_detector.bounded_regex import MAX_LINE_CHARS
 from resurge_detector.log_rules import EVIDENCE_LINE_CHARS, LogRuleDetector
+from resurge_detector.rule_costs import RuleCosts
 
 SOURCE = Source(service="detector", instance="t")
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -381,7 +382,9 @@ def test_an_event_without_a_job_record_or_rank_is_ignored() -> None:
 
 def test_pathological_pattern_is_bounded() -> None:
     evil = {"name": "evil", "logPattern": "(a+)+$", "faultOnMatch": True}
-    detector, job = LogRuleDetector(), record(evil, ERROR)
+    # A budget no loaded machine spends: this is the per-line bound, not the rule's budget.
+    detector = LogRuleDetector(RuleCosts(budget_seconds=3600.0))
+    job = record(evil, ERROR)
     text = "a" * (MAX_LINE_CHARS - 1) + "b" + " CUDA out of memory"
     out: list[Envelope] = []
     for rank in range(10):

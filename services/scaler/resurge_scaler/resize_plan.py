@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from datetime import datetime
 
 from resurge.control.elastic_decision import Kind, Resize
+from resurge.control.lifecycle import move_to
 from resurge.control.planner import master_port_for
 from resurge.control.records import JobRecord, LastResize, PendingRecovery, Placement
 from resurge.events import JobPhase, RecoveryLevel
@@ -95,12 +96,10 @@ def apply_resize(
         to_generation=record.generation,
     )
     if suspend:
-        record.phase = JobPhase.PENDING
+        move_to(record, JobPhase.PENDING, f"suspended: {resize.why}")
         record.spare_nodes = []
-        record.message = f"suspended: {resize.why}"
     else:
-        record.phase = JobPhase.RESIZING
-        record.message = f"resizing: {resize.why}"
+        move_to(record, JobPhase.RESIZING, f"resizing: {resize.why}")
     record.pending_recovery = PendingRecovery(
         fault_id=f"resize-{record.generation}",
         level=level,

@@ -25,6 +25,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from resurge.cluster import NodeInfo
+from resurge.control.lifecycle import move_to
 from resurge.control.planner import master_port_for
 from resurge.control.records import JobRecord, Placement
 from resurge.events import JobPhase
@@ -264,16 +265,16 @@ def start(record: JobRecord, placements: list[Placement], spares: list[str] | No
         return False
     record.placements = placements
     record.spare_nodes = list(spares or [])
-    record.phase = JobPhase.RUNNING
     record.master_port = master_port_for(record.name, record.generation, record.uid)
     record.finished_replicas = []
     record.alive_since = None
     record.resume_step = None if record.latest_checkpoint is None else record.latest_checkpoint.step
-    record.message = f"running {len(placements)} replica(s) on " + ", ".join(
+    why = f"running {len(placements)} replica(s) on " + ", ".join(
         sorted({p.node for p in placements})
     )
     if record.spare_nodes:
-        record.message += f"; spare: {', '.join(record.spare_nodes)}"
+        why += f"; spare: {', '.join(record.spare_nodes)}"
+    move_to(record, JobPhase.RUNNING, why)
     return True
 
 
@@ -285,9 +286,8 @@ def mark_replica_finished(record: JobRecord, replica: int, generation: int) -> b
         return False
     record.finished_replicas = sorted({*record.finished_replicas, replica})
     if len(record.finished_replicas) == len(record.placements):
-        record.phase = JobPhase.SUCCEEDED
+        move_to(record, JobPhase.SUCCEEDED, f"every replica finished in generation {generation}")
         record.pending_recovery = None
-        record.message = f"every replica finished in generation {generation}"
     return True
 
 

@@ -74,6 +74,7 @@ from enum import Enum
 from resurge.cluster import NodeInfo
 from resurge.control.checkpoint_count import apply_checkpoint
 from resurge.control.job_end import begin_ending
+from resurge.control.lifecycle import move_to
 from resurge.control.planner import master_port_for
 from resurge.control.records import (
     JobRecord,
@@ -348,16 +349,14 @@ def last_output_words(fault: FaultDetected, lines: int = LAST_LINES_SHOWN) -> st
 
 
 def _fail(record: JobRecord, fault: FaultDetected, limit: str) -> Decision:
-    record.phase = JobPhase.FAILED
-    record.pending_recovery = None
-    record.message = (
-        f"{fault.reason} ({fault.fault_id}) after {record.total_restarts} restarts: {limit}"
-    )
+    why = f"{fault.reason} ({fault.fault_id}) after {record.total_restarts} restarts: {limit}"
     output = last_output_words(fault)
     if output:
         who = "its worker" if fault.rank is None else f"rank {fault.rank}"
-        record.message += f"; {who}'s last output: {output}"
-    return Decision(Verdict.FAIL, record.message)
+        why += f"; {who}'s last output: {output}"
+    move_to(record, JobPhase.FAILED, why)
+    record.pending_recovery = None
+    return Decision(Verdict.FAIL, why)
 
 
 def _move_targets(
@@ -588,14 +587,15 @@ def _decide(  # noqa: C901 - the ladder in order: ignore, pick a level, edit the
     record.finished_replicas = []
     if requeue:
         record.placements = []
-        record.phase = JobPhase.PENDING
-        record.message = (
+        move_to(
+            record,
+            JobPhase.PENDING,
             f"{fault.reason} on {node}: no node to move to; waiting for capacity "
-            f"(avoiding {', '.join(record.avoid_nodes)})"
+            f"(avoiding {', '.join(record.avoid_nodes)})",
         )
     else:
-        record.phase = JobPhase.RECOVERING
-        record.message = f"recovering from {fault.reason} at level {level.value} ({choice.why})"
+        why = f"recovering from {fault.reason} at level {level.value} ({choice.why})"
+        move_to(record, JobPhase.RECOVERING, why)
     record.pending_recovery = PendingRecovery(
         fault_id=fault.fault_id,
         level=level,
@@ -757,11 +757,11 @@ def _close_recovery(record: JobRecord, generation: int, seen_at: datetime) -> bo
         return False
     record.pending_recovery = None
     seconds = max(0.0, (seen_at - pending.detected_at).total_seconds())
-    record.phase = JobPhase.RUNNING
     if pending.resize:
         if record.last_resize is not None and record.last_resize.to_generation == generation:
             record.last_resize = record.last_resize.model_copy(update={"seconds": seconds})
-        record.message = f"resized to {len(record.placements)} replica(s) ({pending.reason})"
+        why = f"resized to {len(record.placements)} replica(s) ({pending.reason})"
+        move_to(record, JobPhase.RUNNING, why)
         return True
     record.last_recovery_seconds = seconds
     record.last_recovery = LastRecovery(
@@ -771,5 +771,5 @@ def _close_recovery(record: JobRecord, generation: int, seen_at: datetime) -> bo
         to_generation=pending.to_generation,
         seconds=seconds,
     )
-    record.message = f"recovered at level {pending.level.value}"
+    move_to(record, JobPhase.RUNNING, f"recovered at level {pending.level.value}")
     return True

@@ -17,6 +17,7 @@ import logging
 
 from resurge.cluster import open_backend
 from resurge.control.job_messages import announce_phase
+from resurge.control.lifecycle import move_to
 from resurge.control.records import JobRecord, JobStore
 from resurge.control.timeline import CLUSTER_RESTARTED
 from resurge.events import JobPhase
@@ -33,7 +34,6 @@ def requeue_after_restart(record: JobRecord) -> bool:
         return False
     replicas = {p.replica for p in record.placements} | set(record.incarnations)
     record.incarnations = {r: record.incarnations.get(r, 0) + 1 for r in sorted(replicas)}
-    record.phase = JobPhase.PENDING
     record.generation += 1
     record.placements = []
     record.spare_nodes = []
@@ -42,7 +42,11 @@ def requeue_after_restart(record: JobRecord) -> bool:
     record.alive_since = None
     checkpoint = record.latest_checkpoint
     resume = "the start" if checkpoint is None else f"checkpoint step {checkpoint.step}"
-    record.message = f"{CLUSTER_RESTARTED}: waiting for capacity to resume from {resume}"
+    move_to(
+        record,
+        JobPhase.PENDING,
+        f"{CLUSTER_RESTARTED}: waiting for capacity to resume from {resume}",
+    )
     return True
 
 
