@@ -3,12 +3,13 @@
 A local cluster of 4 nodes x 2 slots runs two restarters and two scalers (as the
 production overlay does) beside the detector, every service and every node monitor
 reaching NATS through a TCP proxy of its own (:mod:`tcp_proxy`; a node added during
-the run reaches it directly). Jobs of the bench's
-torch-free worker (:mod:`chaos_worker`) run on it for the whole run: ``trainer``, 2
-replicas (the worker-side faults' target: never resized, so each fault made in it is
-its own incident), and ``elastic``, 1 to 4 replicas, growing into free slots and
-shrinking for the rest; and a 2-replica ``batch-N`` of 20 to 40 s every 30 s or so, of
-a higher priority, so jobs finish, queue for slots and take the slots a shrink frees.
+the run reaches it directly). Jobs of the bench's torch-free worker
+(:mod:`chaos_worker`) run on it for the whole run: ``trainer``, 2 replicas of the
+highest priority (the worker-side faults' target: never resized nor queued, so each
+fault made in it is its own incident), and ``elastic``, 1 to 4 replicas, growing into
+free slots and shrinking for the rest; and a 2-replica ``batch-N`` of 20 to 40 s every
+30 s or so, of a priority between the two, so jobs finish, queue for slots and take
+the slots a shrink frees.
 Every ``--every`` seconds (jittered; default 8) one disturbance is dealt from a deck of
 every kind, shuffled with the printed seed (each kind once before any twice):
 
@@ -172,6 +173,7 @@ class Bench:
         self.workers: list[Worker] = []
         self.records: list[JobRecord] = []
         self.settled: list[JobRecord] = []  # the records once the disturbances ended
+        self.phases: Counter[str] = Counter()  # the trainer's phase at each sample
         self._steady: tuple[int, float] | None = None  # the trainer's generation, Running since
 
     def now(self) -> float:
@@ -206,7 +208,7 @@ class Bench:
             await bus.subscribe(bus.subjects.raw(self.trainer, "progress", None), self._on_progress)
             await bus.nc.flush()
             steps = int((self.minutes * 60 + 120) / STEP_SECONDS)
-            await submit_job(bus, _job(self.trainer, steps, 2, self.folder))
+            await submit_job(bus, _job(self.trainer, steps, 2, self.folder, priority=2))
             await submit_job(bus, _job(ELASTIC, steps, {"min": 1, "max": 4}, self.folder))
             await self._disturb(bus, self.minutes * 60 - SETTLE_SECONDS)
             await self._settle(bus)
@@ -250,6 +252,7 @@ class Bench:
                 children = list(self.supervisor.children.items())
                 monitors = {c.process.pid: name for name, c in children if c.node and c.process}
                 self.records = records
+                self._watch_trainer(records)
                 self.workers = await asyncio.to_thread(census, WORKER.name, monitors)
                 slots = {n.name: n.gpus for n in self.supervisor.node_set.nodes}  # type: ignore[union-attr]
                 self.judge.sample(self.now(), records, self.workers, slots)
@@ -306,16 +309,24 @@ class Bench:
         await submit_job(bus, _job(name, steps, 2, self.folder, priority=1))
         self.say(f"submitted {name}: 2 replicas, {steps * STEP_SECONDS:.0f} s of steps")
 
+    def _watch_trainer(self, records: list[JobRecord]) -> None:
+        """Count the trainer's phase, and note since when it runs its generation."""
+        record = next((r for r in records if r.name == self.trainer), None)
+        if record is None:
+            return
+        self.phases[f"{record.phase}"] += 1
+        if record.phase is not JobPhase.RUNNING:
+            self._steady = None
+        elif self._steady is None or self._steady[0] != record.generation:
+            self._steady = (record.generation, self.now())
+
     def _trainer_workers(self) -> list[Worker]:
         """The trainer's running workers, once it has trained in one generation for a
         few seconds: a fault made then is this fault's alone (none while it recovers
         or resizes, which would take it in without a recovery of its own)."""
         record = next((r for r in self.records if r.name == self.trainer), None)
-        if record is None or record.phase is not JobPhase.RUNNING:
-            self._steady = None
+        if record is None or self._steady is None or self._steady[0] != record.generation:
             return []
-        if self._steady is None or self._steady[0] != record.generation:
-            self._steady = (record.generation, self.now())
         if self.now() - self._steady[1] < STEADY_SECONDS:
             return []
         return [
@@ -466,6 +477,7 @@ class Bench:
         print(f"not possible at the moment drawn (skipped): {dict(self.skipped)}")
         if self.clock.library is None:
             print("clock_step left out: the libfaketime package is not installed")
+        print(f"the trainer's phase at each sample: {dict(self.phases)}")
         recovered = sum(1 for i in judge.injected if i.recovered)
         print(f"faults injected into the trainer: {len(judge.injected)}; recovered: {recovered}")
         for i in judge.injected:
