@@ -74,6 +74,7 @@ from enum import Enum
 from resurge.cluster import NodeInfo
 from resurge.control.checkpoint_count import apply_checkpoint
 from resurge.control.job_end import begin_ending
+from resurge.control.ladder import LADDER, SCOPE_FLOOR, one_above, rung
 from resurge.control.lifecycle import move_to
 from resurge.control.planner import master_port_for
 from resurge.control.records import (
@@ -123,13 +124,6 @@ LAST_LINES_SHOWN = 2
 
 # Reasons of faults that judge a rank hung: its workers are stopped without a grace period.
 HANG_REASONS = frozenset({"hang", "log_hang"})
-
-LADDER = list(RecoveryLevel)
-_SCOPE_FLOOR = {
-    FaultScope.PROCESS: RecoveryLevel.IN_PROCESS,
-    FaultScope.NODE: RecoveryLevel.NODE,
-    FaultScope.JOB: RecoveryLevel.JOB,
-}
 
 
 class Verdict(Enum):
@@ -214,11 +208,6 @@ class _Choice:
     attempt: int = 1  # 1: a new incident; n: the n-th restart for one that persists
 
 
-def _one_above(level: RecoveryLevel, node_rung: bool) -> RecoveryLevel:
-    above = LADDER[min(_rank(level) + 1, len(LADDER) - 1)]
-    return RecoveryLevel.JOB if above is RecoveryLevel.NODE and not node_rung else above
-
-
 def _chain(history: list[RestartEntry]) -> list[RestartEntry]:
     """The newest restarts that are one incident: the last one and, back from it, each
     one before a restart flagged ``stalled`` (the oldest of them started the incident)."""
@@ -273,43 +262,64 @@ def _stall_words(
     return f"{span} ended before the rendezvous"
 
 
-def _choose_level(  # noqa: C901 - one climb up the ladder: floor, escalations, caps
-    record: JobRecord,
-    fault: FaultDetected,
-    window: list[RestartEntry],
-    offender: bool,
-    unfixed: list[RestartEntry],
-    stall: str,
-) -> _Choice:
-    recovery = record.spec.spec.recovery
-    node_rung = fault.scope is FaultScope.NODE or offender
-    floor = _SCOPE_FLOOR[fault.scope]
+def _floor(record: JobRecord, fault: FaultDetected, offender: bool) -> RecoveryLevel:
+    """The lowest rung ``fault`` may take (rule 2): its scope's, raised to the detector's
+    suggestion, to ``node`` for a repeat offender, past ``in_process`` for a job whose
+    workers cannot restart in their processes."""
+    floor = SCOPE_FLOOR[fault.scope]
     if fault.suggested_level is not None and _rank(fault.suggested_level) > _rank(floor):
         floor = fault.suggested_level
     if offender and _rank(floor) < _rank(RecoveryLevel.NODE):
         floor = RecoveryLevel.NODE
-    if floor is RecoveryLevel.IN_PROCESS and not record.in_process_capable:
-        floor = RecoveryLevel.PROCESS
+    if rung(floor).in_process and not record.in_process_capable:
+        floor = one_above(floor, _node_rung(fault, offender))
+    return floor
+
+
+def _node_rung(fault: FaultDetected, offender: bool) -> bool:
+    """Whether the rungs for node faults are open to ``fault``."""
+    return fault.scope is FaultScope.NODE or offender
+
+
+def _escalated(
+    fault: FaultDetected, incident: _Incident, floor: RecoveryLevel
+) -> tuple[RecoveryLevel, str, int]:
+    """Rule 3: the floor raised one rung above a restart that did not fix the fault, or
+    above the same fault's restarts at the same place in the window; why; and which
+    attempt at this fault the restart is (1: a new incident)."""
+    node_rung = _node_rung(fault, incident.offender)
     why = "lowest allowed level"
-    previous = unfixed[-1] if unfixed else None  # the restart that did not fix it
+    previous = incident.unfixed[-1] if incident.unfixed else None
     signature = fault_signature(fault)
-    repeats = [e for e in window if e.signature == signature]
+    repeats = [e for e in incident.window if e.signature == signature]
     earlier = [e for e in (previous, repeats[-1] if repeats else None) if e is not None]
     attempt = 1 + max((e.attempt for e in earlier), default=0)
     if previous is not None:
-        above = _one_above(previous.level, node_rung)
+        above = one_above(previous.level, node_rung)
         if _rank(above) > _rank(floor):
             floor = above
-        why = stall
+        why = incident.stall
     if repeats:
-        above = _one_above(max((e.level for e in repeats), key=_rank), node_rung)
+        above = one_above(max((e.level for e in repeats), key=_rank), node_rung)
         if _rank(above) > _rank(floor):
             floor = above
             why = "the same fault at the same place repeated within evalPeriodSeconds"
-    usable = [lv for lv in recovery.levels if lv is not RecoveryLevel.NODE or node_rung]
+    return floor, why, attempt
+
+
+def _choose_level(record: JobRecord, fault: FaultDetected, incident: _Incident) -> _Choice:
+    """Rules 2-4: the floor, raised by escalation, then the first listed rung at or above
+    it whose restarts in the window are not spent (or ``job`` once
+    ``numRestartBeforeFullJobRestart`` is reached)."""
+    recovery = record.spec.spec.recovery
+    window = incident.window
+    floor, why, attempt = _escalated(fault, incident, _floor(record, fault, incident.offender))
+    node_rung = _node_rung(fault, incident.offender)
+    usable = [lv for lv in recovery.levels if node_rung or not rung(lv).node_faults_only]
     usable = usable or list(recovery.levels)
     candidates = [lv for lv in usable if _rank(lv) >= _rank(floor)] or [usable[-1]]
     below_job = sum(1 for e in window if e.level is not RecoveryLevel.JOB)
+    stall = incident.stall
     where = f"for one incident ({stall})" if stall else "within evalPeriodSeconds"
     limit = recovery.num_restart_before_full_job_restart
     if (
@@ -466,38 +476,42 @@ def supersede(old: PendingRecovery | None, new: PendingRecovery) -> PendingRecov
     )
 
 
-def _decide(  # noqa: C901 - the ladder in order: ignore, pick a level, edit the record
-    record: JobRecord,
-    fault: FaultDetected,
-    *,
-    now: datetime,
-    cluster: ClusterView | None,
-    claimant: str,
-    lease_seconds: float,
-    reached: int | None,
-) -> Decision:
+@dataclass(frozen=True)
+class _Incident:
+    """What the record says about the fault's past: the restarts that count (inside the
+    window, or of the incident it continues), those that did not fix it, in words, and
+    the fault's node and whether that node is a repeat offender."""
+
+    window: list[RestartEntry]
+    unfixed: list[RestartEntry]
+    stall: str
+    node: str | None
+    offender: bool
+
+
+def _ignored(record: JobRecord, fault: FaultDetected) -> str | None:
+    """Why ``fault`` changes nothing (rule 1 of the module docstring), or None."""
     if fault.alert_only:
-        return Decision(Verdict.IGNORE, "an alert: reported, not acted on")
+        return "an alert: reported, not acted on"
     if record.phase.finished:
-        return Decision(Verdict.IGNORE, f"job is {record.phase.value}")
+        return f"job is {record.phase.value}"
     if fault.fault_id in record.handled_faults:
-        return Decision(Verdict.IGNORE, "fault already handled")
+        return "fault already handled"
     if fault.generation is not None and fault.generation < record.generation:
-        return Decision(
-            Verdict.IGNORE,
-            f"fault of generation {fault.generation}, job is at {record.generation}",
-        )
+        return f"fault of generation {fault.generation}, job is at {record.generation}"
     if record.phase is JobPhase.PENDING or not record.placements:
-        return Decision(Verdict.IGNORE, "job is not running")
+        return "job is not running"
     if fault.scope is FaultScope.NODE and fault.node is not None:
         if fault.node in record.avoid_nodes:
-            return Decision(Verdict.IGNORE, f"{fault.node} is already avoided by this job")
+            return f"{fault.node} is already avoided by this job"
         if fault.node not in {p.node for p in record.placements}:
-            return Decision(Verdict.IGNORE, f"the job no longer runs on {fault.node}")
-    record.remember_fault(fault.fault_id)
-    record.last_fault = LastFault(
-        fault_id=fault.fault_id, reason=fault.reason, scope=fault.scope.value, time=fault.time
-    )
+            return f"the job no longer runs on {fault.node}"
+    return None
+
+
+def _incident(
+    record: JobRecord, fault: FaultDetected, now: datetime, reached: int | None
+) -> _Incident:
     recovery = record.spec.spec.recovery
     period = timedelta(seconds=recovery.eval_period_seconds)
     history = record.history
@@ -512,85 +526,143 @@ def _decide(  # noqa: C901 - the ladder in order: ignore, pick a level, edit the
     node_scoped = fault.scope is FaultScope.NODE
     offences = sum(1 for e in window if e.node == node and e.node_scoped) + int(node_scoped)
     offender = node is not None and offences >= recovery.max_repeat_offenders
+    return _Incident(window, unfixed, stall, node, offender)
 
+
+def _choose(record: JobRecord, fault: FaultDetected, incident: _Incident) -> _Choice:
+    """The rung for ``fault`` (rules 2-4), or none and why (rule 5: a cap is spent)."""
+    spent = _limit_spent(record, None)
+    if spent is None:
+        choice = _choose_level(record, fault, incident)
+        if choice.level is None:
+            return choice
+        spent = _limit_spent(record, choice.level)
+        if spent is None:
+            return choice
+    return _Choice(None, f"{spent} ({incident.stall})" if incident.stall else spent)
+
+
+def _limit_spent(record: JobRecord, level: RecoveryLevel | None) -> str | None:
+    """The lifetime cap a restart at ``level`` (None: before choosing one) would pass."""
+    recovery = record.spec.spec.recovery
     cap = recovery.max_restarts
-    if cap is not None and record.total_restarts >= cap:
-        spent = f"restart limit jobMaxRetryCount={cap} spent"
-        return _fail(record, fault, f"{spent} ({stall})" if stall else spent)
-    choice = _choose_level(record, fault, window, offender, unfixed, stall)
-    if choice.level is None:
-        return _fail(record, fault, choice.why)
-    level = choice.level
+    if level is None and cap is not None and record.total_restarts >= cap:
+        return f"restart limit jobMaxRetryCount={cap} spent"
     full = recovery.max_full_job_restarts
     if level is RecoveryLevel.JOB and full is not None and record.restarts.get(level, 0) >= full:
-        spent = f"full job restart limit maxFullJobRestarts={full} spent"
-        return _fail(record, fault, f"{spent} ({stall})" if stall else spent)
+        return f"full job restart limit maxFullJobRestarts={full} spent"
+    return None
 
-    old_placements = list(record.placements)
-    replicas = sorted(p.replica for p in old_placements)
-    recreate: list[int] = []
-    moves: list[Move] = []
-    cordon: list[str] = []
-    requeue = False
-    if level is RecoveryLevel.POD:
-        recreate = [fault.replica] if fault.replica in replicas else replicas
-    if level is RecoveryLevel.NODE or (
-        level is RecoveryLevel.JOB and (node_scoped or offender) and node is not None
+
+@dataclass
+class _Effects:
+    """What a restart does to the job's worker groups (its rung's row, applied)."""
+
+    recreate: list[int] = field(default_factory=list)
+    moves: list[Move] = field(default_factory=list)
+    cordon: list[str] = field(default_factory=list)
+    requeue: bool = False
+
+
+def _effects(
+    record: JobRecord,
+    fault: FaultDetected,
+    level: RecoveryLevel,
+    incident: _Incident,
+    cluster: ClusterView,
+) -> _Effects:
+    """Apply ``level``'s row of the ladder to ``record``: replicas moved off the fault's
+    node, worker groups recreated, or the job back to wait for capacity where a moved
+    replica fits nowhere."""
+    row, node = rung(level), incident.node
+    replicas = sorted(p.replica for p in record.placements)
+    out = _Effects()
+    if row.recreates == "faulty":
+        out.recreate = [fault.replica] if fault.replica in replicas else replicas
+    node_fault = fault.scope is FaultScope.NODE or incident.offender
+    if node is not None and (
+        row.leaves_node == "always" or (row.leaves_node == "node_faults" and node_fault)
     ):
-        # A job-level restart for a node's fault (one climbed to from the node rung) also
-        # leaves that node: restarting every replica where it was would run one on it again.
-        leaving = [p for p in old_placements if p.node == node]
-        if node_scoped:
-            cordon = [node] if node is not None else []
-        if node is not None and node not in record.avoid_nodes:
-            record.avoid_nodes = [*record.avoid_nodes, node]
-        targets = _move_targets(record, leaving, cluster or ClusterView())
-        if targets is None:
-            requeue = True
-        else:
-            moves = targets
-            record.placements = _moved(old_placements, moves, cluster or ClusterView())
-            used_spares = {m.to_node for m in moves}
-            record.spare_nodes = [n for n in record.spare_nodes if n not in used_spares]
-    if level is RecoveryLevel.JOB:
-        moved = {m.replica for m in moves}
-        recreate = [] if requeue else [r for r in replicas if r not in moved]
-    for replica in recreate:
+        _leave(record, node, fault.scope is FaultScope.NODE, cluster, out)
+    if row.recreates == "all":
+        moved = {m.replica for m in out.moves}
+        out.recreate = [] if out.requeue else [r for r in replicas if r not in moved]
+    for replica in out.recreate:
         record.incarnations = {
             **record.incarnations,
             replica: record.incarnations.get(replica, 0) + 1,
         }
+    return out
 
+
+def _leave(record: JobRecord, node: str, cordon: bool, cluster: ClusterView, out: _Effects) -> None:
+    """Move the replicas on ``node`` elsewhere (spares first), which the job then avoids
+    (cordoned too for a node's own fault); where one fits nowhere, the job waits for
+    capacity (``out.requeue``)."""
+    placements = list(record.placements)
+    if cordon:
+        out.cordon = [node]
+    if node not in record.avoid_nodes:
+        record.avoid_nodes = [*record.avoid_nodes, node]
+    targets = _move_targets(record, [p for p in placements if p.node == node], cluster)
+    if targets is None:
+        out.requeue = True
+        return
+    out.moves = targets
+    record.placements = _moved(placements, targets, cluster)
+    used_spares = {m.to_node for m in targets}
+    record.spare_nodes = [n for n in record.spare_nodes if n not in used_spares]
+
+
+def _decide(
+    record: JobRecord,
+    fault: FaultDetected,
+    *,
+    now: datetime,
+    cluster: ClusterView | None,
+    claimant: str,
+    lease_seconds: float,
+    reached: int | None,
+) -> Decision:
+    """The ladder in order: ignore, pick a level, edit the record."""
+    ignored = _ignored(record, fault)
+    if ignored is not None:
+        return Decision(Verdict.IGNORE, ignored)
+    record.remember_fault(fault.fault_id)
+    record.last_fault = LastFault(
+        fault_id=fault.fault_id, reason=fault.reason, scope=fault.scope.value, time=fault.time
+    )
+    incident = _incident(record, fault, now, reached)
+    choice = _choose(record, fault, incident)
+    if choice.level is None:
+        return _fail(record, fault, choice.why)
+    level = choice.level
+    old_placements = list(record.placements)
+    effects = _effects(record, fault, level, incident, cluster or ClusterView())
     record.history = [
-        *window,
+        *incident.window,
         RestartEntry(
             time=now,
             level=level,
             signature=fault_signature(fault),
-            node=node,
-            node_scoped=node_scoped,
+            node=incident.node,
+            node_scoped=fault.scope is FaultScope.NODE,
             to_generation=record.generation + 1,
             attempt=choice.attempt,
-            stalled=bool(unfixed),
+            stalled=bool(incident.unfixed),
             reached=reached if fault.generation == record.generation else None,
             rendezvous=record.rendezvous_generation is not None
             and record.rendezvous_generation >= record.generation,
         ),
     ]
     start_at = now + timedelta(seconds=backoff_seconds(record.spec, choice.attempt - 1))
-    from_generation = record.generation
-    record.generation += 1
-    record.alive_since = None
-    record.resume_step = None if record.latest_checkpoint is None else record.latest_checkpoint.step
-    record.restarts = {**record.restarts, level: record.restarts.get(level, 0) + 1}
-    record.master_port = master_port_for(record.name, record.generation, record.uid)
-    record.finished_replicas = []
-    if requeue:
+    from_generation = _next_generation(record, level)
+    if effects.requeue:
         record.placements = []
         move_to(
             record,
             JobPhase.PENDING,
-            f"{fault.reason} on {node}: no node to move to; waiting for capacity "
+            f"{fault.reason} on {incident.node}: no node to move to; waiting for capacity "
             f"(avoiding {', '.join(record.avoid_nodes)})",
         )
     else:
@@ -604,16 +676,28 @@ def _decide(  # noqa: C901 - the ladder in order: ignore, pick a level, edit the
         from_generation=from_generation,
         to_generation=record.generation,
         stop_placements=old_placements,
-        recreate=recreate,
-        moves=moves,
-        cordon=cordon,
+        recreate=effects.recreate,
+        moves=effects.moves,
+        cordon=effects.cordon,
         hung_ranks=[fault.rank] if fault.reason in HANG_REASONS and fault.rank is not None else [],
-        requeue=requeue,
+        requeue=effects.requeue,
         start_at=start_at,
         claimed_by=claimant,
         claimed_until=max(now, start_at) + timedelta(seconds=lease_seconds),
     )
     return Decision(Verdict.RESTART, record.message, level)
+
+
+def _next_generation(record: JobRecord, level: RecoveryLevel) -> int:
+    """Start the record's next generation after a restart at ``level``; the one it left."""
+    from_generation = record.generation
+    record.generation += 1
+    record.alive_since = None
+    record.resume_step = None if record.latest_checkpoint is None else record.latest_checkpoint.step
+    record.restarts = {**record.restarts, level: record.restarts.get(level, 0) + 1}
+    record.master_port = master_port_for(record.name, record.generation, record.uid)
+    record.finished_replicas = []
+    return from_generation
 
 
 def claim(

@@ -35,6 +35,7 @@ rank, the checkpoint read by every rank). These are small-job floors: at scale, 
 from __future__ import annotations
 
 from resurge.contract.vocabulary import RecoveryLevel
+from resurge.control.ladder import RUNGS
 
 __all__ = [
     "DEFAULT_FAILURES",
@@ -87,13 +88,7 @@ DEFAULT_FAILURES: dict[str, dict[str, object]] = {
 }
 """Failure kinds by name, as a config's ``failures`` block writes them."""
 
-DEFAULT_RESTART_SECONDS: dict[RecoveryLevel, float] = {
-    RecoveryLevel.IN_PROCESS: 0.44,
-    RecoveryLevel.PROCESS: 1.24,
-    RecoveryLevel.POD: 26.3,
-    RecoveryLevel.NODE: 26.3,
-    RecoveryLevel.JOB: 600.0,
-}
+DEFAULT_RESTART_SECONDS: dict[RecoveryLevel, float] = {r.level: r.simulated_seconds for r in RUNGS}
 """Seconds from a restart's decision to the first step of the new generation, by rung."""
 
 DEFAULT_POLICIES: list[dict[str, object]] = [

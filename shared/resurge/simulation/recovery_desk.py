@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from resurge.cluster import NodeInfo
 from resurge.contract.vocabulary import RecoveryLevel
 from resurge.control.admission import start
+from resurge.control.ladder import LADDER, SCOPE_FLOOR
 from resurge.control.records import JobRecord, Placement
 from resurge.control.recovery_policy import (
     ClusterView,
@@ -48,8 +49,6 @@ EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
 """Simulated second 0."""
 
 _SOURCE = Source(service="simulator", instance="simulator")
-_LADDER = list(RecoveryLevel)
-_FLOOR = {FaultScope.PROCESS: RecoveryLevel.IN_PROCESS, FaultScope.NODE: RecoveryLevel.NODE}
 
 
 def at(seconds: float) -> datetime:
@@ -160,8 +159,8 @@ class RecoveryDesk:
         if self.record.placements or self.record.phase is not JobPhase.PENDING:
             self.record.placements = [Placement(replica=fault.replica, node=replica_node)]
         self.record.incarnations = {}
-        floor = _FLOOR[fault.scope]
-        above = _LADDER.index(fault.lowest_rung) > _LADDER.index(floor)
+        floor = SCOPE_FLOOR[fault.scope]
+        above = LADDER.index(fault.lowest_rung) > LADDER.index(floor)
         suggested = fault.lowest_rung if above else None
         event = FaultDetected(
             fault_id=fault.fault_id,
