@@ -42,8 +42,17 @@ from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
 from resurge.contract.families import FAULT_GRADE_KINDS
-from resurge.control.records import JobRecord
-from resurge.events import Envelope, FaultDetected, FaultScope, RecoveryLevel, Severity, Source
+from resurge.control.records import JobRecord, Placement
+from resurge.events import (
+    Envelope,
+    FaultDetected,
+    FaultScope,
+    JobPhase,
+    RecoveryLevel,
+    Severity,
+    Source,
+)
+from resurge.jobspec import TrainingJob
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -52,6 +61,8 @@ __all__ = [
     "DetectorContext",
     "DurableState",
     "ForgetsJobs",
+    "FrozenJob",
+    "JobView",
     "UnknownDetectorError",
     "available_detectors",
     "load_detectors",
@@ -64,19 +75,87 @@ ENTRY_POINT_GROUP = "resurge.detectors"
 LANE_KINDS = FAULT_GRADE_KINDS
 
 
+class JobView(Protocol):
+    """A job as a detector sees it: read only. The control plane writes job records; a
+    detector reads what it judges by (its spec, generation, placements) and concludes
+    events, never edits."""
+
+    @property
+    def name(self) -> str:
+        """The job's name."""
+
+    @property
+    def uid(self) -> str:
+        """This run of the job (a job submitted again under its name is a new run)."""
+
+    @property
+    def phase(self) -> JobPhase:
+        """Where the job is in its life."""
+
+    @property
+    def generation(self) -> int:
+        """The job's current generation."""
+
+    @property
+    def spec(self) -> TrainingJob:
+        """The job as submitted (its monitoring settings as last submitted)."""
+
+    @property
+    def placements(self) -> Sequence[Placement]:
+        """Where its replicas run in the current generation."""
+
+    @property
+    def finished_replicas(self) -> Sequence[int]:
+        """Replicas of the current generation whose workers all exited 0."""
+
+    @property
+    def world_size(self) -> int:
+        """Worker processes in the current generation."""
+
+
+@dataclass(frozen=True, slots=True)
+class FrozenJob:
+    """The :class:`JobView` the detector service hands its detectors: a copy of the
+    record's fields they read, that no detector can change (the spec and placements are
+    frozen models)."""
+
+    name: str
+    uid: str
+    phase: JobPhase
+    generation: int
+    spec: TrainingJob
+    placements: tuple[Placement, ...]
+    finished_replicas: tuple[int, ...]
+    world_size: int
+
+    @classmethod
+    def of(cls, record: JobRecord) -> FrozenJob:
+        """The view of ``record`` as it is now."""
+        return cls(
+            name=record.name,
+            uid=record.uid,
+            phase=record.phase,
+            generation=record.generation,
+            spec=record.spec,
+            placements=tuple(record.placements),
+            finished_replicas=tuple(record.finished_replicas),
+            world_size=record.world_size,
+        )
+
+
 @dataclass(frozen=True)
 class DetectorContext:
     """What a detector may consult: the clock, the jobs it judges, how to sign events."""
 
     now: datetime
     source: Source
-    jobs: Mapping[str, JobRecord] = field(default_factory=dict)
+    jobs: Mapping[str, JobView] = field(default_factory=dict)
 
-    def job(self, name: str | None) -> JobRecord | None:
+    def job(self, name: str | None) -> JobView | None:
         """The record of job ``name`` if this detector replica judges it; else None."""
         return None if name is None else self.jobs.get(name)
 
-    def jobs_on(self, node: str) -> list[JobRecord]:
+    def jobs_on(self, node: str) -> list[JobView]:
         """Running jobs with a replica on ``node``."""
         return [
             r

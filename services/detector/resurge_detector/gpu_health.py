@@ -21,8 +21,7 @@ from __future__ import annotations
 import hashlib
 
 from resurge.contract.xid import TABLE_VERSION, XidAction, action_for, lookup
-from resurge.control.records import JobRecord
-from resurge.detection import DetectorContext
+from resurge.detection import DetectorContext, JobView
 from resurge.events import Envelope, FaultScope, GpuError, RecoveryLevel, Severity
 
 __all__ = ["GpuHealthDetector"]
@@ -51,7 +50,7 @@ class GpuHealthDetector:
         return []
 
     def _fault(
-        self, event: GpuError, node: str, record: JobRecord, ctx: DetectorContext
+        self, event: GpuError, node: str, record: JobView, ctx: DetectorContext
     ) -> Envelope | None:
         replicas = sorted(p.replica for p in record.placements if p.node == node)
         evidence: dict[str, str | int | float | bool | None] = {

@@ -62,8 +62,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from resurge.control.records import JobRecord
-from resurge.detection import DetectorContext
+from resurge.detection import DetectorContext, JobView
 from resurge.events import (
     Envelope,
     FaultScope,
@@ -369,7 +368,7 @@ class HangDetector:
         return faults
 
     def _overdue(
-        self, record: JobRecord, number: int, generation: _Generation, now: datetime
+        self, record: JobView, number: int, generation: _Generation, now: datetime
     ) -> list[_Overdue]:
         """The overdue ranks, in the generation's rank order. A stopped rank quiet for
         ``STOPPED_RANK_SECONDS`` is overdue as stopped; any other rank by its start-up or
@@ -410,7 +409,7 @@ class HangDetector:
     def _fault(
         self,
         ctx: DetectorContext,
-        record: JobRecord,
+        record: JobView,
         number: int,
         generation: _Generation,
         overdue: list[_Overdue],

@@ -67,8 +67,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from resurge.control.records import JobRecord
-from resurge.detection import DetectorContext
+from resurge.detection import DetectorContext, JobView
 from resurge.events import (
     Envelope,
     FaultDetected,
@@ -322,7 +321,7 @@ class LogRuleDetector:
 
     @staticmethod
     def _restore_ranks(
-        job: _Job, record: JobRecord, ranks: dict[str, list[Any]], now: datetime
+        job: _Job, record: JobView, ranks: dict[str, list[Any]], now: datetime
     ) -> None:
         rules = {rule.name: rule for rule in record.spec.spec.monitoring.log_rules}
         for number, known in ranks.items():
@@ -342,7 +341,7 @@ class LogRuleDetector:
     def _line(
         self,
         event: LogLine,
-        record: JobRecord,
+        record: JobView,
         job: _Job,
         where: _Where,
         rank: _Rank,
@@ -519,7 +518,7 @@ class LogRuleDetector:
         return faults
 
     def _overdue(
-        self, name: str, job: _Job, record: JobRecord, ctx: DetectorContext
+        self, name: str, job: _Job, record: JobView, ctx: DetectorContext
     ) -> list[Envelope]:
         """``log_hang`` faults of one job's ranks whose next match is overdue now."""
         faults: list[Envelope] = []

@@ -53,6 +53,8 @@ from resurge.detection import (
     DetectorContext,
     DurableState,
     ForgetsJobs,
+    FrozenJob,
+    JobView,
 )
 from resurge.events import CapacityChanged, Envelope, FaultDetected, Source
 from resurge.runtime.logs import RateLimitedLog
@@ -93,7 +95,7 @@ class DetectorRuntime:
         self.detectors = list(detectors)
         self.source = source
         self.partition = partition
-        self.jobs: dict[str, JobRecord] = {}
+        self.jobs: dict[str, JobView] = {}
         self.failures: dict[str, int] = defaultdict(int)
         self._by_kind: dict[str, list[Detector]] = defaultdict(list)
         for detector in self.detectors:
@@ -150,7 +152,8 @@ class DetectorRuntime:
         return True
 
     def set_job(self, name: str, record: JobRecord | None) -> None:
-        """Keep ``name``'s record if this replica judges it; None forgets it. A record
+        """Keep a read-only view of ``name``'s record (:class:`~resurge.detection.FrozenJob`)
+        if this replica judges it; None forgets it. A record
         deleted, or replaced by a new run's (another ``uid``), makes every detector that
         keeps state by job name forget the job (:class:`ForgetsJobs`)."""
         known = self.jobs.get(name)
@@ -163,7 +166,7 @@ class DetectorRuntime:
         if record is None or not self.partition.owns(name):
             self.jobs.pop(name, None)
         else:
-            self.jobs[name] = record
+            self.jobs[name] = FrozenJob.of(record)
 
     def put_job(self, name: str, value: bytes | None) -> None:
         """A jobs-bucket entry of ``name`` (None or empty: deleted): :meth:`set_job` with
