@@ -118,3 +118,6 @@ def test_one_replica_counts_once_however_many_sources_name_it() -> None:
     assert snapshot.reserved() == {"n1": 4}, "the finished job's group is no record's"
     assert snapshot.free() == {"n0": 0, "n1": 0}
     assert snapshot.jobs_on("n1") == ["done"]
+    spare = build_snapshot(nodes("n0", "n1"), [running("s", ["n0"], spares=["n1"])])
+    assert spare.used() == {"n0": 4, "n1": 4}
+    assert spare.jobs_on("n1") == [], "a spare held is slots in use, not a job running"

@@ -86,8 +86,9 @@ class ClusterSnapshot:
         return reserved
 
     def jobs_on(self, node: str) -> list[str]:
-        """The jobs using ``node``'s slots, sorted."""
-        return sorted({job for job, _, at in self.uses if at == node})
+        """The jobs with a replica on ``node`` (placed, grouped or claimed; a spare held
+        there is not one), sorted."""
+        return sorted({job for job, replica, at in self.uses if at == node and replica is not None})
 
     def claimed_jobs(self) -> set[str]:
         """Jobs with a placement claimed and not yet written (a resize in flight)."""
