@@ -28,6 +28,7 @@ from resurge.jobspec import TrainingJob
 from resurge.runtime.kv_keys import bucket_keys
 
 __all__ = [
+    "FIELD_GROUPS",
     "CheckpointRef",
     "CheckpointReports",
     "HeldGrow",
@@ -253,11 +254,62 @@ class CheckpointReports(BaseModel):
     ranks: list[int] = Field(description="The ranks that reported it, ascending.")
 
 
+FIELD_GROUPS: dict[str, tuple[str, ...]] = {
+    "run": ("name", "uid", "spec", "submitted"),
+    "lifecycle": ("phase", "message", "updated"),
+    "generation": (
+        "generation",
+        "placements",
+        "spare_nodes",
+        "master_port",
+        "incarnations",
+        "finished_replicas",
+        "alive_since",
+        "resume_step",
+        "pending_recovery",
+    ),
+    "recoveries": (
+        "restarts",
+        "history",
+        "avoid_nodes",
+        "handled_faults",
+        "last_fault",
+        "ending",
+        "last_recovery_seconds",
+        "last_recovery",
+    ),
+    "size": ("target_replicas", "held_grow", "last_resize"),
+    "workers": (
+        "in_process_capable",
+        "reports_progress",
+        "progressed_generation",
+        "rendezvous_generation",
+        "latest_checkpoint",
+        "checkpoint_reports",
+    ),
+}
+"""The job record's fields by who writes them (see :class:`JobRecord`)."""
+
+
 class JobRecord(BaseModel):
-    """One job's lasting state: what the control plane decided for it."""
+    """One job's lasting state: what the control plane decided for it.
+
+    Its fields come in groups by who writes them (:data:`FIELD_GROUPS`, in this order):
+
+    - the run, as submitted: the scaler on ``JobSubmitted`` (a running job submitted
+      again changes only its monitoring settings);
+    - its lifecycle: only through :func:`resurge.control.lifecycle.move_to`, by whichever
+      service moves it; ``updated`` by the store on every write;
+    - the current generation: whoever starts one: the scaler's admission and resizes, the
+      restarter's recoveries, a local cluster's restart;
+    - recoveries: the restarter's decisions and what they left;
+    - its size: the scaler's;
+    - what its workers showed: the restarter, from raw events.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
+    # The run, as submitted.
     name: str
     uid: str = Field(
         default_factory=lambda: uuid.uuid4().hex,
@@ -265,45 +317,77 @@ class JobRecord(BaseModel):
         "new one (as a Kubernetes object's metadata.uid).",
     )
     spec: TrainingJob
+    submitted: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    # Its lifecycle.
     phase: JobPhase = JobPhase.PENDING
+    message: str = ""
+    updated: datetime = Field(default_factory=lambda: datetime.now(UTC))
+
+    # The current generation.
     generation: int = 0
     placements: list[Placement] = Field(default_factory=list)
+    spare_nodes: list[str] = Field(
+        default_factory=list, description="Nodes held empty for this job's `node` recoveries."
+    )
     master_port: int = 0
+    incarnations: dict[int, int] = Field(
+        default_factory=dict, description="Replica -> times its worker group was recreated."
+    )
     finished_replicas: list[int] = Field(
         default_factory=list, description="Replicas whose workers all exited 0 this generation."
     )
+    alive_since: datetime | None = Field(
+        default=None, description="When the current generation's first worker started."
+    )
+    resume_step: int | None = Field(
+        default=None, description="The checkpoint step the current generation resumed from."
+    )
+    pending_recovery: PendingRecovery | None = None
+
+    # Recoveries.
     restarts: dict[RecoveryLevel, int] = Field(default_factory=dict)
     history: list[RestartEntry] = Field(
         default_factory=list, description="Restarts inside evalPeriodSeconds, oldest first."
     )
-    incarnations: dict[int, int] = Field(
-        default_factory=dict, description="Replica -> times its worker group was recreated."
-    )
-    spare_nodes: list[str] = Field(
-        default_factory=list, description="Nodes held empty for this job's `node` recoveries."
-    )
     avoid_nodes: list[str] = Field(
         default_factory=list, description="Nodes this job no longer uses (they faulted)."
-    )
-    in_process_capable: bool = Field(
-        default=False, description="Its workers run under resurge.worker.restartable."
     )
     handled_faults: list[str] = Field(
         default_factory=list, description="Most recent fault ids acted on, newest last."
     )
     last_fault: LastFault | None = None
-    pending_recovery: PendingRecovery | None = None
     ending: JobEnding | None = Field(
         default=None, description="A finished job's last steps, and which are done."
     )
     last_recovery_seconds: float | None = None
     last_recovery: LastRecovery | None = None
-    last_resize: LastResize | None = None
+
+    # Its size.
+    target_replicas: int | None = Field(
+        default=None, description="Replicas the scaler means the job to run with now."
+    )
     held_grow: HeldGrow | None = Field(
         default=None, description="A grow free slots allow that a debounce holds back."
     )
-    target_replicas: int | None = Field(
-        default=None, description="Replicas the scaler means the job to run with now."
+    last_resize: LastResize | None = None
+
+    # What its workers showed.
+    in_process_capable: bool = Field(
+        default=False, description="Its workers run under resurge.worker.restartable."
+    )
+    reports_progress: bool = Field(
+        default=False, description="Its workers report progress (they use resurge.worker)."
+    )
+    progressed_generation: int | None = Field(
+        default=None,
+        description="Newest generation that completed a step past its resume point: the "
+        "restart that started it fixed what it was for.",
+    )
+    rendezvous_generation: int | None = Field(
+        default=None,
+        description="Newest generation whose ranks all passed their rendezvous "
+        "(init_process_group), as the agent hosting its store reported.",
     )
     latest_checkpoint: CheckpointRef | None = Field(
         default=None, description="Newest checkpoint every rank of the job reported saved."
@@ -313,28 +397,6 @@ class JobRecord(BaseModel):
         description="Newer steps some ranks reported saved, per generation and world size; "
         "oldest step first.",
     )
-    reports_progress: bool = Field(
-        default=False, description="Its workers report progress (they use resurge.worker)."
-    )
-    resume_step: int | None = Field(
-        default=None, description="The checkpoint step the current generation resumed from."
-    )
-    progressed_generation: int | None = Field(
-        default=None,
-        description="Newest generation that completed a step past its resume point: the "
-        "restart that started it fixed what it was for.",
-    )
-    alive_since: datetime | None = Field(
-        default=None, description="When the current generation's first worker started."
-    )
-    rendezvous_generation: int | None = Field(
-        default=None,
-        description="Newest generation whose ranks all passed their rendezvous "
-        "(init_process_group), as the agent hosting its store reported.",
-    )
-    message: str = ""
-    submitted: datetime = Field(default_factory=lambda: datetime.now(UTC))
-    updated: datetime = Field(default_factory=lambda: datetime.now(UTC))
 
     @field_validator("checkpoint_reports", mode="before")
     @classmethod
