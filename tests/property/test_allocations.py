@@ -60,7 +60,7 @@ from resurge_restarter.service import Restarter
 from resurge_scaler.service import Scaler
 
 SLOTS = 2
-NODES = [f"n{i}" for i in range(6)]
+NODES = [f"n{i}" for i in range(8)]
 
 
 class Gate:
@@ -253,7 +253,7 @@ def jobs() -> list[JobRecord]:
     shapes = [
         ("a", {"min": 1, "max": 3}, 1, 2),
         ("b", {"min": 1, "max": 2}, 1, 1),
-        ("c", {"min": 2, "max": 2}, 0, 1),
+        ("c", {"min": 2, "max": 2}, 0, 3),
         ("d", {"min": 1, "max": 3}, 0, 0),
     ]
     made = []
@@ -353,7 +353,7 @@ async def run(data: st.DataObject) -> None:
                 choices = [("start", a) for a in idle] + [
                     ("go", str(i)) for i in range(len(moving))
                 ]
-                if starting and len(cluster.dead) < 2:
+                if starting and len(cluster.dead) < 3:
                     choices.append(("lose", ""))
                 if not choices:
                     break
