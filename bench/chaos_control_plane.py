@@ -74,8 +74,8 @@ from chaos_invariants import (
 from nats.js.api import DiscardPolicy
 from tcp_proxy import Proxy
 
-from resurge.control.client import delete_job, inject_fault, inject_xid, submit_job
-from resurge.control.records import JobRecord, JobStore
+from resurge.control.effects.client import delete_job, inject_fault, inject_xid, submit_job
+from resurge.control.state.records import JobRecord, JobStore
 from resurge.events import Event, JobPhase, RecoveryStarted
 from resurge.jobspec import TrainingJob
 from resurge.local.job_factory import python_job
@@ -152,12 +152,8 @@ class Bench:
     """One run: the cluster, its proxies, the disturbances and the judge."""
 
     def __init__(self, folder: Path, minutes: float, every: float, seed: int) -> None:
-        self.folder, self.minutes, self.every, self.rng = (
-            folder,
-            minutes,
-            every,
-            random.Random(seed),
-        )
+        self.folder, self.minutes, self.every = folder, minutes, every
+        self.rng = random.Random(seed)
         self.started = time.monotonic()
         self.judge = Judge()
         self.clock = ServiceClock(folder)
