@@ -70,8 +70,8 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "resurge.detectors"
 
-# The fault-grade raw kinds, few and urgent: the detector service reads them through a
-# fault lane of their own, and takes their live copies (docs/detectors.md).
+# The fault-grade raw kinds, few and urgent: stored in a stream of their own, which the
+# detector service reads apart from the telemetry (docs/detectors.md).
 LANE_KINDS = FAULT_GRADE_KINDS
 
 

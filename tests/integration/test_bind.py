@@ -10,7 +10,8 @@ import asyncio
 import pytest
 
 from resurge.contract.subscriptions import (
-    DETECTOR_LANE_BATCHES,
+    DETECTOR_FAULTS,
+    DETECTOR_RAW,
     LAUNCH_COMMANDS,
     SCALER_RESIZE_AGENTS,
     Scope,
@@ -43,21 +44,21 @@ async def test_a_watch_reads_its_jobs_subject_until_unsubscribed(bus: Bus) -> No
     assert seen.empty()
 
 
-async def test_a_per_kind_reader_binds_the_kinds_asked_for(bus: Bus) -> None:
-    async def on_lane(events: list[Event]) -> None:
+async def test_the_detector_reads_telemetry_and_fault_grade_kinds_from_their_streams(
+    bus: Bus,
+) -> None:
+    async def on_raw(events: list[Event]) -> None:
         pass
 
-    await bus.bind(DETECTOR_LANE_BATCHES, on_lane, Scope(group="d"), kinds=())
-    assert await consumers(bus) == []
-    await bus.bind(DETECTOR_LANE_BATCHES, on_lane, Scope(group="d"), kinds=("worker_fault",))
-    assert await consumers(bus) == [
-        ("d-worker-fault", bus.subjects.raw(None, "worker_fault", None))
-    ]
+    await bus.bind(DETECTOR_FAULTS, on_raw, Scope(group="d"))
+    await bus.bind(DETECTOR_RAW, on_raw, Scope(group="d"))
+    assert await consumers(bus) == [("d", bus.subjects.all("raw"))]
+    assert await consumers(bus, "raw-faults") == [("d-faults", bus.subjects.all("raw"))]
 
 
-async def consumers(bus: Bus) -> list[tuple[str | None, str | None]]:
-    """The raw stream's consumers: name and filter."""
-    infos = await bus.js.consumers_info(bus.subjects.stream("raw"))
+async def consumers(bus: Bus, stream: str = "raw") -> list[tuple[str | None, str | None]]:
+    """A stream's consumers: name and filter."""
+    infos = await bus.js.consumers_info(bus.subjects.stream(stream))
     return [(info.name, info.config.filter_subject) for info in infos]
 
 

@@ -3,6 +3,7 @@
 import asyncio
 
 import pytest
+from nats.js.api import StreamConfig
 
 from resurge.events import (
     DeadLetter,
@@ -15,6 +16,7 @@ from resurge.events import (
     LogLine,
     ProcessExited,
     decode_event,
+    encode_event,
 )
 from resurge.runtime.bus import Bus, PermanentError, TransientError
 from resurge.runtime.settings import Settings
@@ -68,12 +70,34 @@ async def test_telemetry_is_stored_without_a_msg_id_and_acked_events_with_one(bu
         source=bus.source, job="j.1", rank=0, local_rank=0, local_world_size=1, pid=7, exit_code=1
     )
     await bus.publish(bus.subjects.raw("j.1", "process_exited", "n0"), exit_)
-    stream = bus.subjects.stream("raw")
-    first = await bus.js.get_msg(stream, seq=1)
-    second = await bus.js.get_msg(stream, seq=2)
+    first = await bus.js.get_msg(bus.subjects.stream("raw"), seq=1)
+    second = await bus.js.get_msg(bus.subjects.stream("raw-faults"), seq=1)  # a stream apart
     assert decode_event(first.data or b"").id == line.id
     assert not (first.headers or {}).get("Nats-Msg-Id")
     assert (second.headers or {}).get("Nats-Msg-Id") == exit_.id
+
+
+async def test_an_existing_raw_stream_gives_the_fault_grade_kinds_to_their_own(
+    bus: Bus,
+) -> None:
+    """A deployment from before the split: its RAW stream stores every raw subject. The
+    services that manage streams narrow it to the telemetry, then make the fault-grade
+    stream (two streams may not share a subject); what RAW stored stays there."""
+    raw, faults = bus.subjects.stream("raw"), bus.subjects.stream("raw-faults")
+    await bus.js.delete_stream(faults)
+    await bus.js.update_stream(StreamConfig(name=raw, subjects=[bus.subjects.all("raw")]))
+    exit_ = ProcessExited(
+        source=bus.source, job="j", rank=0, local_rank=0, local_world_size=1, pid=7, exit_code=1
+    )
+    subject = bus.subjects.raw("j", "process_exited", "n0")
+    before = await bus.js.publish(subject, encode_event(exit_))
+    assert before.stream == raw
+    await bus.ensure_streams()
+    info = await bus.js.stream_info(raw)
+    assert bus.subjects.all("raw") not in info.config.subjects
+    assert info.state.messages == 1  # kept
+    after = await bus.js.publish(subject, encode_event(exit_))
+    assert after.stream == faults
 
 
 async def test_consume_hands_over_typed_events_and_acks(bus: Bus) -> None:

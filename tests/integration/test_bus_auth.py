@@ -22,6 +22,7 @@ import nats.errors
 import pytest
 from nats.aio.client import Client
 
+from resurge.contract.subscriptions import DETECTOR_FAULTS, DETECTOR_RAW, Scope
 from resurge.control.history import read_history
 from resurge.events import (
     Assign,
@@ -282,22 +283,27 @@ async def test_detector_says_faults_but_no_commands(
         async def ignore(events: list[Event]) -> None:
             del events
 
-        # Its fault lane: a consumer of the raw stream filtered on one kind, and the
-        # live copies of that kind (a core subscription), here an agent's exit.
-        lane = bus.subjects.raw(None, "process_exited", None)
-        await bus.consume_batches(lane, "detector-process-exited", ignore, kind_token=4)
-        live: asyncio.Queue[Event] = asyncio.Queue()
-        await bus.listen(lane, "detector-process-exited", live.put, kind_token=4)
+        # Its fault-grade reader: a consumer of the fault-grade stream, here reading an
+        # agent's exit (stored there, not in the telemetry stream).
+        got: asyncio.Queue[Event] = asyncio.Queue()
+
+        async def take(events: list[Event]) -> None:
+            for event in events:
+                got.put_nowait(event)
+
+        await bus.bind(DETECTOR_FAULTS, take, Scope(group="detector"))
+        await bus.bind(DETECTOR_RAW, ignore, Scope(group="detector"))
         async with _bus(cluster, "agent", "node-1") as agent:
             exited = ProcessExited(
                 source=agent.source, job=job, node="node-1", pid=7, local_rank=0,
                 local_world_size=1, exit_code=1,
             )  # fmt: skip
             await agent.publish(agent.subjects.raw(job, "process_exited", "node-1"), exited)
-        assert (await asyncio.wait_for(live.get(), 10)).id == exited.id
+        assert (await asyncio.wait_for(got.get(), 10)).id == exited.id
     async with _client(cluster, "detector") as detector:
         s = Settings(namespace=NAMESPACE).subjects
         assert await detector.subscribe_denied(s.raw(None, "progress", None))  # live: no
+        assert await detector.subscribe_denied(s.raw(None, "process_exited", None))
         assert await detector.publish_denied(s.cmd(job, 0))
         assert await detector.publish_denied(s.node_cmd("node-0"))
         assert await detector.publish_denied(s.raw(job, "progress", "node-0"))

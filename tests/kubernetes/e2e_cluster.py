@@ -191,10 +191,10 @@ class ControlPlane:
         bus = await Bus.connect(self.settings, "e2e-ready")
         try:
             deadline = time.monotonic() + seconds
-            for family, name in READY_CONSUMERS:
-                while not await _has_consumer(bus, family, name):
+            for stream, name in READY_CONSUMERS:
+                while not await _has_consumer(bus, stream, name):
                     if self.dead() or time.monotonic() > deadline:
-                        raise AssertionError(self._why(f"{name} bound on {family}")())
+                        raise AssertionError(self._why(f"{name} bound on {stream}")())
                     await asyncio.sleep(_POLL_SECONDS)  # another process binds it
         finally:
             await bus.close()
@@ -255,9 +255,9 @@ class ControlPlane:
         ]
 
 
-async def _has_consumer(bus: Bus, family: str, name: str) -> bool:
+async def _has_consumer(bus: Bus, stream: str, name: str) -> bool:
     try:
-        await bus.js.consumer_info(bus.subjects.stream(family), name)
+        await bus.js.consumer_info(bus.subjects.stream(stream), name)
     except nats.js.errors.NotFoundError:
         return False
     return True

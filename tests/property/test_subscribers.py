@@ -69,8 +69,7 @@ class Consumer:
     @property
     def scope(self) -> Scope:
         """Its binding (each example has a namespace of its own: names may repeat)."""
-        kind = self.entry.kinds[0] if self.entry.per_kind else None
-        return Scope(job=JOB, replica=0, node=NODE, kind=kind, group="prop")
+        return Scope(job=JOB, replica=0, node=NODE, group="prop")
 
     @property
     def expects(self) -> tuple[type[Envelope], ...]:
@@ -95,7 +94,7 @@ class Consumer:
 TESTED = (Reader.DURABLE, Reader.BATCHES, Reader.INBOX)
 CONSUMERS = [Consumer(entry) for entry in SUBSCRIPTIONS if entry.reader in TESTED]
 
-_BINDINGS = {"consume", "consume_batches", "listen", "subscribe", "CommandInbox"}
+_BINDINGS = {"consume", "consume_batches", "subscribe", "CommandInbox"}
 # The names the services bind declared subscriptions by.
 DECLARED = {n for n in declared.__all__ if isinstance(getattr(declared, n), Subscription)}
 
@@ -287,7 +286,7 @@ async def check_consumer(
         await dlq.unsubscribe()
         return
 
-    stream = bus.subjects.stream(subject.split(".")[2])
+    stream = bus.subjects.stream(consumer.entry.stream)
 
     async def settled() -> bool:
         info = await bus.js.consumer_info(stream, durable)

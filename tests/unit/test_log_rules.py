@@ -96,7 +96,7 @@ def test_it_is_a_detector_built_without_arguments() -> None:
     detector = LogRuleDetector()
     assert isinstance(detector, Detector)
     assert detector.name == "log_rules"
-    assert detector.kinds == {"log_line", "process_started", "process_state"}
+    assert detector.kinds == {"log_line", "process_started", "process_state", "process_exited"}
 
 
 def test_fault_on_match_fires_once() -> None:

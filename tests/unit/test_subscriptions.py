@@ -10,12 +10,18 @@ from resurge.contract.families import (
     FAULT_GRADE_KINDS,
     RAW_JOB_KINDS,
     RAW_NODE_KINDS,
+    STREAMS,
     family,
+    stream_of,
+    streams_of,
 )
 from resurge.contract.subjects import Subjects
 from resurge.contract.subscriptions import (
-    DETECTOR_LANE_LIVE,
+    DETECTOR_FAULTS,
+    DETECTOR_RAW,
     MONITOR_COMMANDS,
+    RESTARTER_EXITS,
+    RESTARTER_PROGRESS,
     SUBSCRIPTIONS,
     Reader,
     Scope,
@@ -54,12 +60,30 @@ def test_bindings_fill_the_open_tokens() -> None:
     monitor = Scope(node="gpu.node-1")
     assert MONITOR_COMMANDS.subject(S, monitor) == S.node_cmd("gpu.node-1")
     assert MONITOR_COMMANDS.consumer(monitor) == "monitor-gpu_2enode-1"
-    lanes = list(DETECTOR_LANE_LIVE.scopes(Scope(group="detector-1-of-2"), ("worker_fault",)))
-    assert [DETECTOR_LANE_LIVE.consumer(s) for s in lanes] == ["detector-1-of-2-worker-fault"]
-    assert list(DETECTOR_LANE_LIVE.scopes(Scope(group="d"), ())) == []  # no lane detector
-    assert len(list(DETECTOR_LANE_LIVE.scopes(Scope(group="d")))) == len(FAULT_GRADE_KINDS)
-    with pytest.raises(ValueError, match="does not read 'progress'"):
-        list(DETECTOR_LANE_LIVE.scopes(Scope(group="d"), ("progress",)))
+    assert DETECTOR_FAULTS.consumer(Scope(group="detector-1-of-2")) == "detector-1-of-2-faults"
+
+
+def test_the_fault_grade_raw_kinds_have_a_stream_of_their_own() -> None:
+    raw = [one for one in STREAMS if one.family == "raw"]
+    assert [one.name for one in raw] == ["raw", "raw-faults"]  # telemetry first: see the bus
+    assert set(raw[1].kinds) == FAULT_GRADE_KINDS
+    assert sorted(raw[0].kinds + raw[1].kinds) == sorted(family("raw").kinds)  # no overlap
+    assert [one.name for one in STREAMS if one.family != "raw"] == [
+        f.name for f in FAMILIES if f.name != "raw"
+    ]
+    assert (DETECTOR_FAULTS.stream, DETECTOR_RAW.stream) == ("raw-faults", "raw")
+    assert (RESTARTER_EXITS.stream, RESTARTER_PROGRESS.stream) == ("raw-faults", "raw")
+    assert stream_of("fault").name == "fault"
+    with pytest.raises(ValueError, match="not in one stream"):
+        stream_of("raw", ("progress", "process_exited"))
+    assert [one.name for one in streams_of(S.raw("j", None, None))] == ["raw", "raw-faults"]
+    assert [one.name for one in streams_of(S.raw(None, "gpu_error", None))] == ["raw-faults"]
+    assert [one.name for one in streams_of(S.raw(None, "log_line", None))] == ["raw"]
+
+
+def test_the_detector_subscribes_to_no_raw_subject() -> None:
+    """No live copies: it reads every raw event from a stream, once."""
+    assert not [s for s in role_permissions("detector", S).subscribe if ".raw." in s]
 
 
 @pytest.mark.parametrize(
@@ -90,7 +114,7 @@ def test_each_declared_binding_is_allowed_to_its_role(entry: Subscription) -> No
     for one in entry.scopes(scope):
         subject = entry.subject(S, one)
         if entry.reader in (Reader.DURABLE, Reader.BATCHES):
-            stream = S.stream(entry.family)
+            stream = S.stream(entry.stream)
             create = f"$JS.API.CONSUMER.CREATE.{stream}.{entry.consumer(one)}.{subject}"
             assert _allowed(create, allowed.publish)
             assert _allowed(f"$JS.ACK.{stream}.x.1.2.3", allowed.publish)

@@ -1,7 +1,9 @@
 """Hang detector: a rank that is alive but makes no progress is a fault (pure logic, no I/O).
 
 Per (job, generation, rank) it follows ``process_started``, ``progress``,
-``process_state`` and ``process_exited``. A rank is overdue when, from the job's
+``process_state`` and ``process_exited``. An exit is stored in another stream than the
+rest and may be read before a rank's last reports: those arm nothing once it exited
+(until it starts again). A rank is overdue when, from the job's
 ``monitoring`` settings (defaults in :mod:`resurge.jobspec.monitoring`):
 
 - it has not reported progress yet and ``startupTimeoutSeconds`` passed since it
@@ -101,6 +103,8 @@ class _Rank:
 class _Generation:
     uid: str | None = None  # the run's (its record's uid when the generation was first seen)
     ranks: dict[int, _Rank] = field(default_factory=dict)
+    # Ranks that exited (until they start again): their late reports arm nothing.
+    ended: set[int] = field(default_factory=set)
     last_progress: datetime | None = None  # any rank's
     reported: bool = False
     # Per rank: its start-up wait (since it started) or heartbeat wait (since its last report).
@@ -110,13 +114,20 @@ class _Generation:
 
     def start(self, number: int, rank: _Rank) -> _Rank:
         """A rank (re)started at ``rank.started``: it waits for its first report."""
+        self.ended.discard(number)
         self.ranks[number] = rank
         self.waits.arm(number, rank.started, "startup")
         self.stopped.disarm(number)
         return rank
 
+    def unseen(self, number: int, rank: _Rank) -> _Rank | None:
+        """A report of a rank whose start was not seen (the detector restarted): it
+        counts from now; None for a rank that exited (its report was read after)."""
+        return None if number in self.ended else self.start(number, rank)
+
     def end(self, number: int) -> None:
         """A rank exited: nothing is awaited of it."""
+        self.ended.add(number)
         self.ranks.pop(number, None)
         self.waits.disarm(number)
         self.stopped.disarm(number)
@@ -227,9 +238,11 @@ class HangDetector:
                 generation.start(event.rank, _Rank(now, event.replica, event.node))
             self._entries.touch(event.job, replica_key(event.replica))
             return []
-        rank = generation.ranks.get(event.rank)
-        if rank is None:  # a start we did not see (the detector restarted): count from now
-            rank = generation.start(event.rank, _Rank(now, event.replica, event.node))
+        rank = generation.ranks.get(event.rank) or generation.unseen(
+            event.rank, _Rank(now, event.replica, event.node)
+        )
+        if rank is None:  # read after its exit (another stream): it awaits nothing now
+            return []
         if isinstance(event, Progress):
             self._progress(event.job, event.generation, event.rank, event.step, rank, now)
             generation.progressed(event.rank, now)

@@ -14,6 +14,9 @@ For each line of a rank a rule watches (``ranks``; unset: every rank), cut to
   rule fires (``log_metric``) once ``value <operator> threshold`` held for
   ``metricEvaluationDataPoints`` matched values in a row (a value that does not hold
   restarts the count; a value that is not a number is skipped);
+- a worker's exit (``process_exited``) carries its last output lines, which the rules
+  with ``faultOnMatch`` judge as above: the exit is stored in another stream than the
+  log lines and may be read before them, and the fault is the same either way;
 - ``expectedStartCutOffInSeconds``: the first match must come this long after the
   rank's ``process_started``; ``expectedRecurringFrequencyInSeconds``: after a match
   the next must come this soon. A miss fires ``log_hang``: in :meth:`tick` when
@@ -73,6 +76,7 @@ from resurge.events import (
     FaultDetected,
     FaultScope,
     LogLine,
+    ProcessExited,
     ProcessStarted,
     ProcessStateChanged,
     RecoveryLevel,
@@ -209,7 +213,7 @@ class LogRuleDetector:
     """A job's ``monitoring.logRules`` applied to its workers' output."""
 
     name = "log_rules"
-    kinds = frozenset({"log_line", "process_started", "process_state"})
+    kinds = frozenset({"log_line", "process_started", "process_state", "process_exited"})
 
     def __init__(self, costs: RuleCosts | None = None) -> None:
         self._jobs: dict[str, _Job] = {}
@@ -224,9 +228,12 @@ class LogRuleDetector:
     # -- events -------------------------------------------------------------------------
 
     def observe(
-        self, event: LogLine | ProcessStarted | ProcessStateChanged, ctx: DetectorContext
+        self,
+        event: LogLine | ProcessStarted | ProcessStateChanged | ProcessExited,
+        ctx: DetectorContext,
     ) -> list[Envelope]:
-        """A log line against the rules (a rank's start and stop are followed too)."""
+        """A log line against the rules (a rank's start and stop are followed too, and
+        an exit's last output lines matched: see :meth:`_last_output`)."""
         if self._restored:
             self._arm_restored(ctx)
         if event.job is None or event.generation is None or event.rank is None:
@@ -247,8 +254,68 @@ class LogRuleDetector:
         if isinstance(event, LogLine):
             where = _Where(event.job, event.generation, event.rank)
             return self._line(event, record, job, where, rank, ctx)
+        if isinstance(event, ProcessExited):
+            where = _Where(event.job, event.generation, event.rank)
+            return self._last_output(event, record, job, where, rank, ctx)
         self._follow(event, event.job, rank, ctx.now)
         return []
+
+    def _last_output(
+        self,
+        event: ProcessExited,
+        record: JobView,
+        job: _Job,
+        where: _Where,
+        rank: _Rank,
+        ctx: DetectorContext,
+    ) -> list[Envelope]:
+        """A rank's exit: its last output lines against the rules that fire on a match,
+        so a rule matching what a crashing worker printed last fires whether its log
+        lines are read before the exit or after it (they travel in another stream); a
+        rule fires once per rank and generation either way, with the same fault. A stop
+        pattern among those lines turns a rule off for the lines after it only here (an
+        earlier match may still come as a log line), and nothing is armed or counted
+        for a rank that runs no more."""
+        rules = [
+            rule
+            for rule in record.spec.spec.monitoring.log_rules
+            if rule.fault_on_match
+            and (rule.ranks is None or where.rank in rule.ranks)
+            and not self.costs.suspended(where.job, rule)
+        ]
+        faults: list[Envelope] = []
+        off: set[str] = set()
+        for line in event.last_output if rules else ():
+            text = line[:MAX_LINE_CHARS]
+            budget = LineBudget()
+            for rule in rules:
+                patterns = self._compiled(rule)
+                if patterns is None or rule.name in off or rank.seen(rule).stopped:
+                    continue
+                if self.costs.suspended(where.job, rule):
+                    continue
+                pattern, stop = patterns
+                started = time.perf_counter()
+                try:
+                    if stop is not None and budget.search(stop, text) is not None:
+                        off.add(rule.name)
+                    elif budget.search(pattern, text) is not None:
+                        faults += self._matched(rule, text, job, where, rank, ctx)
+                except MatchTimeout:
+                    self.lines_timed_out += 1
+                over = self.costs.spend(where.job, rule, started, time.perf_counter())
+                if over is not None:
+                    faults.append(self._suspend(rule, over, where, rank, ctx))
+        return faults
+
+    def _matched(
+        self, rule: LogRule, text: str, job: _Job, where: _Where, rank: _Rank, ctx: DetectorContext
+    ) -> list[Envelope]:
+        """The fault of a ``faultOnMatch`` rule's match of line ``text`` (once)."""
+        line = text[:EVIDENCE_LINE_CHARS]
+        evidence = {"rule": rule.name, "line": line}
+        message = f"rank {where.rank}: log rule {rule.name!r} matched: {line[:200]}"
+        return self._fire(rule, job, where, rank, ctx, "match", "log_rule", message, evidence)
 
     def _follow(
         self, event: ProcessStarted | ProcessStateChanged, job: str, rank: _Rank, now: datetime
@@ -443,14 +510,10 @@ class LogRuleDetector:
         if seen.first_match is None:
             self._entries.touch(where.job, replica_key(rank.replica))
         rank.matched(seen, ctx.now)
-        line = text[:EVIDENCE_LINE_CHARS]
         if rule.fault_on_match:
-            evidence = {"rule": rule.name, "line": line, "stream": event.stream}
-            message = f"rank {where.rank}: log rule {rule.name!r} matched: {line[:200]}"
-            faults += self._fire(
-                rule, job, where, rank, ctx, "match", "log_rule", message, evidence
-            )
+            faults += self._matched(rule, text, job, where, rank, ctx)
         elif rule.metric_threshold is not None and rule.operator is not None:
+            line = text[:EVIDENCE_LINE_CHARS]
             faults += self._metric(rule, seen, match, line, job, where, rank, ctx)
         return faults
 

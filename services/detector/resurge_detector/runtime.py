@@ -16,30 +16,23 @@ Durable state (detectors that implement :class:`~resurge.detection.DurableState`
 ``(detector, job, key) -> value or None``, and :meth:`DetectorRuntime.restore_state`
 hands a stored entry back to its detector when this replica judges the job.
 
-Lanes: the fault-grade raw kinds (:data:`LANE_KINDS`: worker exits, worker fault
-reports, agent states, GPU errors) are few and urgent, and the service reads them
-through consumers of their own (the *fault lane*), apart from the telemetry consumer
-(the *main lane*), so a telemetry backlog never delays them. ``observe_all(..., lane=)``
-decides, per event and detector, which lane hands the event over, so each reaches each
-of its detectors once:
-
-- a detector that takes telemetry too (the hang detector reads exits beside progress)
-  gets a fault-grade event from the main lane, in order with the telemetry before it;
-- a detector that takes fault-grade kinds only gets it from the fault lane, unless the
-  event's job has log rules and a detector here reads log lines: a log rule's fault on
-  the last lines of a worker must still come before the fault of its exit (the
-  restarter acts on the first fault of a generation), so those events go in order
-  through the main lane, as before;
-- either lane skips what the other already handled (by event id, a bounded memory),
-  so a job record changing between the two looks neither loses nor repeats an event
-  (a redelivery to the lane that handled it is handled again, as before).
+Order: the service reads the fault-grade raw kinds (worker exits, worker fault
+reports, agent states, GPU errors) from a stream of their own, apart from the
+telemetry, so an exit may be read before or after its worker's last log lines and
+progress reports. Nothing here depends on that order: a worker's exit carries its
+last output lines (``ProcessExited.last_output``), which the log rules judge as they
+judge log lines (a rule fires once per rank and generation, whichever way it saw the
+line first), and the detectors of a kind that also read log lines get each event of
+that kind before the others, so a log rule's fault on a crashing worker's last lines
+comes before the fault of its exit (the restarter acts on the first fault of a
+generation) whichever stream was read first.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -48,7 +41,6 @@ from resurge.contract.subjects import NODE_LEVEL_JOB
 from resurge.control.record_entries import RecordReader
 from resurge.control.records import JobRecord
 from resurge.detection import (
-    LANE_KINDS,
     Detector,
     DetectorContext,
     DurableState,
@@ -59,10 +51,7 @@ from resurge.detection import (
 from resurge.events import CapacityChanged, Envelope, FaultDetected, Source
 from resurge.runtime.logs import RateLimitedLog
 
-__all__ = ["LANE_KINDS", "DetectorRuntime", "Partition", "StateKey"]
-
-# Fault-grade events remembered as handled by one lane, so the other skips them.
-_HANDLED_MEMORY = 100_000
+__all__ = ["DetectorRuntime", "Partition", "StateKey"]
 
 StateKey = tuple[str, str, str]  # detector, job, key
 
@@ -98,7 +87,8 @@ class DetectorRuntime:
         self.jobs: dict[str, JobView] = {}
         self.failures: dict[str, int] = defaultdict(int)
         self._by_kind: dict[str, list[Detector]] = defaultdict(list)
-        for detector in self.detectors:
+        # Those that read log lines first (see the module docstring), else in order.
+        for detector in sorted(self.detectors, key=lambda d: "log_line" not in d.kinds):
             for kind in detector.kinds:
                 self._by_kind[kind].append(detector)
         self._log = RateLimitedLog(log, interval=60.0)
@@ -106,10 +96,6 @@ class DetectorRuntime:
         # Checked once: a protocol check looks up every member each time.
         self._durable = [d for d in self.detectors if isinstance(d, DurableState)]
         self._forgetting = [d for d in self.detectors if isinstance(d, ForgetsJobs)]
-        # Detectors that take fault-grade kinds only: the fault lane may feed them.
-        self._lane_detectors = {id(d) for d in self.detectors if d.kinds <= LANE_KINDS}
-        self._reads_logs = "log_line" in self._by_kind
-        self._handled: OrderedDict[tuple[str, str], bool] = OrderedDict()
         # Told of each fault a raw event led to, with that event (detection latency).
         self.on_fault: Callable[[Envelope, FaultDetected], None] | None = None
 
@@ -117,39 +103,6 @@ class DetectorRuntime:
     def kinds(self) -> set[str]:
         """Every raw event kind some detector takes."""
         return set(self._by_kind)
-
-    @property
-    def lane_kinds(self) -> set[str]:
-        """The fault-grade kinds that some detector may take through the fault lane."""
-        return {
-            kind
-            for kind in LANE_KINDS
-            if any(id(d) in self._lane_detectors for d in self._by_kind.get(kind, ()))
-        }
-
-    def _in_order(self, event: Envelope) -> bool:
-        """Whether ``event`` must reach its detectors in order with its job's log lines."""
-        if not self._reads_logs or event.job is None:
-            return False
-        record = self.jobs.get(event.job)
-        return record is not None and bool(record.spec.spec.monitoring.log_rules)
-
-    def _take(self, event: Envelope, detector: Detector, lane: bool | None) -> bool:
-        """Whether ``detector`` gets ``event`` from this call (``lane``: see observe_all)."""
-        if lane is None or event.kind not in LANE_KINDS:
-            return lane is not True
-        if id(detector) not in self._lane_detectors:
-            return not lane  # it reads telemetry too: in order, from the main lane
-        key = (detector.name, event.id)
-        handled_by = self._handled.get(key)
-        if handled_by is not None:
-            return handled_by is lane  # a redelivery to the same lane is handled again
-        if lane and self._in_order(event):
-            return False
-        self._handled[key] = lane
-        if len(self._handled) > _HANDLED_MEMORY:
-            self._handled.popitem(last=False)
-        return True
 
     def set_job(self, name: str, record: JobRecord | None) -> None:
         """Keep a read-only view of ``name``'s record (:class:`~resurge.detection.FrozenJob`)
@@ -187,14 +140,8 @@ class DetectorRuntime:
         """What the detectors conclude from one event."""
         return self.observe_all([event], now)
 
-    def observe_all(
-        self, events: Iterable[Envelope], now: datetime, *, lane: bool | None = None
-    ) -> list[Envelope]:
-        """Hand each event to the detectors of its kind; what they conclude, in order.
-
-        ``lane``: None hands every event to every detector of its kind; True: these
-        events came through the fault lane, False: through the main lane (each event
-        then reaches each detector through one of them, see the module docstring)."""
+    def observe_all(self, events: Iterable[Envelope], now: datetime) -> list[Envelope]:
+        """Hand each event to the detectors of its kind; what they conclude, in order."""
         ctx = DetectorContext(now=now, source=self.source, jobs=self.jobs)
         out: list[Envelope] = []
         by_kind = self._by_kind
@@ -202,10 +149,6 @@ class DetectorRuntime:
         for event in events:
             detectors = by_kind.get(event.kind)
             if not detectors or not (every_job or self.owns_event(event)):
-                continue
-            if lane is not None and event.kind in LANE_KINDS:
-                detectors = [d for d in detectors if self._take(event, d, lane)]
-            elif lane:  # telemetry is the main lane's alone
                 continue
             for detector in detectors:
                 try:

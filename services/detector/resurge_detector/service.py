@@ -1,13 +1,12 @@
 """The detector service: raw events in, faults, finished replicas and capacity out.
 
-One durable consumer reads every raw subject (checking each event's kind against its
-subject); beside it, one durable consumer per fault-grade kind (process exits, worker
-fault reports, agent states, GPU errors: :data:`~resurge_detector.runtime.LANE_KINDS`)
-reads that kind alone, so a backlog of telemetry (GPU samples, progress, log lines)
-never delays a fault (the fault lane: :mod:`resurge_detector.runtime` says which lane
-hands an event to which detector, and why log rules keep some in order). The fault
-lane also takes each event's live copy (a core subscription, a JetStream round trip
-sooner) and handles whichever copy comes first (:mod:`resurge.runtime.live_first`). A KV watch
+Two durable consumers read the raw events (each checking every event's kind against
+its subject), one per stream: the fault-grade kinds (process exits, worker fault
+reports, agent states, GPU errors) are stored in a stream of their own, so a backlog
+of telemetry (GPU samples, progress, log lines) in the other never delays a fault.
+Each event reaches its detectors once, from its own stream; nothing a detector
+concludes depends on the order of the two streams (a worker's exit carries its last
+output lines for the log rules: :mod:`resurge_detector.runtime`). A KV watch
 keeps the records of the jobs this replica judges, so a changed job spec (log rules,
 timeouts) takes effect on the next event; a tick every
 ``RESURGE_DETECTOR_TICK_SECONDS`` lets detectors judge silences and windows. The
@@ -49,16 +48,10 @@ from nats.js.kv import KeyValue
 from prometheus_client import Counter, Gauge, Histogram
 
 from resurge.contract.subjects import unescape_token
-from resurge.contract.subscriptions import (
-    DETECTOR_LANE_BATCHES,
-    DETECTOR_LANE_LIVE,
-    DETECTOR_RAW,
-    Scope,
-)
+from resurge.contract.subscriptions import DETECTOR_FAULTS, DETECTOR_RAW, Scope
 from resurge.detection import Detector, load_detectors
 from resurge.events import CapacityChanged, Envelope, Event, FaultDetected, ReplicaFinished
 from resurge.runtime.kv_keys import bucket_keys
-from resurge.runtime.live_first import LiveFirst
 from resurge.runtime.logs import RateLimitedLog
 from resurge.runtime.observability import BoundedLabel
 from resurge.runtime.service import ServiceContext
@@ -143,7 +136,6 @@ class DetectorService:
             registry=ctx.registry,
         )
         runtime.records.on_skip = unreadable.inc
-        self.first = LiveFirst(ctx.registry)
         runtime.on_fault = self._detected
 
     @classmethod
@@ -185,9 +177,7 @@ class DetectorService:
             group = Scope(group="detector")
         else:
             group = Scope(group=f"detector-{partition.index}-of-{partition.replicas}")
-        lanes = sorted(self.runtime.lane_kinds)
-        await bus.bind(DETECTOR_LANE_LIVE, self.on_live, group, kinds=lanes)
-        await bus.bind(DETECTOR_LANE_BATCHES, self.on_lane, group, kinds=lanes)
+        await bus.bind(DETECTOR_FAULTS, self.on_raw, group)
         await bus.bind(DETECTOR_RAW, self.on_raw, group)
 
     def _detected(self, event: Envelope, fault: FaultDetected) -> None:
@@ -273,35 +263,18 @@ class DetectorService:
                 self.ctx.log.warning("could not save detector state: %r", error)
 
     async def on_raw(self, events: list[Event]) -> None:
-        """One batch of raw events: publish the conclusions, save the state, then ack."""
-        await self._handle(events, lane=False)
-
-    async def on_lane(self, events: list[Event]) -> None:
-        """One batch of fault-grade raw events from the fault lane, handled as ``on_raw``,
-        but for those whose live copy was handled."""
-        fresh = [event for event in events if not await self.first.taken(event.id)]
-        if fresh:
-            await self._handle(fresh, lane=True)
-        for event in fresh:
-            self.first.remember(event.id)
-
-    async def on_live(self, event: Event) -> None:
-        """A fault-grade raw event's live copy, a JetStream round trip before the fault
-        lane's: handled as the fault lane's, unless it already was."""
-        await self.first.live(event.id, partial(self._handle, [event], lane=True))
-
-    async def _handle(self, events: list[Event], *, lane: bool) -> None:
+        """One batch of raw events (of either stream): publish the conclusions, save the
+        state, then ack."""
         now = self.clock.now()
-        if not lane:  # the fault lane's events are in the main consumer's count too
-            for kind, count in Tally(event.kind for event in events).items():
-                self.seen.labels(kind).inc(count)
+        for kind, count in Tally(event.kind for event in events).items():
+            self.seen.labels(kind).inc(count)
         # A long list is judged in slices, the loop free between them, so the fault
-        # lane's consumers are not held for a whole list of telemetry.
+        # stream's consumer is not held for a whole list of telemetry.
         for start in range(0, len(events), _SLICE):
             if start:
                 await asyncio.sleep(0)
             part = events[start : start + _SLICE]
-            await self.publish(self.runtime.observe_all(part, now, lane=lane))
+            await self.publish(self.runtime.observe_all(part, now))
         await self.state.save()  # before the batch is acked: a failure redelivers it
 
 

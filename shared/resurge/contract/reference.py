@@ -37,7 +37,7 @@ from typing import Any
 
 import yaml
 
-from resurge.contract.families import RAW_JOB_KINDS, RAW_NODE_KINDS
+from resurge.contract.families import RAW_JOB_KINDS, RAW_NODE_KINDS, STREAMS
 from resurge.contract.families import family as stream_family
 from resurge.contract.subjects import NODE_LEVEL_JOB, Subjects
 from resurge.contract.subscriptions import SUBSCRIPTIONS, Reader, Scope
@@ -111,8 +111,25 @@ class Family:
 
     @property
     def stream(self) -> str:
-        """The JetStream stream that stores the family (default namespace)."""
+        """The JetStream stream that stores the family (default namespace; the raw
+        family's telemetry stream, see :attr:`streams`)."""
         return _SUBJECTS.stream(self.name)
+
+    @property
+    def streams(self) -> list[str]:
+        """Every stream that stores some of the family's kinds (default namespace)."""
+        return [_SUBJECTS.stream(one.name) for one in STREAMS if one.family == self.name]
+
+    @property
+    def stored(self) -> str:
+        """In words (markdown): the streams that store the family, and what each holds."""
+        parts = [one for one in STREAMS if one.family == self.name]
+        if len(parts) == 1:
+            return f"`{self.stream}` (subjects `{_SUBJECTS.all(self.name)}`)"
+        return "; ".join(
+            f"`{_SUBJECTS.stream(one.name)}` ({', '.join(f'`{k}`' for k in one.kinds)})"
+            for one in parts
+        )
 
 
 _JOB = Parameter(
@@ -161,7 +178,10 @@ FAMILIES: tuple[Family, ...] = (
             _NODE,
         ),
         build=lambda s: s.raw(None, None, None),
-        note="The stream keeps raw telemetry for a short time (an hour by default, "
+        note="The fault-grade kinds (a worker's exit, its fault report, an agent's state, "
+        "a GPU error) are stored in a stream of their own, apart from the telemetry, so a "
+        "backlog of telemetry never queues in front of them; the subjects are the same. "
+        "Both raw streams keep their events for a short time (an hour by default, "
         "`RESURGE_RAW_MAX_AGE_SECONDS`); the other streams a day "
         "(`RESURGE_STREAM_MAX_AGE_SECONDS`).",
     ),
@@ -380,7 +400,7 @@ def _family_section(family: Family, kinds: Mapping[str, Schema], envelope: list[
         "",
         family.summary,
         "",
-        f"- Stream: `{family.stream}` (subjects `{_SUBJECTS.all(family.name)}`)",
+        f"- Stream: {family.stored}",
         f"- Published by: {family.publishers}",
         f"- Read by: {family.subscribers}",
         "",
@@ -401,11 +421,9 @@ def _family_section(family: Family, kinds: Mapping[str, Schema], envelope: list[
 _READER_WORDS = {
     Reader.DURABLE: "durable consumer",
     Reader.BATCHES: "durable consumer, in batches",
-    Reader.LIVE: "live copies (queue group)",
     Reader.WATCH: "core subscription, while it waits",
     Reader.INBOX: "command inbox (direct gets)",
 }
-_KIND_SLOT = "kind__slot"  # a fixed token the table shows as `{kind}`
 
 
 def _subscriptions_section() -> list[str]:
@@ -416,14 +434,13 @@ def _subscriptions_section() -> list[str]:
         "Each service's subscriptions, as it declares them (`resurge.contract."
         "subscriptions`); its NATS permissions allow these and no others. `{group}` is "
         "the detector's consumer group (`detector`, or `detector-<i>-of-<n>` for one of "
-        "several partitions), `{kind}` each fault-grade kind.",
+        "several partitions).",
         "",
         "| service | subject | read as | consumer | kinds | what it does with them |",
         "|---|---|---|---|---|---|",
     ]
     for entry in SUBSCRIPTIONS:
-        open_kind = Scope(kind=_KIND_SLOT) if entry.per_kind else Scope()
-        subject = entry.subject(_SUBJECTS, open_kind).replace(_KIND_SLOT, "{kind}")
+        subject = entry.subject(_SUBJECTS, Scope())
         consumer = f"`{entry.durable}`" if entry.durable else ""
         kinds = ", ".join(f"`{k}`" for k in entry.kinds)
         if entry.kinds == stream_family(entry.family).kinds and len(entry.kinds) > 1:
@@ -454,7 +471,7 @@ def _overview(kinds: Mapping[str, Schema]) -> list[str]:
         listed = ", ".join(f"[`{k}`](#{k})" for k in family.kinds)
         lines.append(
             f"| [`{family.name}`](#{family.name}-{_anchor(family.address)}) "
-            f"| `{family.address}` | `{family.stream}` | {listed} |"
+            f"| `{family.address}` | {', '.join(f'`{n}`' for n in family.streams)} | {listed} |"
         )
     return lines
 
@@ -549,7 +566,7 @@ def _channel(family: Family) -> dict[str, Any]:
         "address": family.address,
         "title": family.name,
         "summary": family.summary,
-        "description": f"Stored in the JetStream stream `{family.stream}`. Published by "
+        "description": f"Stored in JetStream: {family.stored}. Published by "
         f"{family.publishers}. Read by {family.subscribers}.",
         "parameters": parameters,
         "messages": {k: {"$ref": f"#/components/messages/{k}"} for k in family.kinds},

@@ -17,7 +17,7 @@ Everything else derives from this table:
   against a real server.
 
 A :class:`Scope` fills a binding's open tokens: a launch agent's job and replica, a
-monitor's node, the detector's partition group and lane kind. In permissions an open
+monitor's node, the detector's partition group. In permissions an open
 token is a wildcard (an agent's node is narrowed to its own).
 
 The contract layer imports nothing of the event models: kinds are named by their
@@ -27,17 +27,16 @@ The contract layer imports nothing of the event models: kinds are named by their
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-from resurge.contract.families import FAULT_GRADE_KINDS, family
+from resurge.contract.families import FAULT_GRADE_KINDS, RAW_TELEMETRY_KINDS, family, stream_of
 from resurge.contract.subjects import Subjects, escape_token
 
 __all__ = [
     "AGENT_SERVICES",
-    "DETECTOR_LANE_BATCHES",
-    "DETECTOR_LANE_LIVE",
+    "DETECTOR_FAULTS",
     "DETECTOR_RAW",
     "LAUNCH_COMMANDS",
     "MONITOR_COMMANDS",
@@ -72,9 +71,6 @@ class Reader(StrEnum):
     BATCHES = "batches"
     """A durable consumer read in batches (``Bus.consume_batches``), one ack per batch;
     each event's kind must be the subject's kind token."""
-    LIVE = "live"
-    """Live copies of a stored subject (``Bus.listen``): a core subscription in a queue
-    group, beside a durable reader of the same subject; whichever copy comes first."""
     WATCH = "watch"
     """A core subscription held while it matters (``Bus.subscribe``); nothing stored."""
     INBOX = "inbox"
@@ -89,7 +85,6 @@ class Scope:
     job: str | None = None
     replica: int | None = None
     node: str | None = None
-    kind: str | None = None
     group: str = ""  # the detector's consumer group: `detector` or `detector-<i>-of-<n>`
 
 
@@ -109,7 +104,6 @@ class Subscription:
     reads: str
     durable: str = ""
     start: Literal["all", "new", "last_per_subject"] = "all"
-    per_kind: bool = False
     dead_letters: bool = True
 
     def __post_init__(self) -> None:
@@ -117,11 +111,17 @@ class Subscription:
         stray = [k for k in self.kinds if k not in carried]
         if stray or not self.kinds:
             raise ValueError(f"{self.service}/{self.name}: kinds {stray} not on {self.family}")
-        named = self.reader in (Reader.DURABLE, Reader.BATCHES, Reader.LIVE)
+        named = self.reader in (Reader.DURABLE, Reader.BATCHES)
         if named != bool(self.durable):
             what = "names" if named else "has no"
             raise ValueError(f"{self.service}/{self.name}: a {self.reader} reader {what} "
                              "a consumer or queue group")  # fmt: skip
+
+    @property
+    def stream(self) -> str:
+        """The name of the stream its kinds are stored in (``Subjects.stream(name)``):
+        the family's, or for raw kinds the fault-grade or the telemetry stream."""
+        return stream_of(self.family, self.kinds).name
 
     @property
     def role(self) -> str:
@@ -137,23 +137,12 @@ class Subscription:
         scope = scope or Scope()
         return self.durable.format(
             node="*" if scope.node is None else escape_token(scope.node),
-            kind=(scope.kind or "*").replace("_", "-"),
             group=scope.group,
         )
 
-    def scopes(
-        self, scope: Scope | None = None, kinds: tuple[str, ...] | None = None
-    ) -> Iterator[Scope]:
-        """The bindings ``scope`` makes: one, or for a per-kind subscription one per kind
-        (of ``kinds`` if given, a subset of the declared ones; else every declared one)."""
-        scope = scope or Scope()
-        if not self.per_kind:
-            yield scope
-            return
-        for kind in self.kinds if kinds is None else kinds:
-            if kind not in self.kinds:
-                raise ValueError(f"{self.service}/{self.name} does not read {kind!r}")
-            yield replace(scope, kind=kind)
+    def scopes(self, scope: Scope | None = None) -> Iterator[Scope]:
+        """The bindings ``scope`` makes (one)."""
+        yield scope or Scope()
 
 
 def role_of(service: str) -> str:
@@ -165,24 +154,17 @@ def _raw_kind(kind: str) -> Build:
     return lambda s, _: s.raw(None, kind, None)
 
 
-_LANE_KINDS = tuple(sorted(FAULT_GRADE_KINDS))
-
 DETECTOR_RAW = Subscription(
     "detector", "raw", "raw", lambda s, _: s.all("raw"), Reader.BATCHES,
-    family("raw").kinds, durable="{group}",
-    reads="every raw event, to the detectors that take its kind (a partition: the jobs it "
-    "judges)",
+    RAW_TELEMETRY_KINDS, durable="{group}",
+    reads="the raw telemetry (its own stream), to the detectors that take its kind (a "
+    "partition: the jobs it judges)",
 )  # fmt: skip
-DETECTOR_LANE_BATCHES = Subscription(
-    "detector", "lane", "raw", lambda s, at: s.raw(None, at.kind, None), Reader.BATCHES,
-    _LANE_KINDS, durable="{group}-{kind}", per_kind=True, dead_letters=False,
-    reads="the fault-grade kinds again, through a lane of their own, to the detectors that "
-    "take only those (the main reader dead-letters bad ones)",
-)  # fmt: skip
-DETECTOR_LANE_LIVE = Subscription(
-    "detector", "lane-live", "raw", lambda s, at: s.raw(None, at.kind, None), Reader.LIVE,
-    _LANE_KINDS, durable="{group}-{kind}", per_kind=True,
-    reads="live copies of the fault-grade kinds: whichever copy comes first is judged",
+DETECTOR_FAULTS = Subscription(
+    "detector", "faults", "raw", lambda s, _: s.all("raw"), Reader.BATCHES,
+    tuple(sorted(FAULT_GRADE_KINDS)), durable="{group}-faults",
+    reads="the fault-grade raw kinds (their own stream: no telemetry queues in front), to "
+    "the detectors that take their kind",
 )  # fmt: skip
 
 RESTARTER_FAULTS = Subscription(
@@ -251,8 +233,7 @@ MONITOR_COMMANDS = Subscription(
 
 SUBSCRIPTIONS: tuple[Subscription, ...] = (
     DETECTOR_RAW,
-    DETECTOR_LANE_BATCHES,
-    DETECTOR_LANE_LIVE,
+    DETECTOR_FAULTS,
     RESTARTER_FAULTS,
     RESTARTER_SIGN_OF_LIFE,
     RESTARTER_RENDEZVOUS,

@@ -5,7 +5,8 @@ consumer per stream, ephemeral, deleted as it ends: a viewer's rights suffice) f
 ``since`` up to the newest message stored when the read began, and returns them sorted
 by event time. With ``job`` only that job's subjects are read. Raw telemetry is read
 only for the kinds a timeline needs (:data:`TIMELINE_RAW_KINDS`) unless ``raw_kinds``
-says otherwise; the raw stream keeps an hour by default, the others a day.
+says otherwise (the raw family is stored in two streams, its fault-grade kinds apart:
+both are read); the raw streams keep an hour by default, the others a day.
 
 A message that does not decode is skipped and counted in :attr:`History.skipped`:
 history is for people, and the services dead-letter such messages already.
@@ -24,6 +25,7 @@ import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from resurge.contract.families import streams_of
 from resurge.contract.subjects import Subjects
 from resurge.events import DecodeError, Event, decode_event
 from resurge.runtime.bus import Bus, until_jetstream
@@ -100,11 +102,13 @@ async def read_history(
         family = subject.split(".")[2]
         if family in ("*", ">"):
             raise ValueError(f"{subject}: name a family (raw, fault, action, ...) first")
-        reads.append(_read_stream(bus, bus.subjects.stream(family), subject, since, history))
-    for family in families if subject is None else ():
-        stream = bus.subjects.stream(family)
-        for filter_subject in _filters(bus.subjects, family, job, raw_kinds):
-            reads.append(_read_stream(bus, stream, filter_subject, since, history))
+        filters = [subject]
+    else:
+        filters = [f for one in families for f in _filters(bus.subjects, one, job, raw_kinds)]
+    for filter_subject in filters:  # a raw filter of an open kind: both raw streams
+        for stream in streams_of(filter_subject):
+            name = bus.subjects.stream(stream.name)
+            reads.append(_read_stream(bus, name, filter_subject, since, history))
     await asyncio.gather(*reads)
     history.events.sort(key=lambda stored: stored.event.time)
     return history

@@ -39,7 +39,7 @@ from resurge.cluster.local.keys import (
     WORKER_GROUPS_BUCKET,
     node_key,
 )
-from resurge.contract.families import FAMILY_NAMES
+from resurge.contract.families import STREAM_NAMES
 from resurge.contract.subjects import Subjects, escape_token
 from resurge.contract.subscriptions import Reader, Scope, of_role
 from resurge.local.state import credentials_path
@@ -61,7 +61,7 @@ ROLES = ("agent", "detector", "restarter", "scaler", "viewer", "admin")
 # The detector's own bucket (resurge_detector.state_store.STATE_BUCKET: a service the
 # shared library cannot import; a unit test keeps the two equal).
 DETECTOR_STATE_BUCKET = "detector_state"
-_FAMILIES = FAMILY_NAMES
+_STREAMS = STREAM_NAMES  # a family's stream, the raw family's two
 _BUCKETS = (
     JOBS_BUCKET,
     NODES_BUCKET,
@@ -109,14 +109,14 @@ class _Namespace:
         self.s = subjects
         self.root = subjects.root
 
-    def stream(self, family: str) -> str:
-        return self.s.stream(family)
+    def stream(self, name: str) -> str:
+        return self.s.stream(name)
 
     def kv_stream(self, bucket: str) -> str:
         return f"KV_{self.s.kv_bucket(bucket)}"
 
     def all_streams(self) -> list[str]:
-        return [self.stream(f) for f in _FAMILIES] + [self.kv_stream(b) for b in _BUCKETS]
+        return [self.stream(f) for f in _STREAMS] + [self.kv_stream(b) for b in _BUCKETS]
 
     def info(self, g: _Grants) -> None:
         """Read every stream's and bucket's configuration and state (not its messages)."""
@@ -126,13 +126,13 @@ class _Namespace:
         """Create and update the streams of every family, the agents' command positions
         and ``buckets`` (what ``Bus.ensure_streams`` makes)."""
         buckets = (*buckets, AGENT_POSITIONS_BUCKET)
-        for name in [self.stream(f) for f in _FAMILIES] + [self.kv_stream(b) for b in buckets]:
+        for name in [self.stream(f) for f in _STREAMS] + [self.kv_stream(b) for b in buckets]:
             g.pub(f"{_API}.STREAM.CREATE.{name}", f"{_API}.STREAM.UPDATE.{name}")
 
-    def consume(self, g: _Grants, family: str, filter_subject: str) -> None:
-        """Bind and create named durable consumers of ``family`` filtered on exactly
-        ``filter_subject`` (a wildcard in it is allowed as a wildcard only), and ack."""
-        stream = self.stream(family)
+    def consume(self, g: _Grants, stream_name: str, filter_subject: str) -> None:
+        """Bind and create named durable consumers of stream ``stream_name`` filtered on
+        exactly ``filter_subject`` (a wildcard in it is allowed as a wildcard only), and ack."""
+        stream = self.stream(stream_name)
         g.pub(
             f"{_API}.CONSUMER.INFO.{stream}.*",
             f"{_API}.CONSUMER.CREATE.{stream}.*.{filter_subject}",
@@ -168,9 +168,9 @@ class _Namespace:
         )
 
     def history(self, g: _Grants) -> None:
-        """Read every family's stored events back (ephemeral ordered consumers)."""
-        for family in _FAMILIES:
-            stream = self.stream(family)
+        """Read every stream's stored events back (ephemeral ordered consumers)."""
+        for name in _STREAMS:
+            stream = self.stream(name)
             g.pub(
                 f"{_API}.STREAM.INFO.{stream}",
                 f"{_API}.CONSUMER.CREATE.{stream}",
@@ -205,23 +205,23 @@ def _subscriptions(ns: _Namespace, g: _Grants, role: str, node: str | None) -> N
     """What binding ``role``'s declared subscriptions takes (:mod:`resurge.contract.
     subscriptions`), open tokens as wildcards but an agent's node: a durable consumer
     per filter (none where another filter of the role's on that stream covers it), a
-    core subscription for live and watching readers, the command inbox's reads."""
+    core subscription for watching readers, the command inbox's reads."""
     filters: dict[str, list[str]] = {}
     for entry in of_role(role):
         for scope in entry.scopes(Scope(node=node)):
             subject = entry.subject(ns.s, scope)
             if entry.reader in (Reader.DURABLE, Reader.BATCHES):
-                filters.setdefault(entry.family, [])
-                if subject not in filters[entry.family]:
-                    filters[entry.family].append(subject)
+                filters.setdefault(entry.stream, [])
+                if subject not in filters[entry.stream]:
+                    filters[entry.stream].append(subject)
             elif entry.reader is Reader.INBOX:
                 ns.commands(g, node)
             else:
                 g.sub(subject)
-    for family, subjects in filters.items():
+    for stream, subjects in filters.items():
         for subject in subjects:
             if not any(covers(other, subject) for other in subjects if other != subject):
-                ns.consume(g, family, subject)
+                ns.consume(g, stream, subject)
 
 
 def agent_user(node: str | None) -> str:
@@ -242,7 +242,7 @@ def _agent(ns: _Namespace, g: _Grants, node: str | None) -> None:
 
 def _detector(ns: _Namespace, g: _Grants, node: str | None) -> None:
     ns.manage(g, JOBS_BUCKET, DETECTOR_STATE_BUCKET)
-    _subscriptions(ns, g, "detector", node)  # every raw kind; the fault lanes' live copies
+    _subscriptions(ns, g, "detector", node)  # the telemetry stream, the fault-grade one
     ns.events(g, "fault", "job", "capacity")
     ns.dead_letters(g, "detector")
     ns.kv_read(g, JOBS_BUCKET)
@@ -288,8 +288,8 @@ def _admin(ns: _Namespace, g: _Grants, node: str | None) -> None:
     """A viewer that may also change the cluster (and run the local supervisor)."""
     _viewer(ns, g, node)
     ns.manage(g, *_BUCKETS[:5])
-    for family in _FAMILIES:  # the supervisor waits for the services' consumers
-        g.pub(f"{_API}.CONSUMER.INFO.{ns.stream(family)}.*")
+    for name in _STREAMS:  # the supervisor waits for the services' consumers
+        g.pub(f"{_API}.CONSUMER.INFO.{ns.stream(name)}.*")
     # action: a local cluster started again announces the phase of each job it requeues.
     ns.events(g, "job", "cmd", "capacity", "action")
     ns.dead_letters(g, "cli", "supervisor")

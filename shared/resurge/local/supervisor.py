@@ -69,9 +69,9 @@ SERVICES = {
     "restarter": ["-m", "resurge_restarter"],
     "scaler": ["-m", "resurge_scaler"],
 }
-# Durable consumers each service binds once it is ready: (stream family, consumer).
+# Durable consumers each service binds once it is ready: (stream name, consumer).
 READY_CONSUMERS = [
-    (entry.family, entry.consumer(Scope(group="detector")))
+    (entry.stream, entry.consumer(Scope(group="detector")))
     for entry in (DETECTOR_RAW, RESTARTER_FAULTS, SCALER_JOBS)
 ]
 _MAX_BACKOFF_SECONDS = 10.0
@@ -302,7 +302,7 @@ class Supervisor:
             powered = set(self.node_names) - set(self.down_nodes)
             while True:
                 nodes = {n.name for n in await backend.live_nodes()}
-                bound = [await _has_consumer(bus, family, name) for family, name in READY_CONSUMERS]
+                bound = [await _has_consumer(bus, stream, name) for stream, name in READY_CONSUMERS]
                 if powered <= nodes and all(bound):
                     return
                 dead = [
@@ -589,11 +589,11 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-async def _has_consumer(bus: Bus, family: str, name: str) -> bool:
+async def _has_consumer(bus: Bus, stream: str, name: str) -> bool:
     """Whether the consumer exists; a request that times out or finds JetStream not
     ready answers no (a cluster's new consumer may still be electing its leader)."""
     try:
-        await bus.js.consumer_info(bus.subjects.stream(family), name)
+        await bus.js.consumer_info(bus.subjects.stream(stream), name)
     except (
         nats.js.errors.NotFoundError,
         nats.js.errors.ServiceUnavailableError,

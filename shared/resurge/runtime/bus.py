@@ -14,7 +14,9 @@
   (:func:`_renew_ordered_consumers`), rather than leaving them silent until nats.py
   notices two missed heartbeats (10 s or more).
 - :meth:`Bus.ensure_streams` creates (or updates) the JetStream streams of DESIGN
-  section 2, the job-record bucket and the agents' command positions, idempotently.
+  section 2 (:data:`~resurge.contract.families.STREAMS`: the raw family's fault-grade
+  kinds in a stream of their own), the job-record bucket and the agents' command
+  positions, idempotently.
   The ``cmd`` stream answers direct gets (``allow_direct``): agents read their commands
   from it without a consumer (:mod:`resurge.runtime.command_inbox`).
 - :meth:`Bus.publish` stores an event in its stream and waits for the ack, with the
@@ -26,9 +28,6 @@
   against the kinds the handler expects, and handed over; success acks, a
   :class:`TransientError` (or any other exception) naks with a delay, and a message
   that cannot be decoded is dead-lettered and terminated. No message kills the service.
-- :meth:`Bus.listen` adds live copies of a stored subject (a core subscription), for
-  the few urgent events a service takes from whichever copy arrives first
-  (:mod:`resurge.runtime.live_first`).
 - :meth:`Bus.bind` binds a service's declared subscription
   (:mod:`resurge.contract.subscriptions`) with whichever of those its reader is: the
   services bind only so, so what they read is what the permissions and docs say.
@@ -40,7 +39,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, TypeVar
@@ -62,7 +61,7 @@ from nats.js.api import (
 from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from resurge.contract.families import FAMILIES
+from resurge.contract.families import STREAMS, Stream, stream_of
 from resurge.contract.subjects import RAW_KIND_TOKEN, Subjects
 from resurge.contract.subscriptions import Reader, Scope, Subscription
 from resurge.events import (
@@ -88,6 +87,7 @@ __all__ = [
     "Handler",
     "PermanentError",
     "TransientError",
+    "stream_of_subject",
     "until_jetstream",
 ]
 
@@ -110,15 +110,19 @@ JETSTREAM_WAIT_SECONDS = 30.0
 # Tries at binding a durable consumer another instance may be creating at the same time.
 _BIND_ATTEMPTS = 5
 
-# Live copies (:meth:`Bus.listen`) a subscription holds before nats.py drops more.
-LIVE_PENDING_MESSAGES = 10_000
-
 log = logging.getLogger("resurge.runtime.bus")
 
 Handler = Callable[[Any], Awaitable[None]]
 
-# Stream families of DESIGN section 2, and whether they keep the short raw retention.
-_FAMILIES = {family.name: family.short_retention for family in FAMILIES}
+
+def stream_of_subject(subject: str) -> Stream:
+    """The stream that stores ``subject`` (a subject or filter of one family; a raw one
+    by its kind token: a fault-grade kind's stream, else the telemetry stream)."""
+    tokens = subject.split(".")
+    kind = tokens[4] if tokens[2] == "raw" and len(tokens) > 4 else "*"
+    return stream_of(tokens[2], None if kind in ("*", ">") else (kind,))
+
+
 JOBS_BUCKET = "jobs"
 # Where each launch agent records the last command it handled (command_inbox).
 AGENT_POSITIONS_BUCKET = "agent_positions"
@@ -355,20 +359,22 @@ class Bus:
         if not update:
             await self._create_missing()
             return
-        for family, is_raw in _FAMILIES.items():
+        # In table order: the telemetry stream of a deployment from before the raw
+        # family was split gives up the fault-grade subjects before their stream is made.
+        for one in STREAMS:
             max_age = (
                 self.settings.raw_max_age_seconds
-                if is_raw
+                if one.short_retention
                 else self.settings.stream_max_age_seconds
             )
             config = StreamConfig(
-                name=self.subjects.stream(family),
-                subjects=[self.subjects.all(family)],
+                name=self.subjects.stream(one.name),
+                subjects=self.stream_subjects(one),
                 storage=StorageType.FILE,
                 max_age=max_age,
                 duplicate_window=min(120.0, max_age),
                 num_replicas=self.settings.stream_replicas,
-                allow_direct=family == "cmd",
+                allow_direct=one.name == "cmd",
             )
             await until_jetstream(partial(self._add_or_update, config))
         await self.create_bucket(JOBS_BUCKET, history=5)
@@ -376,6 +382,12 @@ class Bus:
         await self.create_bucket(
             AGENT_POSITIONS_BUCKET, ttl=self.settings.stream_max_age_seconds, direct=True
         )
+
+    def stream_subjects(self, one: Stream) -> list[str]:
+        """The subjects ``one`` stores: its family's, or those of its kinds."""
+        if not one.kinds:
+            return [self.subjects.all(one.family)]
+        return [self.subjects.raw(None, kind, None) for kind in one.kinds]
 
     async def _add_or_update(self, config: StreamConfig) -> None:
         try:
@@ -395,9 +407,9 @@ class Bus:
         return await until_jetstream(lambda: self.js.create_key_value(config))
 
     async def _create_missing(self) -> None:
-        for family in _FAMILIES:
+        for one in STREAMS:
             try:
-                await self.js.stream_info(self.subjects.stream(family))
+                await self.js.stream_info(self.subjects.stream(one.name))
             except nats.js.errors.NotFoundError:
                 await self.ensure_streams()
                 return
@@ -447,6 +459,7 @@ class Bus:
         max_deliver: int = 10,
         kind_token: int | None = None,
         inactive_seconds: float | None = None,
+        stream: str | None = None,
     ) -> None:
         """Bind durable consumer ``durable`` on ``subject`` and feed ``handler``.
 
@@ -457,6 +470,8 @@ class Bus:
         ``kind_token`` names the subject token that must equal the event's kind (4 for
         ``raw`` subjects); a message of another kind there is dead-lettered.
         ``inactive_seconds``: the server deletes the consumer after that long unbound.
+        ``stream``: the name of the stream it reads (None: the one storing ``subject``,
+        :func:`stream_of_subject`).
         """
         consumer = _Consumer(subject, durable, expects, handler, kind_token)
         config = ConsumerConfig(
@@ -471,7 +486,7 @@ class Bus:
         async def on_message(msg: Msg) -> None:
             await self._deliver(consumer, msg)
 
-        await self._bind(subject, durable, on_message, config)
+        await self._bind(subject, durable, on_message, config, stream=stream)
 
     async def _bind(
         self,
@@ -479,6 +494,7 @@ class Bus:
         durable: str,
         on_message: Callable[[Msg], Awaitable[None]],
         config: ConsumerConfig,
+        stream: str | None = None,
         **options: Any,
     ) -> Any:
         """Bind durable push consumer ``durable`` (a queue group of that name).
@@ -497,7 +513,7 @@ class Bus:
                     subject,
                     queue=durable,
                     durable=durable,
-                    stream=self.subjects.stream(subject.split(".")[2]),
+                    stream=self.subjects.stream(stream or stream_of_subject(subject).name),
                     cb=on_message,
                     manual_ack=True,
                     config=config,
@@ -523,11 +539,12 @@ class Bus:
         ack_wait_seconds: float = 30.0,
         dead_letters: bool = True,
         start: Literal["all", "new"] = "all",
+        stream: str | None = None,
     ) -> None:
         """Read a high-rate stream in batches (telemetry): decode, check, hand over a list.
 
         ``start`` is where a new consumer begins (every stored message or only new ones),
-        as for :meth:`consume`.
+        and ``stream`` the stream it reads, as for :meth:`consume`.
 
         ``dead_letters`` False skips bad messages without dead-lettering them, for a
         consumer whose messages another consumer of the service also reads and
@@ -571,7 +588,7 @@ class Bus:
         )
         subscribed.append(
             await self._bind(
-                subject, durable, reader.on_message, config, pending_msgs_limit=batch * 40
+                subject, durable, reader.on_message, config, stream, pending_msgs_limit=batch * 40
             )
         )
 
@@ -606,73 +623,37 @@ class Bus:
         self._subscriptions.append(sub)
         return sub
 
-    async def listen(
-        self,
-        subject: str,
-        queue: str,
-        handler: Callable[[Event], Awaitable[None]],
-        *,
-        kind_token: int | None = None,
-        pending: int = LIVE_PENDING_MESSAGES,
-    ) -> Any:
-        """Live copies of a stored subject: a core subscription in queue group ``queue``,
-        for a service that also consumes ``subject`` durably and handles whichever copy
-        comes first (:mod:`resurge.runtime.live_first`).
-
-        A message that cannot be decoded (or whose kind is not the subject's
-        ``kind_token``) is skipped: the durable consumer dead-letters and counts it.
-        ``handler``'s errors are the caller's to catch. At most ``pending`` messages wait
-        in the subscription; beyond that nats.py drops live copies (the stored ones are
-        still delivered)."""
-
-        async def on_message(msg: Msg) -> None:
-            event, problem = _decode_checked(msg, kind_token)
-            if event is not None and problem is None:
-                await handler(event)
-
-        sub = await self.nc.subscribe(
-            subject, queue=queue, cb=on_message, pending_msgs_limit=pending
-        )
-        self._subscriptions.append(sub)
-        return sub
-
     async def bind(
         self,
         entry: Subscription,
         handler: Callable[..., Awaitable[None]],
         scope: Scope | None = None,
-        *,
-        kinds: Iterable[str] | None = None,
         **options: Any,
     ) -> list[Any]:
         """Bind declared subscription ``entry`` (:mod:`resurge.contract.subscriptions`)
-        with its subject, consumer name, start and kinds, ``scope`` filling its open
-        tokens; a per-kind entry binds once per kind (``kinds``: a subset of its own,
-        None: all of them).
-        ``handler`` is what the entry's reader hands over (:meth:`consume`: an event;
-        :meth:`consume_batches`: a list; :meth:`listen`: an event; :meth:`subscribe`: an
-        event and its subject); ``options`` go to that method. Returns the core
-        subscriptions made (those of live and watching readers), to unsubscribe. A
-        command inbox is made with ``CommandInbox.declared`` instead."""
+        with its subject, stream, consumer name, start and kinds, ``scope`` filling its
+        open tokens. ``handler`` is what the entry's reader hands over (:meth:`consume`:
+        an event; :meth:`consume_batches`: a list; :meth:`subscribe`: an event and its
+        subject); ``options`` go to that method. Returns the core subscriptions made
+        (those of watching readers), to unsubscribe. A command inbox is made with
+        ``CommandInbox.declared`` instead."""
         made: list[Any] = []
-        for one in entry.scopes(scope, None if kinds is None else tuple(kinds)):
+        for one in entry.scopes(scope):
             subject, name = entry.subject(self.subjects, one), entry.consumer(one)
             if entry.reader is Reader.DURABLE:
                 expects = tuple(EVENT_KINDS[k] for k in entry.kinds)
                 await self.consume(
-                    subject, name, handler, expects=expects, start=entry.start, **options
-                )
+                    subject, name, handler, expects=expects, start=entry.start,
+                    stream=entry.stream, **options,
+                )  # fmt: skip
             elif entry.reader is Reader.BATCHES:
                 if entry.start == "last_per_subject":
                     raise ValueError(f"{entry.name}: batches start at all or new messages")
                 await self.consume_batches(
                     subject, name, handler, kind_token=RAW_KIND_TOKEN,
-                    dead_letters=entry.dead_letters, start=entry.start, **options,
+                    dead_letters=entry.dead_letters, start=entry.start, stream=entry.stream,
+                    **options,
                 )  # fmt: skip
-            elif entry.reader is Reader.LIVE:
-                made.append(
-                    await self.listen(subject, name, handler, kind_token=RAW_KIND_TOKEN, **options)
-                )
             elif entry.reader is Reader.WATCH:
                 made.append(await self.subscribe(subject, handler))
             else:
