@@ -59,7 +59,7 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
-from resurge.control.client import inject_fault, inject_xid
+from resurge.control.effects.client import inject_fault, inject_xid
 from resurge.events import (
     Assign,
     FaultDetected,

@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from resurge.control.records import JobRecord
+from resurge.control.state.records import JobRecord
 from resurge.events import JobPhase, RecoveryStarted
 
 __all__ = [

@@ -40,7 +40,7 @@ from pathlib import Path
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from resurge.control.records import JobRecord, JobStore, Placement
+from resurge.control.state.records import JobRecord, JobStore, Placement
 from resurge.events import Event, FaultDetected, JobPhase, Source
 from resurge.local.job_factory import job
 from resurge.local.nats_server import NatsServer

@@ -49,8 +49,8 @@ from pathlib import Path
 
 from nats.aio.msg import Msg
 
-from resurge.control.job_messages import assignment_messages, publish_all
-from resurge.control.records import JobRecord, JobStore, Placement
+from resurge.control.effects.job_messages import assignment_messages, publish_all
+from resurge.control.state.records import JobRecord, JobStore, Placement
 from resurge.events import (
     Assign,
     Event,

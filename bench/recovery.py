@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from resurge.control.client import inject_fault
+from resurge.control.effects.client import inject_fault
 from resurge.events import Event, FaultDetected, LogLine, Progress, RecoveryLevel, RecoveryStarted
 from resurge.jobspec import BackoffSpec, LogRule, TrainingJob
 from resurge.local.job_factory import ddp_example_job

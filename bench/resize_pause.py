@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from resurge.control.client import delete_job, submit_job
+from resurge.control.effects.client import delete_job, submit_job
 from resurge.events import Event, PhaseChanged, Progress, ScaleDecided
 from resurge.jobspec import TrainingJob
 from resurge.local.job_factory import EXAMPLE, python_job

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from nats.aio.msg import Msg
 
-from resurge.control.records import JobRecord, JobStore, Placement
+from resurge.control.state.records import JobRecord, JobStore, Placement
 from resurge.events import Assign, FaultDetected, FaultScope, JobPhase, RecoveryFinished
 from resurge.jobspec import TrainingJob
 from resurge.local.job_factory import job, python_job

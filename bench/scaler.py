@@ -40,8 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from resurge.cluster import NodeInfo
-from resurge.control.admission import admission_order, place
-from resurge.control.elastic_decision import (
+from resurge.control.decisions.admission import admission_order, place
+from resurge.control.decisions.elastic_decision import (
     ZONE_LABEL,
     Cluster,
     JobShape,
@@ -52,7 +52,7 @@ from resurge.control.elastic_decision import (
     applied,
     decide,
 )
-from resurge.control.records import JobRecord, Placement
+from resurge.control.state.records import JobRecord, Placement
 from resurge.events import JobPhase
 from resurge.jobspec import TrainingJob
 from resurge.local import job_factory

@@ -42,7 +42,7 @@ from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
 from resurge.contract.families import FAULT_GRADE_KINDS
-from resurge.control.records import JobRecord, Placement
+from resurge.control.state.records import JobRecord, Placement
 from resurge.events import (
     Envelope,
     FaultDetected,

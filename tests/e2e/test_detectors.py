@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from resurge.control.client import inject_fault, inject_xid
+from resurge.control.effects.client import inject_fault, inject_xid
 from resurge.events import Assign, JobPhase, ProcessStateChanged, Progress, RecoveryFinished
 from resurge.jobspec import TrainingJob
 from resurge.jobspec.monitoring import STOPPED_RANK_SECONDS, MonitoringSpec

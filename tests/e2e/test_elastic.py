@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from resurge.control.client import submit_job
-from resurge.control.records import JobRecord, JobStore
+from resurge.control.effects.client import submit_job
+from resurge.control.state.records import JobRecord, JobStore
 from resurge.events import (
     Assign,
     FaultDetected,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from resurge.control.client import inject_fault
+from resurge.control.effects.client import inject_fault
 from resurge.events import JobPhase, Progress, RecoveryFinished, RecoveryLevel
 from resurge.local.demo import demo_job, final_step
 from resurge.local.story import Observed, Watch, run_job

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from resurge.control.client import inject_fault
+from resurge.control.effects.client import inject_fault
 from resurge.events import Progress, RecoveryFinished
 from resurge.local.job_factory import python_job
 from resurge.local.story import Observed, Watch, run_job

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from resurge.control.history import read_history
+from resurge.control.views.history import read_history
 from resurge.events import (
     FaultDetected,
     JobPhase,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from resurge.control.nodes import REMOVING_REASON
+from resurge.control.effects.nodes import REMOVING_REASON
 from resurge.local.job_factory import python_job
 from resurge.local.node_set import NodeSet
 from resurge.local.state import ClusterState

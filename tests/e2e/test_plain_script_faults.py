@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from resurge.control.client import inject_fault
+from resurge.control.effects.client import inject_fault
 from resurge.events import JobPhase, RecoveryFinished, RecoveryLevel, RendezvousPassed
 from resurge.local.job_factory import python_job
 from resurge.local.story import Observed, Watch, run_job

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from resurge.cluster import open_backend
-from resurge.control.client import inject_fault, inject_xid
-from resurge.control.records import JobStore, status_view
+from resurge.control.effects.client import inject_fault, inject_xid
+from resurge.control.state.records import JobStore, status_view
 from resurge.events import (
     AgentStateChanged,
     Assign,

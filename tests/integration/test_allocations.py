@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from resurge.control.allocations import AllocationConflict, Allocations, open_allocations
+from resurge.control.state.allocations import AllocationConflict, Allocations, open_allocations
 from resurge.runtime.bus import Bus
 
 

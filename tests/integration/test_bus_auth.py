@@ -23,7 +23,7 @@ import pytest
 from nats.aio.client import Client
 
 from resurge.contract.subscriptions import DETECTOR_FAULTS, DETECTOR_RAW, Scope
-from resurge.control.history import read_history
+from resurge.control.views.history import read_history
 from resurge.events import (
     Assign,
     Event,

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from resurge.cluster.protocol import WorkerGroupSpec
-from resurge.control.job_messages import send_checkpoint_requests
-from resurge.control.records import JobRecord, Placement
+from resurge.control.effects.job_messages import send_checkpoint_requests
+from resurge.control.state.records import JobRecord, Placement
 from resurge.events import CheckpointNow, CheckpointSaved, Event, LogLine, Progress, Stop
 from resurge.local import job_factory
 from resurge.runtime.bus import Bus

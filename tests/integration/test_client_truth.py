@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from resurge.control.admission import new_record
-from resurge.control.client import SubmitRefused, delete_job, inject_fault, submit_job
-from resurge.control.records import JobStore
+from resurge.control.decisions.admission import new_record
+from resurge.control.effects.client import SubmitRefused, delete_job, inject_fault, submit_job
+from resurge.control.state.records import JobStore
 from resurge.events import JobPhase
 from resurge.jobspec import TrainingJob
 from resurge.local.job_factory import job

@@ -21,7 +21,7 @@ import sys
 
 import nats.js.errors
 
-from resurge.control.records import JobRecord, JobStore, Placement
+from resurge.control.state.records import JobRecord, JobStore, Placement
 from resurge.events import (
     Event,
     FaultDetected,

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from collections import Counter
 
-from resurge.control.records import JobRecord, JobStore, Placement
+from resurge.control.state.records import JobRecord, JobStore, Placement
 from resurge.events import Event, FaultDetected, JobPhase, ProcessExited
 from resurge.local import job_factory
 from resurge.runtime.bus import Bus

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 from nats.aio.msg import Msg
 
-from resurge.control.records import JobRecord, JobStore, Placement
+from resurge.control.state.records import JobRecord, JobStore, Placement
 from resurge.events import FaultDetected, JobPhase, ProcessStarted, decode_event
 from resurge.local.job_factory import job
 from resurge.runtime.bus import Bus

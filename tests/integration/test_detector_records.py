@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-from resurge.control.records import JobRecord, JobStore, Placement
+from resurge.control.state.records import JobRecord, JobStore, Placement
 from resurge.events import Event, FaultDetected, JobPhase, LogLine
 from resurge.local.job_factory import job
 from resurge.runtime.bus import Bus

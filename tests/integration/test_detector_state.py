@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from nats.aio.msg import Msg
 
-from resurge.control.records import JobRecord, JobStore, Placement
+from resurge.control.state.records import JobRecord, JobStore, Placement
 from resurge.events import Event, JobPhase, ProcessExited, ReplicaFinished
 from resurge.local.job_factory import job
 from resurge.runtime.bus import Bus

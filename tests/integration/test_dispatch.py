@@ -26,11 +26,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from resurge.cluster import BackendError, ClusterBackend, NodeInfo
-from resurge.control.elastic_decision import Kind, Resize
-from resurge.control.planner import command_id
-from resurge.control.records import JobRecord, JobStore, Placement, RestartEntry
-from resurge.control.recovery_policy import ClusterView, apply_fault
-from resurge.control.worker_groups import worker_group, worker_groups
+from resurge.control.decisions.elastic_decision import Kind, Resize
+from resurge.control.decisions.planner import command_id
+from resurge.control.decisions.recovery_policy import ClusterView, apply_fault
+from resurge.control.decisions.worker_groups import worker_group, worker_groups
+from resurge.control.state.records import JobRecord, JobStore, Placement, RestartEntry
 from resurge.events import (
     Assign,
     Event,

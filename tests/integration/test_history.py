@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from resurge.cli.events import show_events
-from resurge.control.history import read_history
+from resurge.control.views.history import read_history
 from resurge.events import (
     FaultDetected,
     FaultScope,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from resurge.control.job_messages import send_stops
-from resurge.control.records import JobRecord, Placement
+from resurge.control.effects.job_messages import send_stops
+from resurge.control.state.records import JobRecord, Placement
 from resurge.events import Stop
 from resurge.local import job_factory
 from resurge.runtime.bus import Bus

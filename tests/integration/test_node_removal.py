@@ -11,7 +11,12 @@ import pytest
 
 from resurge.cluster import NodeInfo, UnknownNodeError, WorkerGroupSpec
 from resurge.cluster.local.backend import LocalBackend
-from resurge.control.nodes import REMOVING_REASON, is_being_removed, mark_for_removal, set_cordon
+from resurge.control.effects.nodes import (
+    REMOVING_REASON,
+    is_being_removed,
+    mark_for_removal,
+    set_cordon,
+)
 from resurge.events import CapacityChanged
 from resurge.local.membership import MembershipError, remove_node
 from resurge.local.node_set import NodeSet

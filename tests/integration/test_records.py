@@ -2,7 +2,7 @@
 
 import asyncio
 
-from resurge.control.records import JobRecord, JobStore
+from resurge.control.state.records import JobRecord, JobStore
 from resurge.events import JobPhase
 from resurge.local import job_factory
 from resurge.runtime.bus import Bus

@@ -18,8 +18,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from resurge.cluster import NodeInfo
-from resurge.control.records import JobRecord, JobStore, Placement
-from resurge.control.worker_groups import worker_groups
+from resurge.control.decisions.worker_groups import worker_groups
+from resurge.control.state.records import JobRecord, JobStore, Placement
 from resurge.events import CheckpointSaved, JobPhase, Source
 from resurge.jobspec import parse_job
 from resurge.runtime.bus import Bus

@@ -15,8 +15,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from resurge.cluster import NodeInfo
-from resurge.control.records import JobRecord, JobStore, Placement
-from resurge.control.worker_groups import worker_groups
+from resurge.control.decisions.worker_groups import worker_groups
+from resurge.control.state.records import JobRecord, JobStore, Placement
 from resurge.events import (
     Event,
     FaultDetected,

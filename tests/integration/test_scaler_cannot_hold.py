@@ -17,7 +17,7 @@ from nats.aio.msg import Msg
 
 from resurge.cluster import ClusterBackend, NodeInfo, open_backend
 from resurge.cluster.local.keys import JOB_STATUS_BUCKET
-from resurge.control.records import JobStore
+from resurge.control.state.records import JobStore
 from resurge.events import CapacityChanged, JobPhase
 from resurge.local.job_factory import EXAMPLE
 from resurge.runtime.bus import Bus

@@ -16,8 +16,8 @@ from nats.aio.subscription import Subscription
 
 from resurge.cluster import ClusterBackend, NodeInfo, open_backend
 from resurge.cluster.local.keys import JOB_STATUS_BUCKET
-from resurge.control.client import submit_job
-from resurge.control.records import JobStore, status_view
+from resurge.control.effects.client import submit_job
+from resurge.control.state.records import JobStore, status_view
 from resurge.events import CapacityChanged, JobPhase
 from resurge.local.job_factory import job
 from resurge.runtime.bus import JOBS_BUCKET, Bus

@@ -12,8 +12,8 @@ import pytest
 from rich.console import Console
 
 from resurge.cli.status import describe, jobs_table, show_status
-from resurge.control.admission import new_record
-from resurge.control.records import JobStore
+from resurge.control.decisions.admission import new_record
+from resurge.control.state.records import JobStore
 from resurge.events import JobDeleted, JobPhase, JobSubmitted
 from resurge.local.job_factory import job
 from resurge.runtime.bus import Bus

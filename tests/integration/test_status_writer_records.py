@@ -7,7 +7,7 @@ import asyncio
 import json
 
 from resurge.cluster.local.backend import LocalBackend
-from resurge.control.records import JobRecord, JobStore, Placement
+from resurge.control.state.records import JobRecord, JobStore, Placement
 from resurge.events import JobPhase
 from resurge.local.job_factory import job
 from resurge.runtime.bus import Bus

@@ -12,7 +12,7 @@ Stand-ins, where a real thing cannot be had thousands of times a second:
 - the KV buckets are :class:`MemoryKV`, a dictionary that keeps one revision counter
   per bucket and refuses a write at a stale revision with nats.py's own errors, as
   JetStream does; the compare-and-set code that runs over it is the real one
-  (:class:`~resurge.control.allocations.Allocations`, :class:`JobStore.mutate`). The
+  (:class:`~resurge.control.state.allocations.Allocations`, :class:`JobStore.mutate`). The
   same ledger runs against a real nats-server in tests/integration/test_allocations.py;
 - the cluster is a dictionary of nodes and worker groups (a node lost stops being
   live; an agent "comes up" as a scheduled step);
@@ -41,8 +41,8 @@ from prometheus_client import CollectorRegistry
 
 from resurge.cluster import NodeInfo, WorkerGroupSpec
 from resurge.contract.subjects import Subjects
-from resurge.control.admission import new_record
-from resurge.control.records import JobRecord, JobStore
+from resurge.control.decisions.admission import new_record
+from resurge.control.state.records import JobRecord, JobStore
 from resurge.events import (
     AgentState,
     AgentStateChanged,

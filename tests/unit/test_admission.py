@@ -1,7 +1,7 @@
 from datetime import UTC, datetime, timedelta
 
 from resurge.cluster import NodeInfo
-from resurge.control.admission import (
+from resurge.control.decisions.admission import (
     UNHOLDABLE,
     admission_order,
     cannot_hold,
@@ -13,7 +13,7 @@ from resurge.control.admission import (
     wait_reason,
     why_waiting,
 )
-from resurge.control.records import JobRecord
+from resurge.control.state.records import JobRecord
 from resurge.events import JobPhase
 from resurge.jobspec import TrainingJob
 from resurge.local import job_factory

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from resurge.control.records import JobRecord, Placement
+from resurge.control.state.records import JobRecord, Placement
 from resurge.events import JobPhase, RecoveryLevel, RecoveryStarted
 from resurge.events.envelope import Source
 from resurge.local.job_factory import job

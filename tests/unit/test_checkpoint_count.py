@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from resurge.control.checkpoint_count import STEPS_KEPT, apply_checkpoint
-from resurge.control.records import CheckpointReports, JobRecord, Placement
+from resurge.control.decisions.checkpoint_count import STEPS_KEPT, apply_checkpoint
+from resurge.control.state.records import CheckpointReports, JobRecord, Placement
 from resurge.events import JobPhase
 from resurge.local import job_factory
 

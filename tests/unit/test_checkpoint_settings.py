@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from resurge import worker
-from resurge.control.records import JobRecord, Placement
-from resurge.control.worker_groups import worker_groups
+from resurge.control.decisions.worker_groups import worker_groups
+from resurge.control.state.records import JobRecord, Placement
 from resurge.local import job_factory
 from resurge.worker.environment import (
     CHECKPOINT_DIR,

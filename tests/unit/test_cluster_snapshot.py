@@ -5,11 +5,11 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from resurge.cluster import NodeInfo, WorkerGroupSpec
-from resurge.control.allocations import Claim
-from resurge.control.cluster_snapshot import build_snapshot, move_view
-from resurge.control.elastic_decision import plan
-from resurge.control.records import JobRecord, Placement
-from resurge.control.recovery_policy import Verdict, apply_fault
+from resurge.control.decisions.elastic_decision import plan
+from resurge.control.decisions.recovery_policy import Verdict, apply_fault
+from resurge.control.state.allocations import Claim
+from resurge.control.state.records import JobRecord, Placement
+from resurge.control.views.cluster_snapshot import build_snapshot, move_view
 from resurge.events import FaultDetected, FaultScope, JobPhase, RecoveryLevel, Source
 from resurge.local import job_factory
 from resurge_scaler.shapes import shapes_from

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from resurge.control.records import JobRecord, Placement
+from resurge.control.state.records import JobRecord, Placement
 from resurge.events import (
     Envelope,
     FaultDetected,

@@ -6,7 +6,7 @@ import hashlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from resurge.control.records import JobRecord, Placement
+from resurge.control.state.records import JobRecord, Placement
 from resurge.detection import DetectorContext
 from resurge.events import (
     CapacityChanged,

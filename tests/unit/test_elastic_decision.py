@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from resurge.cluster import NodeInfo
-from resurge.control.elastic_decision import (
+from resurge.control.decisions.elastic_decision import (
     ZONE_LABEL,
     Cluster,
     GrowWait,
@@ -20,7 +20,7 @@ from resurge.control.elastic_decision import (
     decide,
     plan,
 )
-from resurge.control.records import JobRecord, Placement, RestartEntry
+from resurge.control.state.records import JobRecord, Placement, RestartEntry
 from resurge.events import JobPhase, RecoveryLevel
 from resurge.local import job_factory
 from resurge_scaler.shapes import lost_since, ready_since, shapes_from

@@ -1,5 +1,5 @@
 """The live goodput meter: its sums by cause, and that they agree with the report's
-timeline (resurge.control.timeline) on the same story."""
+timeline (resurge.control.views.timeline) on the same story."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from resurge.contract.vocabulary import JobPhase
-from resurge.control.goodput_meter import CAUSES, GoodputMeter
-from resurge.control.timeline import build_timeline
+from resurge.control.views.goodput_meter import CAUSES, GoodputMeter
+from resurge.control.views.timeline import build_timeline
 from resurge.events import (
     Event,
     FaultDetected,

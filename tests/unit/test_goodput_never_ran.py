@@ -7,8 +7,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from resurge.contract.vocabulary import JobPhase
-from resurge.control.goodput_meter import GoodputMeter
-from resurge.control.timeline import build_timeline
+from resurge.control.views.goodput_meter import GoodputMeter
+from resurge.control.views.timeline import build_timeline
 from resurge.events import Event, JobSubmitted, PhaseChanged, Source
 from resurge.local.job_factory import job
 

@@ -3,7 +3,7 @@
 from datetime import UTC, datetime
 
 from resurge.contract.xid import TABLE_VERSION
-from resurge.control.records import JobRecord, Placement
+from resurge.control.state.records import JobRecord, Placement
 from resurge.detection import DetectorContext
 from resurge.events import (
     FaultDetected,

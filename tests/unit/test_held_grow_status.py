@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from resurge.control.records import HeldGrow, JobRecord, status_view
+from resurge.control.state.records import HeldGrow, JobRecord, status_view
 from resurge.events import JobPhase
 from resurge.jobspec import TrainingJobStatus
 from resurge.local.job_factory import job

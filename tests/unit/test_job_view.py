@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from resurge.control.records import JobRecord, Placement
+from resurge.control.state.records import JobRecord, Placement
 from resurge.detection import DetectorContext, FrozenJob
 from resurge.events import JobPhase, Source
 from resurge.local.job_factory import job

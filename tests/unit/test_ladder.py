@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from resurge.control.ladder import LADDER, RUNGS, SCOPE_FLOOR, one_above, rung
+from resurge.control.decisions.ladder import LADDER, RUNGS, SCOPE_FLOOR, one_above, rung
 from resurge.events import FaultScope, RecoveryLevel
 from resurge.simulation.defaults import DEFAULT_RESTART_SECONDS
 
 
 def test_the_rungs_are_the_contract_levels_cheapest_first() -> None:
-    assert LADDER == list(RecoveryLevel)
+    assert list(RecoveryLevel) == LADDER
     costs = [r.simulated_seconds for r in RUNGS]
     assert costs == sorted(costs)
 

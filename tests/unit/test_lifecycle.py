@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from resurge.control.lifecycle import TRANSITIONS, PhaseMoveError, move_to
-from resurge.control.records import JobRecord
+from resurge.control.decisions.lifecycle import TRANSITIONS, PhaseMoveError, move_to
+from resurge.control.state.records import JobRecord
 from resurge.events import JobPhase
 from resurge.local.job_factory import job
 

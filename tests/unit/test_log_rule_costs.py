@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from resurge.control.records import JobRecord, Placement
+from resurge.control.state.records import JobRecord, Placement
 from resurge.events import Envelope, FaultDetected, FaultScope, JobPhase, LogLine, Source
 from resurge.local import job_factory
 from resurge_detector.bounded_regex import PATTERN_TIMEOUT_SECONDS

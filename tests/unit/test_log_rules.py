@@ -5,7 +5,7 @@ from typing import Any
 
 import pytest
 
-from resurge.control.records import JobRecord, Placement
+from resurge.control.state.records import JobRecord, Placement
 from resurge.detection import Detector, DetectorContext
 from resurge.events import (
     Envelope,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from resurge.cluster import NodeInfo
-from resurge.control.nodes import REMOVING_REASON, is_being_removed, parse_label
+from resurge.control.effects.nodes import REMOVING_REASON, is_being_removed, parse_label
 from resurge.local.node_set import NodeEntry, NodeSet, editing, plan
 
 

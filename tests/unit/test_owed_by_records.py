@@ -5,9 +5,8 @@ with its phase, claimed, marked done; the reconciler's next look. Pure functions
 from datetime import UTC, datetime, timedelta
 
 from resurge.cluster import NodeInfo
-from resurge.control.job_end import begin_ending, claim_ending, mark_ended
-from resurge.control.records import JobRecord, Placement
-from resurge.control.recovery_policy import (
+from resurge.control.decisions.job_end import begin_ending, claim_ending, mark_ended
+from resurge.control.decisions.recovery_policy import (
     ClusterView,
     Verdict,
     apply_fault,
@@ -15,6 +14,7 @@ from resurge.control.recovery_policy import (
     same_plan,
     supersede,
 )
+from resurge.control.state.records import JobRecord, Placement
 from resurge.events import FaultDetected, FaultScope, JobPhase, RecoveryLevel, Source
 from resurge.local import job_factory
 from resurge_restarter.reconcile import ASAP, next_look

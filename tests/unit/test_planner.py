@@ -1,10 +1,10 @@
-from resurge.control.planner import (
+from resurge.control.decisions.planner import (
     WHOLE_TABLE_REPLICAS,
     assignments,
     command_id,
     master_port_for,
 )
-from resurge.control.records import CheckpointRef, JobRecord, Placement
+from resurge.control.state.records import CheckpointRef, JobRecord, Placement
 from resurge.events import Assign, Source, decode_event, encode_event
 from resurge.local import job_factory
 from resurge_node_agent.launch.worker_env import worker_environment

@@ -1,7 +1,7 @@
 from datetime import UTC, datetime
 
-from resurge.control.event_words import event_line
-from resurge.control.records import JobRecord, Placement
+from resurge.control.state.records import JobRecord, Placement
+from resurge.control.views.event_words import event_line
 from resurge.detection import DetectorContext
 from resurge.events import (
     FaultDetected,

@@ -4,7 +4,7 @@ placed (and its writer named) where it belongs."""
 
 from __future__ import annotations
 
-from resurge.control.records import FIELD_GROUPS, JobRecord
+from resurge.control.state.records import FIELD_GROUPS, JobRecord
 
 
 def test_every_field_is_in_one_group_in_the_groups_order() -> None:

@@ -4,10 +4,10 @@ restarter carries out; and elastic jobs admitted past their ``min``."""
 from datetime import UTC, datetime
 
 from resurge.cluster import NodeInfo
-from resurge.control.admission import place
-from resurge.control.elastic_decision import Kind, Resize
-from resurge.control.records import JobRecord, Placement, status_view
-from resurge.control.recovery_policy import Verdict, apply_fault
+from resurge.control.decisions.admission import place
+from resurge.control.decisions.elastic_decision import Kind, Resize
+from resurge.control.decisions.recovery_policy import Verdict, apply_fault
+from resurge.control.state.records import JobRecord, Placement, status_view
 from resurge.events import FaultDetected, FaultScope, JobPhase, RecoveryLevel, Source
 from resurge.local import job_factory
 from resurge_scaler.resize_plan import apply_resize, removed_nodes

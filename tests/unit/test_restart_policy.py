@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 
 from resurge.cluster import NodeInfo
-from resurge.control.records import JobRecord, Placement, RestartEntry
-from resurge.control.recovery_policy import (
+from resurge.control.decisions.recovery_policy import (
     SETTLE_SECONDS,
     ClusterView,
     Verdict,
@@ -23,6 +22,7 @@ from resurge.control.recovery_policy import (
     mark_dispatched,
     settle_due,
 )
+from resurge.control.state.records import JobRecord, Placement, RestartEntry
 from resurge.events import FaultDetected, FaultScope, JobPhase, RecoveryLevel, Source
 from resurge.local import job_factory
 

@@ -2,7 +2,7 @@
 
 from datetime import UTC, datetime
 
-from resurge.control.records import CheckpointRef, JobRecord, PendingRecovery, Placement
+from resurge.control.state.records import CheckpointRef, JobRecord, PendingRecovery, Placement
 from resurge.events import JobPhase, RecoveryLevel
 from resurge.local import job_factory
 from resurge.local.restore import requeue_after_restart

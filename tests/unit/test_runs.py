@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from resurge.control.job_overview import past_run_view, summarize
-from resurge.control.runs import Run, run_events, runs_of
+from resurge.control.views.job_overview import past_run_view, summarize
+from resurge.control.views.runs import Run, run_events, runs_of
 from resurge.events import (
     Assign,
     Event,

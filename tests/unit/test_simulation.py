@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 import yaml
 
-import resurge.control.elastic_decision as elastic_decision
-import resurge.control.recovery_policy as recovery_policy
+import resurge.control.decisions.elastic_decision as elastic_decision
+import resurge.control.decisions.recovery_policy as recovery_policy
 import resurge_restarter.service as restarter_service
 import resurge_scaler.resizer as scaler_resizer
 from resurge.cli import main
 from resurge.cluster import NodeInfo
-from resurge.control.admission import start
-from resurge.control.records import JobRecord, Placement
+from resurge.control.decisions.admission import start
+from resurge.control.state.records import JobRecord, Placement
 from resurge.events import FaultDetected, FaultScope, RecoveryLevel, Source
 from resurge.simulation import ConfigError, parse_config, recovery_desk, simulate, trace_run
 from resurge.simulation.recovery_desk import EPOCH, FaultInput, RecoveryDesk, at

@@ -4,13 +4,13 @@ loops slower than ``evalPeriodSeconds`` climb the ladder and end, independent fa
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from resurge.control.records import JobRecord, Placement
-from resurge.control.recovery_policy import (
+from resurge.control.decisions.recovery_policy import (
     Verdict,
     apply_fault,
     apply_rendezvous,
     apply_sign_of_life,
 )
+from resurge.control.state.records import JobRecord, Placement
 from resurge.detection import DetectorContext
 from resurge.events import (
     FaultDetected,

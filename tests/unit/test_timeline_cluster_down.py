@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from resurge.control.timeline import CLUSTER_RESTARTED, build_timeline
+from resurge.control.views.timeline import CLUSTER_RESTARTED, build_timeline
 from resurge.events import Assign, Event, JobPhase, PhaseChanged, Progress, ReplicaSlot, Source
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)

@@ -79,7 +79,7 @@ def test_it_signs_with_the_context_source_and_is_registered() -> None:
 
 
 def test_a_lost_agent_is_a_fault_about_its_replica_that_asks_for_a_new_agent() -> None:
-    from resurge.control.records import JobRecord
+    from resurge.control.state.records import JobRecord
     from resurge.events import AgentState, AgentStateChanged, JobPhase
     from resurge.local import job_factory
     from resurge_detector.agent_lost import AgentLostDetector

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from resurge.contract.subjects import NODE_LEVEL_JOB
-from resurge.control.record_entries import RecordReader
-from resurge.control.records import JobRecord
+from resurge.control.state.record_entries import RecordReader
+from resurge.control.state.records import JobRecord
 from resurge.detection import (
     Detector,
     DetectorContext,

@@ -15,7 +15,7 @@ import socket
 import sys
 from pathlib import Path
 
-from resurge.control.nodes import parse_label
+from resurge.control.effects.nodes import parse_label
 from resurge.runtime.service import ServiceContext, run_service
 from resurge.runtime.settings import Settings
 from resurge_node_agent.launch.agent import LaunchAgent

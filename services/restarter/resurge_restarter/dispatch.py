@@ -22,7 +22,7 @@ A restarter that dies or fails anywhere in there leaves the plan undispatched; t
 next restarter to look (this one's reconciler included, :mod:`.reconcile`) carries it
 out again from step 1 once the claim has lapsed. A plan replaced before it was
 dispatched passes what it still owed to the plan that replaced it
-(:func:`resurge.control.recovery_policy.supersede`). The cluster is reached only
+(:func:`resurge.control.decisions.recovery_policy.supersede`). The cluster is reached only
 through :class:`~resurge.cluster.ClusterBackend`, whose writes are idempotent too.
 """
 
@@ -35,16 +35,16 @@ from datetime import UTC, datetime
 
 from resurge.cluster import ClusterBackend
 from resurge.contract.subjects import unescape_token
-from resurge.control.job_messages import (
+from resurge.control.decisions.planner import command_id
+from resurge.control.decisions.recovery_policy import mark_dispatched, same_plan
+from resurge.control.decisions.worker_groups import worker_group
+from resurge.control.effects.job_messages import (
     assignment_messages,
     phase_message,
     publish_all,
     stop_messages,
 )
-from resurge.control.planner import command_id
-from resurge.control.records import JobRecord, JobStore, PendingRecovery, Placement
-from resurge.control.recovery_policy import mark_dispatched, same_plan
-from resurge.control.worker_groups import worker_group
+from resurge.control.state.records import JobRecord, JobStore, PendingRecovery, Placement
 from resurge.events import Envelope, JobPhase, RecoveryLevel, RecoveryStarted
 from resurge.runtime.service import ServiceContext
 

@@ -6,7 +6,7 @@
   generation's first sign of life (the duration RecoveryFinished carries);
 - ``resurge_job_goodput_ratio{job}``, ``resurge_job_lost_seconds_total{job,cause}`` and
   ``resurge_job_wall_seconds{job}``: each job's running goodput
-  (:mod:`resurge.control.goodput_meter`), worked out at scrape time.
+  (:mod:`resurge.control.views.goodput_meter`), worked out at scrape time.
 
 Label bounds: ``level`` is a RecoveryLevel (a closed enum); ``reason`` goes through a
 :class:`~resurge.runtime.observability.BoundedLabel` (detector plugins choose their
@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from resurge.contract.vocabulary import RecoveryLevel
-from resurge.control.goodput_meter import GoodputMeter
+from resurge.control.views.goodput_meter import GoodputMeter
 from resurge.runtime.observability import BoundedLabel
 
 __all__ = ["RECOVERY_BUCKETS", "GoodputCollector", "RestarterMetrics"]

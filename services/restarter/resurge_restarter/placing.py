@@ -2,10 +2,10 @@
 ledger so that no other placer takes the same slots meanwhile.
 
 :meth:`MovePlacer.reserve` reads the snapshot
-(:func:`resurge.control.cluster_snapshot.read_snapshot`: every job's replicas, held
+(:func:`resurge.control.views.cluster_snapshot.read_snapshot`: every job's replicas, held
 spares, worker groups and claims), decides on a copy of the job's record with the
 caller's ``decide`` and, if the decision moves replicas, claims their new slots in
-the ledger with one compare-and-set (:mod:`resurge.control.allocations`); a lost
+the ledger with one compare-and-set (:mod:`resurge.control.state.allocations`); a lost
 compare-and-set reads and decides again. The caller then writes its record deciding
 with the same view, checks with :func:`covered` that the moves it wrote are the ones
 claimed, carries the plan out (creating the moved replicas' worker groups), and only
@@ -22,15 +22,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from resurge.cluster import ClusterBackend
-from resurge.control.allocations import (
+from resurge.control.decisions.recovery_policy import ClusterView
+from resurge.control.state.allocations import (
     AllocationConflict,
     Allocations,
     Claim,
     open_allocations,
 )
-from resurge.control.cluster_snapshot import ClusterReads, move_view, read_snapshot
-from resurge.control.records import JobRecord, JobStore
-from resurge.control.recovery_policy import ClusterView
+from resurge.control.state.records import JobRecord, JobStore
+from resurge.control.views.cluster_snapshot import ClusterReads, move_view, read_snapshot
 from resurge.runtime.bus import Bus, TransientError
 
 __all__ = ["CLAIM_SECONDS", "MovePlacer", "covered"]

@@ -3,7 +3,7 @@
 Every side effect of a decision follows from the job record, so whatever a failure
 between steps left undone is found there and done later, by this instance or another,
 with no new event: a plan not yet dispatched (:mod:`.dispatch`), a finished job's last
-steps not yet done (:mod:`resurge.control.job_finish`). :func:`next_look` says, from a
+steps not yet done (:mod:`resurge.control.effects.job_finish`). :func:`next_look` says, from a
 record alone, when a restarter should look at it again: at the end of the claim while
 one is held (its holder is at it until then: the first carrying-out stays inline, on
 the fault's path), at once when nothing holds it, never when nothing is owed.
@@ -22,7 +22,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
-from resurge.control.records import JobRecord
+from resurge.control.state.records import JobRecord
 from resurge.runtime.service import ServiceContext
 
 __all__ = ["ASAP", "Reconciler", "next_look"]

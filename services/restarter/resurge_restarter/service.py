@@ -1,15 +1,15 @@
 """The restarter service: faults in, new generations out, at the cheapest level that works.
 
-On a fault: decide (see :mod:`resurge.control.recovery_policy`) and write the decision and its
-plan into the job record with one compare-and-set, claimed by this instance; only then
-carry the plan out (:mod:`resurge_restarter.dispatch`): RecoveryStarted, Stop(g) to the
-old placements, cordons, moved and recreated worker groups, the backoff wait,
-Assign(g+1); then mark the plan dispatched. Every step is idempotent, and commands
-carry ids derived from (job, replica, generation), so carrying a plan out twice sends
-nothing new.
+On a fault: decide (see :mod:`resurge.control.decisions.recovery_policy`) and write the
+decision and its plan into the job record with one compare-and-set, claimed by this
+instance; only then carry the plan out (:mod:`resurge_restarter.dispatch`):
+RecoveryStarted, Stop(g) to the old placements, cordons, moved and recreated worker
+groups, the backoff wait, Assign(g+1); then mark the plan dispatched. Every step is
+idempotent, and commands carry ids derived from (job, replica, generation), so carrying
+a plan out twice sends nothing new.
 
 A fault that fails the job writes the phase and the job's last steps
-(:mod:`resurge.control.job_end`) in one compare-and-set, then does them: the final
+(:mod:`resurge.control.decisions.job_end`) in one compare-and-set, then does them: the final
 Stops, the phase announced, the worker groups deleted, each marked done in the record.
 
 Crash and failure safety: every side effect follows from the record
@@ -23,7 +23,7 @@ later, with no new event. Two restarters share the fault consumer (a queue group
 the compare-and-set lets one decision win, and the claim lets one instance carry it
 out.
 
-A recovery ends when the new generation trained (:mod:`resurge.control.recovery_policy`):
+A recovery ends when the new generation trained (:mod:`resurge.control.decisions.recovery_policy`):
 its first completed step, or for workers that report no progress its ranks passing
 their rendezvous (``rendezvous_passed``, from the agent hosting the generation's store);
 a worker that exits 0 ends it too (it did its work); a worker start ends none. For a
@@ -51,12 +51,8 @@ from resurge.contract.subscriptions import (
     RESTARTER_RENDEZVOUS,
     RESTARTER_SIGN_OF_LIFE,
 )
-from resurge.control.allocations import Claim
-from resurge.control.job_end import claim_ending
-from resurge.control.job_finish import finish_job
-from resurge.control.job_messages import announce_phase
-from resurge.control.records import JobRecord, JobStore
-from resurge.control.recovery_policy import (
+from resurge.control.decisions.job_end import claim_ending
+from resurge.control.decisions.recovery_policy import (
     ClusterView,
     Decision,
     Verdict,
@@ -70,6 +66,10 @@ from resurge.control.recovery_policy import (
     claim,
     settle_due,
 )
+from resurge.control.effects.job_finish import finish_job
+from resurge.control.effects.job_messages import announce_phase
+from resurge.control.state.allocations import Claim
+from resurge.control.state.records import JobRecord, JobStore
 from resurge.events import (
     CheckpointSaved,
     Event,

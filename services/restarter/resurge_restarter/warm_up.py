@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from resurge.control.job_messages import assignment_messages, phase_message, stop_messages
-from resurge.control.records import JobRecord, Placement
-from resurge.control.recovery_policy import Verdict, apply_fault
+from resurge.control.decisions.recovery_policy import Verdict, apply_fault
+from resurge.control.effects.job_messages import assignment_messages, phase_message, stop_messages
+from resurge.control.state.records import JobRecord, Placement
 from resurge.events import (
     Envelope,
     FaultDetected,

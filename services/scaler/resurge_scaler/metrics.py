@@ -5,7 +5,7 @@
   each unfinished job runs with and the replicas it is meant to run with (as in
   ``resurge status``);
 - ``resurge_gpus_in_use`` and ``resurge_gpus_idle``: slots of the healthy live nodes
-  in use (:mod:`resurge.control.cluster_snapshot`: replicas, held spares, worker groups,
+  in use (:mod:`resurge.control.views.cluster_snapshot`: replicas, held spares, worker groups,
   claimed placements), and free.
 
 Label bounds: ``kind`` is a ResizeKind (a closed enum); ``job`` is bounded by the
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from resurge.control.cluster_snapshot import ClusterSnapshot
-from resurge.control.records import JobRecord, status_view
+from resurge.control.state.records import JobRecord, status_view
+from resurge.control.views.cluster_snapshot import ClusterSnapshot
 
 __all__ = ["RESIZE_KINDS", "ScalerMetrics"]
 

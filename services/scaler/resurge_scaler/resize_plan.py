@@ -28,10 +28,10 @@ import itertools
 from collections.abc import Mapping
 from datetime import datetime
 
-from resurge.control.elastic_decision import Kind, Resize
-from resurge.control.lifecycle import move_to
-from resurge.control.planner import master_port_for
-from resurge.control.records import JobRecord, LastResize, PendingRecovery, Placement
+from resurge.control.decisions.elastic_decision import Kind, Resize
+from resurge.control.decisions.lifecycle import move_to
+from resurge.control.decisions.planner import master_port_for
+from resurge.control.state.records import JobRecord, LastResize, PendingRecovery, Placement
 from resurge.events import JobPhase, RecoveryLevel
 
 __all__ = ["apply_resize", "removed_nodes"]

@@ -1,11 +1,12 @@
-"""The scaler's resizes: decide (:mod:`resurge.control.elastic_decision`), checkpoint,
+"""The scaler's resizes: decide (:mod:`resurge.control.decisions.elastic_decision`), checkpoint,
 write the plan.
 
 :meth:`Resizer.rebalance` reads every job record and the live nodes, builds the
 decision's input (:mod:`.shapes`) and carries out what it returns: grow, shrink and
-suspend. Admissions are the scaler's admission pass (:mod:`resurge.control.admission`); a waiting
-job that needs room makes the decision shrink or suspend lower-priority jobs, and the
-admission pass places it once their slots are free.
+suspend. Admissions are the scaler's admission pass
+(:mod:`resurge.control.decisions.admission`); a waiting job that needs room makes the
+decision shrink or suspend lower-priority jobs, and the admission pass places it once
+their slots are free.
 
 Each resize runs in its own task, and the job counts as busy until it is written:
 
@@ -49,18 +50,18 @@ from functools import partial
 
 from resurge.cluster import ClusterBackend, NodeInfo
 from resurge.contract.subscriptions import SCALER_RESIZE_AGENTS, Scope
-from resurge.control.allocations import (
+from resurge.control.decisions.elastic_decision import GrowWait, Kind, Resize, plan
+from resurge.control.decisions.worker_groups import worker_group
+from resurge.control.effects.job_messages import send_checkpoint_requests
+from resurge.control.effects.nodes import is_being_removed
+from resurge.control.state.allocations import (
     AllocationConflict,
     Allocations,
     Claim,
     open_allocations,
 )
-from resurge.control.cluster_snapshot import ClusterReads, read_snapshot
-from resurge.control.elastic_decision import GrowWait, Kind, Resize, plan
-from resurge.control.job_messages import send_checkpoint_requests
-from resurge.control.nodes import is_being_removed
-from resurge.control.records import HeldGrow, JobRecord, JobStore, Placement
-from resurge.control.worker_groups import worker_group
+from resurge.control.state.records import HeldGrow, JobRecord, JobStore, Placement
+from resurge.control.views.cluster_snapshot import ClusterReads, read_snapshot
 from resurge.events import AgentState, AgentStateChanged, Event, ScaleDecided
 from resurge.runtime.service import ServiceContext
 from resurge_scaler.metrics import ScalerMetrics

@@ -4,7 +4,7 @@
   worker groups are created through the cluster backend, and generation g is assigned.
 - capacity changed, job finished or deleted -> try the Pending jobs again.
 - every replica finished -> Succeeded, written with the job's last steps
-  (:mod:`resurge.control.job_end`), then those done: the final Stops, the phase
+  (:mod:`resurge.control.decisions.job_end`), then those done: the final Stops, the phase
   announced, the worker groups deleted; a restarter finishes what a failure leaves.
   Any finished job's worker groups are deleted when its phase is announced, too.
 - any job record changed -> its status view is written through the backend (its own
@@ -26,7 +26,7 @@ from functools import partial
 
 from resurge.cluster import ClusterBackend, open_backend
 from resurge.contract.subscriptions import SCALER_ACTIONS, SCALER_CAPACITY, SCALER_JOBS
-from resurge.control.admission import (
+from resurge.control.decisions.admission import (
     admission_order,
     mark_replica_finished,
     needed_replicas,
@@ -37,18 +37,18 @@ from resurge.control.admission import (
     wait_reason,
     why_waiting,
 )
-from resurge.control.allocations import (
+from resurge.control.decisions.job_end import ENDING_LEASE_SECONDS, begin_ending
+from resurge.control.decisions.worker_groups import worker_groups
+from resurge.control.effects.job_finish import finish_job
+from resurge.control.effects.job_messages import announce_phase, send_assignments, send_stops
+from resurge.control.state.allocations import (
     AllocationConflict,
     Allocations,
     Claim,
     open_allocations,
 )
-from resurge.control.cluster_snapshot import ClusterReads, ClusterSnapshot, read_snapshot
-from resurge.control.job_end import ENDING_LEASE_SECONDS, begin_ending
-from resurge.control.job_finish import finish_job
-from resurge.control.job_messages import announce_phase, send_assignments, send_stops
-from resurge.control.records import JobRecord, JobStore, Placement
-from resurge.control.worker_groups import worker_groups
+from resurge.control.state.records import JobRecord, JobStore, Placement
+from resurge.control.views.cluster_snapshot import ClusterReads, ClusterSnapshot, read_snapshot
 from resurge.events import (
     CapacityChanged,
     JobDeleted,

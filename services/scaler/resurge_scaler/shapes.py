@@ -1,4 +1,5 @@
-"""The input of :func:`resurge.control.elastic_decision.decide`, built from job records and nodes.
+"""The input of the elastic decision, built from job records and nodes
+(:func:`resurge.control.decisions.elastic_decision.decide`).
 
 Pure functions, no I/O: the scaler service reads the records and the live nodes, keeps
 three small maps of its own between decisions (when it last resized each job; when it
@@ -17,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from resurge.cluster import NodeInfo
-from resurge.control.elastic_decision import ZONE_LABEL, Cluster, JobShape, Node, Phase
-from resurge.control.records import JobRecord
+from resurge.control.decisions.elastic_decision import ZONE_LABEL, Cluster, JobShape, Node, Phase
+from resurge.control.state.records import JobRecord
 from resurge.events import JobPhase
 
 __all__ = ["cluster_from", "lost_since", "ready_since", "shape_of", "shapes_from"]
@@ -35,7 +36,7 @@ def cluster_from(
     """The :class:`Cluster` of ``nodes`` (pass the live ones: the rest count as gone);
     ``ready`` maps a node to when it became schedulable (:func:`ready_since`);
     ``reserved``: slots taken by what no record names
-    (:meth:`~resurge.control.cluster_snapshot.ClusterSnapshot.reserved`)."""
+    (:meth:`~resurge.control.views.cluster_snapshot.ClusterSnapshot.reserved`)."""
     since = ready or {}
     held = reserved or {}
     return Cluster(
@@ -131,7 +132,8 @@ def shapes_from(
     ``resized_at`` maps a job to when it was last resized; ``lost`` maps a node to when
     it was first seen gone (:func:`lost_since`); ``ready`` maps a node to when it was
     first seen schedulable (:func:`ready_since`); ``reserved``: the snapshot's slots in
-    use that no record names (:meth:`~resurge.control.cluster_snapshot.ClusterSnapshot.reserved`).
+    use that no record names
+    (:meth:`~resurge.control.views.cluster_snapshot.ClusterSnapshot.reserved`).
     """
     resized = resized_at or {}
     shapes = [

@@ -22,8 +22,8 @@ from nats.js.kv import KeyValue
 
 from resurge.cluster import ClusterBackend
 from resurge.contract.subjects import unescape_token
-from resurge.control.record_entries import RecordReader
-from resurge.control.records import JobRecord, status_view
+from resurge.control.state.record_entries import RecordReader
+from resurge.control.state.records import JobRecord, status_view
 
 __all__ = ["StatusWriter"]
 

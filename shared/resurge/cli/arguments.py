@@ -50,7 +50,7 @@ def age(text: str) -> float:
 
 def label(text: str) -> tuple[str, str]:
     """An argparse type: a ``key=value`` node label."""
-    from resurge.control.nodes import parse_label
+    from resurge.control.effects.nodes import parse_label
 
     try:
         return parse_label(text)

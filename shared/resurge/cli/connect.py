@@ -139,7 +139,7 @@ def on_bus(
     """:func:`on_cluster` with a bus connected for ``work(bus, local)``."""
 
     async def connect(settings: Settings, local: bool) -> int:
-        from resurge.control.client import connected
+        from resurge.control.effects.client import connected
 
         async with connected(settings) as bus:
             return await work(bus, local)

@@ -18,9 +18,9 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from resurge.control.client import job_status
-from resurge.control.event_words import event_line
-from resurge.control.history import read_history
+from resurge.control.effects.client import job_status
+from resurge.control.views.event_words import event_line
+from resurge.control.views.history import read_history
 from resurge.events import Event
 from resurge.runtime.bus import Bus
 

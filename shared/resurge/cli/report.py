@@ -23,10 +23,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from resurge.control.job_overview import run_history
-from resurge.control.records import JobStore
-from resurge.control.runs import Run, job_runs
-from resurge.control.timeline import Timeline, build_timeline
+from resurge.control.state.records import JobStore
+from resurge.control.views.job_overview import run_history
+from resurge.control.views.runs import Run, job_runs
+from resurge.control.views.timeline import Timeline, build_timeline
 from resurge.runtime.bus import Bus
 
 __all__ = ["render_html", "render_png", "write_report"]

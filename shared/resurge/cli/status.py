@@ -32,9 +32,9 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from resurge.control.client import job_status
-from resurge.control.job_overview import overview, past_run_view, run_history
-from resurge.control.runs import Run, job_runs
+from resurge.control.effects.client import job_status
+from resurge.control.views.job_overview import overview, past_run_view, run_history
+from resurge.control.views.runs import Run, job_runs
 from resurge.runtime.bus import Bus
 
 __all__ = ["describe", "jobs_table", "show_status"]

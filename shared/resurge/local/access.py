@@ -262,7 +262,7 @@ def _control(ns: _Namespace, g: _Grants, role: str) -> None:
         CORDONS_BUCKET,
         WORKER_GROUPS_BUCKET,
         JOB_STATUS_BUCKET,
-        ALLOCATIONS_BUCKET,  # the placements they decide (resurge.control.allocations)
+        ALLOCATIONS_BUCKET,  # the placements they decide (resurge.control.state.allocations)
     ):
         ns.kv_write(g, bucket)
 

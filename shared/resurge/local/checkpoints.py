@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from resurge.control.records import JobRecord
+from resurge.control.state.records import JobRecord
 from resurge.worker.environment import default_checkpoint_dir
 
 __all__ = ["forget_checkpoints"]

@@ -19,8 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from resurge.control.client import inject_fault
-from resurge.control.event_words import event_line
+from resurge.control.effects.client import inject_fault
+from resurge.control.views.event_words import event_line
 from resurge.events import (
     AgentState,
     Assign,

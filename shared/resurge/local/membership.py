@@ -9,7 +9,7 @@ change stream (``watch``), each within a time limit:
   once it is live in the backend (``live_nodes``); one that does not register in time
   is taken out of the set again and :class:`MembershipError` says so.
 - :func:`remove_node` cordons the node with
-  :data:`~resurge.control.nodes.REMOVING_REASON` (so the scaler shrinks or moves the
+  :data:`~resurge.control.effects.nodes.REMOVING_REASON` (so the scaler shrinks or moves the
   jobs on it), waits until no worker group is on it, then takes it out of the set and
   waits until the supervisor has stopped its monitor and forgotten its record. A worker
   group still there at the time limit is a :class:`MembershipError` naming its job;
@@ -37,7 +37,7 @@ from resurge.cluster import (
     open_backend,
     watching,
 )
-from resurge.control.nodes import mark_for_removal
+from resurge.control.effects.nodes import mark_for_removal
 from resurge.local.node_set import NodeSet, editing
 from resurge.local.state import ClusterState
 from resurge.runtime.bus import Bus

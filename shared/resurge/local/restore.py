@@ -16,10 +16,10 @@ from __future__ import annotations
 import logging
 
 from resurge.cluster import open_backend
-from resurge.control.job_messages import announce_phase
-from resurge.control.lifecycle import move_to
-from resurge.control.records import JobRecord, JobStore
-from resurge.control.timeline import CLUSTER_RESTARTED
+from resurge.control.decisions.lifecycle import move_to
+from resurge.control.effects.job_messages import announce_phase
+from resurge.control.state.records import JobRecord, JobStore
+from resurge.control.views.timeline import CLUSTER_RESTARTED
 from resurge.events import JobPhase
 from resurge.runtime.bus import Bus
 

@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from resurge.control.client import submit_job
+from resurge.control.effects.client import submit_job
 from resurge.events import (
     AgentState,
     AgentStateChanged,

@@ -126,7 +126,7 @@ def stream_of_subject(subject: str) -> Stream:
 JOBS_BUCKET = "jobs"
 # Where each launch agent records the last command it handled (command_inbox).
 AGENT_POSITIONS_BUCKET = "agent_positions"
-# The allocation ledger (resurge.control.allocations): placements decided, not yet in a
+# The allocation ledger (resurge.control.state.allocations): placements decided, not yet in a
 # job record. Made by the first placer that needs it, so other roles need no grant.
 ALLOCATIONS_BUCKET = "allocations"
 _NAK_DELAY_SECONDS = 1.0

@@ -2,8 +2,8 @@
 
 A discrete-event simulation on a simulated clock of a cluster whose nodes and processes
 fail at published rates, deciding every recovery with the restarter's own policy
-(:mod:`resurge.control.recovery_policy`) and every resize with the scaler's own decision
-(:mod:`resurge.control.elastic_decision`): no copy of either. :func:`simulate` runs a
+(:mod:`resurge.control.decisions.recovery_policy`) and every resize with the scaler's own decision
+(:mod:`resurge.control.decisions.elastic_decision`): no copy of either. :func:`simulate` runs a
 :class:`SimulationConfig` (:func:`load_config` reads one from YAML) and returns a
 :class:`Summary`; :func:`write_plot` draws it. docs/simulation.md has the model, the
 config fields and results.

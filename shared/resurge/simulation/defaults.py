@@ -35,7 +35,7 @@ rank, the checkpoint read by every rank). These are small-job floors: at scale, 
 from __future__ import annotations
 
 from resurge.contract.vocabulary import RecoveryLevel
-from resurge.control.ladder import RUNGS
+from resurge.control.decisions.ladder import RUNGS
 
 __all__ = [
     "DEFAULT_FAILURES",

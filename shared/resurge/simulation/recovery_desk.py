@@ -1,12 +1,12 @@
 """One simulated job's record, kept and decided on as the restarter does.
 
-:class:`RecoveryDesk` holds a :class:`~resurge.control.records.JobRecord` and hands
-every fault to :func:`resurge.control.recovery_policy.apply_fault`, the restarter's own
+:class:`RecoveryDesk` holds a :class:`~resurge.control.state.records.JobRecord` and hands
+every fault to :func:`resurge.control.decisions.recovery_policy.apply_fault`, the restarter's own
 function; checkpoints, worker starts and first steps go through the restarter's
-:func:`~resurge.control.recovery_policy.apply_checkpoint`,
-:func:`~resurge.control.recovery_policy.mark_dispatched` and
-:func:`~resurge.control.recovery_policy.apply_sign_of_life`, and a start through the
-scaler's :func:`resurge.control.admission.start`. Nothing here decides.
+:func:`~resurge.control.decisions.recovery_policy.apply_checkpoint`,
+:func:`~resurge.control.decisions.recovery_policy.mark_dispatched` and
+:func:`~resurge.control.decisions.recovery_policy.apply_sign_of_life`, and a start through the
+scaler's :func:`resurge.control.decisions.admission.start`. Nothing here decides.
 
 The record is a projection: it lists only the placement of the replica a fault is about
 (set before each call), not one per node, so a decision costs the same at 16 nodes as
@@ -27,10 +27,9 @@ from datetime import UTC, datetime, timedelta
 
 from resurge.cluster import NodeInfo
 from resurge.contract.vocabulary import RecoveryLevel
-from resurge.control.admission import start
-from resurge.control.ladder import LADDER, SCOPE_FLOOR
-from resurge.control.records import JobRecord, Placement
-from resurge.control.recovery_policy import (
+from resurge.control.decisions.admission import start
+from resurge.control.decisions.ladder import LADDER, SCOPE_FLOOR
+from resurge.control.decisions.recovery_policy import (
     ClusterView,
     Verdict,
     apply_checkpoint,
@@ -39,6 +38,7 @@ from resurge.control.recovery_policy import (
     apply_sign_of_life,
     mark_dispatched,
 )
+from resurge.control.state.records import JobRecord, Placement
 from resurge.events import FaultDetected, FaultScope, JobPhase, Source
 from resurge.jobspec import TrainingJob, parse_job
 from resurge.jobspec.recovery import RecoverySpec

@@ -35,7 +35,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from resurge.cluster import NodeInfo
-from resurge.control.recovery_policy import Verdict
+from resurge.control.decisions.recovery_policy import Verdict
 from resurge.events import FaultScope, RecoveryLevel
 from resurge.jobspec.recovery import RecoverySpec
 from resurge.simulation.config import FailureKind, SimulationConfig

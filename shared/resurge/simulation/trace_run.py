@@ -2,9 +2,9 @@
 
 Jobs arrive and leave at the trace's times (their work is not modelled: a job that grows
 does not end sooner, so runs compare GPU-hours put to use). Every ``decision_seconds``
-the scaler's own :func:`resurge.control.elastic_decision.plan` runs over the cluster and
-every job's :class:`~resurge.control.elastic_decision.JobShape`, and its resizes are
-carried out at once with :func:`~resurge.control.elastic_decision.applied`; a policy
+the scaler's own :func:`resurge.control.decisions.elastic_decision.plan` runs over the cluster and
+every job's :class:`~resurge.control.decisions.elastic_decision.JobShape`, and its resizes are
+carried out at once with :func:`~resurge.control.decisions.elastic_decision.applied`; a policy
 with ``elastic: false`` holds each job at its ``min`` (one allowed size).
 
 Failures: node-scope kinds only (the recovery ladder's costs are what single-job runs
@@ -22,7 +22,15 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-from resurge.control.elastic_decision import Cluster, JobShape, Kind, Node, Phase, applied, plan
+from resurge.control.decisions.elastic_decision import (
+    Cluster,
+    JobShape,
+    Kind,
+    Node,
+    Phase,
+    applied,
+    plan,
+)
 from resurge.events import RecoveryLevel
 from resurge.simulation.config import PolicyConfig, SimulationConfig, TraceJob
 from resurge.simulation.failures import FailureStream

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 async def _delete(bus: Bus, args: argparse.Namespace, *, local: bool) -> int:
     """Delete the job; on a local cluster, also the checkpoints resurge chose a folder for
     (:mod:`resurge.local.checkpoints`)."""
-    from resurge.control.client import delete_job
+    from resurge.control.effects.client import delete_job
     from resurge.local.checkpoints import forget_checkpoints
     from resurge.local.state import resolve_state_dir
 

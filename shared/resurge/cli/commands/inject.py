@@ -88,7 +88,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 async def _inject(bus: Bus, args: argparse.Namespace) -> int:
-    from resurge.control.client import inject_fault, inject_xid
+    from resurge.control.effects.client import inject_fault, inject_xid
     from resurge.local.membership import MembershipError, power_off
     from resurge.local.state import resolve_state_dir
 
@@ -119,7 +119,7 @@ async def _inject(bus: Bus, args: argparse.Namespace) -> int:
 async def _unwatched_hint(bus: Bus, job: str, rank: int) -> str:
     """A second line for an injected log line nothing will read: the job has no log
     rules, or none that watch ``rank``; empty otherwise."""
-    from resurge.control.records import JobStore
+    from resurge.control.state.records import JobStore
 
     found = await JobStore(await bus.jobs_bucket()).get(job)
     rules = [] if found is None else found[0].spec.spec.monitoring.log_rules

@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _node(bus: Bus, args: argparse.Namespace, *, local: bool) -> int:
     from resurge.cluster import open_backend
-    from resurge.control.nodes import bus_node_views, set_cordon
+    from resurge.control.effects.nodes import bus_node_views, set_cordon
     from resurge.events import RepairNode
 
     if args.node_command in _LOCAL:

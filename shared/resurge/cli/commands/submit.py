@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _submit(file: Path, settings: Settings, *, local: bool) -> int:
-    from resurge.control.client import SubmitRefused, connected, submit_job
+    from resurge.control.effects.client import SubmitRefused, connected, submit_job
     from resurge.jobspec import JobSpecError, load_job
 
     try:
@@ -73,7 +73,7 @@ async def _cannot_hold(bus: Bus, job: TrainingJob) -> str | None:
     off may come back) could hold ``job`` (:func:`cannot_hold`), or None; also None when
     the nodes cannot be read: the job is submitted all the same."""
     from resurge.cluster import open_backend
-    from resurge.control.admission import cannot_hold
+    from resurge.control.decisions.admission import cannot_hold
 
     try:
         nodes = await (await open_backend(bus, bus.settings)).list_nodes()

@@ -11,7 +11,7 @@ steps newer than the resume point are kept, the newest :data:`STEPS_KEPT`.
 
 from __future__ import annotations
 
-from resurge.control.records import CheckpointRef, CheckpointReports, JobRecord
+from resurge.control.state.records import CheckpointRef, CheckpointReports, JobRecord
 
 __all__ = ["STEPS_KEPT", "apply_checkpoint"]
 

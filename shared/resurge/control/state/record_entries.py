@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from pydantic import ValidationError
 
-from resurge.control.records import JobRecord
+from resurge.control.state.records import JobRecord
 from resurge.runtime.logs import RateLimitedLog
 
 __all__ = ["RecordReader"]

@@ -25,9 +25,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from resurge.cluster import NodeInfo
-from resurge.control.lifecycle import move_to
-from resurge.control.planner import master_port_for
-from resurge.control.records import JobRecord, Placement
+from resurge.control.decisions.lifecycle import move_to
+from resurge.control.decisions.planner import master_port_for
+from resurge.control.state.records import JobRecord, Placement
 from resurge.events import JobPhase
 from resurge.jobspec import TrainingJob
 

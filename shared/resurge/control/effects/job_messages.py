@@ -10,8 +10,8 @@ import asyncio
 import hashlib
 from collections.abc import Iterable
 
-from resurge.control.planner import assignments, command_id
-from resurge.control.records import JobRecord, Placement
+from resurge.control.decisions.planner import assignments, command_id
+from resurge.control.state.records import JobRecord, Placement
 from resurge.events import (
     CheckpointNow,
     Envelope,

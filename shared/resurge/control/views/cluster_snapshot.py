@@ -13,7 +13,7 @@ A node's slots are in use by, each counted once however many of these name it:
 - a spare node such a record holds for its job;
 - a worker group the backend lists (a grow's replica warming up before any record
   names it, a finished job's group not yet deleted, a moved replica's old group);
-- a live claim of the allocation ledger (:mod:`resurge.control.allocations`): a
+- a live claim of the allocation ledger (:mod:`resurge.control.state.allocations`): a
   placement decided and not yet written into its record (an admission, a grow in
   flight, a move).
 
@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from resurge.cluster import ClusterBackend, NodeInfo, WorkerGroupSpec
-from resurge.control.allocations import Allocations, Claim
-from resurge.control.records import JobRecord
-from resurge.control.recovery_policy import ClusterView
+from resurge.control.decisions.recovery_policy import ClusterView
+from resurge.control.state.allocations import Allocations, Claim
+from resurge.control.state.records import JobRecord
 from resurge.events import JobPhase
 
 __all__ = [
@@ -162,7 +162,7 @@ class ClusterReads:
 
 
 class RecordSource(Protocol):
-    """Where the job records come from (:class:`~resurge.control.records.JobStore`)."""
+    """Where the job records come from (:class:`~resurge.control.state.records.JobStore`)."""
 
     async def all(self) -> list[JobRecord]: ...  # noqa: D102 - JobStore.all
 

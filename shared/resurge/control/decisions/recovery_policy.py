@@ -72,12 +72,12 @@ from datetime import datetime, timedelta
 from enum import Enum
 
 from resurge.cluster import NodeInfo
-from resurge.control.checkpoint_count import apply_checkpoint
-from resurge.control.job_end import begin_ending
-from resurge.control.ladder import LADDER, SCOPE_FLOOR, one_above, rung
-from resurge.control.lifecycle import move_to
-from resurge.control.planner import master_port_for
-from resurge.control.records import (
+from resurge.control.decisions.checkpoint_count import apply_checkpoint
+from resurge.control.decisions.job_end import begin_ending
+from resurge.control.decisions.ladder import LADDER, SCOPE_FLOOR, one_above, rung
+from resurge.control.decisions.lifecycle import move_to
+from resurge.control.decisions.planner import master_port_for
+from resurge.control.state.records import (
     JobRecord,
     LastFault,
     LastRecovery,
@@ -425,7 +425,7 @@ def apply_fault(
     """Decide what ``fault`` calls for and edit ``record`` to match (the module's
     ladder): on a restart, the next generation and its plan in ``pending_recovery``,
     claimed by ``claimant`` until ``lease_seconds`` past its backoff; on a failure, the
-    job's last steps in ``ending`` (:mod:`resurge.control.job_end`), claimed the same
+    job's last steps in ``ending`` (:mod:`resurge.control.decisions.job_end`), claimed the same
     way. ``reached``: the furthest step the record's current generation completed, if
     the caller knows it.
 

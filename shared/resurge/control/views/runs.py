@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from resurge.control.history import read_history
+from resurge.control.views.history import read_history
 from resurge.events import (
     AgentStateChanged,
     Assign,

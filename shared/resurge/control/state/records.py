@@ -130,7 +130,7 @@ class PendingRecovery(BaseModel):
 class JobEnding(BaseModel):
     """What a job that finished (Succeeded or Failed) still owes, written with its phase
     (one compare-and-set): the final Stop to every replica, the phase announced
-    (PhaseChanged), its worker groups deleted (:mod:`resurge.control.job_end`). Each
+    (PhaseChanged), its worker groups deleted (:mod:`resurge.control.decisions.job_end`). Each
     flag turns true once its step succeeded; until ``claimed_until`` the instance in
     ``claimed_by`` does the steps, after it any restarter."""
 
@@ -298,7 +298,7 @@ class JobRecord(BaseModel):
 
     - the run, as submitted: the scaler on ``JobSubmitted`` (a running job submitted
       again changes only its monitoring settings);
-    - its lifecycle: only through :func:`resurge.control.lifecycle.move_to`, by whichever
+    - its lifecycle: only through :func:`resurge.control.decisions.lifecycle.move_to`, by whichever
       service moves it; ``updated`` by the store on every write;
     - the current generation: whoever starts one: the scaler's admission and resizes, the
       restarter's recoveries, a local cluster's restart;

@@ -1,12 +1,12 @@
 """What ``resurge status`` shows beyond a job's record: its step and pace, its goodput,
 its recent faults, alerts, recoveries and checkpoints, from the durable streams.
 
-:func:`overview` reads one job's history (:mod:`resurge.control.history`) and returns a
+:func:`overview` reads one job's history (:mod:`resurge.control.views.history`) and returns a
 :class:`JobOverview`. The step and pace come from rank 0's progress (steps per second
 over the last :data:`PACE_WINDOW_SECONDS` of it); the final step from a ``total_steps``
 metric the job reports with its progress (``run.progress(step, total_steps=N)``), if
-it does; goodput and time lost from :func:`resurge.control.timeline.build_timeline`.
-Given a :class:`~resurge.control.runs.Run`, only that run's events count (a job deleted
+it does; goodput and time lost from :func:`resurge.control.views.timeline.build_timeline`.
+Given a :class:`~resurge.control.views.runs.Run`, only that run's events count (a job deleted
 and submitted again under its name is a new run); :func:`past_run_view` is the status
 object of a run whose record is gone, from its events alone.
 """
@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from resurge.control.history import FAMILIES, read_history
-from resurge.control.runs import Run, run_events
-from resurge.control.timeline import build_timeline
+from resurge.control.views.history import FAMILIES, read_history
+from resurge.control.views.runs import Run, run_events
+from resurge.control.views.timeline import build_timeline
 from resurge.events import (
     CheckpointSaved,
     Event,

@@ -1,7 +1,7 @@
 """The recovery ladder as data (DESIGN section 4): one row per rung, cheapest first.
 
 Each :class:`Rung` says what a restart at its level does, so that deciding a level
-(:mod:`resurge.control.recovery_policy`), carrying the plan out and simulating it
+(:mod:`resurge.control.decisions.recovery_policy`), carrying the plan out and simulating it
 (:mod:`resurge.simulation`) read the same row:
 
 - ``in_process``: the workers restart inside their processes (needs workers under

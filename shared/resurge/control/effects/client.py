@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from resurge.cluster import ClusterBackend, NodeInfo, UnknownNodeError, open_backend
 from resurge.contract.xid import action_for, lookup
-from resurge.control.records import JobRecord, JobStore, status_view
+from resurge.control.state.records import JobRecord, JobStore, status_view
 from resurge.events import (
     InjectFault,
     InjectGpuError,

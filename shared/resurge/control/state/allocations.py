@@ -2,7 +2,7 @@
 
 Whoever places workers on nodes (the scaler admitting or growing a job, the restarter
 moving a replica off a faulty node) reads the ledger's revision, reads the cluster
-(:func:`resurge.control.cluster_snapshot.read_snapshot`, which counts the ledger's
+(:func:`resurge.control.views.cluster_snapshot.read_snapshot`, which counts the ledger's
 claims as slots in use), decides, and then writes its placements into the ledger as
 :class:`Claim` s with one compare-and-set on that revision (:meth:`Allocations.claim`).
 A writer that lost (another placed since it read) gets :class:`AllocationConflict`

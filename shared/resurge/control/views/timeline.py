@@ -1,6 +1,6 @@
 """A job's timeline and goodput, worked out from its stored events. Pure, no I/O.
 
-:func:`build_timeline` takes a job's events in time order (``resurge.control.history``)
+:func:`build_timeline` takes a job's events in time order (``resurge.control.views.history``)
 and returns what the report draws and tabulates:
 
 - ``steps``: (seconds since start, step) of rank 0's progress;

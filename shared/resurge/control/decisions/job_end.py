@@ -1,13 +1,13 @@
 """A finished job's last steps, as the job record owes them: pure functions, no I/O.
 
 A job that fails (the restarter's decision) or succeeds (the scaler's, once every
-replica finished) gets :class:`~resurge.control.records.JobEnding` in the same
+replica finished) gets :class:`~resurge.control.state.records.JobEnding` in the same
 compare-and-set as its phase (:func:`begin_ending`). Its steps, in order: the final Stop
 to every replica, the phase announced, the worker groups deleted. Each is marked done
 in the record once it succeeded (:func:`mark_ended`), so what a failure left undone is
 found in the record and done later: by the instance that wrote the phase until its
 claim lapses, then by any restarter that claims it (:func:`claim_ending`). Carrying the
-steps out: :mod:`resurge.control.job_finish`.
+steps out: :mod:`resurge.control.effects.job_finish`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Literal
 
-from resurge.control.records import JobEnding, JobRecord, PendingRecovery, Placement
+from resurge.control.state.records import JobEnding, JobRecord, PendingRecovery, Placement
 from resurge.events import JobPhase
 
 __all__ = ["ENDING_LEASE_SECONDS", "Step", "begin_ending", "claim_ending", "mark_ended"]

@@ -1,4 +1,4 @@
-"""Carrying out a finished job's last steps (:mod:`resurge.control.job_end`), each once.
+"""Carrying out a finished job's last steps (:mod:`resurge.control.decisions.job_end`), each once.
 
 :func:`finish_job` does the steps ``JobRecord.ending`` still owes, in order, and marks
 each done in the record (compare-and-set) after it succeeded:
@@ -17,9 +17,9 @@ failure changes nothing. A failure raises; what is left stays owed in the record
 from __future__ import annotations
 
 from resurge.cluster import ClusterBackend
-from resurge.control.job_end import Step, mark_ended
-from resurge.control.job_messages import announce_phase, send_stops
-from resurge.control.records import JobRecord, JobStore
+from resurge.control.decisions.job_end import Step, mark_ended
+from resurge.control.effects.job_messages import announce_phase, send_stops
+from resurge.control.state.records import JobRecord, JobStore
 from resurge.runtime.bus import Bus
 
 __all__ = ["finish_job"]

@@ -1,7 +1,7 @@
 """What ``resurge node`` shows and changes: nodes, their free slots, their cordons.
 
 :func:`node_views` lists every node a backend knows with its slots in use (the one
-cluster snapshot, :mod:`resurge.control.cluster_snapshot`), its health, whether it is
+cluster snapshot, :mod:`resurge.control.views.cluster_snapshot`), its health, whether it is
 cordoned and why, and the jobs it runs.
 :func:`set_cordon` cordons or uncordons a node (idempotent; the backend's
 :class:`UnknownNodeError`, a :class:`LookupError`, for a node nobody reported) and
@@ -23,14 +23,14 @@ from datetime import UTC, datetime
 from functools import partial
 
 from resurge.cluster import NODE_TIMEOUT_SECONDS, ClusterBackend, NodeInfo
-from resurge.control.allocations import Allocations, open_allocations
-from resurge.control.cluster_snapshot import (
+from resurge.control.state.allocations import Allocations, open_allocations
+from resurge.control.state.records import JobRecord, JobStore
+from resurge.control.views.cluster_snapshot import (
     ClusterReads,
     ClusterSnapshot,
     build_snapshot,
     read_snapshot,
 )
-from resurge.control.records import JobRecord, JobStore
 from resurge.events import CapacityChanged
 from resurge.runtime.bus import Bus
 
@@ -89,7 +89,7 @@ async def node_views(
 ) -> list[dict[str, object]]:
     """One object per node, sorted by name (``resurge node list --json``), its free
     slots and jobs from the one cluster snapshot
-    (:func:`~resurge.control.cluster_snapshot.read_snapshot`: replicas, held spares,
+    (:func:`~resurge.control.views.cluster_snapshot.read_snapshot`: replicas, held spares,
     worker groups, placements claimed). Without ``store`` (no job records at hand) only
     worker groups and claims count."""
     snapshot = await _snapshot(backend, store, allocations)

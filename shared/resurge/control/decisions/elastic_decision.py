@@ -12,7 +12,7 @@ absent from the input, so its slots are free at once.
 
 Slots: a node's free slots are its ``slots`` less its ``reserved`` slots (taken by what
 no shape names: a grow of another scaler still warming up, a placement claimed and not
-yet written; :meth:`resurge.control.cluster_snapshot.ClusterSnapshot.reserved`) and
+yet written; :meth:`resurge.control.views.cluster_snapshot.ClusterSnapshot.reserved`) and
 less ``nproc`` for each replica and each held spare of a Running job on it.
 Unschedulable (unhealthy or cordoned) nodes, and nodes absent from the cluster, offer
 nothing; a job's replica on one of them is *lost*.
@@ -65,7 +65,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from resurge.control.free_slots import Group, Pool
+from resurge.control.decisions.free_slots import Group, Pool
 
 __all__ = [
     "SETTLE_SECONDS",

@@ -11,7 +11,7 @@ that take only the new run's commands.
 from __future__ import annotations
 
 from resurge.cluster import WorkerGroupSpec
-from resurge.control.records import JobRecord, Placement
+from resurge.control.state.records import JobRecord, Placement
 
 __all__ = ["worker_group", "worker_groups"]
 

@@ -17,7 +17,7 @@ input) and writes the phase and its message together. The table, from each phase
 
 from __future__ import annotations
 
-from resurge.control.records import JobRecord
+from resurge.control.state.records import JobRecord
 from resurge.events import JobPhase
 
 __all__ = ["TRANSITIONS", "PhaseMoveError", "move_to"]

@@ -2,7 +2,7 @@
 
 :class:`GoodputMeter` is fed what a service sees live (faults, finished recoveries and
 resizes, rank 0's steps, phase changes) and keeps, per job, the seconds lost by cause,
-in the words of :mod:`resurge.control.timeline` (which works the same causes out from
+in the words of :mod:`resurge.control.views.timeline` (which works the same causes out from
 stored events for ``resurge report``), so the two agree:
 
 - ``detection``: from a worker's unexpected exit (the fault's ``exited_at`` evidence)
@@ -41,7 +41,7 @@ from resurge.contract.vocabulary import JobPhase
 __all__ = ["CAUSES", "GoodputMeter", "JobGoodput"]
 
 CAUSES = ("detection", "restart", "redone_steps", "waiting_for_capacity", "cluster_down")
-"""The causes of lost time, as :mod:`resurge.control.timeline` names them."""
+"""The causes of lost time, as :mod:`resurge.control.views.timeline` names them."""
 
 # Rank-0 step gaps a job's median step time is taken over.
 _GAPS_KEPT = 64

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-from resurge.control.records import JobRecord
+from resurge.control.state.records import JobRecord
 from resurge.events import Assign, RecoveryLevel, ReplicaSlot, Source
 
 __all__ = ["WHOLE_TABLE_REPLICAS", "assignments", "command_id", "master_port_for"]
