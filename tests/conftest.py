@@ -10,6 +10,7 @@ Each test gets its own subject namespace, so tests never see each other's messag
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -58,6 +59,17 @@ async def bus(settings: Settings) -> AsyncIterator[Bus]:
     await bus.ensure_streams()
     yield bus
     await bus.close()
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_log_levels() -> Iterator[None]:
+    """Fail a test that leaves the level of resurge's loggers (or the root's) changed: a
+    level left raised hides the logs later tests in the same worker assert on."""
+    names = ("", "resurge")
+    before = [logging.getLogger(name).level for name in names]
+    yield
+    after = [logging.getLogger(name).level for name in names]
+    assert after == before, f"log levels of {names} left changed: {before} -> {after}"
 
 
 @pytest.fixture(autouse=True)
