@@ -393,7 +393,7 @@ def _certificates(folder: Path) -> tuple[Path, Path, Path]:
 
 
 async def test_tls_with_a_generated_ca(tmp_path: Path) -> None:
-    from resurge.local.access import tls_block
+    from resurge.access.server_config import tls_block
 
     ca, cert, key = _certificates(tmp_path)
     access = LocalAccess(tmp_path / "state", Settings(namespace=NAMESPACE).subjects)

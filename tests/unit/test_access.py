@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from resurge.access.permissions import DETECTOR_STATE_BUCKET, ROLES, agent_user, role_permissions
 from resurge.contract.subjects import Subjects
-from resurge.local.access import DETECTOR_STATE_BUCKET, ROLES, agent_user, role_permissions
 from resurge.runtime.nats_auth import Credentials, CredentialsError, connect_options
 from resurge.runtime.settings import Settings
 from resurge_detector.state_store import STATE_BUCKET

@@ -522,14 +522,15 @@ def test_every_service_takes_its_roles_nats_user_from_its_secret(name: str, scra
 
 
 def test_dev_nats_admits_only_the_users_of_each_role(scratch: Path) -> None:
+    from resurge.access.permissions import ROLES
+    from resurge.access.server_config import kubernetes_config
     from resurge.contract.subjects import Subjects
-    from resurge.local.access import ROLES, kubernetes_config
 
     docs = build("dev", scratch)
     committed = (DEPLOY / "overlays" / "dev" / "nats.conf").read_text()
     assert committed == kubernetes_config(Subjects(settings(docs)["RESURGE_NAMESPACE"])), (
         "deploy/overlays/dev/nats.conf is stale: write it again with "
-        "resurge.local.access.kubernetes_config"
+        "resurge.access.server_config.kubernetes_config"
     )
     nats = named(docs, "Deployment", "nats")
     pod = nats["spec"]["template"]["spec"]

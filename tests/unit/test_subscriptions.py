@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from resurge.access.permissions import covers, role_permissions
 from resurge.contract.families import (
     FAMILIES,
     FAULT_GRADE_KINDS,
@@ -29,7 +30,6 @@ from resurge.contract.subscriptions import (
     of_role,
 )
 from resurge.events import EVENT_KINDS
-from resurge.local.access import covers, role_permissions
 
 S = Subjects("ns")
 

@@ -9,7 +9,7 @@ Everything else derives from this table:
 - a service binds a subscription by handing its entry to the bus
   (``Bus.bind(entry, handler, scope)``), so the subject, consumer name, start and
   expected kinds it uses are the declared ones;
-- the NATS permissions of each role (:mod:`resurge.local.access`) grant what the role's
+- the NATS permissions of each role (:mod:`resurge.access.permissions`) grant what the role's
   entries need to bind, and nothing for a subscription that is not declared;
 - the events reference (``docs/events.md``, ``docs/asyncapi.yaml``) says who reads
   each family, and lists every subscription;

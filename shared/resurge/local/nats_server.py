@@ -3,7 +3,7 @@
 :class:`NatsServer` starts it with JetStream in a folder of its own, on a given or a
 random loopback port, and returns once it accepts connections; the same class serves
 ``resurge demo`` and the test fixtures. Given a config file (``resurge up`` writes one
-with its users, their permissions and TLS: :mod:`resurge.local.access`), the server
+with its users, their permissions and TLS: :mod:`resurge.access`), the server
 reads it too, and :meth:`NatsServer.reload` has it read the file again. A server that
 died can be started again with :meth:`NatsServer.start`: once it has a port, it is
 the same port, with the same JetStream data folder. :func:`cluster_of` makes a NATS
@@ -152,7 +152,7 @@ class NatsServer:
             "--ports_file_dir",
             str(ports_dir),
         ]
-        if self.config is not None:  # users, permissions, TLS (resurge.local.access)
+        if self.config is not None:  # users, permissions, TLS (resurge.access)
             args += ["-c", str(self.config)]
         if self.cluster is not None:
             args += self.cluster.arguments(self.host)

@@ -47,11 +47,12 @@ from pathlib import Path
 import nats.errors
 import nats.js.errors
 
+from resurge.access.server_config import tls_block
 from resurge.cluster import open_backend
 from resurge.cluster.local.backend import LocalBackend
 from resurge.contract.subjects import Subjects
 from resurge.contract.subscriptions import DETECTOR_RAW, RESTARTER_FAULTS, SCALER_JOBS, Scope
-from resurge.local.access import LocalAccess, tls_block
+from resurge.local.access import LocalAccess
 from resurge.local.nats_server import NatsServer, cluster_of
 from resurge.local.node_set import NodeEntry, NodeSet, editing, plan
 from resurge.local.restore import restore
