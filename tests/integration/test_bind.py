@@ -1,7 +1,7 @@
 """``Bus.bind`` binds a declared subscription as its reader says, through a real
-nats-server: a watching reader's subscription is returned (and ends when unsubscribed),
-a per-kind reader binds once per kind asked for (none for none), and a command inbox is
-not bound by the bus."""
+nats-server: a watching reader's subscription is returned (and ends when unsubscribed), a
+reader binds the stream of its kinds (the detector's two raw readers, two streams), and
+a command inbox is not bound by the bus."""
 
 from __future__ import annotations
 

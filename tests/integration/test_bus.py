@@ -3,7 +3,7 @@
 import asyncio
 
 import pytest
-from nats.js.api import StreamConfig
+from nats.js.api import ConsumerConfig, StreamConfig
 
 from resurge.events import (
     DeadLetter,
@@ -86,6 +86,8 @@ async def test_an_existing_raw_stream_gives_the_fault_grade_kinds_to_their_own(
     raw, faults = bus.subjects.stream("raw"), bus.subjects.stream("raw-faults")
     await bus.js.delete_stream(faults)
     await bus.js.update_stream(StreamConfig(name=raw, subjects=[bus.subjects.all("raw")]))
+    lane = bus.subjects.raw(None, "process_exited", None)  # an older detector's lane
+    await bus.js.add_consumer(raw, ConsumerConfig(durable_name="old-lane", filter_subject=lane))
     exit_ = ProcessExited(
         source=bus.source, job="j", rank=0, local_rank=0, local_world_size=1, pid=7, exit_code=1
     )

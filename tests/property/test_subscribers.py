@@ -4,9 +4,9 @@ counted by reason, dead-lettered, and the good message right after is still hand
 The cases come from the declarations (:mod:`resurge.contract.subscriptions`): every
 entry whose reader is a durable consumer, a batch reader or a command inbox, bound the
 way the services bind it (``Bus.bind``, ``CommandInbox.declared``). A batch reader that
-leaves bad messages to another reader (the detector's fault lanes) skips them: acked,
-neither counted nor dead-lettered. A test holds the services to binding only through
-the declarations, so a consumer the table misses cannot exist.
+leaves bad messages to another reader (``dead_letters=False``; none is declared so
+now) skips them: acked, neither counted nor dead-lettered. A test holds the services to
+binding only through the declarations, so a consumer the table misses cannot exist.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ _CONCRETE: dict[str, Callable[[Subjects, str], str]] = {
 
 @dataclass(frozen=True)
 class Consumer:
-    """One declared subscription, bound once (a per-kind one: for its first kind)."""
+    """One declared subscription, bound once."""
 
     entry: Subscription
 
