@@ -25,6 +25,7 @@ from resurge.events import (
     ProcessStarted,
     ProcessStateChanged,
     Stop,
+    StopFirst,
 )
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
@@ -238,6 +239,29 @@ async def test_hung_ranks_and_non_graceful_stops_kill_without_the_grace(
             assert done[0].signal == "SIGKILL"
         else:
             assert done[0].exit_code == 3  # not hung: SIGTERM and its grace
+    finally:
+        agent.kill()
+        agent.wait()
+
+
+async def test_an_assign_that_folds_in_a_stop_stops_as_that_stop_says_then_starts(
+    bus: Bus, settings: Settings, raw_events: Events, tmp_path: Path
+) -> None:
+    """One command for a restart: the Assign of generation 1 carries the Stop of
+    generation 0 (its hung rank 1 killed at once, rank 0 given SIGTERM and its grace),
+    and the new generation starts once they are gone, with no Stop sent."""
+    agent = start_agent(settings, SAVES_ON_TERM, tmp_path)
+    try:
+        await running_workers(bus, raw_events)
+        folded = StopFirst(generation=0, timeout_seconds=LONG_GRACE, hung_ranks=[1])
+        restart = assign(bus, 1).model_copy(update={"stop": folded})
+        await bus.publish(bus.subjects.cmd("j.x", 0), restart)
+        done = await exits(raw_events)
+        assert done[1].signal == "SIGKILL" and done[1].expected
+        assert done[0].exit_code == 3  # not hung: SIGTERM and its grace
+        await raw_events.wait_for(
+            lambda items: any(isinstance(e, ProcessStarted) and e.generation == 1 for e in items),
+        )
     finally:
         agent.kill()
         agent.wait()

@@ -15,7 +15,10 @@
    resize's removed replicas, those of a plan this one replaced);
 4. the backoff wait (in a background task, so the fault consumer is never held), after
    which the record is read again: a plan replaced meanwhile sends nothing more;
-5. Assign(g+1) to every replica (ids derived from job, replica and generation);
+5. Assign(g+1) to every replica (ids derived from job, replica and generation); where
+   nothing happens between step 2 and this one (no cordon, move, recreated worker group
+   or backoff) and the plan starts exactly the replicas it stops, each replica's Stop is
+   folded into its Assign (``Assign.stop``): one command per replica, sent with step 1;
 6. the plan marked dispatched (compare-and-set).
 
 A restarter that dies or fails anywhere in there leaves the plan undispatched; the
@@ -45,7 +48,7 @@ from resurge.control.effects.job_messages import (
     stop_messages,
 )
 from resurge.control.state.records import JobRecord, JobStore, PendingRecovery, Placement
-from resurge.events import Envelope, JobPhase, RecoveryLevel, RecoveryStarted
+from resurge.events import Envelope, JobPhase, RecoveryLevel, RecoveryStarted, Stop, StopFirst
 from resurge.runtime.service import ServiceContext
 
 __all__ = ["Dispatcher"]
@@ -71,6 +74,25 @@ def _still_planned(record: JobRecord | None, plan: PendingRecovery, uid: str, me
     if record is None or current is None or record.uid != uid:
         return False
     return not current.dispatched and current.claimed_by == me and same_plan(current, plan)
+
+
+def _stop_first(record: JobRecord) -> StopFirst | None:
+    """What the Assigns of ``record``'s plan stop first, where the plan stops exactly the
+    replicas it starts, on the same nodes, at a level that stops processes: the Stop each
+    replica would get, folded into its Assign; else None (the Stops go on their own)."""
+    plan = record.pending_recovery
+    assert plan is not None
+    same = {(p.replica, p.node) for p in plan.stop_placements} == {
+        (p.replica, p.node) for p in record.placements
+    }
+    if plan.resize or plan.requeue or plan.level is RecoveryLevel.IN_PROCESS or not same:
+        return None
+    return StopFirst(
+        generation=plan.from_generation,
+        timeout_seconds=record.spec.spec.recovery.stop_grace_seconds,
+        hung_ranks=plan.hung_ranks,
+        reason=f"{plan.level.value} restart after {plan.fault_id}",
+    )
 
 
 def _changes_cluster(record: JobRecord) -> bool:
@@ -149,10 +171,14 @@ class Dispatcher:
             messages += stop_messages(bus, record, plan.from_generation, why, placements=leaving)
         delay = (plan.start_at - datetime.now(UTC)).total_seconds()
         if delay <= 0 and not _changes_cluster(record):
-            # Nothing happens between the stops and the new generation: step 5's
-            # Assigns follow in the same window (after the Stops on each replica's
-            # subject), and the plan is marked dispatched once all are stored.
-            await self._start_generation(record, first=messages)
+            # Nothing happens between the stops and the new generation: each replica
+            # gets one Assign that stops its old workers first (where the plan stops
+            # exactly the replicas it starts), in the same window as step 1, and the
+            # plan is marked dispatched once all are stored.
+            stop = _stop_first(record)
+            if stop is not None:
+                messages = [m for m in messages if not isinstance(m[1], Stop)]
+            await self._start_generation(record, first=messages, stop=stop)
             return
         await publish_all(bus, messages)
         await self._change_cluster(record)
@@ -219,16 +245,19 @@ class Dispatcher:
             )
 
     async def _start_generation(
-        self, record: JobRecord, first: list[tuple[str, Envelope]] | None = None
+        self,
+        record: JobRecord,
+        first: list[tuple[str, Envelope]] | None = None,
+        stop: StopFirst | None = None,
     ) -> None:
         """Steps 5 and 6: Assign to every replica (none for a requeue; after ``first``,
-        in one publishing window), then dispatched."""
+        in one publishing window; each stopping ``stop`` first), then dispatched."""
         plan = record.pending_recovery
         assert plan is not None
         messages = list(first or ())
         if not plan.requeue:
             level = plan.level if plan.level is RecoveryLevel.IN_PROCESS else None
-            messages += assignment_messages(self.ctx.bus, record, level)
+            messages += assignment_messages(self.ctx.bus, record, level, stop)
         await publish_all(self.ctx.bus, messages)
         await self.store.mutate(record.name, lambda r: mark_dispatched(r, plan.to_generation))
 

@@ -23,6 +23,7 @@ from resurge.events.commands import (
     RepairNode,
     ReplicaSlot,
     Stop,
+    StopFirst,
 )
 from resurge.events.dead_letters import DeadLetter, DeadLetterReason
 from resurge.events.envelope import SCHEMA_VERSION, Envelope, Source
@@ -82,6 +83,7 @@ __all__ = [
     "Severity",
     "Source",
     "Stop",
+    "StopFirst",
     "WorkerFault",
     "decode_event",
     "encode_event",

@@ -18,6 +18,7 @@ __all__ = [
     "ReplicaSlot",
     "RunCommand",
     "Stop",
+    "StopFirst",
 ]
 
 
@@ -43,6 +44,23 @@ class RunCommand(Envelope):
         "takes it.",
         examples=["5f0c2a9e8b7d4c6f9a1e3b2d4c6f8a0b"],
     )
+
+
+class StopFirst(BaseModel):
+    """What an Assign stops before its generation starts, as a Stop would: where nothing
+    happens between the two (no cordon, move, recreated worker group or backoff), a
+    restart is one command per replica."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    generation: int = Field(ge=0, description="Workers of this generation or older stop.")
+    graceful: bool = Field(default=True, description="SIGTERM first, SIGKILL after the timeout.")
+    timeout_seconds: float = Field(default=10.0, gt=0, description="Grace before SIGKILL.")
+    hung_ranks: list[int] = Field(
+        default_factory=list,
+        description="Global ranks judged hung: SIGKILLed at once, without the grace period.",
+    )
+    reason: str = Field(default="", description="Why, in words.")
 
 
 class Assign(RunCommand):
@@ -88,6 +106,11 @@ class Assign(RunCommand):
         gt=0,
         description="For an `in_process` restart: how long every local worker has to "
         "confirm it left the old generation before the agent restarts the processes.",
+    )
+    stop: StopFirst | None = Field(
+        default=None,
+        description="Stop the replica's workers of an older generation first, as a Stop "
+        "command would (sent instead of one where nothing happens between the two).",
     )
 
     @property

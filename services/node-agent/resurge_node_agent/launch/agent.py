@@ -104,6 +104,7 @@ from resurge.events import (
     RecoveryLevel,
     RendezvousPassed,
     Stop,
+    StopFirst,
     WorkerFault,
 )
 from resurge.runtime.bus import Bus
@@ -443,6 +444,8 @@ class LaunchAgent:
         if mine.node != self.spec.node:
             # The replica moved (a `node` recovery): the agent on its new node runs it;
             # this one is being removed and must not start workers that join it.
+            if assign.stop is not None:
+                await self._stop_generation(assign.stop)
             self.ctx.log.info(
                 "ignoring assign for generation %d: replica %d now runs on %s",
                 assign.generation,
@@ -452,6 +455,8 @@ class LaunchAgent:
             return
         # The new store starts while the old workers stop; the old one closes after.
         hosting = self._host_store(assign)
+        if assign.stop is not None:  # the Stop folded into this Assign, first
+            await self._stop_generation(assign.stop)
         retired, self.store = self.store, None
         try:
             await self._replace_workers(assign, hosting)
@@ -567,19 +572,25 @@ class LaunchAgent:
         if self.generation is None and stop.final and stop.time < self.started_at:
             self.ctx.log.info("ignoring a final stop of an earlier run (%s)", stop.reason)
             return
-        if self.generation is None or self.generation <= stop.generation:
-            hung = set()
-            if self.assign is not None:
-                first = self._rank(self.assign, 0)
-                hung = {r - first for r in stop.hung_ranks if 0 <= r - first < self.spec.nproc}
-            await self._stop_workers(
-                stop.reason or f"stop generation {stop.generation}",
-                grace=stop.timeout_seconds if stop.graceful else 0.0,
-                kill_now=hung,
-            )
+        await self._stop_generation(stop)
         if stop.final:
             await self._state(AgentState.EXITING, stop.reason or "job over")
             self.ctx.stopping.set()
+
+    async def _stop_generation(self, stop: Stop | StopFirst) -> None:
+        """Stop the workers of ``stop.generation`` or older, as a Stop (or the Stop an
+        Assign folds in) says: its hung ranks at once, the rest after its grace."""
+        if self.generation is not None and self.generation > stop.generation:
+            return
+        hung = set()
+        if self.assign is not None:
+            first = self._rank(self.assign, 0)
+            hung = {r - first for r in stop.hung_ranks if 0 <= r - first < self.spec.nproc}
+        await self._stop_workers(
+            stop.reason or f"stop generation {stop.generation}",
+            grace=stop.timeout_seconds if stop.graceful else 0.0,
+            kill_now=hung,
+        )
 
     async def _stop_workers(
         self, why: str, grace: float | None = None, kill_now: set[int] | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 
 from resurge.control.state.records import JobRecord
-from resurge.events import Assign, RecoveryLevel, ReplicaSlot, Source
+from resurge.events import Assign, RecoveryLevel, ReplicaSlot, Source, StopFirst
 
 __all__ = ["WHOLE_TABLE_REPLICAS", "assignments", "command_id", "master_port_for"]
 
@@ -43,12 +43,15 @@ def command_id(kind: str, job: str, replica: int, generation: int, uid: str = ""
 
 
 def assignments(
-    record: JobRecord, source: Source, level: RecoveryLevel | None = None
+    record: JobRecord,
+    source: Source,
+    level: RecoveryLevel | None = None,
+    stop: StopFirst | None = None,
 ) -> list[Assign]:
     """One Assign per replica for the record's current generation: the rank table (whole
     up to :data:`WHOLE_TABLE_REPLICAS` replicas, else the replica's own slot), the
     rendezvous on the first replica's address, the newest checkpoint every rank saved, and
-    ids that make a repeated send a no-op."""
+    ids that make a repeated send a no-op; ``stop``: what each stops first."""
     nproc = record.spec.spec.nproc_per_node
     placements = sorted(record.placements, key=lambda p: p.replica)
     table = [
@@ -77,6 +80,7 @@ def assignments(
             resume_step=checkpoint.step if checkpoint else None,
             level=level,
             rejoin_timeout_seconds=record.spec.spec.recovery.in_process_timeout_seconds,
+            stop=stop,
         )
         for slot in table
     ]

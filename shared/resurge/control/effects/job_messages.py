@@ -19,6 +19,7 @@ from resurge.events import (
     PhaseChanged,
     RecoveryLevel,
     Stop,
+    StopFirst,
 )
 from resurge.runtime.bus import Bus
 
@@ -159,11 +160,15 @@ async def send_assignments(bus: Bus, record: JobRecord, level: RecoveryLevel | N
 
 
 def assignment_messages(
-    bus: Bus, record: JobRecord, level: RecoveryLevel | None = None
+    bus: Bus,
+    record: JobRecord,
+    level: RecoveryLevel | None = None,
+    stop: StopFirst | None = None,
 ) -> list[tuple[str, Envelope]]:
-    """The ``(subject, Assign)`` pairs :func:`send_assignments` publishes."""
+    """The ``(subject, Assign)`` pairs :func:`send_assignments` publishes; ``stop``: what
+    each Assign stops first (instead of a Stop of its own)."""
     commands: list[tuple[str, Envelope]] = []
-    for assign in assignments(record, bus.source, level):
+    for assign in assignments(record, bus.source, level, stop):
         assert assign.replica is not None
         commands.append((bus.subjects.cmd(record.name, assign.replica), assign))
     return commands
