@@ -217,7 +217,7 @@ async def one_run(
             nats_url=url,
             namespace=name,
             nodes=nodes,
-            gpus_per_node=2,
+            gpus_per_node=4,  # the background job holds one slot of each node
             wait_seconds=90,
             before_submit=seed,
         )
