@@ -126,7 +126,8 @@ async def test_every_way_of_reading_goes_on_after_the_server_restarts(
 
 
 async def stored(bus: Bus, family: str, subject: str) -> list[Event]:
-    """Every event the ``family`` stream holds on ``subject``."""
+    """Every event the stream ``family`` (a family's stream: raw, raw-faults, fault...) holds
+    on ``subject``."""
     sub = await bus.js.subscribe(
         subject,
         stream=bus.subjects.stream(family),
@@ -217,7 +218,9 @@ async def test_a_worker_killed_while_nats_is_down_is_recovered_once_after_it_is_
         try:
             faults = await stored(bus, "fault", bus.subjects.fault(job.name, None))
             actions = await stored(bus, "action", bus.subjects.action(job.name))
-            exits = await stored(bus, "raw", bus.subjects.raw(job.name, "process_exited", None))
+            exits = await stored(
+                bus, "raw-faults", bus.subjects.raw(job.name, "process_exited", None)
+            )
         finally:
             await bus.close()
     judged = [f for f in faults if isinstance(f, FaultDetected)]

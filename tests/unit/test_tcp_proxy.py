@@ -48,7 +48,8 @@ async def test_pass_delay_blackhole_and_reset(nats_url: str) -> None:
         await direct.subscribe("proxy.test", cb=take)
         await direct.flush()
         await client.publish("proxy.test", b"pass")
-        assert await asyncio.wait_for(got.get(), 5) == b"pass"
+        await client.flush(timeout=10)  # the server has it: the proxy passed it on
+        assert await asyncio.wait_for(got.get(), 10) == b"pass"
 
         proxy.set("delay", delay_ms=300)
         started = time.monotonic()
