@@ -48,7 +48,8 @@ from resurge.control.effects.job_messages import (
     stop_messages,
 )
 from resurge.control.state.records import JobRecord, JobStore, PendingRecovery, Placement
-from resurge.events import Envelope, JobPhase, RecoveryLevel, RecoveryStarted, Stop, StopFirst
+from resurge.events import Envelope, JobPhase, RecoveryLevel, RecoveryStarted, StopFirst
+from resurge.runtime.bus import Bus
 from resurge.runtime.service import ServiceContext
 
 __all__ = ["Dispatcher"]
@@ -93,6 +94,30 @@ def _stop_first(record: JobRecord) -> StopFirst | None:
         hung_ranks=plan.hung_ranks,
         reason=f"{plan.level.value} restart after {plan.fault_id}",
     )
+
+
+def _own_stops(bus: Bus, record: JobRecord) -> list[tuple[str, Envelope]]:
+    """Step 2's Stops, on their own (module docstring)."""
+    plan = record.pending_recovery
+    assert plan is not None
+    if plan.resize:
+        return stop_messages(
+            bus, record, plan.from_generation, plan.reason, placements=plan.stop_placements
+        )
+    elif plan.level is not RecoveryLevel.IN_PROCESS:
+        why = f"{plan.level.value} restart after {plan.fault_id}"
+        return stop_messages(
+            bus,
+            record,
+            plan.from_generation,
+            why,
+            placements=plan.stop_placements,
+            hung_ranks=plan.hung_ranks,
+        )
+    elif leaving := _leaving(record):  # in-process: only replicas that go stop
+        why = f"{plan.level.value} restart after {plan.fault_id}"
+        return stop_messages(bus, record, plan.from_generation, why, placements=leaving)
+    return []
 
 
 def _changes_cluster(record: JobRecord) -> bool:
@@ -152,33 +177,17 @@ class Dispatcher:
         phase = phase_message(bus, previous, record)
         if phase is not None:
             messages.append(phase)
-        if plan.resize:
-            messages += stop_messages(
-                bus, record, plan.from_generation, plan.reason, placements=plan.stop_placements
-            )
-        elif plan.level is not RecoveryLevel.IN_PROCESS:
-            why = f"{plan.level.value} restart after {plan.fault_id}"
-            messages += stop_messages(
-                bus,
-                record,
-                plan.from_generation,
-                why,
-                placements=plan.stop_placements,
-                hung_ranks=plan.hung_ranks,
-            )
-        elif leaving := _leaving(record):  # in-process: only replicas that go stop
-            why = f"{plan.level.value} restart after {plan.fault_id}"
-            messages += stop_messages(bus, record, plan.from_generation, why, placements=leaving)
         delay = (plan.start_at - datetime.now(UTC)).total_seconds()
-        if delay <= 0 and not _changes_cluster(record):
-            # Nothing happens between the stops and the new generation: each replica
-            # gets one Assign that stops its old workers first (where the plan stops
-            # exactly the replicas it starts), in the same window as step 1, and the
-            # plan is marked dispatched once all are stored.
-            stop = _stop_first(record)
-            if stop is not None:
-                messages = [m for m in messages if not isinstance(m[1], Stop)]
-            await self._start_generation(record, first=messages, stop=stop)
+        # Nothing happens between the stops and the new generation: each replica gets one
+        # Assign that stops its old workers first (where the plan stops exactly the
+        # replicas it starts), in the same window as step 1, and the plan is marked
+        # dispatched once all are stored.
+        at_once = delay <= 0 and not _changes_cluster(record)
+        folded = _stop_first(record) if at_once else None
+        if folded is None:  # else the Assigns carry it
+            messages += _own_stops(bus, record)
+        if at_once:
+            await self._start_generation(record, first=messages, stop=folded)
             return
         await publish_all(bus, messages)
         await self._change_cluster(record)
