@@ -36,7 +36,9 @@ from tests.unit.test_deploy import BUILDS, NAMESPACE, REPO, Doc, build, of_kind
 
 CLUSTER = REPO / "shared" / "resurge" / "cluster"
 BACKEND = "KubernetesBackend"
-API_CLASSES = ("CoreV1Api", "CustomObjectsApi")
+API_CLASSES = ("CoreV1Api", "CoordinationV1Api", "CustomObjectsApi")
+# The API group of each client API class's resources (the custom objects': the CRD's).
+API_GROUPS = {"CoreV1Api": "", "CoordinationV1Api": "coordination.k8s.io"}
 # Each service: its code under services/ and its ServiceAccount.
 SERVICES = {
     "detector": ("detector", "resurge-detector"),
@@ -75,7 +77,7 @@ SUBRESOURCES = ("_status", "_scale", "_log", "_eviction", "_binding", "_ephemera
 
 @dataclass(frozen=True)
 class ClientCall:
-    api: str  # CoreV1Api or CustomObjectsApi
+    api: str  # one of API_CLASSES
     method: str
     followed: bool  # passed to follow(): listed, then watched
     where: str
@@ -284,7 +286,7 @@ def permissions(call: ClientCall, crd_group: str, crd_plural: str) -> set[Permis
         assert rest in ("custom_object", "cluster_custom_object"), call
         group, resource = crd_group, crd_plural
     else:
-        group, resource = "", _plural(rest)
+        group, resource = API_GROUPS[call.api], _plural(rest)
     resource += sub.replace("_", "/", 1)
     verbs = {verb}
     if call.followed:
@@ -502,6 +504,18 @@ def test_the_scan_attributes_calls_to_the_services_that_make_them() -> None:
             {("", "pods", "deletecollection")},
         ),
         ("CoreV1Api", "read_namespaced_endpoints", False, {("", "endpoints", "get")}),
+        (
+            "CoordinationV1Api",
+            "replace_namespaced_lease",
+            False,
+            {("coordination.k8s.io", "leases", "update")},
+        ),
+        (
+            "CoordinationV1Api",
+            "list_namespaced_lease",
+            True,
+            {("coordination.k8s.io", "leases", "list"), ("coordination.k8s.io", "leases", "watch")},
+        ),
         (
             "CustomObjectsApi",
             "patch_namespaced_custom_object_status",

@@ -64,11 +64,13 @@ def missing(error: Exception) -> bool:
 
 
 class KubeApi:
-    """The core and custom-object APIs of one client, in one namespace."""
+    """The core, coordination (Leases) and custom-object APIs of one client, in one
+    namespace."""
 
     def __init__(self, api: k8s.ApiClient, namespace: str) -> None:
         self.api = api
         self.core = k8s.CoreV1Api(api)
+        self.coordination = k8s.CoordinationV1Api(api)
         self.custom = k8s.CustomObjectsApi(api)
         self.namespace = namespace
 
