@@ -15,7 +15,8 @@ Two fixtures give the same ``KubeApi`` handle (``.url``, ``.emulator``, ``.kubec
 The helpers are synchronous and run on the server's loop whichever thread calls them
 (``call()`` runs any function of the emulator there): ``add_node``, ``set_ready``,
 ``break_watches``, ``compact``, ``objects``, ``get``, ``create``, ``patch_status``,
-``delete``, ``watch_count``; ``await wait_for_watch(kind)`` waits for a watch to be open.
+``delete``, ``watch_count``, ``requests`` (API requests served, by verb and resource) and
+``reset_requests``; ``await wait_for_watch(kind)`` waits for a watch to be open.
 Kinds are named by plural, singular, Kind or short name ("pods", "Pod", "tj"); for a
 namespaced kind no namespace means "default", except in ``objects``, where it means all.
 
@@ -232,6 +233,18 @@ class KubeApi:
     def delete(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         """Delete an object as a client's DELETE would (finalizers and dependents honoured)."""
         return self.call(lambda em: em.delete_object(kind, name, namespace))
+
+    def requests(self) -> dict[tuple[str, str], int]:
+        """A copy of the count of API requests served so far, by (verb, resource).
+
+        Verbs as the apiserver's audit log names them: get, list, watch, create, update,
+        patch, delete, deletecollection; a subresource counts as e.g. "nodes/status".
+        """
+        return self.call(lambda em: dict(em.requests))
+
+    def reset_requests(self) -> None:
+        """Forget every request counted so far (``requests()`` starts from zero)."""
+        self.call(lambda em: em.reset_requests())
 
     def watch_count(self, kind: str | None = None) -> int:
         """How many watch streams are open (on ``kind``, if given)."""

@@ -10,6 +10,12 @@ lacks this; the fixture supplies it" where it is done):
   ignores it), a retained event log per resource, ``compact()`` and the 410 Expired ERROR
   event a real server sends for a version older than the compaction;
 - ``timeoutSeconds`` on watches, and ``break_watches()`` to end every open watch stream;
+- BOOKMARK events on watches with ``allowWatchBookmarks=true``: every
+  ``bookmark_interval`` seconds (1 s; a real server: about a minute) and when the watch
+  ends by its timeout;
+- ``requests``: every API request served, counted by (verb, resource) as the audit log
+  names them (``get``, ``list``, ``watch``, ``create``, ``update``, ``patch``, ``delete``,
+  ``deletecollection``; a subresource as ``"pods/status"``), and ``reset_requests()``;
 - ``labelSelector`` and ``fieldSelector`` on lists and watches (``selectors.py``);
 - PUT (replace) with the ``resourceVersion`` precondition (409 Conflict), the status and
   scale subresources, merge, strategic merge and JSON patches (``patches.py``; kmock merges
@@ -35,12 +41,13 @@ defaulting or pruning of custom resources; no server-side apply (415); no schedu
 or node controller (pods stay where they were put, unscheduled pods stay Pending, and a pod
 is deleted at once instead of gracefully); no ``dryRun``; ``limit``/``continue`` are
 ignored (a list is always whole, which a real server may also do); namespaces are not
-objects (any namespace exists); no bookmarks; no authentication or authorization.
+objects (any namespace exists); no authentication or authorization.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import datetime
 import json
@@ -240,6 +247,14 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     _watchers: set[_Watcher] = attrs.field(factory=set, init=False)
     _watchers_changed: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
     _closing: bool = attrs.field(default=False, init=False)
+    # Seconds between BOOKMARK events on a watch that asked for them (a real server sends
+    # one about every minute; tests want them sooner).
+    bookmark_interval: float = 1.0
+    # Every API request served over HTTP, by (verb, resource) as the apiserver's audit log
+    # names them; a subresource counts as "plural/subresource" (e.g. "pods/status").
+    requests: collections.Counter[tuple[str, str]] = attrs.field(
+        factory=collections.Counter, init=False
+    )
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -774,7 +789,37 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         # kmock's emulator changes its store here before any handler runs, with its own
         # simplified rules; every change is made by _serve_resource instead, so skip it.
+        if self._is_resource_request(request):
+            self.requests[self._verb(request), self._resource_name(request)] += 1
         return await kmock.KubernetesScaffold._handle(self, request)
+
+    @staticmethod
+    def _verb(request: kmock.Request) -> str:
+        """The request's verb as the apiserver's audit log names it.
+
+        A GET is ``watch`` with ``watch=true``, ``list`` without a name, else ``get``; a
+        DELETE without a name is ``deletecollection``.
+        """
+        method = str(request.method.value).upper()
+        named = request.name is not None
+        if method == "GET":
+            if str(request.params.get("watch", "")).lower() in ("true", "1"):
+                return "watch"
+            return "get" if named else "list"
+        if method == "DELETE":
+            return "delete" if named else "deletecollection"
+        return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
+
+    @staticmethod
+    def _resource_name(request: kmock.Request) -> str:
+        res = request.resource
+        assert res is not None
+        sub = request.subresource
+        return f"{res.plural}/{sub}" if sub else str(res.plural)
+
+    def reset_requests(self) -> None:
+        """Forget every request counted so far."""
+        self.requests.clear()
 
     def _kind_for(self, request: kmock.Request) -> Kind:
         res = request.resource
@@ -930,6 +975,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         matches = self._matcher(request, kind)
         since_text = str(request.params.get("resourceVersion", ""))
         timeout_text = str(request.params.get("timeoutSeconds", ""))
+        bookmarks = str(request.params.get("allowWatchBookmarks", "")).lower() in ("true", "1")
         try:
             since = int(since_text) if since_text not in ("", "0") else None
             timeout = float(timeout_text) if timeout_text else math.inf
@@ -960,16 +1006,36 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 yield item
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
+            next_bookmark = loop.time() + self.bookmark_interval if bookmarks else math.inf
             while True:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
+                    if bookmarks:
+                        # As the apiserver does just before a watch's timeout: what was
+                        # written before it is sent, then a bookmark of the version reached.
+                        while not watcher.queue.empty():
+                            pending = watcher.queue.get_nowait()
+                            if pending is None:
+                                return
+                            shown = self._as_seen(pending, matches)
+                            if shown is not None:
+                                yield shown
+                        yield self._bookmark(kind)
                     return
-                try:
-                    change = await asyncio.wait_for(
-                        watcher.queue.get(), None if math.isinf(remaining) else remaining
-                    )
-                except TimeoutError:
-                    return
+                wait = min(remaining, next_bookmark - loop.time())
+                if not watcher.queue.empty():
+                    change = watcher.queue.get_nowait()
+                elif wait <= 0:
+                    yield self._bookmark(kind)
+                    next_bookmark = loop.time() + self.bookmark_interval
+                    continue
+                else:
+                    try:
+                        change = await asyncio.wait_for(
+                            watcher.queue.get(), None if math.isinf(wait) else wait
+                        )
+                    except TimeoutError:
+                        continue
                 if change is None:
                     return
                 shown = self._as_seen(change, matches)
@@ -978,6 +1044,24 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         finally:
             self._watchers.discard(watcher)
             self._watchers_updated()
+
+    def _bookmark(self, kind: Kind) -> dict[str, Any]:
+        """A BOOKMARK event: every change up to the cluster's current version was sent.
+
+        Only called with the watcher's queue empty: every event of ``kind`` up to now has
+        been put on it (writes enqueue without awaiting) and taken off, so a watch resumed
+        from this version misses nothing. The emulator lacks bookmarks; the fixture
+        supplies them as the apiserver's watch cache does (an object holding only kind,
+        apiVersion and metadata.resourceVersion).
+        """
+        return {
+            "type": "BOOKMARK",
+            "object": {
+                "kind": kind.kind,
+                "apiVersion": kind.api_version,
+                "metadata": {"resourceVersion": str(self._rv)},
+            },
+        }
 
     @staticmethod
     def _as_seen(event: WatchEvent, matches: Any) -> dict[str, Any] | None:
