@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from resurge.cluster.kubernetes.controller import spec_digest
+from resurge.cluster.kubernetes.jobs import spec_digest
 from resurge.cluster.kubernetes.objects import (
     GPU_RESOURCE,
     MONITOR_ANNOTATION,

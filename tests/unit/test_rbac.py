@@ -141,7 +141,8 @@ def _api_attributes(classes: dict[str, ast.ClassDef]) -> dict[str, str]:
 
 def _attribute_types(cls: ast.ClassDef, known: set[str]) -> dict[str, str]:
     """``self.x`` -> the class of the ``__init__`` argument assigned to it, where that
-    argument is annotated with one of ``known`` (``backend: KubernetesBackend``)."""
+    argument is annotated with one of ``known`` (``backend: KubernetesBackend``), or of
+    the object of ``known`` made for it (``self.jobs = TrainingJobs(...)``)."""
     init = _methods(cls).get("__init__")
     if init is None:
         return {}
@@ -153,6 +154,12 @@ def _attribute_types(cls: ast.ClassDef, known: set[str]) -> dict[str, str]:
             annotated[arg.arg] = name
     types = {}
     for node in ast.walk(init):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            func = node.value.func
+            if isinstance(func, ast.Name) and func.id in known:
+                for target in node.targets:
+                    if (attr := _self_attr(target)) is not None:
+                        types[attr] = func.id
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name):
             for target in node.targets:
                 attr = _self_attr(target)

@@ -3,12 +3,8 @@
 Run by the scaler (:meth:`~.backend.KubernetesBackend.reconcile`) until cancelled; three loops,
 each over a watch that resumes and relists (:mod:`.watch`):
 
-- **TrainingJobs** of the backend's namespace become job submissions on the bus
-  (``JobSubmitted``, as ``resurge submit`` publishes), once per spec: the digest of the
-  spec last submitted is kept in ``status.submittedSpec``, so a restarted controller
-  submits nothing twice. A spec that does not validate gets ``phase: Failed``, the
-  message naming the field, and a Warning Event. A deleted TrainingJob is
-  ``JobDeleted``.
+- **TrainingJobs** of the backend's namespace become job submissions and deletions on
+  the bus (:mod:`.jobs`).
 - **Pods** are kept in line with the worker-group records: each record has exactly one
   pod carrying its spec (:func:`~.objects.pod_manifest`); a pod whose spec
   is not its record's (a new incarnation, another node) or whose record is gone is
@@ -25,14 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
 
-from resurge.cluster.kubernetes.api import CRD_GROUP, CRD_PLURAL, CRD_VERSION, KubeApi
+from resurge.cluster.kubernetes.api import KubeApi
+from resurge.cluster.kubernetes.jobs import TrainingJobs, name_of
 from resurge.cluster.kubernetes.objects import (
     JOB_LABEL,
     group_of_pod,
@@ -45,15 +40,14 @@ from resurge.cluster.kubernetes.objects import (
 from resurge.cluster.kubernetes.watch import SYNCED, drain, follow, raise_if_cancelled
 from resurge.cluster.local.watch import watch_changes
 from resurge.cluster.protocol import BackendError, WorkerGroupSpec
-from resurge.events import CapacityChanged, JobDeleted, JobSubmitted
-from resurge.jobspec import JobSpecError, parse_job
+from resurge.events import CapacityChanged
 
 if TYPE_CHECKING:
     from resurge.cluster.local.backend import LocalBackend
     from resurge.runtime.bus import Bus
     from resurge.runtime.settings import Settings
 
-__all__ = ["Controller", "spec_digest"]
+__all__ = ["Controller"]
 
 log = logging.getLogger("resurge.cluster.kubernetes")
 
@@ -65,18 +59,7 @@ KUEUE_GATE_PREFIX = "kueue.x-k8s.io/"
 Key = tuple[str, int]
 
 
-def spec_digest(training_job: dict[str, Any]) -> str:
-    """A short digest of a TrainingJob's spec (and labels): what was submitted."""
-    meta = training_job.get("metadata") or {}
-    text = json.dumps(
-        {"spec": training_job.get("spec"), "labels": meta.get("labels") or {}}, sort_keys=True
-    )
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _name(obj: dict[str, Any]) -> str:
-    meta = obj.get("metadata")
-    return str(meta.get("name") or "") if isinstance(meta, dict) else ""
+_name = name_of
 
 
 class Controller:
@@ -93,9 +76,8 @@ class Controller:
         self.pods: dict[str, tuple[Key, WorkerGroupSpec, dict[str, Any]]] = {}
         self.deleting: set[str] = set()
         self.services: set[str] = set()
-        self.training_jobs: dict[str, dict[str, Any]] = {}
+        self.jobs = TrainingJobs(kube, bus)
         self.gated: set[str] = set()  # jobs with a pod Kueue has not admitted yet
-        self.gone: set[str] = set()  # jobs whose TrainingJob was deleted
 
     async def run(self) -> None:
         """All three loops until cancelled."""
@@ -103,85 +85,16 @@ class Controller:
             for loop in (self.follow_jobs(), self.follow_pods(), self.follow_nodes()):
                 loops.create_task(loop)
 
-    # -- TrainingJobs ---------------------------------------------------------------------
+    # -- TrainingJobs: :mod:`.jobs` ------------------------------------------------------
 
     async def follow_jobs(self) -> None:
-        """Submit each TrainingJob's spec once, and delete deleted ones, until cancelled."""
-        async for kind, obj in follow(
-            self.kube.custom.list_namespaced_custom_object,
-            group=CRD_GROUP,
-            version=CRD_VERSION,
-            namespace=self.namespace,
-            plural=CRD_PLURAL,
-        ):
-            if kind == SYNCED:
-                continue
-            try:
-                await self.on_training_job(kind, obj)
-            except Exception:  # one job's trouble never stops the others'
-                log.exception("could not act on TrainingJob %s", _name(obj))
-            raise_if_cancelled()
-
-    async def on_training_job(self, kind: str, obj: dict[str, Any]) -> None:
-        """Act on one watch event of a TrainingJob (the module docstring)."""
-        name = _name(obj)
-        if kind == "DELETED":
-            self.training_jobs.pop(name, None)
-            self.gone.add(name)
-            await self.bus.publish(
-                self.bus.subjects.job(name), JobDeleted(source=self.bus.source, job=name)
-            )
-            log.info("TrainingJob %s deleted", name, extra={"job": name})
-            return
-        self.training_jobs[name] = obj
-        self.gone.discard(name)
-        digest = spec_digest(obj)
-        if (obj.get("status") or {}).get("submittedSpec") == digest:
-            return
-        meta = obj.get("metadata") or {}
-        document = {
-            "apiVersion": obj.get("apiVersion"),
-            "kind": obj.get("kind"),
-            "metadata": {
-                "name": name,
-                "namespace": meta.get("namespace") or self.namespace,
-                "labels": meta.get("labels") or {},
-            },
-            "spec": obj.get("spec"),
-        }
-        try:
-            job = parse_job(document)
-        except JobSpecError as error:
-            log.warning("TrainingJob %s rejected: %s", name, error, extra={"job": name})
-            await self._patch_status(
-                name, {"phase": "Failed", "message": str(error), "submittedSpec": digest}
-            )
-            await self._event(obj, "InvalidSpec", str(error))
-            return
-        await self.bus.publish(
-            self.bus.subjects.job(name), JobSubmitted(source=self.bus.source, job=name, spec=job)
-        )
-        await self._patch_status(name, {"submittedSpec": digest})
-        log.info("TrainingJob %s submitted", name, extra={"job": name})
-
-    async def _patch_status(self, name: str, status: dict[str, Any]) -> None:
-        await self.kube.patch_training_job_status(name, {"status": status})
+        """The TrainingJob loop (:class:`~.jobs.TrainingJobs`), until cancelled."""
+        await self.jobs.follow()
 
     async def _event(
         self, training_job: dict[str, Any], reason: str, message: str, warning: bool = True
     ) -> None:
-        from resurge.cluster.kubernetes.status import event
-
-        try:
-            await self.kube.call(
-                f"record an Event on {_name(training_job)}",
-                self.kube.core.create_namespaced_event,
-                self.namespace,
-                event(training_job, reason, message, warning=warning),
-                _preload_content=False,
-            )
-        except (BackendError, ApiException) as error:
-            log.warning("could not record an Event: %r", error)
+        await self.jobs.event(training_job, reason, message, warning)
 
     # -- pods -----------------------------------------------------------------------------
 
@@ -259,7 +172,7 @@ class Controller:
         gated = any(str(g.get("name", "")).startswith(KUEUE_GATE_PREFIX) for g in gates)
         if gated == (spec.job in self.gated):
             return
-        training_job = self.training_jobs.get(spec.job)
+        training_job = self.jobs.known.get(spec.job)
         if gated:
             self.gated.add(spec.job)
             reason, message = "WaitingForKueue", "pods wait for Kueue to admit the workload"
@@ -291,7 +204,7 @@ class Controller:
     def _owner_gone(self, job: str, training_job: dict[str, Any] | None) -> bool:
         """Whether ``job`` came from a TrainingJob that is deleted or being deleted."""
         if training_job is None:
-            return job in self.training_jobs or job in self.gone
+            return job in self.jobs.known or job in self.jobs.gone
         return bool((training_job.get("metadata") or {}).get("deletionTimestamp"))
 
     async def _create_pod(self, spec: WorkerGroupSpec) -> None:
