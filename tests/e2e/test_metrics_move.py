@@ -25,7 +25,7 @@ from resurge.runtime.bus import Bus
 
 WORKER = str(Path(__file__).parent / "workers" / "progress_worker.py")
 JOB = "metered"
-SERVING = re.compile(r"serving /metrics and /healthz on port (\d+)")
+SERVING = re.compile(r"serving /metrics, /livez and /readyz on port (\d+)")
 SERVICES = ("detector", "restarter", "scaler")
 
 pytestmark = pytest.mark.e2e

@@ -1,4 +1,4 @@
-"""A service process: JSON logs, /metrics and /healthz, SIGTERM drains and exits 0."""
+"""A service process: JSON logs, /metrics, /livez and /readyz, SIGTERM drains and exits 0."""
 
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ def test_service_serves_metrics_and_health_logs_json_and_stops_on_sigterm(
         assert all(entry["service"] == "detector" for entry in logs)
         assert any(f"port {port}" in str(entry["message"]) for entry in logs)
 
-        status, body = get(f"http://127.0.0.1:{port}/healthz")
-        assert (status, body) == (200, "ok\n")
+        for path in ("/livez", "/readyz", "/healthz"):  # /healthz: /readyz's former name
+            assert get(f"http://127.0.0.1:{port}{path}") == (200, "ok\n"), path
         status, body = get(f"http://127.0.0.1:{port}/metrics")
         assert status == 200
         assert 'resurge_dead_letters_total{reason="not_json"} 0.0' in body
@@ -75,7 +75,7 @@ def test_service_serves_metrics_and_health_logs_json_and_stops_on_sigterm(
 @pytest.mark.parametrize("service", ["scaler", "restarter"])
 def test_a_service_whose_loops_all_run_is_healthy(settings: Settings, service: str) -> None:
     """Each background loop is supervised, and none ends by design (the local backend's
-    reconciliation among them): a loop that ended would make /healthz 503."""
+    reconciliation among them): a loop that ended would make /livez 503."""
     port = free_port()
     env = {
         **os.environ,
@@ -88,7 +88,8 @@ def test_a_service_whose_loops_all_run_is_healthy(settings: Settings, service: s
     )
     try:
         read_json_logs_until(proc, f"{service} ready")
-        assert get(f"http://127.0.0.1:{port}/healthz") == (200, "ok\n")
+        assert get(f"http://127.0.0.1:{port}/livez") == (200, "ok\n")
+        assert get(f"http://127.0.0.1:{port}/readyz") == (200, "ok\n")
         assert (
             "# TYPE resurge_task_restarts_total counter"
             in get(f"http://127.0.0.1:{port}/metrics")[1]

@@ -1,5 +1,5 @@
 """A service's background tasks are supervised: a loop that raises is logged, counted and
-started again; /healthz (a real GET) names a loop that is dead or waiting to restart."""
+started again; /livez (a real GET) names a loop that is dead or waiting to restart."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def get(url: str) -> tuple[int, str]:
 
 
 async def health(server: MetricsServer) -> tuple[int, str]:
-    return await asyncio.to_thread(get, f"http://127.0.0.1:{server.port}/healthz")
+    return await asyncio.to_thread(get, f"http://127.0.0.1:{server.port}/livez")
 
 
 class Flaky:
@@ -66,7 +66,7 @@ async def test_a_loop_that_raises_is_logged_counted_and_started_again(
     failed = [r for r in caplog.records if "task tick failed" in r.getMessage()]
     assert len(failed) == 2
     assert all(r.exc_info and "publish failed" in str(r.exc_info[1]) for r in failed)
-    assert ctx.problems() == []  # running again, two failures are no crash loop
+    assert ctx.liveness_problems() == []  # running again, two failures are no crash loop
     await _cancel_all(ctx.tasks)
     assert not ctx.tasks
 
@@ -85,15 +85,17 @@ async def test_a_one_shot_task_that_raises_is_logged_and_counted(
     name = carry_out.__qualname__
     assert ctx.registry.get_sample_value("resurge_task_failures_total", {"task": name}) == 1
     assert any(r.exc_info and name in r.getMessage() for r in caplog.records)
-    assert ctx.problems() == []  # whoever spawned a one-shot task recovers from it
+    assert ctx.liveness_problems() == []  # whoever spawned a one-shot task recovers from it
 
 
-async def test_healthz_is_unhealthy_while_a_loop_waits_to_restart_or_has_ended(
+async def test_livez_is_unhealthy_while_a_loop_waits_to_restart_or_has_ended(
     settings: Settings, bus: Bus
 ) -> None:
     ctx = context(settings, bus)
     ctx.supervisor.backoff_first = 600.0  # the failed loop waits for the whole test
-    server = MetricsServer(ctx.registry, ctx.problems, "127.0.0.1", 0).start()
+    server = MetricsServer(
+        ctx.registry, ctx.liveness_problems, ctx.problems, "127.0.0.1", 0
+    ).start()
     try:
         running = Flaky(failures=0)
         ctx.spawn(running.run, name="follow-jobs")
@@ -124,11 +126,27 @@ async def test_healthz_is_unhealthy_while_a_loop_waits_to_restart_or_has_ended(
     assert not ctx.tasks
 
 
-async def test_healthz_names_a_loop_that_keeps_failing(settings: Settings, bus: Bus) -> None:
+async def test_livez_names_a_loop_that_keeps_failing(settings: Settings, bus: Bus) -> None:
     ctx = context(settings, bus)
     ctx.supervisor.backoff_first = ctx.supervisor.backoff_max = 0.0
     flaky = Flaky(failures=5)
     ctx.spawn(flaky.run, name="heartbeat")
     await asyncio.wait_for(flaky.running.wait(), 10)
-    assert ctx.problems() == ["task heartbeat failed 5 times in 300 s"]
+    assert ctx.liveness_problems() == ["task heartbeat failed 5 times in 300 s"]
     await _cancel_all(ctx.tasks)
+
+
+async def test_readyz_waits_for_setup_and_livez_fails_once_the_bus_is_closed_for_good(
+    settings: Settings,
+) -> None:
+    """A bus that is down reconnects by itself (no liveness problem: see
+    test_health_probes.py); a closed one never does, and only a new process helps."""
+    bus = await Bus.connect(settings, "svc")
+    ctx = context(settings, bus)
+    assert ctx.liveness_problems() == []
+    assert ctx.problems() == ["starting"]
+    ctx.started = True
+    assert ctx.problems() == []
+    await bus.close()
+    assert ctx.liveness_problems() == ["nats connection closed"]
+    assert ctx.problems() == ["nats connection closed"]

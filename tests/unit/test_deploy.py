@@ -195,13 +195,23 @@ def test_every_container_has_liveness_and_readiness_probes(name: str, scratch: P
     for workload in workloads(build(name, scratch)):
         for container in workload["spec"]["template"]["spec"]["containers"]:
             for probe in ("livenessProbe", "readinessProbe"):
-                assert container[probe]["httpGet"]["path"].startswith("/healthz"), (
-                    f"{where(workload)} {probe}"
-                )
+                assert container[probe]["httpGet"]["path"], f"{where(workload)} {probe}"
 
 
 @pytest.mark.parametrize("name", BUILDS)
-def test_services_probe_healthz_on_the_metrics_port_they_serve(name: str, scratch: Path) -> None:
+def test_liveness_never_depends_on_nats(name: str, scratch: Path) -> None:
+    """A failing liveness probe restarts the pod
+    (https://kubernetes.io/docs/concepts/configuration/liveness-readiness-startup-probes/):
+    every resurge liveness probe asks /livez, the process's own loops, and readiness
+    /readyz, which adds NATS; so a NATS outage, however long, restarts no pod
+    (tests/integration/test_health_probes.py runs one)."""
+    for workload, container in resurge_containers(build(name, scratch)):
+        assert container["livenessProbe"]["httpGet"]["path"] == "/livez", where(workload)
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz", where(workload)
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_services_probe_health_on_the_metrics_port_they_serve(name: str, scratch: Path) -> None:
     docs = build(name, scratch)
     values = settings(docs)
     assert values["RESURGE_METRICS_PORT"] == str(METRICS_PORT)
@@ -217,8 +227,8 @@ def test_services_probe_healthz_on_the_metrics_port_they_serve(name: str, scratc
     for workload, container in containers:
         ports = {port["name"]: port["containerPort"] for port in container["ports"]}
         assert ports == {"metrics": METRICS_PORT}, where(workload)
-        for probe in ("livenessProbe", "readinessProbe"):
-            assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+        for probe, path in (("livenessProbe", "/livez"), ("readinessProbe", "/readyz")):
+            assert container[probe]["httpGet"] == {"path": path, "port": "metrics"}
         assert container["envFrom"] == [{"configMapRef": {"name": config}}], where(workload)
         assert container["image"] == IMAGE, where(workload)
         mounts = {mount["mountPath"] for mount in container.get("volumeMounts", [])}

@@ -1,8 +1,15 @@
-"""Per-service metrics registry and the ``/metrics`` + ``/healthz`` HTTP endpoint.
+"""Per-service metrics registry and the ``/metrics``, ``/livez`` and ``/readyz`` endpoint.
 
-The server runs in a daemon thread (prometheus-client's exposition is synchronous);
-``/healthz`` answers 200 while the ``problems`` callback returns no lines, 503 with
-those lines otherwise (the bus is down, a background loop is dead or crash-looping).
+The server runs in a daemon thread (prometheus-client's exposition is synchronous).
+Each health path answers 200 ``ok`` while its callback returns no lines, 503 with one
+line per problem otherwise:
+
+- ``/livez`` (the Kubernetes liveness probe: a failing pod is restarted) asks ``live``:
+  only what a restart of the process can cure (a background loop dead or
+  crash-looping), never what lies outside it, such as the NATS server.
+- ``/readyz`` (the readiness probe: a failing pod only leaves Service endpoints) asks
+  ``ready``: whatever keeps the service from working now, the bus being down included.
+- ``/healthz`` answers as ``/readyz``, for probes and tools written before the split.
 
 :class:`BoundedLabel` keeps a label whose values come from outside the code (a fault's
 reason: detector plugins choose their own) bounded: the first ``limit`` values pass
@@ -18,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-__all__ = ["OTHER", "BoundedLabel", "MetricsServer"]
+__all__ = ["OTHER", "BoundedLabel", "MetricsServer", "Problems"]
 
 OTHER = "other"
 """The value a :class:`BoundedLabel` gives every value past its limit."""
@@ -46,33 +53,41 @@ class BoundedLabel:
         return OTHER
 
 
+Problems = Callable[[], list[str]]
+"""What is wrong now, one line each; empty while all is well."""
+
+
 class MetricsServer:
-    """Serves ``/metrics`` from ``registry`` and ``/healthz`` from ``problems``."""
+    """Serves ``/metrics`` from ``registry``, ``/livez`` from ``live`` and ``/readyz``
+    (and ``/healthz``) from ``ready``."""
 
     def __init__(
         self,
         registry: CollectorRegistry,
-        problems: Callable[[], list[str]],
+        live: Problems,
+        ready: Problems,
         host: str,
         port: int,
     ) -> None:
         registry_ = registry
-        problems_ = problems
+        checks = {"/livez": (live, "unhealthy"), "/readyz": (ready, "unready")}
+        checks["/healthz"] = checks["/readyz"]
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/metrics":
                     self._reply(200, generate_latest(registry_), CONTENT_TYPE_LATEST)
-                elif path == "/healthz":
-                    found = problems_()
+                elif path in checks:
+                    problems, word = checks[path]
+                    found = problems()
                     if found:
-                        body = "".join(f"unhealthy: {line}\n" for line in found)
+                        body = "".join(f"{word}: {line}\n" for line in found)
                         self._reply(503, body.encode())
                     else:
                         self._reply(200, b"ok\n")
                 else:
-                    self._reply(404, b"not found: try /metrics or /healthz\n")
+                    self._reply(404, b"not found: try /metrics, /livez or /readyz\n")
 
             def _reply(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
                 self.send_response(code)

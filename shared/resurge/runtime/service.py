@@ -1,16 +1,23 @@
 """The runner every service's ``main`` uses.
 
 Order: configure logging, load settings once, then inside an ``AsyncExitStack`` connect
-the bus, create streams, start ``/metrics`` + ``/healthz``, call the service's
-``setup``, and freeze what start-up built out of the garbage collector. SIGTERM and
+the bus, create streams, start ``/metrics``, ``/livez`` and ``/readyz``, call the
+service's ``setup``, and freeze what start-up built out of the garbage collector. SIGTERM and
 SIGINT set ``ctx.stopping``; a service may set it itself when its work is over. On the
 way out the background tasks are cancelled, then the exit stack drains the bus and
 stops the server.
 
 Every background task of a service goes through :meth:`ServiceContext.spawn`, which
 supervises it (:mod:`resurge.runtime.supervision`: a loop that raises is logged,
-counted and restarted); ``/healthz`` is 503 while the bus is down or a loop is dead,
-waiting out a restart's backoff, or crash-looping.
+counted and restarted).
+
+Health, as Kubernetes' probes read it: ``/livez`` (liveness: a failure restarts the
+process) is 503 only while a loop is dead, waiting out a restart's backoff or
+crash-looping, or the bus is closed for good: what a new process would cure. The bus
+being down is not: NATS comes back and the bus reconnects by itself, and a restarted
+process would lose what waits in memory for it (a node monitor's outbox of GPU
+errors). ``/readyz`` (readiness) is 503 for all of that, and while setup runs or the
+bus is down.
 """
 
 from __future__ import annotations
@@ -51,6 +58,8 @@ class ServiceContext:
     exit_stack: AsyncExitStack
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     supervisor: Supervisor = field(init=False)
+    started: bool = False
+    """Set once the service's setup returned."""
 
     def __post_init__(self) -> None:
         self.supervisor = Supervisor(self.log, self.registry)
@@ -71,10 +80,17 @@ class ServiceContext:
         coroutine is a loop, started again whenever it raises."""
         return self.supervisor.spawn(work, name=name)
 
-    def problems(self) -> list[str]:
-        """Why the service is unhealthy now (``/healthz``); empty while it is well."""
-        found = [] if self.bus.connected else ["not connected to nats"]
+    def liveness_problems(self) -> list[str]:
+        """Why the process should be restarted (``/livez``); empty while it is alive."""
+        found = ["nats connection closed"] if self.bus.nc.is_closed else []
         return found + self.supervisor.problems()
+
+    def problems(self) -> list[str]:
+        """Why the service cannot work now (``/readyz``); empty while it is ready."""
+        found = [] if self.started else ["starting"]
+        if not self.bus.connected and not self.bus.nc.is_closed:
+            found.append("not connected to nats")
+        return found + self.liveness_problems()
 
 
 async def _serve(
@@ -91,10 +107,14 @@ async def _serve(
         ctx = ServiceContext(name, settings, bus, registry, stack)
         if settings.metrics_port is not None:
             server = MetricsServer(
-                registry, ctx.problems, settings.metrics_host, settings.metrics_port
+                registry,
+                ctx.liveness_problems,
+                ctx.problems,
+                settings.metrics_host,
+                settings.metrics_port,
             ).start()
             stack.callback(server.close)
-            ctx.log.info("serving /metrics and /healthz on port %d", server.port)
+            ctx.log.info("serving /metrics, /livez and /readyz on port %d", server.port)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, ctx.stopping.set)
@@ -104,6 +124,7 @@ async def _serve(
         # walk it (about 30 ms in a service, at any moment: a fault's handling included).
         gc.collect()
         gc.freeze()
+        ctx.started = True
         ctx.log.info("%s ready", name)
         await ctx.stopping.wait()
         ctx.log.info("%s stopping", name)

@@ -54,12 +54,15 @@ class Settings(BaseSettings):
         "connection (a network partition, a dead NAT entry) is found in seconds, not "
         "minutes (nats.py pings every 2 minutes by default).",
     )
-    metrics_host: str = Field(default="127.0.0.1", description="Address of /metrics and /healthz.")
+    metrics_host: str = Field(
+        default="127.0.0.1", description="Address of /metrics, /livez and /readyz."
+    )
     metrics_port: int | None = Field(
         default=None,
         ge=0,
         le=65535,
-        description="Port of /metrics and /healthz; 0 picks a free one, unset turns it off.",
+        description="Port of /metrics, /livez and /readyz; 0 picks a free one, unset turns "
+        "it off.",
     )
     cluster: Literal["local", "kubernetes"] = Field(
         default="local",

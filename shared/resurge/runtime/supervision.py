@@ -12,7 +12,7 @@
   raises is logged with its traceback and counted in ``resurge_task_failures_total``;
   it cannot run again (the coroutine is spent), so whoever spawned it recovers.
 
-:meth:`Supervisor.problems` says what makes the service unhealthy (``/healthz``
+:meth:`Supervisor.problems` says what makes the service unhealthy (``/livez``
 answers 503 with these lines): a loop that ended, a loop waiting out its backoff, a
 loop that failed :data:`CRASH_LOOP_FAILURES` times within :data:`CRASH_LOOP_SECONDS`.
 Every task, one-shot or loop, is cancelled when the service stops (:attr:`tasks`);
