@@ -278,8 +278,8 @@ async def test_status_goes_through_the_subresource_with_one_event_per_recovery(
     assert stored["status"]["phase"] == "Running" and stored["status"]["restartCount"] == 1
     assert stored["status"]["lastRecovery"]["seconds"] == 0.3
     assert stored["spec"]["nprocPerNode"] == 2  # the spec is untouched
-    [running] = [c for c in stored["status"]["conditions"] if c["status"] == "True"]
-    assert running["type"] == "Running"
+    holding = [c["type"] for c in stored["status"]["conditions"] if c["status"] == "True"]
+    assert holding == ["Created", "Running"]
     events = kube_api_thread.objects("events", "default")
     assert [e["reason"] for e in events] == ["Recovered"]
     assert await backend.read_job_status("llama") == {

@@ -21,7 +21,7 @@ from resurge.cluster.kubernetes.objects import (
     report_patch,
     uncordon_patch,
 )
-from resurge.cluster.kubernetes.status import event_manifests, status_patch
+from resurge.cluster.kubernetes.status import event_manifests
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
@@ -245,20 +245,6 @@ def test_a_recreated_or_moved_group_gets_a_pod_of_another_name() -> None:
 
 def running(generation: int, **extra: object) -> dict[str, object]:
     return {"name": "llama", "phase": "Running", "generation": generation, **extra}
-
-
-def test_status_patch_adds_conditions_restart_count_and_times() -> None:
-    first = status_patch(running(1, restarts={"process": 2, "pod": 1}), {})["status"]
-    assert first["restartCount"] == 3 and first["startTime"]
-    assert [(c["type"], c["status"]) for c in first["conditions"]] == [("Running", "True")]
-    later = status_patch({"phase": "Recovering", "message": "process restart"}, first)["status"]
-    assert [(c["type"], c["status"]) for c in later["conditions"]] == [
-        ("Running", "False"),
-        ("Recovering", "True"),
-    ]
-    assert "startTime" not in later  # kept as it was
-    done = status_patch({"phase": "Succeeded"}, {**first, "conditions": later["conditions"]})
-    assert done["status"]["completionTime"]
 
 
 def test_each_recovery_and_resize_is_one_event() -> None:

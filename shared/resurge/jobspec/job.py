@@ -6,12 +6,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from resurge.jobspec._base import SpecModel
 from resurge.jobspec.elastic import ElasticSpec, fold_elastic_policy
 from resurge.jobspec.errors import describe
 from resurge.jobspec.monitoring import MonitoringSpec
+from resurge.jobspec.mutability import immutable_fields
 from resurge.jobspec.recovery import RecoverySpec
 from resurge.jobspec.replicas import ReplicaSpec
 from resurge.jobspec.status import TrainingJobStatus
@@ -61,8 +62,12 @@ class TrainingJobSpec(SpecModel):
     """What to run, on how many replicas, and how to detect and recover from faults.
 
     HyperPod's ``elasticPolicy`` block is accepted on input as it is and folded into
-    ``replicas``, ``elastic`` and ``recovery``; it is never written back.
+    ``replicas``, ``elastic`` and ``recovery``; it is never written back. Only the
+    fields :data:`~resurge.jobspec.mutability.MUTABLE` names can change once the job
+    exists (CEL rules in the CRD).
     """
+
+    model_config = ConfigDict(json_schema_extra=immutable_fields("spec"))
 
     command: list[str] = Field(
         min_length=1,

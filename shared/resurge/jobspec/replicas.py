@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from resurge.jobspec._base import SpecModel
+from resurge.jobspec.mutability import immutable_fields
 
 __all__ = ["ReplicaSpec"]
 
 
 class ReplicaSpec(SpecModel):
     """Replica counts, like HyperPod's ``elasticPolicy``; ``min == max`` is a fixed-size job."""
+
+    model_config = ConfigDict(json_schema_extra=immutable_fields("spec.replicas"))
 
     min: int = Field(
         default=1, ge=1, description="Fewest replicas the job runs with.", examples=[2]

@@ -20,7 +20,11 @@ mode="validation")`` returns and gives back a schema a CustomResourceDefinition'
   per key, since OpenAPI 3.0 has no ``propertyNames``;
 - ``examples`` becomes ``example`` (the first); ``title`` is dropped; a ``null``
   default is dropped (leaving the field out means the same);
-- every node must end up with a ``type`` (or preserve unknown fields).
+- every node must end up with a ``type`` (or preserve unknown fields);
+- the Kubernetes extensions a model gives in ``json_schema_extra`` are kept:
+  ``x-kubernetes-validations`` (CEL rules, each a ``rule`` and a ``message``),
+  ``x-kubernetes-list-type`` (``atomic``, ``set`` or ``map``) and
+  ``x-kubernetes-list-map-keys``; one of another shape is an error.
 
 Any keyword not listed here is an error naming where it is, so a model that cannot be
 a structural schema fails when the CRD is generated, not when a cluster rejects it.
@@ -28,6 +32,7 @@ a structural schema fails when the CRD is generated, not when a cluster rejects 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -53,6 +58,7 @@ _AS_THEY_ARE = frozenset(
     }
 )
 _DROPPED = frozenset({"title", "$defs"})
+_LIST_TYPES = frozenset({"atomic", "set", "map"})
 _EXCLUSIVE = {"exclusiveMinimum": "minimum", "exclusiveMaximum": "maximum"}
 
 
@@ -142,11 +148,39 @@ def _scalar_keyword(key: str, value: Any, where: str) -> dict[str, Any]:
     if key in _DROPPED or key == "propertyNames" or (key == "default" and value is None):
         return {}  # propertyNames is handled with the node's additionalProperties
     if key in _AS_THEY_ARE or key == "nullable":
-        return {key: value}
+        return {key: copy.deepcopy(value)}  # a copy: no two nodes share a value
     if key == "const":
         return {"enum": [value]}
     if key in _EXCLUSIVE:
         return {key: True} if isinstance(value, bool) else {_EXCLUSIVE[key]: value, key: True}
     if key == "examples":
         return {"example": value[0]} if value else {}
+    if key.startswith("x-kubernetes-"):
+        return {key: _extension(key, value, where)}
     raise StructuralSchemaError(f"{where}: keyword {key!r} has no structural form")
+
+
+def _extension(key: str, value: Any, where: str) -> Any:
+    """A Kubernetes extension keyword's value, checked for the shape Kubernetes takes."""
+    if key == "x-kubernetes-list-type" and value in _LIST_TYPES:
+        return value
+    if key == "x-kubernetes-list-map-keys" and _strings(value) and value:
+        return list(value)
+    if key == "x-kubernetes-validations" and _rules(value):
+        return [dict(v) for v in value]
+    raise StructuralSchemaError(f"{where}: {key} {value!r} is not a form Kubernetes takes")
+
+
+def _rules(values: Any) -> bool:
+    """Whether ``values`` is a list of CEL rules, each with its rule and message."""
+    return (
+        isinstance(values, list)
+        and bool(values)
+        and all(
+            isinstance(v, Mapping) and _strings([v.get("rule"), v.get("message")]) for v in values
+        )
+    )
+
+
+def _strings(values: Any) -> bool:
+    return isinstance(values, list) and all(isinstance(v, str) and v for v in values)

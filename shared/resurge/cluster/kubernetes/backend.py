@@ -12,8 +12,9 @@ through the official ``kubernetes`` client; worker groups realised as pods.
   KV records: every write a compare-free put, watched by whoever needs them); the
   controller (:meth:`reconcile`, run by the scaler, :mod:`.controller`) turns
   each group into a pod and follows TrainingJobs into job submissions. A job's status is
-  also patched into its TrainingJob's status subresource, and each recovery and resize
-  becomes a Kubernetes Event on it.
+  also written into its TrainingJob's status subresource (read, merge-patched with the
+  resourceVersion as a precondition, retried on a conflict: :mod:`.status`), and each
+  recovery and resize becomes a Kubernetes Event on it.
 - The client is synchronous; every call runs in a worker thread.
 """
 
@@ -38,7 +39,7 @@ from resurge.cluster.kubernetes.objects import (
     report_patch,
     uncordon_patch,
 )
-from resurge.cluster.kubernetes.status import event_manifests, status_patch
+from resurge.cluster.kubernetes.status import event_manifests, status_update
 from resurge.cluster.kubernetes.watch import SYNCED, drain, follow
 from resurge.cluster.local.backend import LocalBackend
 from resurge.cluster.local.watch import watch_changes
@@ -60,6 +61,8 @@ log = logging.getLogger("resurge.cluster.kubernetes")
 
 # A monitor's report that says nothing new is written at most this often.
 _HEARTBEAT_WRITE_SECONDS = NODE_TIMEOUT_SECONDS / 3
+# A status write that keeps losing to other writers gives up after this many tries.
+_STATUS_WRITE_TRIES = 8
 
 
 class KubernetesBackend:
@@ -75,7 +78,6 @@ class KubernetesBackend:
         self.settings = settings
         self.namespace = kube.namespace
         self._reported: dict[str, NodeInfo] = {}
-        self._statuses: dict[str, dict[str, object]] = {}
 
     @classmethod
     async def open(cls, bus: Bus, settings: Settings) -> KubernetesBackend:
@@ -214,26 +216,41 @@ class KubernetesBackend:
     # -- job status ---------------------------------------------------------------------
 
     async def write_job_status(self, job: str, status: dict[str, object]) -> None:
-        """Keep the status record, patch it into the job's TrainingJob (if the job has
-        one) and record a recovery or a resize it shows for the first time as an Event."""
+        """Keep the status record, write it into the job's TrainingJob (if the job has
+        one) and record what the write shows for the first time (a recovery, a resize,
+        the end) as an Event.
+
+        The TrainingJob is read, its status merge-patched with the resourceVersion read
+        as a precondition, and read again on a conflict (another writer won), so the
+        Events come from the status the write replaced, whoever wrote it: each is
+        recorded once, by the writer whose write made it new."""
         await self.records.write_job_status(job, status)
-        training_job = await self.training_job(job)
-        if training_job is None:
+        for _ in range(_STATUS_WRITE_TRIES):
+            training_job = await self.training_job(job)
+            if training_job is None:
+                return
+            update = status_update(status, training_job)
+            if update.patch is None:
+                return
+            try:
+                await self.kube.patch_training_job_status(job, update.patch)
+            except BackendError as error:
+                if _conflict(error):
+                    continue
+                raise
+            for event in event_manifests(training_job, update.before, update.after):
+                with contextlib.suppress(BackendError):  # an Event is a courtesy, not state
+                    await self.kube.call(
+                        f"record an Event on {job}",
+                        self.kube.core.create_namespaced_event,
+                        self.namespace,
+                        event,
+                        _preload_content=False,
+                    )
             return
-        before = self._statuses.get(job)
-        if before is None:
-            before = dict(training_job.get("status") or {})
-        await self.kube.patch_training_job_status(job, status_patch(status, before))
-        self._statuses[job] = status
-        for event in event_manifests(training_job, before, status):
-            with contextlib.suppress(BackendError):  # an Event is a courtesy, not state
-                await self.kube.call(
-                    f"record an Event on {job}",
-                    self.kube.core.create_namespaced_event,
-                    self.namespace,
-                    event,
-                    _preload_content=False,
-                )
+        raise BackendError(
+            f"the status of TrainingJob {job} changed under each of {_STATUS_WRITE_TRIES} writes"
+        )
 
     async def read_job_status(self, job: str) -> dict[str, object] | None:
         """The status last written for ``job``."""
@@ -277,6 +294,12 @@ class KubernetesBackend:
     async def reconcile(self) -> None:
         """Run the controller until cancelled (:mod:`.controller`)."""
         await Controller(self.kube, self.bus, self.records, self.settings).run()
+
+
+def _conflict(error: BackendError) -> bool:
+    """Whether ``error`` is the API server's 409: the precondition failed."""
+    cause = error.__cause__
+    return isinstance(cause, ApiException) and cause.status == 409
 
 
 def _node_name(obj: dict[str, Any]) -> str:

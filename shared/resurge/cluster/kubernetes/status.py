@@ -1,63 +1,179 @@
 """A job's status as its TrainingJob's status subresource, and its Kubernetes Events:
 pure functions, no I/O.
 
-:func:`status_patch` is the merge patch of ``status``: the ``resurge status --json``
-object, plus the fields Kubeflow's and HyperPod's job operators show where they mean
-the same: ``conditions`` (one per phase the job has been in, the current one True),
-``restartCount`` (restarts of every level), ``startTime`` and ``completionTime``.
+:func:`status_update` turns the ``resurge status --json`` view of a job and its
+TrainingJob as read into the status to write: the view, plus what Kubeflow's and
+HyperPod's job operators show where they mean the same: ``conditions`` (metav1
+Conditions), ``restartCount`` (restarts of every level), ``startTime``,
+``completionTime`` and ``observedGeneration``. The new status is a
+:class:`~resurge.jobspec.TrainingJobStatus` dumped as JSON, the model the CRD's status
+schema is generated from, so nothing written is pruned. Its ``patch`` is the JSON merge
+patch (RFC 7386) from the status read to the new one, carrying the object's
+``metadata.resourceVersion`` as a precondition: a write that lost a race is refused
+with 409, and its writer reads the object again and retries.
+
+The status writer owns the phase conditions (:data:`PHASE_CONDITIONS`), one per type,
+each with the TrainingJob's ``metadata.generation`` as its ``observedGeneration``:
+``Created`` (True once the job is submitted), one per phase (``Running``,
+``Recovering``, ``Resizing``, ``Succeeded``, ``Failed``: True in that phase, False once
+it has left it) and ``Suspended`` (True while a job suspended for a higher-priority one
+waits). A condition's ``lastTransitionTime`` changes only when its status does. Every
+other condition (the controller's ``PodsRefused``) and every field the model does not
+own (``submittedGeneration``) is left as it is.
+
 :func:`event_manifests` gives the Events of what a new status shows for the first time:
 a recovery (``Recovered``, or ``Recovering`` as it starts), a resize (``Resized``), the
-job ending (``Succeeded``/``Failed``).
+job ending (``Succeeded``/``Failed``). Computed from the status read and the one written
+over it with its precondition, each is recorded by the one writer whose write won.
 """
 
 from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["event", "event_manifests", "status_patch"]
+from resurge.jobspec import TrainingJobStatus
 
-_PHASES = ("Pending", "Running", "Recovering", "Resizing", "Succeeded", "Failed")
+__all__ = [
+    "PHASE_CONDITIONS",
+    "StatusUpdate",
+    "event",
+    "event_manifests",
+    "merge_diff",
+    "status_update",
+]
+
+PHASE_CONDITIONS = (
+    "Created",
+    "Running",
+    "Recovering",
+    "Resizing",
+    "Succeeded",
+    "Failed",
+    "Suspended",
+)
+_ACTIVE = ("Running", "Recovering", "Resizing")
+_FINISHED = ("Succeeded", "Failed")
 _REPORTER = "resurge"
+# Fields of the status another writer owns: the controller's last submission.
+_NOT_OURS = frozenset({"submittedGeneration"})
+_OURS = (
+    frozenset(field.alias or name for name, field in TrainingJobStatus.model_fields.items())
+    - _NOT_OURS
+)
 
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def status_patch(status: dict[str, object], before: dict[str, Any]) -> dict[str, Any]:
-    """The merge patch that makes a TrainingJob's status ``status`` (see the module
-    docstring); ``before`` is its status now, whose conditions and times it keeps."""
-    phase = str(status.get("phase") or "")
-    now = _now()
-    conditions: list[dict[str, Any]] = []
-    known = {c.get("type"): c for c in before.get("conditions") or [] if isinstance(c, dict)}
-    for name in _PHASES:
-        old = known.get(name)
-        current = "True" if name == phase else "False"
-        if old is None and current == "False":
-            continue
-        since = now if old is None or old.get("status") != current else None
-        conditions.append(
-            {
-                "type": name,
-                "status": current,
-                "reason": name,
-                "message": str(status.get("message") or "") if current == "True" else "",
-                "lastTransitionTime": since or (old or {}).get("lastTransitionTime", now),
-            }
-        )
-    restarts = status.get("restarts")
+class StatusUpdate(NamedTuple):
+    """A status write: the status read, the status to write, and the merge patch from one
+    to the other (None when they are the same: nothing to write)."""
+
+    before: dict[str, Any]
+    after: dict[str, Any]
+    patch: dict[str, Any] | None
+
+
+def status_update(
+    view: dict[str, object], training_job: dict[str, Any], now: str | None = None
+) -> StatusUpdate:
+    """The write that makes ``training_job``'s status the job's ``view`` (the module
+    docstring); ``now`` stamps the transitions it makes (default: now).
+
+    Raises:
+        pydantic.ValidationError: ``view`` has a field the status model lacks, or a
+            value it refuses (a bug: the view and the model are held together by tests).
+    """
+    now = now or _now()
+    meta = training_job.get("metadata") or {}
+    before = dict(training_job.get("status") or {})
+    generation = meta.get("generation")
+    phase = str(view.get("phase") or "Pending")
+    restarts = view.get("restarts")
     total = (
         sum(v for v in restarts.values() if isinstance(v, int)) if isinstance(restarts, dict) else 0
     )
-    extra: dict[str, Any] = {"conditions": conditions, "restartCount": total}
-    if phase in ("Running", "Recovering", "Resizing") and not before.get("startTime"):
-        extra["startTime"] = now
-    if phase in ("Succeeded", "Failed") and not before.get("completionTime"):
-        extra["completionTime"] = now
-    return {"status": {**status, **extra}}
+    times = {
+        "startTime": before.get("startTime") or (now if phase in _ACTIVE else None),
+        "completionTime": before.get("completionTime") or (now if phase in _FINISHED else None),
+    }
+    status = TrainingJobStatus.model_validate(
+        {
+            **view,
+            **times,
+            "restartCount": total,
+            "observedGeneration": generation,
+            "conditions": _conditions(view, before, generation, now),
+        }
+    )
+    ours = status.model_dump(by_alias=True, mode="json", exclude_none=True)
+    after = {**{k: v for k, v in before.items() if k not in _OURS}, **ours}
+    diff = merge_diff(before, after)
+    if not diff:
+        return StatusUpdate(before, after, None)
+    precondition = {"resourceVersion": meta["resourceVersion"]} if "resourceVersion" in meta else {}
+    return StatusUpdate(before, after, {"metadata": precondition, "status": diff})
+
+
+def _holds(view: dict[str, object], phase: str) -> dict[str, bool]:
+    """Which phase conditions hold for a job in ``view``."""
+    resize = view.get("lastResize")
+    suspended = (
+        phase == "Pending" and isinstance(resize, dict) and resize.get("resize") == "suspend"
+    )
+    holds = {name: name == phase for name in PHASE_CONDITIONS}
+    return {**holds, "Created": True, "Suspended": suspended}
+
+
+def _conditions(
+    view: dict[str, object], before: dict[str, Any], generation: Any, now: str
+) -> list[dict[str, Any]]:
+    """The phase conditions for ``view`` (the module docstring), then every other
+    condition of ``before`` as it was."""
+    phase = str(view.get("phase") or "Pending")
+    old = {c.get("type"): c for c in before.get("conditions") or [] if isinstance(c, dict)}
+    conditions: list[dict[str, Any]] = []
+    for name, holds in _holds(view, phase).items():
+        previous = old.get(name)
+        status = "True" if holds else "False"
+        if previous is None and not holds:
+            continue  # a condition the job never had stays unset
+        since = (
+            now
+            if previous is None or previous.get("status") != status
+            else previous.get("lastTransitionTime", now)
+        )
+        reason = "Submitted" if name == "Created" else name if holds else phase
+        conditions.append(
+            {
+                "type": name,
+                "status": status,
+                "observedGeneration": generation if isinstance(generation, int) else None,
+                "lastTransitionTime": since,
+                "reason": reason,
+                "message": str(view.get("message") or "") if holds and name != "Created" else "",
+            }
+        )
+    others = [c for t, c in old.items() if t not in PHASE_CONDITIONS]
+    return conditions + others
+
+
+def merge_diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns ``before`` into ``after``: keys gone
+    become null, objects are diffed key by key, anything else changed is given whole."""
+    patch: dict[str, Any] = {key: None for key in before if key not in after}
+    for key, value in after.items():
+        old = before.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            inner = merge_diff(old, value)
+            if inner:
+                patch[key] = inner
+        elif key not in before or old != value:
+            patch[key] = value
+    return patch
 
 
 def event(training_job: dict[str, Any], reason: str, message: str, warning: bool) -> dict[str, Any]:
