@@ -318,13 +318,24 @@ def test_each_role_grants_what_its_service_needs_and_no_more(scratch: Path) -> N
     roles = {role["metadata"]["name"]: grants(role) for role in of_kind(docs, "ClusterRole")}
     assert set(roles) == {"resurge-restarter", "resurge-scaler", "resurge-node-monitor"}
     assert not of_kind(docs, "Role") and not of_kind(docs, "RoleBinding")
-    # The monitor reports on its node; it never registers one (a kubelet has).
-    assert roles["resurge-node-monitor"] == {("", "nodes", "get"), ("", "nodes", "patch")}
-    # The restarter cordons; it makes no pods (the scaler's controller does).
+    # The monitor reports on its node and renews the node's Lease (its heartbeat); it never
+    # registers a node (a kubelet has) and watches nothing.
+    assert roles["resurge-node-monitor"] == {
+        ("", "nodes", "get"),
+        ("", "nodes", "patch"),
+        ("coordination.k8s.io", "leases", "get"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "update"),
+    }
+    # The restarter cordons (from its cache of the nodes and their Leases); it makes no
+    # pods (the scaler's controller does).
     assert roles["resurge-restarter"] == {
         ("", "nodes", "get"),
         ("", "nodes", "list"),
+        ("", "nodes", "watch"),
         ("", "nodes", "patch"),
+        ("coordination.k8s.io", "leases", "list"),
+        ("coordination.k8s.io", "leases", "watch"),
     }
     # The scaler reads nodes, never writes them; only it makes pods and Services.
     assert {verb for _, resource, verb in roles["resurge-scaler"] if resource == "nodes"} == {

@@ -10,6 +10,7 @@ from typing import Any
 from resurge.cluster import WORKER_GROUP_ENV, NodeInfo, WorkerGroupSpec
 from resurge.cluster.kubernetes.objects import (
     CORDON_REASON_ANNOTATION,
+    CORDON_UNSCHEDULABLE_ANNOTATION,
     MONITOR_ANNOTATION,
     UNHEALTHY_TAINT,
     cordon_patch,
@@ -98,7 +99,28 @@ def test_cordon_taints_and_keeps_other_taints_and_uncordon_undoes_it() -> None:
 
     undone = uncordon_patch(cordoned)
     assert undone["spec"] == {"unschedulable": None, "taints": [other]}
-    assert undone["metadata"]["annotations"] == {CORDON_REASON_ANNOTATION: None}
+    assert undone["metadata"]["annotations"] == {
+        CORDON_REASON_ANNOTATION: None,
+        CORDON_UNSCHEDULABLE_ANNOTATION: None,
+    }
+
+
+def test_cordon_patches_hold_only_while_the_node_is_as_read() -> None:
+    node = kube_node()
+    node["metadata"]["resourceVersion"] = "41"
+    assert cordon_patch(node, "XID 79")["metadata"]["resourceVersion"] == "41"
+    assert uncordon_patch(node)["metadata"]["resourceVersion"] == "41"
+
+
+def test_uncordon_keeps_a_cordon_set_by_hand_before_resurges() -> None:
+    by_hand = kube_node(unschedulable=True)
+    patch = cordon_patch(by_hand, "XID 79")
+    assert CORDON_UNSCHEDULABLE_ANNOTATION not in patch["metadata"]["annotations"]
+    cordoned = kube_node(**patch["spec"])
+    cordoned["metadata"]["annotations"] = patch["metadata"]["annotations"]
+    undone = uncordon_patch(cordoned)
+    assert "unschedulable" not in undone["spec"]  # the merge patch leaves it as it is
+    assert undone["spec"]["taints"] is None
 
 
 def test_a_node_cordoned_by_hand_is_cordoned_without_a_reason() -> None:

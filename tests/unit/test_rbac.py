@@ -3,7 +3,8 @@
 What the code uses is read from the code, not from a copy of the roles: the calls of the
 official ``kubernetes`` client in ``shared/resurge/cluster/kubernetes/`` are found
 with ``ast`` (a method of a ``CoreV1Api`` or ``CustomObjectsApi`` attribute, called or
-passed on, e.g. to ``_call``; a list method passed to ``follow`` lists and watches), and
+passed on, e.g. to ``_call``; a list method passed to ``follow`` or ``informer`` lists and
+watches), and
 each method name becomes (apiGroup, resource, verb) by the client's naming:
 ``read_node`` is get on nodes, ``list_namespaced_pod`` list on pods,
 ``patch_namespaced_custom_object_status`` patch on ``trainingjobs/status``.
@@ -181,14 +182,19 @@ def _string_constants(modules: dict[Path, ast.Module]) -> dict[str, str]:
     }
 
 
+# Functions whose list-function argument is listed, then watched (an informer's is its
+# second argument, after the KubeApi).
+FOLLOWERS = {"follow": 0, "informer": 1}
+
+
 def _followed(function: ast.AST) -> set[int]:
-    """The ids of the nodes passed first to ``follow(...)``."""
+    """The ids of the list functions passed to ``follow(...)`` or ``informer(kube, ...)``."""
     return {
-        id(node.args[0])
+        id(node.args[FOLLOWERS[name]])
         for node in ast.walk(function)
         if isinstance(node, ast.Call)
-        and getattr(node.func, "id", getattr(node.func, "attr", None)) == "follow"
-        and node.args
+        and (name := getattr(node.func, "id", getattr(node.func, "attr", None))) in FOLLOWERS
+        and len(node.args) > FOLLOWERS[name]
     }
 
 

@@ -1,13 +1,18 @@
 """The Kubernetes backend: Nodes, cordons and taints, TrainingJob status and Events
 through the official ``kubernetes`` client; worker groups realised as pods.
 
-- Nodes are the cluster's Node objects (:func:`~.objects.node_info`); a
-  node is live while its kubelet says Ready and its resurge monitor reported within
-  ``NODE_TIMEOUT_SECONDS``. :meth:`report_node` records the monitor's report as an
-  annotation (written when it changes, or every few seconds as a heartbeat); on a
+- Nodes are the cluster's Node objects (:func:`~.objects.node_info`), read from one
+  cache per process (:mod:`.informer`: one list, then one watch, shared with the
+  controller's Node loop); a node is live while its kubelet says Ready and its resurge
+  monitor renewed the node's Lease (:mod:`.node_lease`, also cached) within
+  ``NODE_TIMEOUT_SECONDS``. :meth:`report_node` renews that Lease every few seconds
+  and writes the monitor's report to the Node's annotation only when it changes; on a
   cluster where no kubelet registered the node (an emulator) it registers it.
 - :meth:`cordon` sets ``spec.unschedulable``, the ``resurge.dev/unhealthy=true:
-  NoSchedule`` taint and the reason; :meth:`uncordon` clears all three.
+  NoSchedule`` taint and the reason; :meth:`uncordon` removes what resurge added (the
+  unschedulable flag only where resurge set it). Both patch the node as read, with its
+  resourceVersion as a precondition, and make the patch anew from a fresh read when it
+  is refused (409), so a taint another controller adds meanwhile is never lost.
 - Worker groups and job statuses are kept as the local backend keeps them (JetStream
   KV records: every write a compare-free put, watched by whoever needs them); the
   controller (:meth:`reconcile`, run by the scaler, :mod:`.controller`) turns
@@ -23,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,16 +36,30 @@ from kubernetes.client.exceptions import ApiException
 
 from resurge.cluster.kubernetes.api import MERGE_PATCH, KubeApi, api_client, json_of, missing
 from resurge.cluster.kubernetes.controller import Controller
+from resurge.cluster.kubernetes.informer import Informer, informer
+from resurge.cluster.kubernetes.node_lease import (
+    NODE_LABEL,
+    holder,
+    lease_manifest,
+    lease_name,
+    renew,
+    renewed_at,
+)
 from resurge.cluster.kubernetes.objects import (
+    MONITOR_ANNOTATION,
+    UNHEALTHY_TAINT,
+    MonitorReport,
     cordon_patch,
+    monitor_report,
     node_info,
     node_manifest,
     node_ready,
     report_patch,
+    resurge_cordon,
     uncordon_patch,
 )
 from resurge.cluster.kubernetes.status import event_manifests, status_update
-from resurge.cluster.kubernetes.watch import SYNCED, drain, follow
+from resurge.cluster.kubernetes.watch import SYNCED, drain
 from resurge.cluster.local.backend import LocalBackend
 from resurge.cluster.local.watch import watch_changes
 from resurge.cluster.protocol import (
@@ -59,8 +78,10 @@ __all__ = ["KubernetesBackend"]
 
 log = logging.getLogger("resurge.cluster.kubernetes")
 
-# A monitor's report that says nothing new is written at most this often.
+# A node's Lease is renewed this often (a third of the time it stays live unrenewed).
 _HEARTBEAT_WRITE_SECONDS = NODE_TIMEOUT_SECONDS / 3
+# A write refused as stale (409) is made again from a fresh read at most this many times.
+_WRITE_TRIES = 8
 # A status write that keeps losing to other writers gives up after this many tries.
 _STATUS_WRITE_TRIES = 8
 
@@ -77,7 +98,13 @@ class KubernetesBackend:
         self.kube = kube
         self.settings = settings
         self.namespace = kube.namespace
-        self._reported: dict[str, NodeInfo] = {}
+        self._reported: dict[str, NodeInfo] = {}  # the last report written, by node
+        self._renewed: dict[str, datetime] = {}  # the heartbeat of the last renewal
+        self._leases: dict[str, dict[str, Any]] = {}  # each node's Lease as last written
+        # The informers, once this backend reads through them (a monitor never does: it
+        # writes its own Node and Lease and watches nothing).
+        self._nodes: Informer | None = None
+        self._node_leases: Informer | None = None
 
     @classmethod
     async def open(cls, bus: Bus, settings: Settings) -> KubernetesBackend:
@@ -95,11 +122,35 @@ class KubernetesBackend:
 
     # -- nodes ----------------------------------------------------------------------------
 
-    async def _nodes(self) -> list[dict[str, Any]]:
-        listed = await self.kube.call(
-            "list nodes", self.kube.core.list_node, _preload_content=False
+    def _node_informer(self) -> Informer:
+        """This process's one cache of the Nodes (:mod:`.informer`)."""
+        self._nodes = informer(self.kube, self.kube.core.list_node)
+        return self._nodes
+
+    def _lease_informer(self) -> Informer:
+        """This process's one cache of the nodes' Leases (:mod:`.node_lease`)."""
+        self._node_leases = informer(
+            self.kube,
+            self.kube.coordination.list_namespaced_lease,
+            namespace=self.namespace,
+            label_selector=NODE_LABEL,
         )
-        return list(json_of(listed).get("items") or [])
+        return self._node_leases
+
+    def _wrote_node(self, node: dict[str, Any]) -> None:
+        """Show a Node as a write returned it to this backend's reads (if it has read)."""
+        if self._nodes is not None:
+            self._nodes.written(node)
+
+    async def _infos(self) -> list[tuple[dict[str, Any], NodeInfo]]:
+        """Every cached Node with its NodeInfo, heartbeats from the cached Leases."""
+        nodes = await self._node_informer().objects()
+        renewed = {
+            name: when
+            for lease in await self._lease_informer().objects()
+            if (name := holder(lease)) is not None and (when := renewed_at(lease)) is not None
+        }
+        return [(node, node_info(node, renewed.get(_node_name(node)))) for node in nodes]
 
     async def _node(self, name: str) -> dict[str, Any] | None:
         try:
@@ -113,46 +164,62 @@ class KubernetesBackend:
         return json_of(got)
 
     async def list_nodes(self) -> list[NodeInfo]:
-        """Every Node, as :func:`~.objects.node_info` reads it."""
-        return [node_info(node) for node in await self._nodes()]
+        """Every Node, as :func:`~.objects.node_info` reads it (from the cache)."""
+        return [info for _, info in await self._infos()]
 
     async def live_nodes(self) -> list[NodeInfo]:
-        """Nodes whose kubelet says Ready and whose monitor wrote within
-        ``NODE_TIMEOUT_SECONDS``."""
+        """Nodes whose kubelet says Ready and whose monitor renewed the node's Lease
+        within ``NODE_TIMEOUT_SECONDS`` (from the caches)."""
         now = datetime.now(UTC)
         return [
             info
-            for node in await self._nodes()
-            if node_ready(node) and (info := node_info(node)).alive(now, NODE_TIMEOUT_SECONDS)
+            for node, info in await self._infos()
+            if node_ready(node) and info.alive(now, NODE_TIMEOUT_SECONDS)
         ]
 
     async def report_node(self, info: NodeInfo) -> None:
         """Record the monitor's report on its Node (registering the Node where no kubelet
-        did); a report equal to the last one is written only as a heartbeat is due."""
+        did) when it differs from the last one written, and renew the node's Lease (the
+        heartbeat) when one is due."""
         last = self._reported.get(info.name)
+        if last is None or _report(last) != _report(info):
+            await self._write_report(info, last)
+        self._reported[info.name] = info
+        renewed = self._renewed.get(info.name)
         if (
-            last is not None
-            and last.model_dump(exclude={"heartbeat"}) == info.model_dump(exclude={"heartbeat"})
-            and (info.heartbeat - last.heartbeat).total_seconds() < _HEARTBEAT_WRITE_SECONDS
+            renewed is None
+            or (info.heartbeat - renewed).total_seconds() >= _HEARTBEAT_WRITE_SECONDS
+            or info.heartbeat < renewed
         ):
-            return
-        node = await self._node(info.name)
-        if node is None:
-            try:
-                await self.kube.call(
-                    f"register node {info.name}",
-                    self.kube.core.create_node,
-                    node_manifest(info),
-                    _preload_content=False,
-                )
-            except ApiException as error:
-                if error.status != 409:  # registered meanwhile: patch it below
-                    raise
-                node = await self._node(info.name)
-            else:
-                self._reported[info.name] = info
-                return
-        await self.kube.call(
+            await self._renew_lease(info.name, info.heartbeat)
+            self._renewed[info.name] = info.heartbeat
+
+    async def _write_report(self, info: NodeInfo, last: NodeInfo | None) -> None:
+        """Patch the report into the Node's annotation (read first when this process has
+        not written it yet), or register the Node."""
+        if last is None:
+            node = await self._node(info.name)
+            if node is None:
+                try:
+                    created = await self.kube.call(
+                        f"register node {info.name}",
+                        self.kube.core.create_node,
+                        node_manifest(info),
+                        _preload_content=False,
+                    )
+                except BackendError as error:
+                    if _status(error) != 409:  # registered meanwhile: patch it below
+                        raise
+                    node = await self._node(info.name)
+                else:
+                    self._wrote_node(json_of(created))
+                    return
+            before = None if node is None else monitor_report(node)
+            if before is not None and _report(before) == _report(info):
+                return  # as this monitor (before a restart) left it
+        else:
+            node = {"metadata": {"annotations": {MONITOR_ANNOTATION: _report_json(last)}}}
+        patched = await self.kube.call(
             f"patch node {info.name}",
             self.kube.core.patch_node,
             info.name,
@@ -160,44 +227,130 @@ class KubernetesBackend:
             _content_type=MERGE_PATCH,
             _preload_content=False,
         )
-        self._reported[info.name] = info
+        self._wrote_node(json_of(patched))
+
+    async def _renew_lease(self, node: str, when: datetime) -> None:
+        """Renew ``node``'s Lease as renewed at ``when``: an update of the Lease last
+        read or written (409: read it again), or its creation."""
+        duration = int(NODE_TIMEOUT_SECONDS)
+        name = lease_name(node)
+        for _ in range(_WRITE_TRIES):
+            lease = self._leases.get(node)
+            try:
+                if lease is None:
+                    lease = await self._read_lease(name)
+                if lease is None:
+                    written = await self.kube.call(
+                        f"create the Lease of node {node}",
+                        self.kube.coordination.create_namespaced_lease,
+                        self.namespace,
+                        lease_manifest(node, when, duration),
+                        _preload_content=False,
+                    )
+                else:
+                    written = await self.kube.call(
+                        f"renew the Lease of node {node}",
+                        self.kube.coordination.replace_namespaced_lease,
+                        name,
+                        self.namespace,
+                        renew(lease, node, when, duration),
+                        _preload_content=False,
+                    )
+            except BackendError as error:
+                if _status(error) != 409:  # another writer came first: read it again
+                    raise
+                self._leases.pop(node, None)
+                continue
+            except ApiException as error:
+                if not missing(error):  # deleted since read: create it
+                    raise
+                self._leases.pop(node, None)
+                continue
+            self._leases[node] = json_of(written)
+            if self._node_leases is not None:
+                self._node_leases.written(self._leases[node])
+            return
+        raise BackendError(f"the Lease of node {node} changed under each of {_WRITE_TRIES} writes")
+
+    async def _read_lease(self, name: str) -> dict[str, Any] | None:
+        try:
+            got = await self.kube.call(
+                f"read Lease {name}",
+                self.kube.coordination.read_namespaced_lease,
+                name,
+                self.namespace,
+                _preload_content=False,
+            )
+        except ApiException as error:
+            if missing(error):
+                return None
+            raise
+        return json_of(got)
 
     async def _known(self, name: str) -> dict[str, Any]:
-        node = await self._node(name)
+        """Node ``name`` from the cache; :class:`UnknownNodeError` naming the cached ones
+        if there is none."""
+        nodes = self._node_informer()
+        node = await nodes.get(name)
         if node is None:
-            known = ", ".join(sorted(n.name for n in await self.list_nodes())) or "none"
+            known = ", ".join(sorted(_node_name(n) for n in await nodes.objects())) or "none"
             raise UnknownNodeError(f"no node named {name!r} (nodes: {known})")
         return node
 
+    async def _patch_node(
+        self, what: str, name: str, patch: Callable[[dict[str, Any]], dict[str, Any] | None]
+    ) -> None:
+        """Merge-patch node ``name`` with ``patch(node)`` (None: nothing to do), the node
+        as cached first; the patch carries the node's resourceVersion, so when the node
+        changed since (409) it is read again and the patch made anew from it."""
+        node: dict[str, Any] | None = await self._known(name)
+        for _ in range(_WRITE_TRIES):
+            if node is None:
+                await self._known(name)  # deleted meanwhile: UnknownNodeError
+                return
+            body = patch(node)
+            if body is None:
+                return
+            try:
+                patched = await self.kube.call(
+                    f"{what} node {name}",
+                    self.kube.core.patch_node,
+                    name,
+                    body,
+                    _content_type=MERGE_PATCH,
+                    _preload_content=False,
+                )
+            except BackendError as error:
+                if _status(error) != 409:
+                    raise
+                node = await self._node(name)
+                if node is not None:
+                    self._wrote_node(node)
+                continue
+            self._wrote_node(json_of(patched))
+            return
+        raise BackendError(f"node {name} changed under each of {_WRITE_TRIES} {what} patches")
+
     async def cordon(self, node: str, reason: str = "") -> None:
         """Unschedulable plus the unhealthy taint, ``reason`` kept; a node cordoned by
-        resurge already keeps its first reason."""
-        current = await self._known(node)
-        if node_info(current).cordoned and any(
-            t.get("key") == "resurge.dev/unhealthy"
-            for t in (current.get("spec") or {}).get("taints") or []
-        ):
-            return
-        await self.kube.call(
-            f"cordon node {node}",
-            self.kube.core.patch_node,
-            node,
-            cordon_patch(current, reason),
-            _content_type=MERGE_PATCH,
-            _preload_content=False,
-        )
+        resurge already keeps its first reason. Taints others add meanwhile are kept."""
+
+        def patch(current: dict[str, Any]) -> dict[str, Any] | None:
+            if _tainted_unhealthy(current):
+                return None
+            return cordon_patch(current, reason)
+
+        await self._patch_node("cordon", node, patch)
 
     async def uncordon(self, node: str) -> None:
-        """Clear unschedulable, the unhealthy taint and the reason."""
-        current = await self._known(node)
-        await self.kube.call(
-            f"uncordon node {node}",
-            self.kube.core.patch_node,
-            node,
-            uncordon_patch(current),
-            _content_type=MERGE_PATCH,
-            _preload_content=False,
-        )
+        """Remove what :meth:`cordon` added: the unhealthy taint, the reason, and
+        ``spec.unschedulable`` only if resurge set it (an administrator's own cordon
+        stays)."""
+
+        def patch(current: dict[str, Any]) -> dict[str, Any] | None:
+            return uncordon_patch(current) if resurge_cordon(current) else None
+
+        await self._patch_node("uncordon", node, patch)
 
     # -- worker groups (records; the controller makes them pods) ------------------------
 
@@ -263,14 +416,13 @@ class KubernetesBackend:
     # -- changes ------------------------------------------------------------------------
 
     async def watch(self, node: str | None = None) -> AsyncGenerator[ClusterChange, None]:
-        """Nodes (from a Node watch that resumes and relists, :mod:`.watch`)
-        and worker group records now, then each change."""
-        selector = {} if node is None else {"field_selector": f"metadata.name={node}"}
+        """Nodes (from the process's Node informer, :mod:`.informer`) and worker group
+        records now, then each change."""
         queue: asyncio.Queue[ClusterChange] = asyncio.Queue()
         synced = asyncio.Event()
 
         async def nodes() -> None:
-            async with contextlib.aclosing(follow(self.kube.core.list_node, **selector)) as events:
+            async with contextlib.aclosing(self._node_informer().changes()) as events:
                 async for kind, obj in events:
                     await on_node(kind, obj)
 
@@ -300,6 +452,32 @@ def _conflict(error: BackendError) -> bool:
     """Whether ``error`` is the API server's 409: the precondition failed."""
     cause = error.__cause__
     return isinstance(cause, ApiException) and cause.status == 409
+
+
+def _status(error: BackendError) -> int | None:
+    """The API server's HTTP status behind ``error`` (409: a precondition failed)."""
+    cause = error.__cause__
+    return cause.status if isinstance(cause, ApiException) else None
+
+
+def _report(info: NodeInfo | MonitorReport) -> tuple[object, ...]:
+    """What a monitor's report says, its heartbeat aside."""
+    return (info.slots, info.healthy, info.address, info.labels)
+
+
+def _report_json(info: NodeInfo) -> str:
+    return MonitorReport(
+        slots=info.slots,
+        healthy=info.healthy,
+        address=info.address,
+        labels=info.labels,
+        heartbeat=info.heartbeat,
+    ).model_dump_json()
+
+
+def _tainted_unhealthy(node: dict[str, Any]) -> bool:
+    taints = (node.get("spec") or {}).get("taints") or []
+    return any(isinstance(t, dict) and t.get("key") == UNHEALTHY_TAINT for t in taints)
 
 
 def _node_name(obj: dict[str, Any]) -> str:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes.client.exceptions import ApiException
 
 from resurge.cluster.kubernetes.api import KubeApi
+from resurge.cluster.kubernetes.informer import informer
 from resurge.cluster.kubernetes.jobs import TrainingJobs, name_of
 from resurge.cluster.kubernetes.objects import (
     JOB_LABEL,
@@ -300,9 +301,10 @@ class Controller:
 
     async def follow_nodes(self) -> None:
         """Publish CapacityChanged for each change of a Node's readiness, schedulability,
-        slots or labels (a healthy node first seen is left to its monitor)."""
+        slots or labels (a healthy node first seen is left to its monitor). The Nodes come
+        from the process's one Node informer, which the backend's reads share."""
         told: dict[str, tuple[bool, int, dict[str, str]]] = {}
-        async for kind, obj in follow(self.kube.core.list_node):
+        async for kind, obj in informer(self.kube, self.kube.core.list_node).changes():
             if kind == SYNCED:
                 continue
             name = _name(obj)

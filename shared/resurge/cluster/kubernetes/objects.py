@@ -5,8 +5,15 @@
   means Ready (a node with no Ready condition yet counts as ready), not tainted
   ``resurge.dev/unhealthy``, and healthy as its monitor last said; cordoned means
   ``spec.unschedulable`` or the unhealthy taint, with the reason kept in an annotation.
-  The monitor's own report (slots, health, address, labels it added, heartbeat) is the
-  annotation ``resurge.dev/monitor``.
+  The monitor's own report (slots, health, address, labels it added) is the annotation
+  ``resurge.dev/monitor``; its heartbeat is its node's Lease (:mod:`.node_lease`), whose
+  renewal time the caller passes to :func:`node_info`.
+- A cordon (:func:`cordon_patch`) and its undoing (:func:`uncordon_patch`) are merge
+  patches made from the node as read and carrying its ``resourceVersion``: the server
+  refuses one (409) if the node changed since, so a taint another controller added
+  meanwhile is never overwritten. Uncordon removes only what resurge added: its taint,
+  its reason, and ``spec.unschedulable`` only where resurge set it (annotation
+  ``resurge.dev/cordon-unschedulable``), never an administrator's own cordon.
 - A worker group is a pod pinned to its node by required node affinity, requesting its
   GPUs, whose container runs ``resurge-node-agent launch`` with the group's spec in
   ``RESURGE_WORKER_GROUP``; labels ``resurge.dev/job`` and ``resurge.dev/replica``;
@@ -29,6 +36,7 @@ from resurge.cluster.protocol import WORKER_GROUP_ENV, NodeInfo, WorkerGroupSpec
 
 __all__ = [
     "CORDON_REASON_ANNOTATION",
+    "CORDON_UNSCHEDULABLE_ANNOTATION",
     "GROUP_ANNOTATION",
     "JOB_LABEL",
     "MONITOR_ANNOTATION",
@@ -44,6 +52,7 @@ __all__ = [
     "owner_reference",
     "pod_manifest",
     "pod_name",
+    "resurge_cordon",
     "uncordon_patch",
 ]
 
@@ -53,6 +62,7 @@ REPLICA_LABEL = f"{GROUP}/replica"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 UNHEALTHY_TAINT = f"{GROUP}/unhealthy"
 CORDON_REASON_ANNOTATION = f"{GROUP}/cordon-reason"
+CORDON_UNSCHEDULABLE_ANNOTATION = f"{GROUP}/cordon-unschedulable"
 MONITOR_ANNOTATION = f"{GROUP}/monitor"
 GROUP_ANNOTATION = f"{GROUP}/worker-group"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -128,8 +138,9 @@ def _taints(node: dict[str, Any]) -> list[dict[str, Any]]:
     return _objects(_mapping(node.get("spec")).get("taints"))
 
 
-def node_info(node: dict[str, Any]) -> NodeInfo:
-    """The :class:`NodeInfo` of a Node object.
+def node_info(node: dict[str, Any], renewed: datetime | None = None) -> NodeInfo:
+    """The :class:`NodeInfo` of a Node object; ``renewed``: when its monitor last renewed
+    the node's Lease (the heartbeat), if it has one.
 
     A malformed part reads as missing (an allocatable GPU count that is not a whole
     number as 0 slots), so one odd Node never stops the watch that reads the others."""
@@ -154,7 +165,9 @@ def node_info(node: dict[str, Any]) -> NodeInfo:
     )
     cordoned = bool(_mapping(node.get("spec")).get("unschedulable")) or _unhealthy_taint(node)
     heartbeat = (
-        report.heartbeat
+        renewed
+        if renewed is not None
+        else report.heartbeat
         if report is not None
         else kubelet_heartbeat or _time(meta.get("creationTimestamp")) or datetime.now(UTC)
     )
@@ -212,23 +225,50 @@ def node_manifest(info: NodeInfo) -> dict[str, Any]:
     return manifest
 
 
+def _version(node: dict[str, Any]) -> str | None:
+    return _mapping(node.get("metadata")).get("resourceVersion")
+
+
 def cordon_patch(node: dict[str, Any], reason: str) -> dict[str, Any]:
-    """Unschedulable, tainted ``resurge.dev/unhealthy=true:NoSchedule``, reason kept."""
+    """Unschedulable, tainted ``resurge.dev/unhealthy=true:NoSchedule``, reason kept; made
+    from ``node`` as read, valid only while it is unchanged (its ``resourceVersion``).
+    Where ``node`` was not unschedulable, an annotation says resurge made it so."""
     taints = [t for t in _taints(node) if t.get("key") != UNHEALTHY_TAINT]
     taints.append({"key": UNHEALTHY_TAINT, "value": "true", "effect": "NoSchedule"})
+    annotations: dict[str, str] = {CORDON_REASON_ANNOTATION: reason}
+    if not _mapping(node.get("spec")).get("unschedulable"):
+        annotations[CORDON_UNSCHEDULABLE_ANNOTATION] = "true"
     return {
-        "metadata": {"annotations": {CORDON_REASON_ANNOTATION: reason}},
+        "metadata": {"annotations": annotations, "resourceVersion": _version(node)},
         "spec": {"unschedulable": True, "taints": taints},
     }
 
 
 def uncordon_patch(node: dict[str, Any]) -> dict[str, Any]:
-    """Undo :func:`cordon_patch` (and a cordon set by hand)."""
+    """Undo :func:`cordon_patch` on ``node`` as read (its ``resourceVersion`` a
+    precondition): the unhealthy taint and the reason go; ``spec.unschedulable`` only if
+    resurge set it."""
     taints = [t for t in _taints(node) if t.get("key") != UNHEALTHY_TAINT]
-    return {
-        "metadata": {"annotations": {CORDON_REASON_ANNOTATION: None}},
-        "spec": {"unschedulable": None, "taints": taints or None},
+    annotations = _mapping(_mapping(node.get("metadata")).get("annotations"))
+    patch: dict[str, Any] = {
+        "metadata": {
+            "annotations": {CORDON_REASON_ANNOTATION: None, CORDON_UNSCHEDULABLE_ANNOTATION: None},
+            "resourceVersion": _version(node),
+        },
+        "spec": {"taints": taints or None},
     }
+    if annotations.get(CORDON_UNSCHEDULABLE_ANNOTATION) == "true":
+        patch["spec"]["unschedulable"] = None
+    return patch
+
+
+def resurge_cordon(node: dict[str, Any]) -> bool:
+    """Whether anything of a resurge cordon is on ``node`` (what :func:`uncordon_patch`
+    would remove)."""
+    annotations = _mapping(_mapping(node.get("metadata")).get("annotations"))
+    return _unhealthy_taint(node) or any(
+        key in annotations for key in (CORDON_REASON_ANNOTATION, CORDON_UNSCHEDULABLE_ANNOTATION)
+    )
 
 
 def pod_name(spec: WorkerGroupSpec) -> str:

@@ -10,10 +10,14 @@ it lists again and yields the difference from what it had yielded (objects gone 
 ``DELETED``, new or changed ones as ``ADDED``/``MODIFIED``), so nothing is missed or
 yielded twice. After the objects of the first list comes one ``SYNCED`` event.
 Objects are told apart by namespace and name; a change is one whose
-resourceVersion differs.
+resourceVersion differs. Watches ask for bookmarks (``allowWatchBookmarks``): the
+version a BOOKMARK carries is where the next watch resumes, so a quiet kind's watch
+resumes from a recent version instead of one the server may have compacted away (which
+would cost a whole list).
 
-The client is synchronous: the list and the watch run in a worker thread that hands
-events to the event loop; cancelling the iterator stops the thread's stream.
+The client is synchronous: the list and the watch run in a worker thread
+(:func:`follow_in_thread`) that hands events to the event loop; cancelling the iterator
+stops the thread's stream, and so does the end of the event loop.
 """
 
 from __future__ import annotations
@@ -24,12 +28,21 @@ import json
 import logging
 import threading
 from collections.abc import AsyncGenerator, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
-__all__ = ["SYNCED", "Change", "drain", "follow", "object_key", "raise_if_cancelled"]
+__all__ = [
+    "SYNCED",
+    "Change",
+    "Following",
+    "drain",
+    "follow",
+    "follow_in_thread",
+    "object_key",
+    "raise_if_cancelled",
+]
 
 log = logging.getLogger("resurge.cluster.kubernetes")
 
@@ -70,6 +83,16 @@ class _Gone(Exception):
     """The server no longer has the version the watch asked for."""
 
 
+class Following(Protocol):
+    """A follow running in its thread (:func:`follow_in_thread`)."""
+
+    version: str
+    """The resourceVersion the next watch starts from (of the last event or bookmark)."""
+
+    def stop(self) -> None:
+        """Stop following (the thread ends its stream)."""
+
+
 class _Follower:
     """The thread side of :func:`follow`: list, watch, resume, relist."""
 
@@ -78,10 +101,12 @@ class _Follower:
         list_fn: Callable[..., Any],
         kwargs: dict[str, Any],
         emit: Callable[[Change | BaseException], None],
+        alive: Callable[[], bool] = lambda: True,
     ) -> None:
         self.list_fn = list_fn
         self.kwargs = kwargs
         self.emit = emit
+        self.alive = alive
         self.known: dict[tuple[str, str], dict[str, Any]] = {}
         self.version = ""
         self.synced = False
@@ -99,15 +124,16 @@ class _Follower:
 
     def run(self) -> None:
         try:
-            while not self.stopped.is_set():
+            while not self.stopped.is_set() and self.alive():
                 try:
                     self._relist()
-                    while not self.stopped.is_set():
+                    while not self.stopped.is_set() and self.alive():
                         self._watch_once()
+                    return
                 except _Gone:
                     log.info("watch of %s: version too old, listing again", self._what)
                 except Exception as error:
-                    if self.stopped.is_set():
+                    if self.stopped.is_set() or not self.alive():
                         return
                     log.warning("watch of %s failed (%r); starting again", self._what, error)
                     self.stopped.wait(_RETRY_SECONDS)
@@ -144,6 +170,7 @@ class _Follower:
                 self.list_fn,
                 **self.kwargs,
                 resource_version=self.version,
+                allow_watch_bookmarks=True,
                 timeout_seconds=_SERVER_TIMEOUT_SECONDS,
                 _request_timeout=(_READ_TIMEOUT_SECONDS, _READ_TIMEOUT_SECONDS),
                 deserialize=False,
@@ -188,6 +215,33 @@ class _Follower:
         self.emit(("ADDED" if before is None else "MODIFIED", obj))
 
 
+def follow_in_thread(
+    list_fn: Callable[..., Any],
+    kwargs: dict[str, Any],
+    deliver: Callable[[Change | BaseException], None],
+) -> Following:
+    """Follow ``list_fn(**kwargs)`` as :func:`follow` does, in a thread of its own that
+    calls ``deliver`` on the running event loop with each event (or the error that ended
+    it), until stopped or until that loop closes."""
+    loop = asyncio.get_running_loop()
+
+    def emit(item: Change | BaseException) -> None:
+        if follower.stopped.is_set():
+            return
+        try:
+            loop.call_soon_threadsafe(_deliver, item)
+        except RuntimeError:  # the loop closed: nobody is listening any more
+            follower.stop()
+
+    def _deliver(item: Change | BaseException) -> None:
+        if not follower.stopped.is_set():
+            deliver(item)
+
+    follower = _Follower(list_fn, kwargs, emit, alive=lambda: not loop.is_closed())
+    threading.Thread(target=follower.run, name="kubernetes-watch", daemon=True).start()
+    return follower
+
+
 async def follow(list_fn: Callable[..., Any], **kwargs: Any) -> AsyncGenerator[Change, None]:
     """Every object ``list_fn(**kwargs)`` lists, then each change, until cancelled.
 
@@ -196,18 +250,8 @@ async def follow(list_fn: Callable[..., Any], **kwargs: Any) -> AsyncGenerator[C
     the list and the watch (selectors, namespace). An error other than a dropped
     connection or 410 is logged and the list and watch start again a second later.
     """
-    loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Change | BaseException] = asyncio.Queue()
-
-    def emit(item: Change | BaseException) -> None:
-        if follower.stopped.is_set():
-            return
-        with contextlib.suppress(RuntimeError):  # the loop closed as the thread ended
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-    follower = _Follower(list_fn, kwargs, emit)
-    thread = threading.Thread(target=follower.run, name="kubernetes-watch", daemon=True)
-    thread.start()
+    following = follow_in_thread(list_fn, kwargs, queue.put_nowait)
     try:
         while True:
             item = await queue.get()
@@ -215,7 +259,7 @@ async def follow(list_fn: Callable[..., Any], **kwargs: Any) -> AsyncGenerator[C
                 raise item
             yield item
     finally:
-        follower.stop()
+        following.stop()
 
 
 async def drain(
