@@ -105,8 +105,13 @@ async def test_a_training_job_is_submitted_once_and_a_deleted_one_deleted(
     assert submitted[0].spec.spec.nproc_per_node == 2
     assert submitted[0].spec.metadata.labels == {"team": "nlp"}
     await until(
-        "the submitted spec recorded in the status",
-        lambda: kube_api_thread.get("trainingjobs", "llama").get("status", {}).get("submittedSpec"),
+        "the submitted generation recorded in the status",
+        lambda: (
+            kube_api_thread.get("trainingjobs", "llama")
+            .get("status", {})
+            .get("submittedGeneration")
+            == 1
+        ),
     )
 
     # A second controller (the scaler restarted) lists it again and submits nothing.
@@ -127,14 +132,15 @@ async def test_a_training_job_is_submitted_once_and_a_deleted_one_deleted(
 async def test_an_invalid_training_job_fails_naming_the_field(
     kube_api_thread: KubeApi, controller: None, jobs: Events
 ) -> None:
-    kube_api_thread.create("trainingjobs", training_job("bad", nprocPerNode=0))
+    # One the CRD's schema lets through (a rule between two fields) and parsing refuses.
+    kube_api_thread.create("trainingjobs", training_job("bad", replicas={"min": 3, "max": 2}))
     status = await until(
         "the job marked Failed",
         lambda: kube_api_thread.get("trainingjobs", "bad").get("status", {}).get("phase"),
     )
     assert status == "Failed"
     message = kube_api_thread.get("trainingjobs", "bad")["status"]["message"]
-    assert "spec.nprocPerNode" in message, message
+    assert "spec.replicas" in message and "replicas.max (2)" in message, message
     [event] = await until(
         "an InvalidSpec Event", lambda: kube_api_thread.objects("events", "default")
     )

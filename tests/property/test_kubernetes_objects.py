@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from resurge.cluster.kubernetes.jobs import spec_digest
+from resurge.cluster.kubernetes.jobs import generation_of
 from resurge.cluster.kubernetes.objects import (
     GPU_RESOURCE,
     MONITOR_ANNOTATION,
@@ -121,10 +121,9 @@ def test_deeply_nested_group_annotation_is_none() -> None:
 
 
 @given(json_objects)
-def test_spec_digest_of_any_object_is_sixteen_hex_digits(training_job: dict[str, Any]) -> None:
-    digest = spec_digest(training_job)
-    assert len(digest) == 16
-    int(digest, 16)
+def test_the_generation_of_any_object_is_a_positive_int(training_job: dict[str, Any]) -> None:
+    generation = generation_of(training_job)
+    assert type(generation) is int and generation >= 1
 
 
 @given(json_values, json_values)

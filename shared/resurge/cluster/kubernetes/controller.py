@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +60,31 @@ KUEUE_GATE_PREFIX = "kueue.x-k8s.io/"
 # A group's key: (job, replica).
 Key = tuple[str, int]
 
+# A refused pod is tried again after this long, doubled each time up to the most.
+_RETRY_FIRST_SECONDS = 1.0
+_RETRY_MAX_SECONDS = 60.0
+# The API's answers that refuse an object: every 4xx but 409 (it exists already).
+_REFUSALS = frozenset(range(400, 500)) - {409}
+
+
+class Refused(Exception):
+    """The API refused to create a ``what`` (Pod, Service): Pod Security, a quota, a
+    webhook, an invalid object; ``message`` is the API's."""
+
+    def __init__(self, what: str, message: str) -> None:
+        super().__init__(f"{what} refused: {message}")
+        self.what = what
+        self.message = message
+
+
+def api_message(error: ApiException) -> str:
+    """The message of the API's ``Status`` answer, else the HTTP reason."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        message = json.loads(error.body or "").get("message")
+        if isinstance(message, str) and message:
+            return message
+    return f"{error.status} {error.reason}"
+
 
 _name = name_of
 
@@ -77,8 +103,10 @@ class Controller:
         self.pods: dict[str, tuple[Key, WorkerGroupSpec, dict[str, Any]]] = {}
         self.deleting: set[str] = set()
         self.services: set[str] = set()
-        self.jobs = TrainingJobs(kube, bus)
+        self.jobs = TrainingJobs(kube, bus, records)
         self.gated: set[str] = set()  # jobs with a pod Kueue has not admitted yet
+        self._backoff: dict[Key, float] = {}  # seconds before a refused pod is tried again
+        self._queue: asyncio.Queue[tuple[str, Any]] | None = None
 
     async def run(self) -> None:
         """All three loops until cancelled."""
@@ -104,6 +132,7 @@ class Controller:
         The records as they are and the pods as listed are both read before any pod is
         created or deleted."""
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._queue = queue
         synced = asyncio.Event()
 
         async def pods() -> None:
@@ -133,7 +162,7 @@ class Controller:
 
     async def _on_change(self, kind: str, item: Any) -> None:
         """One pod event or worker-group change: note Kueue's gate, then reconcile."""
-        if kind not in ("group", "DELETED"):
+        if kind not in ("group", "DELETED", "retry"):
             await self._note_kueue(item)
         for key in self._apply(kind, item):
             try:
@@ -143,6 +172,8 @@ class Controller:
 
     def _apply(self, kind: str, item: Any) -> list[Key]:
         """Take one change into the controller's view; the groups it may have unsettled."""
+        if kind == "retry":
+            return [item]
         if kind == "group":
             key = (item.job, item.replica)
             if item.deleted:
@@ -202,25 +233,44 @@ class Controller:
         if not any(k[0] == job for k in self.desired) and job in self.services:
             await self._delete_service(job)
 
-    def _owner_gone(self, job: str, training_job: dict[str, Any] | None) -> bool:
-        """Whether ``job`` came from a TrainingJob that is deleted or being deleted."""
-        if training_job is None:
-            return job in self.jobs.known or job in self.jobs.gone
-        return bool((training_job.get("metadata") or {}).get("deletionTimestamp"))
-
     async def _create_pod(self, spec: WorkerGroupSpec) -> None:
-        settings = self.settings
+        """The pod of ``spec`` (and its job's Service), only ever with its TrainingJob as
+        owner, image and template: none where the TrainingJob is gone or going (one that
+        never was: :meth:`~.jobs.TrainingJobs.no_training_job`). A refusal by the API is
+        the job's ``PodsRefused`` condition and an Event, and is tried again later."""
         # Read now, not from the TrainingJob watch: the pods' watch may already show the
         # garbage collection of a deletion that watch has not delivered yet.
         training_job = await self.kube.training_job(spec.job)
-        if self._owner_gone(spec.job, training_job):
+        if training_job is None or (training_job.get("metadata") or {}).get("deletionTimestamp"):
             log.info(
-                "no pod for %s replica %d: its TrainingJob is deleted",
+                "no pod for %s replica %d: its TrainingJob is %s",
                 spec.job,
                 spec.replica,
+                "gone" if training_job is None else "being deleted",
                 extra={"job": spec.job},
             )
+            if training_job is None:
+                await self.jobs.no_training_job(spec.job)
             return
+        key = (spec.job, spec.replica)
+        try:
+            await self._make_pod(spec, training_job)
+        except Refused as refusal:
+            await self.jobs.refused(training_job, refusal.what, refusal.message)
+            self._retry_later(key)
+            return
+        self._backoff.pop(key, None)
+        await self.jobs.admitted(training_job)
+
+    def _retry_later(self, key: Key) -> None:
+        """Reconcile ``key`` again after a delay that doubles with each refusal."""
+        delay = min(_RETRY_MAX_SECONDS, self._backoff.get(key, _RETRY_FIRST_SECONDS / 2) * 2)
+        self._backoff[key] = delay
+        if self._queue is not None:
+            asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, ("retry", key))
+
+    async def _make_pod(self, spec: WorkerGroupSpec, training_job: dict[str, Any]) -> None:
+        settings = self.settings
         if spec.job not in self.services:
             await self._create(
                 "Service",
@@ -254,7 +304,8 @@ class Controller:
         )
 
     async def _create(self, what: str, fn: Any, body: dict[str, Any]) -> bool:
-        """Create ``body``; False if it already existed (409), which is not an error."""
+        """Create ``body``; False if it already existed (409), which is not an error;
+        :class:`Refused` where the API refuses it (any other 4xx)."""
         try:
             await self.kube.call(
                 f"create {what} {body['metadata']['name']}",
@@ -265,6 +316,9 @@ class Controller:
             )
         except (ApiException, BackendError) as error:
             cause = error.__cause__ if isinstance(error, BackendError) else error
+            status = cause.status if isinstance(cause, ApiException) else None
+            if isinstance(cause, ApiException) and status in _REFUSALS:
+                raise Refused(what, api_message(cause)) from error
             if not (isinstance(cause, ApiException) and cause.status == 409):
                 raise
             return False

@@ -1,43 +1,72 @@
 """The controller's TrainingJob loop: TrainingJobs of one namespace in, job submissions
-and deletions out.
+and deletions out, and nothing of a deleted one left behind.
 
-Each TrainingJob becomes a job submission on the bus (``JobSubmitted``, as ``resurge
-submit`` publishes), once per spec: the digest of the spec last submitted is kept in
-``status.submittedSpec``, so a restarted controller submits nothing twice. A spec that
-does not validate gets ``phase: Failed``, the message naming the field, and a Warning
-Event. A deleted TrainingJob is ``JobDeleted``.
+- **Finalizer.** Every TrainingJob seen gets the finalizer ``resurge.dev/cleanup``
+  (a merge patch preconditioned on its resourceVersion), so its deletion waits for the
+  controller, even one that is down while it is deleted.
+- **Submitted on metadata.generation.** A TrainingJob is submitted on the bus
+  (``JobSubmitted``, as ``resurge submit`` publishes) when its ``metadata.generation``
+  is newer than ``status.submittedGeneration``, which then records it: the API server
+  bumps the generation on spec changes only, so a label, annotation or status change
+  submits nothing, and a restarted controller submits nothing twice. A new generation
+  of a job already submitted is a spec edit: submitted again, the scaler applies to the
+  running job what may change (``update_live``). A finished job (``status.phase``
+  Succeeded or Failed, or its status record says so) is never submitted again: it runs
+  again only when deleted and created (a new object). A spec that does not validate
+  gets ``phase: Failed``, the message naming the field, the ``Failed`` condition and a
+  Warning Event (``InvalidSpec``).
+- **Deleted.** A TrainingJob being deleted (``deletionTimestamp``, held by the
+  finalizer) is ``JobDeleted`` on the bus; its pods and Services are deleted, then the
+  finalizer removed. One gone without the finalizer (removed by hand, or deleted before
+  it existed) is ``JobDeleted`` when the watch tells so.
+- **Sweep at start.** Once the first list is in: pods and Services labelled
+  ``resurge.dev/job`` whose TrainingJob is gone (or is another object of the same name)
+  are deleted, and each job with worker-group records but no TrainingJob is
+  ``JobDeleted``: on Kubernetes a job is a TrainingJob, and a pod is never made
+  without one (its owner, its image, its template).
+- **Refused pods.** :meth:`TrainingJobs.refused` and :meth:`TrainingJobs.admitted` keep
+  the ``PodsRefused`` condition (True with the API's message while the API refuses a
+  pod or Service of the job; False again once one is created), with a Warning Event per
+  refusal. The controller writes only its own conditions (:mod:`.conditions`).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
 
-from resurge.cluster.kubernetes.api import CRD_GROUP, CRD_PLURAL, CRD_VERSION, KubeApi
+from resurge.cluster.kubernetes.api import (
+    CRD_GROUP,
+    CRD_PLURAL,
+    CRD_VERSION,
+    MERGE_PATCH,
+    KubeApi,
+    json_of,
+)
+from resurge.cluster.kubernetes.conditions import condition, with_condition
+from resurge.cluster.kubernetes.objects import JOB_LABEL
 from resurge.cluster.kubernetes.watch import SYNCED, follow, raise_if_cancelled
 from resurge.cluster.protocol import BackendError
 from resurge.events import JobDeleted, JobSubmitted
 from resurge.jobspec import JobSpecError, parse_job
 
 if TYPE_CHECKING:
+    from resurge.cluster.local.backend import LocalBackend
     from resurge.runtime.bus import Bus
 
-__all__ = ["TrainingJobs", "name_of", "spec_digest"]
+__all__ = ["FINALIZER", "PODS_REFUSED", "TrainingJobs", "name_of"]
 
 log = logging.getLogger("resurge.cluster.kubernetes")
 
-
-def spec_digest(training_job: dict[str, Any]) -> str:
-    """A short digest of a TrainingJob's spec (and labels): what was submitted."""
-    meta = training_job.get("metadata") or {}
-    text = json.dumps(
-        {"spec": training_job.get("spec"), "labels": meta.get("labels") or {}}, sort_keys=True
-    )
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+FINALIZER = "resurge.dev/cleanup"
+PODS_REFUSED = "PodsRefused"
+FINISHED = ("Succeeded", "Failed")
+# A status write that loses this many races in a row gives up (it is logged; the next
+# event that needs it writes it again).
+_ATTEMPTS = 5
 
 
 def name_of(obj: dict[str, Any]) -> str:
@@ -46,19 +75,62 @@ def name_of(obj: dict[str, Any]) -> str:
     return str(meta.get("name") or "") if isinstance(meta, dict) else ""
 
 
+def _meta(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def _status(obj: dict[str, Any]) -> dict[str, Any]:
+    status = obj.get("status")
+    return status if isinstance(status, dict) else {}
+
+
+def generation_of(obj: dict[str, Any]) -> int:
+    """``metadata.generation`` (1 where the server set none, or none that counts)."""
+    generation = _meta(obj).get("generation")
+    if isinstance(generation, int) and not isinstance(generation, bool) and generation >= 1:
+        return generation
+    return 1
+
+
+def _conflict(error: BackendError) -> bool:
+    """Whether the API answered 409 Conflict (a precondition failed)."""
+    cause = error.__cause__
+    return isinstance(cause, ApiException) and cause.status == 409
+
+
+def _owners(obj: dict[str, Any]) -> set[str]:
+    """The uids of the TrainingJobs that own ``obj``."""
+    refs = _meta(obj).get("ownerReferences") or []
+    return {
+        str(r.get("uid"))
+        for r in refs
+        if isinstance(r, dict) and r.get("kind") == "TrainingJob" and r.get("uid")
+    }
+
+
 class TrainingJobs:
     """The TrainingJob loop (module docstring); ``known`` holds each TrainingJob as last
     seen, ``gone`` the names of those deleted."""
 
-    def __init__(self, kube: KubeApi, bus: Bus) -> None:
+    def __init__(self, kube: KubeApi, bus: Bus, records: LocalBackend) -> None:
         self.kube = kube
         self.bus = bus
+        self.records = records
         self.namespace = kube.namespace
         self.known: dict[str, dict[str, Any]] = {}
         self.gone: set[str] = set()
+        self._cleaned: set[str] = set()  # uids whose deletion was acted on
+        self._held: set[tuple[str, int]] = set()  # (name, generation) not run: finished
+        self._ownerless: set[str] = set()  # jobs told to have no TrainingJob
+        # uid -> the generation this process submitted: a watch event may carry the
+        # object as it was before the status that records it.
+        self._submitted: dict[str, int] = {}
 
     async def follow(self) -> None:
-        """Submit each TrainingJob's spec once, and delete deleted ones, until cancelled."""
+        """Act on every TrainingJob and each change (module docstring), until cancelled;
+        sweep what deleted ones left once the first list is in."""
+        listed: dict[str, str] = {}
         async for kind, obj in follow(
             self.kube.custom.list_namespaced_custom_object,
             group=CRD_GROUP,
@@ -67,7 +139,12 @@ class TrainingJobs:
             plural=CRD_PLURAL,
         ):
             if kind == SYNCED:
+                try:
+                    await self.sweep(listed)
+                except Exception:  # the next start sweeps again
+                    log.exception("could not sweep what deleted TrainingJobs left")
                 continue
+            listed[name_of(obj)] = str(_meta(obj).get("uid") or "")
             try:
                 await self.on_event(kind, obj)
             except Exception:  # one job's trouble never stops the others'
@@ -77,20 +154,197 @@ class TrainingJobs:
     async def on_event(self, kind: str, obj: dict[str, Any]) -> None:
         """Act on one watch event of a TrainingJob (the module docstring)."""
         name = name_of(obj)
+        meta = _meta(obj)
         if kind == "DELETED":
             self.known.pop(name, None)
             self.gone.add(name)
+            await self._deleted(name, str(meta.get("uid") or ""))
+            return
+        self.known[name] = obj
+        self.gone.discard(name)
+        self._ownerless.discard(name)
+        if meta.get("deletionTimestamp"):
+            await self._deleting(obj)
+            return
+        if FINALIZER not in (meta.get("finalizers") or []):
+            patched = await self._add_finalizer(obj)
+            if patched is None:
+                return  # changed meanwhile: the watch brings the newer version
+            obj = patched
+        await self._submit(obj)
+
+    # -- finalizer and deletion -----------------------------------------------------------
+
+    async def _patch(self, name: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge-patch the TrainingJob itself; None on 409 (its resourceVersion moved on)
+        or 404."""
+        try:
+            got = await self.kube.call(
+                f"patch TrainingJob {name}",
+                self.kube.custom.patch_namespaced_custom_object,
+                CRD_GROUP,
+                CRD_VERSION,
+                self.namespace,
+                CRD_PLURAL,
+                name,
+                body,
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+            )
+        except ApiException as error:  # 404: KubeApi raises it as it is
+            if error.status == 404:
+                return None
+            raise
+        except BackendError as error:
+            if _conflict(error):
+                return None
+            raise
+        return json_of(got)
+
+    async def _add_finalizer(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        meta = _meta(obj)
+        finalizers = [*(meta.get("finalizers") or []), FINALIZER]
+        body = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
+        return await self._patch(name_of(obj), body)
+
+    async def _deleting(self, obj: dict[str, Any]) -> None:
+        """A TrainingJob being deleted: JobDeleted, its pods and Services deleted, then
+        the finalizer removed (where it is still there)."""
+        name, meta = name_of(obj), _meta(obj)
+        uid = str(meta.get("uid") or "")
+        if FINALIZER not in (meta.get("finalizers") or []):
+            return  # done already; it goes with the others' finalizers
+        await self._deleted(name, uid)
+        while obj and FINALIZER in (_meta(obj).get("finalizers") or []):
+            meta = _meta(obj)
+            kept = [f for f in meta.get("finalizers") or [] if f != FINALIZER]
+            body = {
+                "metadata": {"finalizers": kept or None, "resourceVersion": meta["resourceVersion"]}
+            }
+            if await self._patch(name, body) is not None:
+                break
+            obj = await self.kube.training_job(name) or {}  # 409: read it again
+            if _meta(obj).get("uid") != uid:
+                break
+        log.info("TrainingJob %s: cleaned up, finalizer removed", name, extra={"job": name})
+
+    async def _deleted(self, name: str, uid: str) -> None:
+        """Tell the job deleted (once per object) and delete its pods and Services."""
+        if uid not in self._cleaned:
+            self._cleaned.add(uid)
             await self.bus.publish(
                 self.bus.subjects.job(name), JobDeleted(source=self.bus.source, job=name)
             )
             log.info("TrainingJob %s deleted", name, extra={"job": name})
+        await self._delete_dependents(name, uid)
+
+    async def _labelled(self, what: str, selector: str) -> list[dict[str, Any]]:
+        """The pods or Services (``what``) labelled by ``selector``."""
+        fn = (
+            self.kube.core.list_namespaced_pod
+            if what == "pods"
+            else self.kube.core.list_namespaced_service
+        )
+        listed = await self.kube.call(
+            f"list {what} of {selector}",
+            fn,
+            self.namespace,
+            label_selector=selector,
+            _preload_content=False,
+        )
+        return list(json_of(listed).get("items") or [])
+
+    async def _delete_dependents(self, job: str, uid: str) -> None:
+        """Delete ``job``'s pods and Services that the TrainingJob ``uid`` owns, or no
+        TrainingJob does."""
+        for what in ("pods", "services"):
+            for obj in await self._labelled(what, f"{JOB_LABEL}={job}"):
+                owners = _owners(obj)
+                if not owners or uid in owners:
+                    await self._delete(what, name_of(obj))
+
+    async def _delete(self, what: str, name: str) -> None:
+        fn = (
+            self.kube.core.delete_namespaced_pod
+            if what == "pods"
+            else self.kube.core.delete_namespaced_service
+        )
+        try:
+            await self.kube.call(
+                f"delete {what} {name}", fn, name, self.namespace, _preload_content=False
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    async def sweep(self, listed: dict[str, str]) -> None:
+        """What TrainingJobs deleted while no controller ran left (``listed``: name ->
+        uid of each TrainingJob there is): their pods and Services deleted, their jobs'
+        records told deleted."""
+        for what in ("pods", "services"):
+            for obj in await self._labelled(what, JOB_LABEL):
+                job = str(_meta(obj).get("labels", {}).get(JOB_LABEL) or "")
+                owners = _owners(obj)
+                if job not in listed or (owners and listed[job] not in owners):
+                    log.info("deleting %s %s: its TrainingJob is gone", what, name_of(obj))
+                    await self._delete(what, name_of(obj))
+        for job in sorted({g.job for g in await self.records.list_worker_groups()} - set(listed)):
+            await self.no_training_job(job)
+
+    async def no_training_job(self, job: str) -> None:
+        """``job`` has worker groups but no TrainingJob: it cannot run (no pod is made
+        without its TrainingJob); say so, and tell it deleted."""
+        if job in self._ownerless:
             return
-        self.known[name] = obj
-        self.gone.discard(name)
-        digest = spec_digest(obj)
-        if (obj.get("status") or {}).get("submittedSpec") == digest:
+        self._ownerless.add(job)
+        log.warning(
+            "job %s has no TrainingJob: on Kubernetes a job is a TrainingJob (kubectl apply); "
+            "it gets no pod and is deleted",
+            job,
+            extra={"job": job},
+        )
+        await self.bus.publish(
+            self.bus.subjects.job(job), JobDeleted(source=self.bus.source, job=job)
+        )
+
+    # -- submission ---------------------------------------------------------------------
+
+    async def _finished(self, name: str, obj: dict[str, Any]) -> str | None:
+        """The phase of a finished job (its status, or else its status record); None
+        while it has not finished."""
+        phase = _status(obj).get("phase")
+        if phase in FINISHED:
+            return str(phase)
+        record = await self.records.read_job_status(name)
+        phase = (record or {}).get("phase")
+        return str(phase) if phase in FINISHED else None
+
+    async def _submit(self, obj: dict[str, Any]) -> None:
+        name = name_of(obj)
+        uid = str(_meta(obj).get("uid") or "")
+        generation = generation_of(obj)
+        submitted = _status(obj).get("submittedGeneration")
+        if not isinstance(submitted, int) or isinstance(submitted, bool):
+            submitted = None
+        if uid in self._submitted:
+            submitted = max(submitted or 0, self._submitted[uid])
+        if submitted is not None and submitted >= generation:
             return
-        meta = obj.get("metadata") or {}
+        if submitted is not None:  # an edit of a job submitted before
+            finished = await self._finished(name, obj)
+            if finished is not None:
+                if (name, generation) not in self._held:
+                    self._held.add((name, generation))
+                    log.info(
+                        "TrainingJob %s is %s: generation %d is not run (delete and create "
+                        "it to run it again)",
+                        name,
+                        finished,
+                        generation,
+                        extra={"job": name},
+                    )
+                return
+        meta = _meta(obj)
         document = {
             "apiVersion": obj.get("apiVersion"),
             "kind": obj.get("kind"),
@@ -105,19 +359,102 @@ class TrainingJobs:
             job = parse_job(document)
         except JobSpecError as error:
             log.warning("TrainingJob %s rejected: %s", name, error, extra={"job": name})
-            await self._patch_status(
-                name, {"phase": "Failed", "message": str(error), "submittedSpec": digest}
-            )
+            self._submitted[uid] = generation
+            await self._reject(name, generation, str(error))
             await self.event(obj, "InvalidSpec", str(error))
             return
         await self.bus.publish(
             self.bus.subjects.job(name), JobSubmitted(source=self.bus.source, job=name, spec=job)
         )
-        await self._patch_status(name, {"submittedSpec": digest})
-        log.info("TrainingJob %s submitted", name, extra={"job": name})
+        self._submitted[uid] = generation
+        await self.update_status(name, lambda _: {"submittedGeneration": generation})
+        log.info("TrainingJob %s submitted (generation %d)", name, generation, extra={"job": name})
 
-    async def _patch_status(self, name: str, status: dict[str, Any]) -> None:
-        await self.kube.patch_training_job_status(name, {"status": status})
+    async def _reject(self, name: str, generation: int, message: str) -> None:
+        failed = condition("Failed", True, "InvalidSpec", message, generation)
+
+        def change(training_job: dict[str, Any]) -> dict[str, Any]:
+            return {
+                "phase": "Failed",
+                "message": message,
+                "submittedGeneration": generation,
+                "observedGeneration": generation,
+                "conditions": with_condition(_status(training_job).get("conditions"), failed),
+            }
+
+        await self.update_status(name, change)
+
+    # -- refusals -----------------------------------------------------------------------
+
+    async def refused(self, training_job: dict[str, Any], what: str, message: str) -> None:
+        """The API refused to create a ``what`` (Pod, Service) of the job: a Warning
+        Event ``FailedCreate<what>`` and the ``PodsRefused`` condition, both carrying the
+        API's message."""
+        name = name_of(training_job)
+        log.warning("%s of %s refused: %s", what, name, message, extra={"job": name})
+        await self.event(training_job, f"FailedCreate{what}", message)
+        refused = condition(PODS_REFUSED, True, f"FailedCreate{what}", message, 0)
+        await self._set(name, refused)
+
+    async def admitted(self, training_job: dict[str, Any]) -> None:
+        """A pod of the job was created: ``PodsRefused`` False again, where it was True."""
+        conditions = _status(training_job).get("conditions") or []
+        if not any(
+            isinstance(c, dict) and c.get("type") == PODS_REFUSED and c.get("status") == "True"
+            for c in conditions
+        ):
+            return
+        await self._set(name_of(training_job), condition(PODS_REFUSED, False, "PodCreated", "", 0))
+
+    async def _set(self, name: str, new: dict[str, Any]) -> None:
+        def change(training_job: dict[str, Any]) -> dict[str, Any] | None:
+            stamped = {**new, "observedGeneration": generation_of(training_job)}
+            before = _status(training_job).get("conditions")
+            after = with_condition(before, stamped)
+            return None if after == before else {"conditions": after}
+
+        await self.update_status(name, change)
+
+    async def update_status(
+        self, name: str, change: Callable[[dict[str, Any]], dict[str, Any] | None]
+    ) -> bool:
+        """Merge ``change(training_job)`` (fields of ``status``; None: nothing to write)
+        into TrainingJob ``name``'s status, preconditioned on the resourceVersion read; on
+        409 read again and retry. Whether it was written (False: the TrainingJob is gone,
+        nothing to write, or every attempt lost its race)."""
+        for _ in range(_ATTEMPTS):
+            training_job = await self.kube.training_job(name)
+            if training_job is None:
+                return False
+            fields = change(training_job)
+            if fields is None:
+                return False
+            version = _meta(training_job).get("resourceVersion")
+            body = {"metadata": {"resourceVersion": version}, "status": fields}
+            try:
+                await self.kube.call(
+                    f"patch the status of TrainingJob {name}",
+                    self.kube.custom.patch_namespaced_custom_object_status,
+                    CRD_GROUP,
+                    CRD_VERSION,
+                    self.namespace,
+                    CRD_PLURAL,
+                    name,
+                    body,
+                    _content_type=MERGE_PATCH,
+                    _preload_content=False,
+                )
+            except ApiException as error:  # 404: KubeApi raises it as it is
+                if error.status == 404:
+                    return False
+                raise
+            except BackendError as error:
+                if _conflict(error):
+                    continue
+                raise
+            return True
+        log.warning("status of TrainingJob %s: lost %d races in a row", name, _ATTEMPTS)
+        return False
 
     async def event(
         self, training_job: dict[str, Any], reason: str, message: str, warning: bool = True
