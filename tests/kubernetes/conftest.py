@@ -55,6 +55,7 @@ import kmock
 import pytest
 import yaml
 
+from resurge.jobspec.crd import training_job_crd
 from tests.kubernetes.emulator import ClusterEmulator
 from tests.kubernetes.kubelet import ProcessKubelet, process_environment, running_kubelet
 
@@ -262,6 +263,8 @@ class KubeApi:
 async def _serve(tmp_path: Path) -> AsyncIterator[KubeApi]:
     """Start the emulator on 127.0.0.1, a random port, on the running loop; stop it after."""
     async with ClusterEmulator() as emulator, kmock.Server(emulator) as server:
+        # The CRD as the product generates it now, so the schema enforced is the one shipped.
+        emulator.register_crd(training_job_crd())
         url = str(server.url).rstrip("/")
         api = KubeApi(
             url=url,

@@ -25,8 +25,19 @@ lacks this; the fixture supplies it" where it is done):
   once, right after the owner's DELETED event, instead of eventually);
 - registered resources, so discovery (with the official client's trailing slashes),
   ``CoreV1Api``, ``CoordinationV1Api``, ``CustomObjectsApi`` and the dynamic client work:
-  v1 nodes, pods, services, events, configmaps; coordination.k8s.io/v1 leases;
-  resurge.dev/v1alpha1 trainingjobs.
+  v1 nodes, pods, services, events, configmaps; coordination.k8s.io/v1 leases; and custom
+  resources from their CRDs (``register_crd``: the fixture registers the TrainingJob CRD
+  the product generates, ``resurge.jobspec.crd.training_job_crd()``);
+- custom resources decoded and checked by their CRD's structural schema (admission.py):
+  unknown fields pruned (kept in ``pruned_fields``, answered as Warning headers, refused
+  with 400 under ``fieldValidation=Strict``), defaults applied, then the schema's checks
+  and its CEL rules (``x-kubernetes-validations``, transition rules with ``oldSelf`` on
+  updates only), with validation ratcheting; 422 Invalid worded as the apiserver words it;
+  /status checks status and the main resource the rest; ``metadata.generation`` grows
+  with changes outside metadata and status;
+- names checked by kind (DNS-1123 subdomain; a Service's an RFC 1035 label; a pod's
+  ``spec.hostname``/``spec.subdomain`` RFC 1123 labels), ``generateName`` too, labels and
+  annotations; unknown ``metadata`` fields pruned for every kind.
 
 Everything runs on the event loop the emulator serves on: the HTTP handlers and the
 test-side methods (``create_object``, ``replace_object``, ``patch_object``,
@@ -36,12 +47,15 @@ loop only; ``conftest.KubeApi`` does that from any thread. kmock's DSL still wor
 a reaction a test adds wins over the emulator, e.g. ``emulator["get /api/v1/nodes"] << 503``
 fails every node list from then on.
 
-Not done as on a real server (no test here needs it): no admission or schema validation,
-defaulting or pruning of custom resources; no server-side apply (415); no scheduler, kubelet
-or node controller (pods stay where they were put, unscheduled pods stay Pending, and a pod
-is deleted at once instead of gracefully); no ``dryRun``; ``limit``/``continue`` are
-ignored (a list is always whole, which a real server may also do); namespaces are not
-objects (any namespace exists); no authentication or authorization.
+Not done as on a real server (no test here needs it): built-in kinds are not checked or
+pruned beyond their metadata, names and a pod's hostname and subdomain (a Service's ports,
+a pod's containers, immutable pod fields: anything goes); no admission webhooks, Pod
+Security or quotas; the CEL limits of admission.py's doc; one version per CRD, no
+conversion; no server-side apply (415); no scheduler, kubelet or node controller (pods stay
+where they were put, unscheduled pods stay Pending, and a pod is deleted at once instead of
+gracefully); no ``dryRun``; ``limit``/``continue`` are ignored (a list is always whole,
+which a real server may also do); namespaces are not objects (any namespace exists); no
+authentication or authorization.
 """
 
 from __future__ import annotations
@@ -65,6 +79,7 @@ import attrs
 import kmock
 from kmock._internal.rendering import Response as KResponse
 
+from tests.kubernetes import admission
 from tests.kubernetes.patches import PatchError, json_patch, merge_patch, strategic_merge_patch
 from tests.kubernetes.selectors import SelectorError, field_selector, label_selector
 
@@ -96,6 +111,11 @@ class Kind:
     spec_replicas_path: str = ""
     status_replicas_path: str = ""
     label_selector_path: str = ""
+    # How metadata.name is checked (admission.NAME_RULES): most kinds take a DNS-1123
+    # subdomain, a Service an RFC 1035 label.
+    name_rule: str = "subdomain"
+    # A custom resource's structural schema (its CRD version's openAPIV3Schema).
+    schema: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -113,15 +133,15 @@ class Kind:
     def has_status(self) -> bool:
         return "status" in self.subresources
 
+    @property
+    def qualified(self) -> str:
+        """The kind as the apiserver's messages name it: ``Pod``, ``Lease.coordination.k8s.io``."""
+        return f"{self.kind}.{self.group}" if self.group else self.kind
+
     def names(self) -> set[str]:
         """Every name ``ClusterEmulator.kind`` finds this kind by (lower-case)."""
         return {self.plural, self.singular, self.kind.lower(), *self.shortnames}
 
-
-# The scale subresource of trainingjobs: the CRD (deploy/base/crd/) declares none yet; these
-# paths stand in until it does (a real cluster with today's CRD answers 404 for /scale).
-TRAININGJOB_SPEC_REPLICAS = "spec.replicas.max"
-TRAININGJOB_STATUS_REPLICAS = "status.replicas.current"
 
 BUILTIN_KINDS: tuple[Kind, ...] = (
     Kind(
@@ -155,6 +175,7 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
         namespaced=True,
         singular="service",
         shortnames=("svc",),
+        name_rule="rfc1035-label",
         subresources=("status",),
         delete_returns_object=True,
         status_on_create={"loadBalancer": {}},
@@ -170,21 +191,33 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
         shortnames=("cm",),
     ),
     Kind("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True, singular="lease"),
-    Kind(
-        "resurge.dev",
-        "v1alpha1",
-        "trainingjobs",
-        "TrainingJob",
-        namespaced=True,
-        singular="trainingjob",
-        shortnames=("tj",),
-        subresources=("status", "scale"),
+)
+
+
+def kind_from_crd(crd: Mapping[str, Any]) -> Kind:
+    """The Kind a CustomResourceDefinition (apiextensions.k8s.io/v1) declares: its storage
+    version, names, scope, subresources and schema."""
+    spec = crd["spec"]
+    names = spec["names"]
+    version = next(v for v in spec["versions"] if v.get("storage"))
+    subresources = version.get("subresources") or {}
+    scale = subresources.get("scale") or {}
+    return Kind(
+        spec["group"],
+        version["name"],
+        names["plural"],
+        names["kind"],
+        namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+        singular=names.get("singular") or names["kind"].lower(),
+        shortnames=tuple(names.get("shortNames") or ()),
+        subresources=tuple(name for name in ("status", "scale") if name in subresources),
         builtin=False,
         delete_returns_object=True,
-        spec_replicas_path=TRAININGJOB_SPEC_REPLICAS,
-        status_replicas_path=TRAININGJOB_STATUS_REPLICAS,
-    ),
-)
+        spec_replicas_path=scale.get("specReplicasPath", "").lstrip("."),
+        status_replicas_path=scale.get("statusReplicasPath", "").lstrip("."),
+        label_selector_path=(scale.get("labelSelectorPath") or "").lstrip("."),
+        schema=(version.get("schema") or {}).get("openAPIV3Schema"),
+    )
 
 
 @dataclass(frozen=True)
@@ -255,6 +288,11 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     requests: collections.Counter[tuple[str, str]] = attrs.field(
         factory=collections.Counter, init=False
     )
+    # Every field a write's decoding pruned: (plural, name, path), e.g.
+    # ("trainingjobs", "j", "status.submittedSpec"). A real server only warns of them.
+    pruned_fields: list[tuple[str, str, str]] = attrs.field(factory=list, init=False)
+    # The warnings of the request being served (sent as Warning headers).
+    warnings: list[str] = attrs.field(factory=list, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -294,6 +332,12 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             shortnames=kind.shortnames,
             subresources=kind.subresources,
         )
+
+    def register_crd(self, crd: Mapping[str, Any]) -> Kind:
+        """Serve the custom resource a CRD declares, checked by its schema (module doc)."""
+        kind = kind_from_crd(crd)
+        self.register(kind)
+        return kind
 
     def kind(self, name: str) -> Kind:
         """The registered kind by plural, singular, kind or short name (any case)."""
@@ -382,7 +426,11 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         return str(self._rv)
 
     def create_object(
-        self, kind: str | Kind, body: Mapping[str, Any], namespace: str | None = None
+        self,
+        kind: str | Kind,
+        body: Mapping[str, Any],
+        namespace: str | None = None,
+        field_validation: str = "Warn",
     ) -> dict[str, Any]:
         """Create an object as a POST does; returns it as stored.
 
@@ -390,10 +438,10 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         and the status reset of a create; the fixture supplies them.
         """
         kind = kind if isinstance(kind, Kind) else self.kind(kind)
-        obj = copy.deepcopy(dict(body))
-        meta = obj.setdefault("metadata", {})
-        if not isinstance(meta, dict):
+        if not isinstance(body.get("metadata", {}), dict):
             raise error(400, "BadRequest", "metadata must be an object")
+        obj = self._decode(kind, body, field_validation)
+        meta = obj.setdefault("metadata", {})
         if kind.namespaced:
             body_ns = meta.get("namespace")
             namespace = namespace or body_ns or "default"
@@ -408,18 +456,12 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         else:
             meta.pop("namespace", None)
             namespace = None
-        if not meta.get("name"):
-            if not meta.get("generateName"):
-                raise error(
-                    422,
-                    "Invalid",
-                    f"{kind.kind} is invalid: metadata.name: Required value",
-                    kind=kind.kind,
-                )
+        if not meta.get("name") and meta.get("generateName"):
+            # As the apiserver: the prefix cut to 58 characters, then 5 random ones.
             suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
-            meta["name"] = meta["generateName"] + suffix
-        name = meta["name"]
-        if self._stored(kind, namespace, name) is not None:
+            meta["name"] = str(meta["generateName"])[:58] + suffix
+        name = str(meta.get("name") or "")
+        if name and self._stored(kind, namespace, name) is not None:
             raise error(
                 409,
                 "AlreadyExists",
@@ -440,10 +482,107 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 obj["status"] = copy.deepcopy(dict(kind.status_on_create))
             elif not kind.keep_status_on_create:
                 obj.pop("status", None)
+        errors = self._meta_errors(kind, meta, create=True) + self._spec_errors(kind, obj)
+        if kind.schema is not None:
+            errors += admission.field_errors(kind.schema, obj)
+        if errors:
+            raise self._invalid(kind, name, errors)
         meta["resourceVersion"] = self._next_rv()
         self._write(kind, obj)
         self._emit(kind, "ADDED", obj, None)
         return copy.deepcopy(obj)
+
+    # -- admission --------------------------------------------------------------------------
+
+    def _decode(
+        self, kind: Kind, body: Mapping[str, Any], field_validation: str = "Warn"
+    ) -> dict[str, Any]:
+        """A request body as the apiserver decodes it: unknown fields pruned (ObjectMeta's
+        for every kind; by the schema, then defaulted, for a custom resource).
+
+        What was pruned is kept in ``pruned_fields`` and answered as Warning headers; with
+        ``fieldValidation=Strict`` (kubectl's default) it is refused with 400 instead, as
+        the apiserver does ("Field validation",
+        https://kubernetes.io/docs/reference/using-api/api-concepts/#field-validation).
+        """
+        obj: dict[str, Any]
+        if kind.schema is not None:
+            pruned, removed = admission.prune(kind.schema, dict(body))
+            obj = admission.default(kind.schema, pruned)
+        else:
+            obj = copy.deepcopy(dict(body))
+            meta, removed = admission.object_meta(obj.get("metadata") or {})
+            if "metadata" in obj:
+                obj["metadata"] = meta
+        if removed and field_validation.lower() == "strict":
+            unknown = ", ".join(f'unknown field "{path}"' for path in removed)
+            raise error(
+                400,
+                "BadRequest",
+                f'{kind.kind} in version "{kind.version}" cannot be handled as a {kind.kind}: '
+                f"strict decoding error: {unknown}",
+            )
+        meta = obj.get("metadata") or {}
+        for path in removed:
+            self.pruned_fields.append((kind.plural, str(meta.get("name") or ""), path))
+            self.warnings.append(f'unknown field "{path}"')
+        return obj
+
+    @staticmethod
+    def _meta_errors(
+        kind: Kind, meta: Mapping[str, Any], create: bool
+    ) -> list[admission.FieldError]:
+        """ObjectMeta's errors: the name by the kind's rule (on create), labels, annotations.
+
+        The emulator lacks these; the fixture supplies them as the apiserver's
+        ValidateObjectMeta does ("Object Names and IDs",
+        https://kubernetes.io/docs/concepts/overview/working-with-objects/names/).
+        """
+        errors: list[admission.FieldError] = []
+        if create:
+            prefix = str(meta.get("generateName") or "")
+            if prefix:
+                errors += admission.name_errors(
+                    kind.name_rule, prefix, "metadata.generateName", prefix=True
+                )
+            name = str(meta.get("name") or "")
+            if not name:
+                errors.append(
+                    admission.FieldError(
+                        "metadata.name",
+                        "FieldValueRequired",
+                        detail="name or generateName is required",
+                    )
+                )
+            else:
+                errors += admission.name_errors(kind.name_rule, name, "metadata.name")
+        return errors + admission.metadata_errors(meta)
+
+    @staticmethod
+    def _spec_errors(kind: Kind, obj: Mapping[str, Any]) -> list[admission.FieldError]:
+        """A pod's spec.hostname and spec.subdomain, each an RFC 1123 label, as the
+        apiserver's pod validation checks them."""
+        if kind.key != ("", "v1", "pods"):
+            return []
+        spec = obj.get("spec") or {}
+        errors: list[admission.FieldError] = []
+        for name in ("hostname", "subdomain"):
+            if spec.get(name):
+                errors += admission.name_errors("rfc1123-label", str(spec[name]), f"spec.{name}")
+        return errors
+
+    @staticmethod
+    def _invalid(kind: Kind, name: str, errors: list[admission.FieldError]) -> Exception:
+        """A 422 Invalid as the apiserver answers it: the message, and a cause per error."""
+        return error(
+            422,
+            "Invalid",
+            admission.invalid_message(kind.qualified, name, errors),
+            name=name,
+            group=kind.group,
+            kind=kind.kind,
+            causes=[e.cause() for e in errors],
+        )
 
     def replace_object(
         self,
@@ -452,6 +591,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         body: Mapping[str, Any],
         namespace: str | None = None,
         subresource: str | None = None,
+        field_validation: str = "Warn",
     ) -> dict[str, Any]:
         """Replace an object (or its status) as a PUT does; returns the result.
 
@@ -460,7 +600,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         """
         kind = kind if isinstance(kind, Kind) else self.kind(kind)
         old = self.get_object(kind, name, namespace)
-        new = copy.deepcopy(dict(body))
+        new = self._decode(kind, body, field_validation)
         given_rv = (new.get("metadata") or {}).get("resourceVersion")
         if not given_rv and not kind.builtin and subresource is None:
             raise error(
@@ -482,6 +622,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         namespace: str | None = None,
         subresource: str | None = None,
         content_type: str = MERGE_PATCH,
+        field_validation: str = "Warn",
     ) -> dict[str, Any]:
         """Patch an object (or its status) as a PATCH with ``content_type`` does.
 
@@ -511,6 +652,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             raise error(422, "Invalid", str(exc), name=name, kind=kind.kind) from exc
         if not isinstance(new, dict):
             raise error(422, "Invalid", "the patched object is not an object", name=name)
+        if subresource != "scale":
+            new = self._decode(kind, new, field_validation)
         given_rv = (new.get("metadata") or {}).get("resourceVersion")
         return self._update(kind, old, new, subresource, given_rv or None)
 
@@ -606,6 +749,14 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 "the server could not find the requested resource",
             )
         result["metadata"]["resourceVersion"] = meta_old["resourceVersion"]
+        errors: list[admission.FieldError] = []
+        if subresource is None:
+            errors += self._meta_errors(kind, result["metadata"], create=False)
+            errors += self._spec_errors(kind, result)
+        if kind.schema is not None:
+            errors += admission.field_errors(kind.schema, result, old)
+        if errors:
+            raise self._invalid(kind, name, errors)
         if result == old:
             return old  # a real server writes nothing for a no-op: no new version, no event
         if kind.has_status and _without_meta_and_status(result) != _without_meta_and_status(old):
@@ -830,9 +981,19 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         return kind
 
     async def _serve_resource(self, request: kmock.Request) -> kmock.Payload:
+        self.warnings = []
+        response = self._answer(request)
+        if self.warnings and isinstance(response, KResponse):
+            # One Warning header, its values comma-separated (RFC 9110), as a client reads it.
+            shown = ", ".join(f"299 - {json.dumps(text)}" for text in self.warnings)
+            response = attrs.evolve(response, headers={"Warning": shown})
+        return response
+
+    def _answer(self, request: kmock.Request) -> kmock.Payload:
         kind = self._kind_for(request)
         method = str(request.method.value).upper()
         params = request.params
+        validation = str(params.get("fieldValidation") or "Warn")
         name, sub = request.name, request.subresource
         if sub is not None and (sub not in kind.subresources or name is None):
             raise error(404, "NotFound", "the server could not find the requested resource")
@@ -851,18 +1012,21 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if method == "POST" and name is None:
             if not isinstance(body, dict):
                 raise error(400, "BadRequest", "the body is not an object")
-            return KResponse(status=201, payload=self.create_object(kind, body, request.namespace))
+            created = self.create_object(kind, body, request.namespace, validation)
+            return KResponse(status=201, payload=created)
         if method == "PUT" and name is not None:
             if not isinstance(body, dict):
                 raise error(400, "BadRequest", "the body is not an object")
             if sub == "scale":
                 obj = self.patch_object(kind, name, body, request.namespace, sub, MERGE_PATCH)
                 return KResponse(status=200, payload=self._scale_of(kind, obj))
-            obj = self.replace_object(kind, name, body, request.namespace, sub)
+            obj = self.replace_object(kind, name, body, request.namespace, sub, validation)
             return KResponse(status=200, payload=obj)
         if method == "PATCH" and name is not None:
             content_type = self._content_type(request)
-            obj = self.patch_object(kind, name, body, request.namespace, sub, content_type)
+            obj = self.patch_object(
+                kind, name, body, request.namespace, sub, content_type, validation
+            )
             payload = self._scale_of(kind, obj) if sub == "scale" else obj
             return KResponse(status=200, payload=payload)
         if method == "DELETE":

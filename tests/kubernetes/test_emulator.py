@@ -16,11 +16,11 @@ import kubernetes.client as client
 import kubernetes.config as config
 import kubernetes.watch as watch
 import pytest
-import yaml
 from kubernetes.client.exceptions import ApiException
 
+from resurge.jobspec.crd import training_job_crd
 from tests.kubernetes.conftest import GPU, NOT_READY_TAINT, KubeApi
-from tests.kubernetes.emulator import TRAININGJOB_SPEC_REPLICAS, ClusterEmulator
+from tests.kubernetes.emulator import ClusterEmulator
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NS = "default"
@@ -254,9 +254,9 @@ def test_custom_objects_on_trainingjobs(kube_api_thread: KubeApi) -> None:
     assert status["metadata"]["generation"] == 1  # a status change is no new generation
 
     spec: Any = api.patch_namespaced_custom_object(
-        *TJ, NS, "trainingjobs", "j", {"spec": {"replicas": {"max": 4}}}
+        *TJ, NS, "trainingjobs", "j", {"spec": {"monitoring": {"heartbeatTimeoutSeconds": 90}}}
     )
-    assert spec["spec"]["replicas"] == {"min": 1, "max": 4}
+    assert spec["spec"]["monitoring"]["heartbeatTimeoutSeconds"] == 90
     assert spec["metadata"]["generation"] == 2
     assert spec["status"]["phase"] == "Running"
 
@@ -264,16 +264,13 @@ def test_custom_objects_on_trainingjobs(kube_api_thread: KubeApi) -> None:
     assert [item["metadata"]["name"] for item in listed["items"]] == ["j"]
     assert listed["metadata"]["resourceVersion"] == spec["metadata"]["resourceVersion"]
 
-    scale: Any = api.get_namespaced_custom_object_scale(*TJ, NS, "trainingjobs", "j")
-    assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 4
-    assert scale["status"]["replicas"] == 2
-    api.patch_namespaced_custom_object_scale(
-        *TJ, NS, "trainingjobs", "j", {"spec": {"replicas": 3}}
-    )
-    path = TRAININGJOB_SPEC_REPLICAS.split(".")
-    stored = kube_api_thread.get("tj", "j", NS)
-    assert stored[path[0]][path[1]][path[2]] == 3
+    with pytest.raises(ApiException) as no_scale:  # the CRD declares no scale subresource
+        api.get_namespaced_custom_object_scale(*TJ, NS, "trainingjobs", "j")
+    assert no_scale.value.status == 404
 
+    api.patch_namespaced_custom_object_status(
+        *TJ, NS, "trainingjobs", "j", {"status": {"phase": "Succeeded"}}
+    )
     stale = {**spec, "spec": {"replicas": {"min": 1, "max": 8}}}  # an old resourceVersion
     with pytest.raises(ApiException) as conflict:
         api.replace_namespaced_custom_object(*TJ, NS, "trainingjobs", "j", stale)
@@ -284,7 +281,7 @@ def test_custom_objects_on_trainingjobs(kube_api_thread: KubeApi) -> None:
 
 
 def test_trainingjobs_are_registered_as_the_crd_declares_them(kube_api_thread: KubeApi) -> None:
-    crd = yaml.safe_load((REPO_ROOT / "deploy/base/crd/trainingjobs.yaml").read_text())
+    crd = training_job_crd()  # what deploy/crds/trainingjobs.yaml is generated from
     names, version = crd["spec"]["names"], crd["spec"]["versions"][0]
     kind = kube_api_thread.emulator.kind("trainingjobs")
     assert (kind.group, kind.version) == (crd["spec"]["group"], version["name"])
@@ -295,12 +292,13 @@ def test_trainingjobs_are_registered_as_the_crd_declares_them(kube_api_thread: K
     )
     assert list(kind.shortnames) == names["shortNames"]
     assert kind.namespaced == (crd["spec"]["scope"] == "Namespaced")
-    assert set(version["subresources"]) <= set(kind.subresources)
+    assert set(version["subresources"]) == set(kind.subresources)
+    assert kind.schema == version["schema"]["openAPIV3Schema"]
 
     found: Any = client.CustomObjectsApi(kube_api_thread.api_client()).get_api_resources(*TJ)
     by_name = {r.name: r for r in found.resources}
     assert by_name["trainingjobs"].short_names == ["tj"] and by_name["trainingjobs"].namespaced
-    assert {"trainingjobs/status", "trainingjobs/scale"} <= set(by_name)
+    assert {f"trainingjobs/{sub}" for sub in version["subresources"]} <= set(by_name)
     core_found = raw(core(kube_api_thread).get_api_resources())
     assert core_found["groupVersion"] == "v1"
     scopes = {r["name"]: r["namespaced"] for r in core_found["resources"]}
