@@ -62,7 +62,7 @@ bench: $(INSTALLED)
 	$(BIN)/python bench/chaos.py
 
 schemas: $(INSTALLED)
-	$(BIN)/resurge schema --out docs/schemas --crd deploy/base/crd/trainingjobs.yaml
+	$(BIN)/resurge schema --out docs/schemas --crd deploy/crds/trainingjobs.yaml
 	$(BIN)/resurge schema | $(BIN)/python -m resurge.contract.reference events docs/events.md
 	$(BIN)/resurge schema | $(BIN)/python -m resurge.contract.reference asyncapi docs/asyncapi.yaml
 

@@ -1,5 +1,5 @@
 """The TrainingJob CRD: generated from the models, structural, valid for Kubernetes, and
-committed as generated (deploy/base/crd/trainingjobs.yaml)."""
+committed as generated (deploy/crds/trainingjobs.yaml)."""
 
 import subprocess
 from collections.abc import Iterator
@@ -19,7 +19,7 @@ from resurge.jobspec.crd import training_job_crd
 from resurge.jobspec.structural import StructuralSchemaError, structural_schema
 
 REPO = Path(__file__).resolve().parents[2]
-COMMITTED = REPO / "deploy" / "base" / "crd" / "trainingjobs.yaml"
+COMMITTED = REPO / "deploy" / "crds" / "trainingjobs.yaml"
 
 
 def version() -> dict[str, Any]:
@@ -48,7 +48,7 @@ def nodes(schema: dict[str, Any], where: str = "") -> Iterator[tuple[str, dict[s
 
 def test_committed_crd_is_current() -> None:
     assert COMMITTED.read_text() == crd_yaml(), (
-        "deploy/base/crd/trainingjobs.yaml is stale: run `make schemas`"
+        "deploy/crds/trainingjobs.yaml is stale: run `make schemas`"
     )
 
 
@@ -252,9 +252,9 @@ def test_an_unknown_keyword_is_named() -> None:
 # kustomize
 
 
-def test_kustomize_builds_the_base_with_the_crd() -> None:
+def test_kustomize_builds_the_crds_folder_with_the_crd() -> None:
     built = subprocess.run(
-        [str(kubectl_path()), "kustomize", str(REPO / "deploy" / "base")],
+        [str(kubectl_path()), "kustomize", str(REPO / "deploy" / "crds")],
         capture_output=True,
         text=True,
         timeout=60,
@@ -263,7 +263,7 @@ def test_kustomize_builds_the_base_with_the_crd() -> None:
     assert built.returncode == 0, built.stderr
     crds = [d for d in yaml.safe_load_all(built.stdout) if d["kind"] == "CustomResourceDefinition"]
     expected = training_job_crd()
-    # the base labels what it installs; the CRD is otherwise the generated one
+    # the folder labels what it installs; the CRD is otherwise the generated one
     assert [(c["metadata"]["name"], c["spec"]) for c in crds] == [
         (expected["metadata"]["name"], expected["spec"])
     ]

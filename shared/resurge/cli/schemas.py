@@ -1,5 +1,5 @@
 """JSON Schemas of every event kind and of the TrainingJob, for the docs and for users;
-and the TrainingJob CustomResourceDefinition as YAML, for deploy/base/crd/."""
+and the TrainingJob CustomResourceDefinition as YAML, for deploy/crds/."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ __all__ = [
 
 CRD_HEADER = (
     "# Generated from the TrainingJob models (shared/resurge/jobspec/) by\n"
-    "# `resurge schema --crd deploy/base/crd/trainingjobs.yaml` (make schemas): do not edit.\n"
+    "# `resurge schema --crd deploy/crds/trainingjobs.yaml` (make schemas): do not edit.\n"
 )
 
 

@@ -4,7 +4,7 @@
 ``resurge.dev``, version ``v1alpha1``, kind ``TrainingJob``, plural ``trainingjobs``,
 short name ``tj``, namespaced. Its ``openAPIV3Schema`` is :class:`TrainingJob`'s JSON
 Schema made structural (:mod:`resurge.jobspec.structural`), so the models stay the one
-source of truth; ``resurge schema --crd`` writes it to deploy/base/crd/trainingjobs.yaml.
+source of truth; ``resurge schema --crd`` writes it to deploy/crds/trainingjobs.yaml.
 
 What the CRD accepts, and why it differs from :func:`~resurge.jobspec.parse_job`:
 
