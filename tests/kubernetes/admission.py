@@ -61,6 +61,7 @@ __all__ = [
     "metadata_errors",
     "name_errors",
     "object_meta",
+    "pod_spec_errors",
     "prune",
     "validate",
 ]
@@ -923,4 +924,57 @@ def metadata_errors(meta: Mapping[str, Any]) -> list[FieldError]:
                 detail=f"must have at most {ANNOTATIONS_TOTAL} bytes",
             )
         )
+    return errors
+
+
+_IANA_SVC_NAME = "[a-z0-9]([a-z0-9-]*[a-z0-9])?"
+
+
+def _port_name_errors(name: str, path: str) -> list[FieldError]:
+    """A container port's name as an IANA service name: at most 15 characters, lower-case
+    alphanumerics and '-', at least one letter, no '--', no '-' at either end."""
+    problems = []
+    if len(name) > 15:
+        problems.append("must be no more than 15 characters")
+    if not re.fullmatch(_IANA_SVC_NAME, name):
+        problems.append(
+            "must contain only alpha-numeric characters (a-z, 0-9), and hyphens (-)"
+            if re.search("[^a-z0-9-]", name)
+            else "must not begin or end with a hyphen (-)"
+        )
+    if "--" in name:
+        problems.append("must not contain consecutive hyphens (-)")
+    if not re.search("[a-z]", name):
+        problems.append("must contain at least one letter (a-z)")
+    return [FieldError(path, "FieldValueInvalid", name, problem) for problem in problems]
+
+
+def pod_spec_errors(spec: Mapping[str, Any]) -> list[FieldError]:
+    """What the apiserver's pod validation finds in these parts of a pod's ``spec``:
+    ``hostname`` and ``subdomain`` (RFC 1123 labels; "DNS for Services and Pods"), the
+    containers (at least one; each named by a unique RFC 1123 label, with an image) and
+    their ports' names (IANA service names; "Pod" API reference, ContainerPort)."""
+    errors: list[FieldError] = []
+    for name in ("hostname", "subdomain"):
+        if spec.get(name):
+            errors += name_errors("rfc1123-label", str(spec[name]), f"spec.{name}")
+    containers = spec.get("containers") or []
+    if not containers:
+        errors.append(FieldError("spec.containers", "FieldValueRequired"))
+    seen: set[str] = set()
+    for i, container in enumerate(containers):
+        where = f"spec.containers[{i}]"
+        name = str(container.get("name") or "")
+        if not name:
+            errors.append(FieldError(f"{where}.name", "FieldValueRequired"))
+        elif name in seen:
+            errors.append(FieldError(f"{where}.name", "FieldValueDuplicate", name))
+        else:
+            errors += name_errors("rfc1123-label", name, f"{where}.name")
+        seen.add(name)
+        if not container.get("image"):
+            errors.append(FieldError(f"{where}.image", "FieldValueRequired"))
+        for j, port in enumerate(container.get("ports") or []):
+            if port.get("name"):
+                errors += _port_name_errors(str(port["name"]), f"{where}.ports[{j}].name")
     return errors

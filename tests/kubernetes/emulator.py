@@ -35,9 +35,10 @@ lacks this; the fixture supplies it" where it is done):
   updates only), with validation ratcheting; 422 Invalid worded as the apiserver words it;
   /status checks status and the main resource the rest; ``metadata.generation`` grows
   with changes outside metadata and status;
-- names checked by kind (DNS-1123 subdomain; a Service's an RFC 1035 label; a pod's
-  ``spec.hostname``/``spec.subdomain`` RFC 1123 labels), ``generateName`` too, labels and
-  annotations; unknown ``metadata`` fields pruned for every kind.
+- names checked by kind (DNS-1123 subdomain; a Service's an RFC 1035 label), ``generateName``
+  too, labels and annotations; unknown ``metadata`` fields pruned for every kind; of a
+  pod's spec: ``hostname``/``subdomain`` (RFC 1123 labels), its containers (at least one,
+  unique RFC 1123 label names, an image) and their port names (IANA service names).
 
 Everything runs on the event loop the emulator serves on: the HTTP handlers and the
 test-side methods (``create_object``, ``replace_object``, ``patch_object``,
@@ -48,8 +49,9 @@ a reaction a test adds wins over the emulator, e.g. ``emulator["get /api/v1/node
 fails every node list from then on.
 
 Not done as on a real server (no test here needs it): built-in kinds are not checked or
-pruned beyond their metadata, names and a pod's hostname and subdomain (a Service's ports,
-a pod's containers, immutable pod fields: anything goes); no admission webhooks, Pod
+pruned beyond the list above (a Service's ports, a pod's resources or volumes: anything
+goes; a pod's spec is not immutable, so the process kubelet binds a pod by patching its
+``spec.nodeName`` instead of through ``pods/binding``); no admission webhooks, Pod
 Security or quotas; the CEL limits of admission.py's doc; one version per CRD, no
 conversion; no server-side apply (415); no scheduler, kubelet or node controller (pods stay
 where they were put, unscheduled pods stay Pending, and a pod is deleted at once instead of
@@ -560,16 +562,11 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     @staticmethod
     def _spec_errors(kind: Kind, obj: Mapping[str, Any]) -> list[admission.FieldError]:
-        """A pod's spec.hostname and spec.subdomain, each an RFC 1123 label, as the
-        apiserver's pod validation checks them."""
+        """What the apiserver's pod validation checks of a pod's spec here (the rest is
+        not checked): admission.pod_spec_errors."""
         if kind.key != ("", "v1", "pods"):
             return []
-        spec = obj.get("spec") or {}
-        errors: list[admission.FieldError] = []
-        for name in ("hostname", "subdomain"):
-            if spec.get(name):
-                errors += admission.name_errors("rfc1123-label", str(spec[name]), f"spec.{name}")
-        return errors
+        return admission.pod_spec_errors(obj.get("spec") or {})
 
     @staticmethod
     def _invalid(kind: Kind, name: str, errors: list[admission.FieldError]) -> Exception:

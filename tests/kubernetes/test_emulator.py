@@ -342,7 +342,7 @@ def test_watch_reconnects_after_break_without_missing_an_event(kube_api_thread: 
 
     def break_then_create(em: ClusterEmulator) -> int:
         broken = em.break_watches()
-        em.create_object("pods", {"metadata": {"name": "c"}}, NS)  # while nothing watches
+        em.create_object("pods", raw(pod("c")), NS)  # while nothing watches
         return broken
 
     w = new_watch()

@@ -937,3 +937,41 @@ def test_labels_and_annotations_are_validated(kube_api_thread: KubeApi) -> None:
         )
     )
     assert kube_api_thread.get("pods", "a")["metadata"]["labels"] == ok["metadata"]["labels"]
+
+
+def test_a_pods_containers_are_named_and_have_an_image(kube_api_thread: KubeApi) -> None:
+    """Pod API reference, "Container" and "ContainerPort"
+    (https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/#Container):
+    a pod has at least one container; each container's ``name`` is a DNS label (RFC 1123)
+    unique in the pod, and its ``image`` is required (no default); a port's ``name`` is an
+    IANA service name (at most 15 characters, at least one letter)."""
+    api = core(kube_api_thread)
+
+    def with_containers(name: str, containers: list[dict[str, Any]]) -> dict[str, Any]:
+        return {**pod(name), "spec": {"containers": containers}}
+
+    assert invalid(lambda: api.create_namespaced_pod(NS, with_containers("a", []))) == (
+        'Pod "a" is invalid: spec.containers: Required value'
+    )
+    two = [{"name": "worker", "image": "i"}, {"name": "worker"}]
+    assert invalid(lambda: api.create_namespaced_pod(NS, with_containers("a", two))) == (
+        'Pod "a" is invalid: [spec.containers[1].name: Duplicate value: "worker", '
+        "spec.containers[1].image: Required value]"
+    )
+    named = [
+        {
+            "name": "Worker_1",
+            "image": "i",
+            "ports": [{"containerPort": 1, "name": "rendezvous-ports"}],
+        }
+    ]
+    message = invalid(lambda: api.create_namespaced_pod(NS, with_containers("a", named)))
+    assert (
+        'spec.containers[0].name: Invalid value: "Worker_1": a lowercase RFC 1123 label' in message
+    )
+    assert (
+        'spec.containers[0].ports[0].name: Invalid value: "rendezvous-ports": must be no more '
+        "than 15 characters" in message
+    )
+    ported = [{"name": "w", "image": "i", "ports": [{"containerPort": 29500, "name": "c10d"}]}]
+    api.create_namespaced_pod(NS, with_containers("ok", ported))
