@@ -162,6 +162,18 @@ class ControlPlane:
         """The services and monitors that exited."""
         return [name for name, p in self.processes.items() if p.poll() is not None]
 
+    def kill(self, name: str) -> None:
+        """SIGKILL service ``name`` (``scaler``, ``scaler-2``, ...) with its process
+        group, as a node losing it would; return once it is gone."""
+        process = self.processes[name]
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+    def restart(self, name: str) -> None:
+        """Start service ``name`` again after :meth:`kill`, as its Deployment would."""
+        assert self.processes[name].poll() is not None, f"{name} still runs"
+        self._spawn(name, [str(BIN / f"resurge-{name.split('-')[0]}")])
+
     def _why(self, what: str) -> Callable[[], str]:
         def why() -> str:
             dead = self.dead()
