@@ -92,6 +92,10 @@ def events(stream: Iterator[dict[str, Any]], count: int, w: Any) -> list[tuple[s
 async def test_create_get_list_patch_delete_stamp_uid_and_resource_versions(
     kube_api: KubeApi,
 ) -> None:
+    """API concepts, "Resource versions"
+    (https://kubernetes.io/docs/reference/using-api/api-concepts/#resource-versions) and Object
+    Names and IDs, "UIDs": every write gets a new, increasing resourceVersion, which lists carry
+    too; every object a uid."""
     api = core(kube_api)
     created = raw(await asyncio.to_thread(api.create_namespaced_pod, NS, pod("a")))
     meta = created["metadata"]
@@ -141,6 +145,9 @@ async def test_create_get_list_patch_delete_stamp_uid_and_resource_versions(
 
 
 def test_a_replace_with_a_stale_resource_version_conflicts(kube_api_thread: KubeApi) -> None:
+    """API concepts, "Resource versions"
+    (https://kubernetes.io/docs/reference/using-api/api-concepts/#resource-versions): an update
+    whose resourceVersion is not the stored one is refused with 409 Conflict."""
     leases = client.CoordinationV1Api(kube_api_thread.api_client())
     body = client.V1Lease(
         metadata=client.V1ObjectMeta(name="leader"),
@@ -161,6 +168,11 @@ def test_a_replace_with_a_stale_resource_version_conflicts(kube_api_thread: Kube
 
 
 def test_json_patch_and_strategic_merge_of_conditions(kube_api_thread: KubeApi) -> None:
+    """Update API Objects in Place Using kubectl patch
+    (https://kubernetes.io/docs/tasks/manage-kubernetes-objects/update-api-object-kubectl-patch/):
+    a JSON patch (RFC 6902, its ``test`` op failing with 422) and a strategic merge patch, which
+    merges lists by their patch merge key (conditions by ``type``) and replaces those without
+    one (taints)."""
     api = core(kube_api_thread)
     api.create_namespaced_pod(NS, pod("a", labels={"keep": "1"}))
 
@@ -191,6 +203,9 @@ def test_json_patch_and_strategic_merge_of_conditions(kube_api_thread: KubeApi) 
 
 
 def test_status_subresource_changes_only_status(kube_api_thread: KubeApi) -> None:
+    """API conventions, "Spec and Status"
+    (https://github.com/kubernetes/community/blob/master/contributors/devel/sig-architecture/api-conventions.md#spec-and-status):
+    a write to /status changes only status, one to the object everything but status."""
     api = core(kube_api_thread)
     api.create_namespaced_pod(NS, pod("a"))
 
@@ -219,6 +234,9 @@ def test_status_subresource_changes_only_status(kube_api_thread: KubeApi) -> Non
 
 
 def test_every_registered_core_kind_serves_create_list_delete(kube_api_thread: KubeApi) -> None:
+    """API concepts, "Kubernetes API terminology"
+    (https://kubernetes.io/docs/reference/using-api/api-concepts/#standard-api-terminology):
+    each kind serves create, list and delete at its collection and object URLs."""
     api = core(kube_api_thread)
     meta = client.V1ObjectMeta(name="x")
     api.create_namespaced_config_map(NS, client.V1ConfigMap(metadata=meta, data={"k": "v"}))
@@ -242,6 +260,10 @@ def test_every_registered_core_kind_serves_create_list_delete(kube_api_thread: K
 
 
 def test_custom_objects_on_trainingjobs(kube_api_thread: KubeApi) -> None:
+    """CustomResourceDefinitions, "Status subresource"
+    (https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#status-subresource):
+    a create drops status, a status write is no new generation, a spec write is; no scale
+    subresource where the CRD declares none."""
     api = custom(kube_api_thread)
     created: Any = api.create_namespaced_custom_object(*TJ, NS, "trainingjobs", training_job("j"))
     assert created["metadata"]["generation"] == 1 and created["metadata"]["uid"]
@@ -281,6 +303,10 @@ def test_custom_objects_on_trainingjobs(kube_api_thread: KubeApi) -> None:
 
 
 def test_trainingjobs_are_registered_as_the_crd_declares_them(kube_api_thread: KubeApi) -> None:
+    """The Kubernetes API, "Discovery API"
+    (https://kubernetes.io/docs/concepts/overview/kubernetes-api/#discovery-api): the custom
+    resource is served with the names, scope, subresources and schema of the CRD the product
+    generates."""
     crd = training_job_crd()  # what deploy/crds/trainingjobs.yaml is generated from
     names, version = crd["spec"]["names"], crd["spec"]["versions"][0]
     kind = kube_api_thread.emulator.kind("trainingjobs")
@@ -310,6 +336,9 @@ def test_trainingjobs_are_registered_as_the_crd_declares_them(kube_api_thread: K
 
 
 async def test_watch_from_a_resource_version_sends_only_later_events(kube_api: KubeApi) -> None:
+    """API concepts, "Efficient detection of changes"
+    (https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes):
+    a watch from a resourceVersion sends the changes after it."""
     api = core(kube_api)
     await asyncio.to_thread(api.create_namespaced_pod, NS, pod("before"))
     rv = raw(await asyncio.to_thread(api.list_namespaced_pod, NS))["metadata"]["resourceVersion"]
@@ -324,6 +353,9 @@ async def test_watch_from_a_resource_version_sends_only_later_events(kube_api: K
 
 
 async def test_watch_without_a_resource_version_replays_then_follows(kube_api: KubeApi) -> None:
+    """API concepts, "Semantics for watch"
+    (https://kubernetes.io/docs/reference/using-api/api-concepts/#semantics-for-watch): a watch
+    without a resourceVersion starts with every object as ADDED, then follows."""
     api = core(kube_api)
     await asyncio.to_thread(api.create_namespaced_pod, NS, pod("old"))
     w = new_watch()
@@ -335,6 +367,9 @@ async def test_watch_without_a_resource_version_replays_then_follows(kube_api: K
 
 
 def test_watch_reconnects_after_break_without_missing_an_event(kube_api_thread: KubeApi) -> None:
+    """API concepts, "Efficient detection of changes"
+    (https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes):
+    a watch the server ends is resumed from the last resourceVersion seen, missing nothing."""
     api = core(kube_api_thread)
     api.create_namespaced_pod(NS, pod("a"))
     rv = raw(api.list_namespaced_pod(NS))["metadata"]["resourceVersion"]
@@ -360,6 +395,10 @@ def test_watch_reconnects_after_break_without_missing_an_event(kube_api_thread: 
 
 
 async def test_a_watch_with_timeout_seconds_ends_at_a_break_and_resumes(kube_api: KubeApi) -> None:
+    """API concepts, "Efficient detection of changes"
+    (https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes):
+    a watch ends at the server's will, before its timeoutSeconds, and resumes from its last
+    resourceVersion."""
     api = core(kube_api)
     w = new_watch()
     stream = w.stream(api.list_namespaced_pod, NS, resource_version="0", timeout_seconds=30)
@@ -377,6 +416,10 @@ async def test_a_watch_with_timeout_seconds_ends_at_a_break_and_resumes(kube_api
 
 
 def test_a_watch_from_before_a_compaction_is_expired_with_410(kube_api_thread: KubeApi) -> None:
+    """API concepts, "Efficient detection of changes"
+    (https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes):
+    a watch from a version older than the server keeps gets an ERROR event with a 410 Gone
+    (Expired) Status; the client lists again and watches from the list's version."""
     api = core(kube_api_thread)
     api.create_namespaced_pod(NS, pod("a"))
     old = raw(api.list_namespaced_pod(NS))["metadata"]["resourceVersion"]
@@ -431,6 +474,11 @@ def test_a_watch_from_before_a_compaction_is_expired_with_410(kube_api_thread: K
 
 
 def test_label_and_field_selectors_filter_lists(kube_api_thread: KubeApi) -> None:
+    """Labels and Selectors
+    (https://kubernetes.io/docs/concepts/overview/working-with-objects/labels/#label-selectors)
+    and Field Selectors
+    (https://kubernetes.io/docs/concepts/overview/working-with-objects/field-selectors/): lists
+    return only the objects the selectors match."""
     api = core(kube_api_thread)
     api.create_namespaced_pod(NS, pod("a", labels={"job": "j1", "role": "worker"}, node="n1"))
     api.create_namespaced_pod(NS, pod("b", labels={"job": "j1"}, node="n2"))
@@ -460,6 +508,10 @@ def test_label_and_field_selectors_filter_lists(kube_api_thread: KubeApi) -> Non
 
 
 async def test_a_watch_with_a_selector_sees_objects_enter_and_leave(kube_api: KubeApi) -> None:
+    """API concepts, "Efficient detection of changes"
+    (https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes)
+    with a label selector: an object that comes to match is ADDED for the watch, one that stops
+    matching DELETED."""
     api = core(kube_api)
     await asyncio.to_thread(api.create_namespaced_pod, NS, pod("bystander"))
     rv = raw(await asyncio.to_thread(api.list_namespaced_pod, NS))["metadata"]["resourceVersion"]
@@ -499,6 +551,9 @@ async def test_a_watch_with_a_selector_sees_objects_enter_and_leave(kube_api: Ku
 
 
 def test_deleting_an_owner_deletes_its_dependents(kube_api_thread: KubeApi) -> None:
+    """Garbage Collection, "Owners and dependents"
+    (https://kubernetes.io/docs/concepts/architecture/garbage-collection/#owners-dependents):
+    deleting an owner deletes the objects whose ownerReferences name it."""
     api = core(kube_api_thread)
     job: Any = custom(kube_api_thread).create_namespaced_custom_object(
         *TJ, NS, "trainingjobs", training_job("j")
@@ -522,6 +577,9 @@ def test_deleting_an_owner_deletes_its_dependents(kube_api_thread: KubeApi) -> N
 
 
 def test_an_orphaning_delete_keeps_the_dependents(kube_api_thread: KubeApi) -> None:
+    """Garbage Collection, "Cascading deletion"
+    (https://kubernetes.io/docs/concepts/architecture/garbage-collection/#cascading-deletion):
+    with propagationPolicy Orphan the dependents stay, their ownerReference removed."""
     api = core(kube_api_thread)
     job: Any = custom(kube_api_thread).create_namespaced_custom_object(
         *TJ, NS, "trainingjobs", training_job("j")
@@ -536,6 +594,9 @@ def test_an_orphaning_delete_keeps_the_dependents(kube_api_thread: KubeApi) -> N
 
 
 def test_finalizers_hold_a_deletion_until_removed(kube_api_thread: KubeApi) -> None:
+    """Finalizers (https://kubernetes.io/docs/concepts/overview/working-with-objects/finalizers/):
+    a delete of an object with finalizers only sets its deletionTimestamp; it goes when the last
+    finalizer is removed."""
     api = core(kube_api_thread)
     body = pod("held")
     assert body.metadata is not None
@@ -554,6 +615,9 @@ def test_finalizers_hold_a_deletion_until_removed(kube_api_thread: KubeApi) -> N
 
 
 def test_nodes_from_add_node_and_set_ready(kube_api_thread: KubeApi) -> None:
+    """Nodes, "Node status" and "Taints" (https://kubernetes.io/docs/reference/node/node-status/):
+    the fixture's nodes carry a Ready condition and the not-ready taints as the node lifecycle
+    controller sets them."""
     kube_api_thread.add_node("n1", gpus=4, labels={"pool": "a"}, address="10.0.0.1")
     kube_api_thread.add_node("n2", ready=False)
     api = core(kube_api_thread)
@@ -579,6 +643,9 @@ def test_nodes_from_add_node_and_set_ready(kube_api_thread: KubeApi) -> None:
 
 
 def test_a_kubeconfig_and_a_subprocess_reach_the_server(kube_api_thread: KubeApi) -> None:
+    """Organizing Cluster Access Using kubeconfig Files
+    (https://kubernetes.io/docs/concepts/configuration/organize-cluster-access-kubeconfig/):
+    another process reaches the server through the fixture's kubeconfig."""
     kube_api_thread.add_node("n1")
     config.load_kube_config(config_file=str(kube_api_thread.kubeconfig))  # type: ignore[no-untyped-call]
     assert [n["metadata"]["name"] for n in raw(client.CoreV1Api().list_node())["items"]] == ["n1"]
@@ -602,6 +669,8 @@ def test_a_kubeconfig_and_a_subprocess_reach_the_server(kube_api_thread: KubeApi
 
 
 def test_a_reaction_added_by_a_test_overrides_the_emulator(kube_api_thread: KubeApi) -> None:
+    """No Kubernetes rule: a test's own kmock reaction answers before the emulator (how a test
+    makes the API fail)."""
     kube_api_thread.add_node("n1")
     emulator = kube_api_thread.emulator
     kube_api_thread.call(lambda em: em["get /api/v1/nodes"] << 503)
