@@ -92,7 +92,7 @@ async def test_a_write_that_loses_a_race_reads_again_and_keeps_the_winners_condi
         "message": 'pods "llama-0" is forbidden: exceeded quota',
     }
     reads: list[str] = []
-    read = backend.training_job
+    read = backend.kube.training_job
 
     async def read_then_lose_the_race(job: str) -> dict[str, Any] | None:
         obj: dict[str, Any] | None = await read(job)
@@ -103,7 +103,7 @@ async def test_a_write_that_loses_a_race_reads_again_and_keeps_the_winners_condi
             )
         return obj
 
-    monkeypatch.setattr(backend, "training_job", read_then_lose_the_race)
+    monkeypatch.setattr(backend.kube, "training_job", read_then_lose_the_race)
     await backend.write_job_status("llama", running(1))
     assert len(reads) == 2 and reads[0] != reads[1]
     conditions = {c["type"]: c for c in api.get("trainingjobs", "llama")["status"]["conditions"]}

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]
 import pytest
 
+from resurge.cluster.kubernetes.conditions import condition
 from resurge.cluster.kubernetes.status import event_manifests, merge_diff, status_update
 from resurge.contract.vocabulary import RecoveryLevel
 from resurge.control.state.records import (
@@ -26,8 +26,10 @@ from resurge.control.state.records import (
     status_view,
 )
 from resurge.events import JobPhase
+from resurge.jobspec import JobSpecError, parse_job
 from resurge.jobspec.crd import training_job_crd
 from resurge.local.job_factory import job
+from tests.kubernetes import admission
 from tests.kubernetes.patches import merge_patch
 
 T0 = datetime(2026, 12, 6, 1, 0, tzinfo=UTC)
@@ -41,48 +43,14 @@ def status_schema() -> dict[str, Any]:
     return dict(schema)
 
 
-def pruned(schema: dict[str, Any], value: Any, where: str = "status") -> Iterator[str]:
-    """The paths in ``value`` that an API server would prune by the structural ``schema``
-    (Kubernetes: "Field pruning" in "Extend the Kubernetes API with
-    CustomResourceDefinitions"): object keys with no property and no
-    ``additionalProperties``, unless the node preserves unknown fields."""
-    if schema.get("x-kubernetes-preserve-unknown-fields"):
-        return
-    if isinstance(value, dict):
-        properties = schema.get("properties", {})
-        values = schema.get("additionalProperties")
-        for key, item in value.items():
-            if key in properties:
-                yield from pruned(properties[key], item, f"{where}.{key}")
-            elif isinstance(values, dict):
-                yield from pruned(values, item, f"{where}.{key}")
-            else:
-                yield f"{where}.{key}"
-    elif isinstance(value, list) and "items" in schema:
-        for index, item in enumerate(value):
-            yield from pruned(schema["items"], item, f"{where}[{index}]")
-
-
-def dates(schema: dict[str, Any], value: Any, where: str = "status") -> Iterator[str]:
-    """The ``format: date-time`` strings in ``value`` that are not RFC 3339."""
-    if schema.get("format") == "date-time" and isinstance(value, str):
-        if "T" not in value or not value.endswith(("Z", "+00:00")):
-            yield f"{where}: {value!r}"
-        datetime.fromisoformat(value)
-    for key, item in value.items() if isinstance(value, dict) else []:
-        inner = schema.get("properties", {}).get(key) or schema.get("additionalProperties")
-        if isinstance(inner, dict):
-            yield from dates(inner, item, f"{where}.{key}")
-    for index, item in enumerate(value) if isinstance(value, list) else []:
-        yield from dates(schema.get("items", {}), item, f"{where}[{index}]")
-
-
 def assert_kept_whole(status: dict[str, Any]) -> None:
-    """``status`` survives the CRD's status schema as it is: nothing pruned, valid."""
+    """``status`` survives the CRD's status schema as the API server applies it: nothing
+    pruned, defaults add nothing, and it validates (test API server's admission)."""
     schema = status_schema()
-    assert list(pruned(schema, status)) == []
-    jsonschema.Draft4Validator(schema).validate(status)
-    assert list(dates(schema, status)) == []
+    kept, removed = admission.prune(schema, status, root=False)
+    assert removed == []
+    assert admission.default(schema, kept, root=False) == status
+    assert admission.validate(schema, status) == []
 
 
 def record_in(phase: JobPhase, filled: bool) -> JobRecord:
@@ -158,25 +126,34 @@ def test_every_status_written_is_kept_whole_by_the_crd(phase: JobPhase, filled: 
     assert again["submittedGeneration"] == 2
 
 
-def test_the_controllers_own_condition_and_field_are_kept_whole() -> None:
-    refused = {
-        "type": "PodsRefused",
-        "status": "True",
-        "observedGeneration": 2,
-        "lastTransitionTime": NOW,
-        "reason": "FailedCreatePod",
-        "message": 'pods "llama-0" is forbidden: violates PodSecurity "baseline:latest"',
+def test_what_the_controller_writes_is_kept_whole() -> None:
+    """The controller's status (a rejected spec: phase, message, submittedGeneration,
+    its Failed condition; a refused pod's PodsRefused), made with its own functions."""
+    with pytest.raises(JobSpecError) as rejected:
+        parse_job({**training_job(), "spec": {"command": [], "nprocPerNode": 0}})
+    message = str(rejected.value)
+    status = {
+        "phase": "Failed",
+        "message": message,
+        "submittedGeneration": 1,
+        "observedGeneration": 1,
+        "conditions": [
+            condition("Failed", True, "InvalidSpec", message, 1),
+            condition("PodsRefused", True, "FailedCreatePod", 'pods "llama-0" is forbidden', 0),
+        ],
     }
-    assert_kept_whole({"phase": "Failed", "message": "x", "submittedGeneration": 1,
-                       "conditions": [refused]})  # fmt: skip
+    schema = status_schema()
+    assert admission.prune(schema, status, root=False)[1] == []
+    assert admission.validate(schema, status) == []
+    assert_kept_whole(written(status_view(record_in(JobPhase.FAILED, False)), training_job(status)))
 
 
 def test_a_status_the_schema_does_not_have_is_seen_as_pruned() -> None:
     """The check above can fail: an unknown field (the old submittedSpec) is found."""
-    assert list(pruned(status_schema(), {"submittedSpec": "ab12", "replicas": {"x": 1}})) == [
-        "status.submittedSpec",
-        "status.replicas.x",
-    ]
+    _, removed = admission.prune(
+        status_schema(), {"submittedSpec": "ab12", "replicas": {"x": 1}}, root=False
+    )
+    assert sorted(removed) == ["replicas.x", "submittedSpec"]
 
 
 # Conditions

@@ -3,12 +3,15 @@ cluster resurge runs in, and :class:`KubeApi`, which makes each call of the offi
 client off the event loop in one namespace, a refusal becoming a
 :class:`~resurge.cluster.protocol.BackendError` that names what was attempted (a 404
 stays an ``ApiException``: absent is an answer). The backend and its controller both
-talk to the cluster through it."""
+talk to the cluster through it; every writer of a TrainingJob's status writes through
+:meth:`KubeApi.update_training_job_status` (read, change, patch with the
+resourceVersion read as a precondition, again on 409)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -24,6 +27,7 @@ __all__ = [
     "CRD_PLURAL",
     "CRD_VERSION",
     "MERGE_PATCH",
+    "STATUS_WRITE_ATTEMPTS",
     "KubeApi",
     "api_client",
     "json_of",
@@ -36,6 +40,12 @@ CRD_PLURAL = "trainingjobs"
 MERGE_PATCH = "application/merge-patch+json"
 
 T = TypeVar("T")
+
+log = logging.getLogger("resurge.cluster.kubernetes")
+
+# A status write that loses this many races in a row gives up (logged; the next change
+# of the status writes it again).
+STATUS_WRITE_ATTEMPTS = 5
 
 
 def api_client() -> k8s.ApiClient:
@@ -106,17 +116,46 @@ class KubeApi:
             return None
         return json_of(got)
 
-    async def patch_training_job_status(self, job: str, patch: dict[str, Any]) -> None:
-        """Merge ``patch`` (``{"status": ...}``) into the TrainingJob's status."""
-        await self.call(
-            f"patch the status of TrainingJob {job}",
-            self.custom.patch_namespaced_custom_object_status,
-            CRD_GROUP,
-            CRD_VERSION,
-            self.namespace,
-            CRD_PLURAL,
-            job,
-            patch,
-            _content_type=MERGE_PATCH,
-            _preload_content=False,
-        )
+    async def update_training_job_status(
+        self, job: str, change: Callable[[dict[str, Any]], dict[str, Any] | None]
+    ) -> bool:
+        """Merge ``change(training_job)`` (fields of ``status``; None: nothing to write)
+        into TrainingJob ``job``'s status by read-modify-write: the patch carries the
+        ``metadata.resourceVersion`` read as a precondition, and on 409 Conflict (another
+        writer came first) the object is read again and ``change`` called anew. Whether
+        it was written (False: the TrainingJob is gone, nothing to write, or every one of
+        :data:`STATUS_WRITE_ATTEMPTS` attempts lost its race, which is logged)."""
+        for _ in range(STATUS_WRITE_ATTEMPTS):
+            training_job = await self.training_job(job)
+            if training_job is None:
+                return False
+            fields = change(training_job)
+            if fields is None:
+                return False
+            version = (training_job.get("metadata") or {}).get("resourceVersion")
+            body = {"metadata": {"resourceVersion": version}, "status": fields}
+            try:
+                await self.call(
+                    f"patch the status of TrainingJob {job}",
+                    self.custom.patch_namespaced_custom_object_status,
+                    CRD_GROUP,
+                    CRD_VERSION,
+                    self.namespace,
+                    CRD_PLURAL,
+                    job,
+                    body,
+                    _content_type=MERGE_PATCH,
+                    _preload_content=False,
+                )
+            except ApiException as error:  # 404: gone meanwhile
+                if missing(error):
+                    return False
+                raise
+            except BackendError as error:
+                cause = error.__cause__
+                if isinstance(cause, ApiException) and cause.status == 409:
+                    continue
+                raise
+            return True
+        log.warning("status of TrainingJob %s: lost %d races in a row", job, STATUS_WRITE_ATTEMPTS)
+        return False

@@ -18,7 +18,7 @@ through the official ``kubernetes`` client; worker groups realised as pods.
   controller (:meth:`reconcile`, run by the scaler, :mod:`.controller`) turns
   each group into a pod and follows TrainingJobs into job submissions. A job's status is
   also written into its TrainingJob's status subresource (read, merge-patched with the
-  resourceVersion as a precondition, retried on a conflict: :mod:`.status`), and each
+  resourceVersion as a precondition, read again on a conflict: :mod:`.status`), and each
   recovery and resize becomes a Kubernetes Event on it.
 - The client is synchronous; every call runs in a worker thread.
 """
@@ -58,7 +58,7 @@ from resurge.cluster.kubernetes.objects import (
     resurge_cordon,
     uncordon_patch,
 )
-from resurge.cluster.kubernetes.status import event_manifests, status_update
+from resurge.cluster.kubernetes.status import StatusUpdate, event_manifests, status_update
 from resurge.cluster.kubernetes.watch import SYNCED, drain
 from resurge.cluster.local.backend import LocalBackend
 from resurge.cluster.local.watch import watch_changes
@@ -82,8 +82,6 @@ log = logging.getLogger("resurge.cluster.kubernetes")
 _HEARTBEAT_WRITE_SECONDS = NODE_TIMEOUT_SECONDS / 3
 # A write refused as stale (409) is made again from a fresh read at most this many times.
 _WRITE_TRIES = 8
-# A status write that keeps losing to other writers gives up after this many tries.
-_STATUS_WRITE_TRIES = 8
 
 
 class KubernetesBackend:
@@ -373,37 +371,31 @@ class KubernetesBackend:
         one) and record what the write shows for the first time (a recovery, a resize,
         the end) as an Event.
 
-        The TrainingJob is read, its status merge-patched with the resourceVersion read
-        as a precondition, and read again on a conflict (another writer won), so the
-        Events come from the status the write replaced, whoever wrote it: each is
-        recorded once, by the writer whose write made it new."""
+        The TrainingJob is read and its status merge-patched with the resourceVersion
+        read as a precondition, read again on a conflict (another writer won:
+        :meth:`~.api.KubeApi.update_training_job_status`), so the Events come from the
+        status the write replaced, whoever wrote it: each is recorded once, by the writer
+        whose write made it new."""
         await self.records.write_job_status(job, status)
-        for _ in range(_STATUS_WRITE_TRIES):
-            training_job = await self.training_job(job)
-            if training_job is None:
-                return
+        tried: list[tuple[dict[str, Any], StatusUpdate]] = []
+
+        def change(training_job: dict[str, Any]) -> dict[str, Any] | None:
             update = status_update(status, training_job)
-            if update.patch is None:
-                return
-            try:
-                await self.kube.patch_training_job_status(job, update.patch)
-            except BackendError as error:
-                if _conflict(error):
-                    continue
-                raise
-            for event in event_manifests(training_job, update.before, update.after):
-                with contextlib.suppress(BackendError):  # an Event is a courtesy, not state
-                    await self.kube.call(
-                        f"record an Event on {job}",
-                        self.kube.core.create_namespaced_event,
-                        self.namespace,
-                        event,
-                        _preload_content=False,
-                    )
+            tried.append((training_job, update))
+            return None if update.patch is None else update.patch["status"]
+
+        if not await self.kube.update_training_job_status(job, change):
             return
-        raise BackendError(
-            f"the status of TrainingJob {job} changed under each of {_STATUS_WRITE_TRIES} writes"
-        )
+        training_job, update = tried[-1]
+        for event in event_manifests(training_job, update.before, update.after):
+            with contextlib.suppress(BackendError):  # an Event is a courtesy, not state
+                await self.kube.call(
+                    f"record an Event on {job}",
+                    self.kube.core.create_namespaced_event,
+                    self.namespace,
+                    event,
+                    _preload_content=False,
+                )
 
     async def read_job_status(self, job: str) -> dict[str, object] | None:
         """The status last written for ``job``."""
@@ -446,12 +438,6 @@ class KubernetesBackend:
     async def reconcile(self) -> None:
         """Run the controller until cancelled (:mod:`.controller`)."""
         await Controller(self.kube, self.bus, self.records, self.settings).run()
-
-
-def _conflict(error: BackendError) -> bool:
-    """Whether ``error`` is the API server's 409: the precondition failed."""
-    cause = error.__cause__
-    return isinstance(cause, ApiException) and cause.status == 409
 
 
 def _status(error: BackendError) -> int | None:
