@@ -57,6 +57,7 @@ __all__ = [
     "admit",
     "default",
     "field_errors",
+    "finalizer_errors",
     "invalid_message",
     "metadata_errors",
     "name_errors",
@@ -978,3 +979,53 @@ def pod_spec_errors(spec: Mapping[str, Any]) -> list[FieldError]:
             if port.get("name"):
                 errors += _port_name_errors(str(port["name"]), f"{where}.ports[{j}].name")
     return errors
+
+
+STANDARD_FINALIZERS = frozenset({"kubernetes", "orphan", "foregroundDeletion"})
+
+
+def finalizer_errors(
+    meta: Mapping[str, Any], old: Mapping[str, Any] | None, builtin: bool
+) -> tuple[list[FieldError], list[str]]:
+    """The errors and warnings of ``meta``'s finalizers, as the apiserver finds them.
+
+    Each is a qualified name ("Finalizers",
+    https://kubernetes.io/docs/concepts/overview/working-with-objects/finalizers/); one
+    without a domain prefix that is not a standard finalizer is an error on a built-in
+    kind and a warning on a custom resource. ``old`` is the stored ObjectMeta of an
+    update: while it is being deleted no finalizer can be added.
+    """
+    errors: list[FieldError] = []
+    warnings: list[str] = []
+    path = "metadata.finalizers"
+    finalizers = [str(f) for f in meta.get("finalizers") or []]
+    for finalizer in finalizers:
+        errors += _qualified_name_errors(finalizer, path)
+        if "/" not in finalizer and finalizer not in STANDARD_FINALIZERS:
+            if builtin:
+                errors.append(
+                    FieldError(
+                        path,
+                        "FieldValueInvalid",
+                        finalizer,
+                        "name is neither a standard finalizer name nor is it fully qualified",
+                    )
+                )
+            else:
+                warnings.append(
+                    f'{path}: "{finalizer}": prefer a domain-qualified finalizer name to '
+                    "avoid accidental conflicts with other finalizer writers"
+                )
+    if old is not None and old.get("deletionTimestamp"):
+        added = sorted(set(finalizers) - set(old.get("finalizers") or []))
+        if added:
+            shown = ", ".join(json.dumps(f) for f in added)
+            errors.append(
+                FieldError(
+                    path,
+                    "FieldValueForbidden",
+                    detail="no new finalizers can be added if the object is being deleted, "
+                    f"found new finalizers []string{{{shown}}}",
+                )
+            )
+    return errors, warnings

@@ -36,9 +36,10 @@ lacks this; the fixture supplies it" where it is done):
   /status checks status and the main resource the rest; ``metadata.generation`` grows
   with changes outside metadata and status;
 - names checked by kind (DNS-1123 subdomain; a Service's an RFC 1035 label), ``generateName``
-  too, labels and annotations; unknown ``metadata`` fields pruned for every kind; of a
-  pod's spec: ``hostname``/``subdomain`` (RFC 1123 labels), its containers (at least one,
-  unique RFC 1123 label names, an image) and their port names (IANA service names).
+  too, labels, annotations and finalizers (none added while deleting); unknown
+  ``metadata`` fields pruned for every kind; of a pod's spec: ``hostname`` and
+  ``subdomain`` (RFC 1123 labels), its containers (at least one, unique RFC 1123 label
+  names, an image) and their port names (IANA service names).
 
 Everything runs on the event loop the emulator serves on: the HTTP handlers and the
 test-side methods (``create_object``, ``replace_object``, ``patch_object``,
@@ -484,7 +485,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 obj["status"] = copy.deepcopy(dict(kind.status_on_create))
             elif not kind.keep_status_on_create:
                 obj.pop("status", None)
-        errors = self._meta_errors(kind, meta, create=True) + self._spec_errors(kind, obj)
+        errors = self._meta_errors(kind, meta, None) + self._spec_errors(kind, obj)
         if kind.schema is not None:
             errors += admission.field_errors(kind.schema, obj)
         if errors:
@@ -530,18 +531,19 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             self.warnings.append(f'unknown field "{path}"')
         return obj
 
-    @staticmethod
     def _meta_errors(
-        kind: Kind, meta: Mapping[str, Any], create: bool
+        self, kind: Kind, meta: Mapping[str, Any], old: Mapping[str, Any] | None
     ) -> list[admission.FieldError]:
-        """ObjectMeta's errors: the name by the kind's rule (on create), labels, annotations.
+        """ObjectMeta's errors: the name by the kind's rule (on create, ``old`` None),
+        labels, annotations, finalizers (their warnings go to ``warnings``).
 
         The emulator lacks these; the fixture supplies them as the apiserver's
         ValidateObjectMeta does ("Object Names and IDs",
         https://kubernetes.io/docs/concepts/overview/working-with-objects/names/).
         """
-        errors: list[admission.FieldError] = []
-        if create:
+        errors, warnings = admission.finalizer_errors(meta, old, kind.builtin)
+        self.warnings += warnings
+        if old is None:
             prefix = str(meta.get("generateName") or "")
             if prefix:
                 errors += admission.name_errors(
@@ -748,7 +750,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         result["metadata"]["resourceVersion"] = meta_old["resourceVersion"]
         errors: list[admission.FieldError] = []
         if subresource is None:
-            errors += self._meta_errors(kind, result["metadata"], create=False)
+            errors += self._meta_errors(kind, result["metadata"], meta_old)
             errors += self._spec_errors(kind, result)
         if kind.schema is not None:
             errors += admission.field_errors(kind.schema, result, old)

@@ -975,3 +975,35 @@ def test_a_pods_containers_are_named_and_have_an_image(kube_api_thread: KubeApi)
     )
     ported = [{"name": "w", "image": "i", "ports": [{"containerPort": 29500, "name": "c10d"}]}]
     api.create_namespaced_pod(NS, with_containers("ok", ported))
+
+
+def test_finalizers_are_qualified_names_and_none_is_added_while_deleting(
+    kube_api_thread: KubeApi,
+) -> None:
+    """Finalizers
+    (https://kubernetes.io/docs/concepts/overview/working-with-objects/finalizers/) and
+    Object Names and IDs: a finalizer is a qualified name; one without a domain prefix
+    that is not a standard finalizer is refused on a built-in kind and warned of on a
+    custom resource; while an object is being deleted no finalizer can be added (only
+    removed)."""
+    api = core(kube_api_thread)
+    jobs = custom(kube_api_thread)
+    held = pod("a")
+    held["metadata"]["finalizers"] = ["resurge.dev/cleanup"]
+    api.create_namespaced_pod(NS, held)
+    assert "name is neither a standard finalizer name nor is it fully qualified" in invalid(
+        lambda: api.patch_namespaced_pod("a", NS, {"metadata": {"finalizers": ["cleanup"]}})
+    )
+    job = training_job("j")
+    job["metadata"]["finalizers"] = ["cleanup"]
+    _, _, headers = jobs.create_namespaced_custom_object_with_http_info(*TJ, job)
+    assert "prefer a domain-qualified finalizer name" in headers["Warning"]
+
+    api.delete_namespaced_pod("a", NS)
+    more = {"metadata": {"finalizers": ["resurge.dev/cleanup", "example.com/more"]}}
+    assert invalid(lambda: api.patch_namespaced_pod("a", NS, more)) == (
+        'Pod "a" is invalid: metadata.finalizers: Forbidden: no new finalizers can be added '
+        'if the object is being deleted, found new finalizers []string{"example.com/more"}'
+    )
+    api.patch_namespaced_pod("a", NS, {"metadata": {"finalizers": None}})
+    assert kube_api_thread.objects("pods") == []
