@@ -11,7 +11,7 @@ fail a given call, as an unreachable cluster would, to stop a dispatcher part-wa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -200,8 +200,9 @@ class FakeBackend:
         await self._record("read_job_status", job)
         return self.statuses.get(job)
 
-    async def reconcile(self) -> None:
-        """Nothing to keep in line: the records are the cluster."""
+    async def reconcile(self, *also: Callable[[], Awaitable[None]]) -> None:
+        """Nothing to keep in line (the records are the cluster) but run ``also``."""
+        await asyncio.gather(*(part() for part in also))
 
     async def watch(self, node: str | None = None) -> AsyncIterator[ClusterChange]:
         """Every node and group now, then each change (of ``node`` only, if given)."""

@@ -1,7 +1,8 @@
 """resurge's control plane on the Kubernetes backend, without a cluster, for end-to-end tests.
 
 :class:`ControlPlane` runs the real services as processes (``resurge-detector``,
-``resurge-restarter``, ``resurge-scaler``; the scaler runs the Kubernetes controller)
+``resurge-restarter``, ``resurge-scaler``; the scaler runs the Kubernetes controller,
+and with ``scalers`` > 1 the one holding the Lease does)
 against a real nats-server and the API emulator (``conftest.KubeApi``), plus, per fake
 node, a Node object (``add_node``) and a real ``resurge-node-agent monitor --node N
 --gpus G``. The only stand-ins are the emulator and the process kubelet
@@ -85,6 +86,8 @@ class ControlPlane:
     gpus: dict[str, int] = field(default_factory=dict)  # node -> GPUs, as added
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     kubelet: ProcessKubelet | None = None
+    scalers: int = 1  # the first is "scaler", the others "scaler-2", ... (one leads)
+    extra_env: dict[str, str] = field(default_factory=dict)  # more settings, for all
 
     @property
     def log_dir(self) -> Path:
@@ -110,6 +113,7 @@ class ControlPlane:
                 "RESURGE_KUBE_NAMESPACE": "default",
                 "RESURGE_LOG_LEVEL": "INFO",
                 "RESURGE_LOG_FORMAT": "text",
+                **self.extra_env,
             }
         )
 
@@ -123,6 +127,8 @@ class ControlPlane:
         self.kubelet.start()
         for name in SERVICES:
             self._spawn(name, [str(BIN / f"resurge-{name}")])
+        for n in range(2, self.scalers + 1):
+            self._spawn(f"scaler-{n}", [str(BIN / "resurge-scaler")])
         for node, gpus in nodes.items():
             self.add_node(node, gpus, wait=False)
         self.wait_ready(timeout)
@@ -145,7 +151,7 @@ class ControlPlane:
         with (self.log_dir / f"{name}.log").open("ab") as out:
             self.processes[name] = subprocess.Popen(
                 argv,
-                env=self.env(),
+                env={**self.env(), "HOSTNAME": name},  # a pod's hostname is its name
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

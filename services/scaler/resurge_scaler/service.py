@@ -8,7 +8,9 @@
   announced, the worker groups deleted; a restarter finishes what a failure leaves.
   Any finished job's worker groups are deleted when its phase is announced, too.
 - any job record changed -> its status view is written through the backend (its own
-  task: :class:`~resurge_scaler.status_writer.StatusWriter`).
+  task: :class:`~resurge_scaler.status_writer.StatusWriter`, which must have one writer:
+  it runs beside the backend's ``reconcile``, so on Kubernetes only in the scaler that
+  holds the Lease, :mod:`resurge.cluster.kubernetes.leader`).
 - after each of these, and every second (so that timeouts run out): admission again,
   then elastic resizes (grow into free slots, shrink for a higher-priority job or off
   lost and departing nodes, suspend), decided and written by
@@ -21,6 +23,7 @@ is used only through the :class:`~resurge.cluster.ClusterBackend` protocol.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from datetime import UTC, datetime
 from functools import partial
 
@@ -100,10 +103,13 @@ class Scaler:
         return cls(ctx, store, await open_backend(ctx.bus, ctx.settings))
 
     async def start(self) -> None:
-        """Write job statuses in the background and consume the scaler's subjects."""
-        writer = StatusWriter(self.store.kv, self.backend, self.metrics.job_seen)
-        self.ctx.spawn(writer.run, name="status_writer")
-        self.ctx.spawn(self.backend.reconcile, name="reconcile")
+        """Reconcile and write job statuses in the background (both single writers: on
+        Kubernetes, only while this scaler leads) and consume the scaler's subjects."""
+
+        def write_statuses() -> Awaitable[None]:  # a new writer each time
+            return StatusWriter(self.store.kv, self.backend, self.metrics.job_seen).run()
+
+        self.ctx.spawn(partial(self.backend.reconcile, write_statuses), name="reconcile")
         self.ctx.spawn(self.tick, name="tick")
         bus = self.bus
         await bus.bind(SCALER_JOBS, self.on_job_event)

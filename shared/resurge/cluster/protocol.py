@@ -14,7 +14,7 @@ library's own error) from any method; callers retry as they retry a bus call.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Literal, Protocol, runtime_checkable
 
@@ -194,11 +194,15 @@ class ClusterBackend(Protocol):
         with ``node``, only that node and the groups on it. Never ends by itself."""
         ...
 
-    async def reconcile(self) -> None:
+    async def reconcile(self, *also: Callable[[], Awaitable[None]]) -> None:
         """Keep the cluster in line with the backend's records until cancelled (the
         scaler runs it): Kubernetes turns worker groups into pods and TrainingJobs into
         job submissions; local has nothing to do and waits to be cancelled (each
-        node's monitor does its part). The scaler runs it as a supervised loop: it
-        is started again if it raises, and a return counts as a dead loop.
-        Safe to run in more than one process at a time."""
+        node's monitor does its part). Each of ``also`` (the other parts that must
+        have one writer, such as the scaler's status writer) runs beside it, afresh
+        each time it starts. The scaler runs it as a supervised loop: it is started
+        again if it raises (so is each of ``also``), and a return counts as a dead loop.
+        Safe to run in more than one process at a time: on Kubernetes only the process
+        holding the Lease ``kube_lease_name`` runs it and ``also``, the others wait to
+        take the Lease over (:mod:`resurge.cluster.kubernetes.leader`)."""
         ...

@@ -249,6 +249,7 @@ class Bus:
         self.settings = settings
         self.subjects: Subjects = settings.subjects
         self.service = service
+        self.registry = registry  # the service's metrics: the cluster backend adds its own
         self.source = Source.here(service)
         self.dead_letters = DeadLetterOffice(service, self.subjects, registry, self.publish)
         self._handled = Counter(

@@ -94,6 +94,20 @@ class Settings(BaseSettings):
         "keys are the agent role's NATS user; a job's pods get them as RESURGE_NATS_USER "
         "and RESURGE_NATS_PASSWORD. Unset: the pods connect without a user.",
     )
+    kube_lease_name: str = Field(
+        default="resurge-controller",
+        description="Kubernetes: the coordination.k8s.io Lease (in kube_namespace) that "
+        "elects the one scaler that runs the controller and writes the jobs' statuses; "
+        "the other scalers stand by.",
+    )
+    kube_lease_seconds: int = Field(
+        default=15,
+        ge=2,
+        description="Kubernetes: the Lease's duration. The leader renews it every "
+        "2/15 of this and stops leading when it could not renew within 2/3 of it; a "
+        "standby takes over once the Lease has gone unrenewed this long by its own clock "
+        "(at most this plus 2/15 of it after the leader died).",
+    )
     log_level: str = Field(default="INFO", description="Root log level.")
     log_format: str = Field(default="json", description="'json' or 'text'.")
     stream_max_age_seconds: float = Field(

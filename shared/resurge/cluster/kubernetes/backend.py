@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,6 +37,7 @@ from kubernetes.client.exceptions import ApiException
 from resurge.cluster.kubernetes.api import MERGE_PATCH, KubeApi, api_client, json_of, missing
 from resurge.cluster.kubernetes.controller import Controller
 from resurge.cluster.kubernetes.informer import Informer, informer
+from resurge.cluster.kubernetes.leader import LeaderElector, leading_gauge
 from resurge.cluster.kubernetes.node_lease import (
     NODE_LABEL,
     holder,
@@ -435,9 +436,21 @@ class KubernetesBackend:
             async for change in changes:
                 yield change
 
-    async def reconcile(self) -> None:
-        """Run the controller until cancelled (:mod:`.controller`)."""
-        await Controller(self.kube, self.bus, self.records, self.settings).run()
+    async def reconcile(self, *also: Callable[[], Awaitable[None]]) -> None:
+        """Run the controller (:mod:`.controller`) and ``also`` until cancelled, but only
+        while this process holds the Lease (:mod:`.leader`): each time it comes to lead,
+        afresh; each time it stops, cancelled."""
+        settings = self.settings
+
+        def lead() -> Awaitable[None]:  # a new controller each time
+            return _together(Controller(self.kube, self.bus, self.records, settings).run, *also)
+
+        await LeaderElector(
+            self.kube,
+            settings.kube_lease_name,
+            settings.kube_lease_seconds,
+            on_change=leading_gauge(self.bus.registry, settings.kube_lease_name),
+        ).run(lead)
 
 
 def _status(error: BackendError) -> int | None:
@@ -464,6 +477,17 @@ def _report_json(info: NodeInfo) -> str:
 def _tainted_unhealthy(node: dict[str, Any]) -> bool:
     taints = (node.get("spec") or {}).get("taints") or []
     return any(isinstance(t, dict) and t.get("key") == UNHEALTHY_TAINT for t in taints)
+
+
+async def _together(*parts: Callable[[], Awaitable[None]]) -> None:
+    """Run each of ``parts`` until all end; one that raises cancels the others."""
+    async with asyncio.TaskGroup() as running:
+        for part in parts:
+            running.create_task(_awaited(part))
+
+
+async def _awaited(part: Callable[[], Awaitable[None]]) -> None:
+    await part()
 
 
 def _node_name(obj: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 
 import nats.js.errors
@@ -218,10 +218,17 @@ class LocalBackend:
         """Nodes and worker groups now, then each change (:mod:`.watch`)."""
         return watch_changes(self.nodes, self.cordons, self.groups, self._read_node, node)
 
-    async def reconcile(self) -> None:
-        """Nothing to do until cancelled: each node's monitor turns its worker groups
-        into processes."""
-        await asyncio.Event().wait()
+    async def reconcile(self, *also: Callable[[], Awaitable[None]]) -> None:
+        """Nothing to do until cancelled but run ``also``: each node's monitor turns its
+        worker groups into processes."""
+        async with asyncio.TaskGroup() as parts:
+            for part in also:
+                parts.create_task(_run(part))
+            parts.create_task(asyncio.Event().wait())
+
+
+async def _run(part: Callable[[], Awaitable[None]]) -> None:
+    await part()
 
 
 # mypy fails here when LocalBackend drifts from the protocol.
