@@ -229,14 +229,20 @@ class TrainingJobs:
         log.info("TrainingJob %s: cleaned up, finalizer removed", name, extra={"job": name})
 
     async def _deleted(self, name: str, uid: str) -> None:
-        """Tell the job deleted (once per object) and delete its pods and Services."""
+        """Tell the job deleted (once per object) and delete its pods and Services (a
+        failure to is logged: they are owned by the TrainingJob, so the garbage
+        collector deletes them once it is gone)."""
+        self.gone.add(name)
         if uid not in self._cleaned:
-            self._cleaned.add(uid)
             await self.bus.publish(
                 self.bus.subjects.job(name), JobDeleted(source=self.bus.source, job=name)
             )
+            self._cleaned.add(uid)
             log.info("TrainingJob %s deleted", name, extra={"job": name})
-        await self._delete_dependents(name, uid)
+        try:
+            await self._delete_dependents(name, uid)
+        except (BackendError, ApiException) as error:
+            log.warning("could not delete the pods and Services of %s: %r", name, error)
 
     async def _labelled(self, what: str, selector: str) -> list[dict[str, Any]]:
         """The pods or Services (``what``) labelled by ``selector``."""
@@ -293,8 +299,9 @@ class TrainingJobs:
 
     async def no_training_job(self, job: str) -> None:
         """``job`` has worker groups but no TrainingJob: it cannot run (no pod is made
-        without its TrainingJob); say so, and tell it deleted."""
-        if job in self._ownerless:
+        without its TrainingJob); say so, and tell it deleted. Silent for a job whose
+        TrainingJob this controller saw deleted (its records are going)."""
+        if job in self._ownerless or job in self.gone:
             return
         self._ownerless.add(job)
         log.warning(
