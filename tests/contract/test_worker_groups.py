@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 from resurge.cluster import ClusterBackend
+from resurge.cluster.names import worker_hostname
+from resurge.local import job_factory
 from tests.contract.helpers import group
+
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def keys(groups: list) -> set[tuple[str, int, str]]:  # type: ignore[type-arg]
@@ -44,3 +50,19 @@ async def test_delete_removes_the_group_and_is_idempotent(backend: ClusterBacken
     await backend.delete_worker_group("a", 0, "n1")  # already gone
     await backend.delete_worker_group("never", 3, "n9")  # never there
     assert keys(await backend.list_worker_groups()) == {("a", 1, "n1")}
+
+
+async def test_a_worker_domain_is_none_or_one_every_group_hostname_makes_a_dns_name(
+    backend: ClusterBackend,
+) -> None:
+    """A group is reached at its node's address (local; Kubernetes' host network) or at
+    ``<hostname>.<domain>``, a DNS name (RFC 1123: labels of at most 63 characters, at
+    most 253 in all) for every job name, also one that is no DNS label."""
+    job = job_factory.job("llama-3.1-8b", nproc=1, preload=None)
+    domain = backend.worker_domain(job)
+    if backend.name == "local":
+        assert domain is None
+        return
+    assert domain is not None
+    name = f"{worker_hostname(group(job.name, 0, 'n1'))}.{domain}"
+    assert len(name) <= 253 and all(DNS_LABEL.fullmatch(label) for label in name.split(".")), name

@@ -23,6 +23,7 @@ from resurge.cluster import (
     UnknownNodeError,
     WorkerGroupSpec,
 )
+from resurge.jobspec import TrainingJob
 
 __all__ = ["WRITES", "Call", "FakeBackend"]
 
@@ -122,6 +123,10 @@ class FakeBackend:
 
     def _node_changed(self, info: NodeInfo) -> None:
         self._tell(ClusterChange(kind="node", node=info.name, node_info=info.model_copy()))
+
+    def worker_domain(self, job: TrainingJob) -> None:
+        """None: groups are reached at their node's address, as on a local cluster."""
+        return None
 
     async def list_nodes(self) -> list[NodeInfo]:
         """Every node, cordons applied."""

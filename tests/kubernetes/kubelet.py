@@ -30,6 +30,15 @@ as resurge pins its worker-group pods), does what a scheduler and a kubelet woul
 
 :meth:`ProcessKubelet.close` stops every pod's processes (SIGTERM, then SIGKILL after a
 few seconds) and the watch; nothing it started outlives it. Linux only (``/proc``).
+
+What it leaves out: images, cgroups and resource limits, volumes, probes, and the
+network. Every pod runs in this machine's network, ``hostNetwork`` or not; its
+``podIP`` and ``hostIP`` are its node's address. There is no cluster DNS: a pod's DNS
+name (``<hostname>.<subdomain>.<namespace>.svc``, which a cluster's DNS serves for a pod
+with ``spec.hostname`` and ``spec.subdomain`` naming a headless Service) resolves
+nowhere here, so a job whose ranks must meet (MASTER_ADDR) trains here only on the host
+network (its template's ``spec.hostNetwork: true``), where they meet at the node's
+address.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -122,7 +123,7 @@ def ddp_job(
 ) -> dict[str, Any]:
     """examples/kubernetes/ddp-job.yaml, made small: ``steps`` steps, a checkpoint every
     :data:`EVERY` into ``tmp_path``, this repository as the working directory, a global
-    batch of 120 (it splits evenly over 1 to 6 ranks)."""
+    batch of 120 (it splits evenly over 1 to 6 ranks), on the host network."""
     body: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
     body["metadata"]["name"] = name
     job = body["spec"]
@@ -137,6 +138,9 @@ def ddp_job(
     job["nprocPerNode"] = nproc
     job["replicas"] = replicas or {"min": 2, "max": 2}
     job["recovery"] = {"stopGraceSeconds": 5}
+    # On the host network: the process kubelet has no cluster DNS, so a pod's DNS name
+    # (MASTER_ADDR on the pod network) resolves nowhere here; a node's address does.
+    job["template"] = {"spec": {"hostNetwork": True}}
     job.update(spec)
     return body
 
@@ -293,6 +297,11 @@ async def test_a_training_job_trains_the_ddp_example_in_pods_with_status_and_eve
             "requiredDuringSchedulingIgnoredDuringExecution"
         ]["nodeSelectorTerms"]
         assert term["matchFields"][0]["values"] == [group["node"]], name
+        assert pod["spec"]["hostNetwork"] is True and "hostname" not in pod["spec"], name
+    assigned = await events.wait_for(
+        lambda items: [e for e in items if isinstance(e, Assign) and e.job == job], 30
+    )
+    assert {a.master_addr for a in assigned} == {"127.0.0.1"}, "the nodes' address"
     service = plane.api.get("services", job)
     assert service["spec"]["clusterIP"] == "None", service
     assert service["spec"]["selector"] == {"resurge.dev/job": job}, service
@@ -404,6 +413,52 @@ async def test_deleting_the_training_job_removes_its_pods_and_service(
         if uid not in seen_runs and r.pod["metadata"]["labels"].get("resurge.dev/job") == job
     ]  # fmt: skip
     assert not recreated, f"pods created for the deleted job: {recreated}"
+
+
+async def test_a_job_on_the_pod_network_rendezvouses_at_replica_0s_pod_dns_name(
+    plane: ControlPlane, events: Events, jobs: list[str], tmp_path: Path
+) -> None:
+    """The default: each pod a DNS name through the job's headless Service ("DNS for
+    Services and Pods", Pod's hostname and subdomain fields,
+    https://kubernetes.io/docs/concepts/services-networking/dns-pod-service/), and
+    MASTER_ADDR replica 0's. The process kubelet has no cluster DNS: the agents wait for
+    the name to resolve (and would start the workers after MASTER_RESOLVE_SECONDS), so the
+    job is deleted before it trains."""
+    job = "pod-net.v1"  # a DNS subdomain, no DNS label: the Service's name is derived
+    body = ddp_job(job, tmp_path, 2000)
+    del body["spec"]["template"]
+    create(plane, jobs, body)
+    pods = await eventually_async(
+        lambda: running if len(running := pods_of(plane, job)) == 2 else None,
+        90,
+        lambda: f"2 Running pods of {job}; have {pod_names(plane, job)}",
+    )
+    service = plane.api.objects("services", "default")
+    [subdomain] = [
+        s["metadata"]["name"] for s in service if s["spec"]["selector"] == {"resurge.dev/job": job}
+    ]
+    assert re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", subdomain), subdomain
+    names = {}
+    for pod in pods:
+        spec = pod["spec"]
+        assert "hostNetwork" not in spec and spec["subdomain"] == subdomain, spec
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", spec["hostname"]), spec
+        replica = int(pod["metadata"]["labels"]["resurge.dev/replica"])
+        names[replica] = f"{spec['hostname']}.{subdomain}.default.svc"
+    assigned = await events.wait_for(
+        lambda items: [e for e in items if isinstance(e, Assign) and e.job == job], 30
+    )
+    assert {a.master_addr for a in assigned} == {names[0]}
+    [first] = [
+        p["metadata"]["name"] for p in pods if names[0].startswith(p["spec"]["hostname"] + ".")
+    ]
+    log = plane.pod_dir / f"{first}.log"
+    await eventually_async(
+        lambda: f"waiting for MASTER_ADDR {names[0]} to resolve" in log.read_text(),
+        30,
+        lambda: f"the agent waiting for {names[0]}; its log: {log.read_text()[-2000:]}",
+    )
+    await delete_job(plane, job)
 
 
 async def test_a_fatal_xid_cordons_and_taints_the_node_and_the_pod_moves(

@@ -1,9 +1,11 @@
+from resurge.cluster.names import worker_hostname
 from resurge.control.decisions.planner import (
     WHOLE_TABLE_REPLICAS,
     assignments,
     command_id,
     master_port_for,
 )
+from resurge.control.decisions.worker_groups import worker_group
 from resurge.control.state.records import CheckpointRef, JobRecord, Placement
 from resurge.events import Assign, Source, decode_event, encode_event
 from resurge.local import job_factory
@@ -83,3 +85,22 @@ def test_an_assign_without_the_count_counts_its_rank_table() -> None:
     [assign] = assignments(record(replicas=1, nproc=1), SOURCE)
     older = assign.model_copy(update={"replicas": None})  # as sent before the count existed
     assert older.group_world_size == 1 and older.whole_table
+
+
+def test_on_the_pod_network_master_addr_is_replica_0s_pod_dns_name() -> None:
+    """A record with a worker domain (Kubernetes pod networking) rendezvouses at replica
+    0's worker group's DNS name, which follows its node and incarnation; without one, at
+    its node's address."""
+    rec = record(replicas=2, nproc=1)
+    rec.placements = [Placement(replica=r, node=f"n{r}", address=f"10.0.0.{r}") for r in (0, 1)]
+    assert {a.master_addr for a in assignments(rec, SOURCE)} == {"10.0.0.0"}
+
+    rec.worker_domain = "j.team.svc"
+    first = {a.master_addr for a in assignments(rec, SOURCE)}
+    group = worker_group(rec, rec.placements[0])
+    assert first == {f"{worker_hostname(group)}.j.team.svc"}
+
+    rec.incarnations = {0: 1}  # replica 0's pod recreated: a new pod, a new name
+    again = {a.master_addr for a in assignments(rec, SOURCE)}
+    assert len(again) == 1 and again != first
+    assert again == {f"{worker_hostname(worker_group(rec, rec.placements[0]))}.j.team.svc"}

@@ -232,7 +232,9 @@ class Scaler:
             return
         # The run is named by the submission that started it: `resurge status JOB --uid`
         # finds it in the job stream after its record is gone.
-        record = new_record(job, found[0] if found else None).model_copy(update={"uid": event.id})
+        record = new_record(job, found[0] if found else None).model_copy(
+            update={"uid": event.id, "worker_domain": self.backend.worker_domain(job)}
+        )
         written = (
             await self.store.create(record)
             if found is None

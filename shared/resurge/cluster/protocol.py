@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from resurge.jobspec import TrainingJob
 
 __all__ = [
     "NODE_TIMEOUT_SECONDS",
@@ -143,6 +146,14 @@ class ClusterBackend(Protocol):
     launches_worker_groups: bool
     """True where each node's monitor starts the worker groups placed on its node
     (local); False where the cluster does (Kubernetes: the kubelet runs their pods)."""
+
+    def worker_domain(self, job: TrainingJob) -> str | None:
+        """The DNS domain under which ``job``'s worker groups are reached, each at
+        ``<its hostname>.<domain>`` (:func:`resurge.cluster.names.worker_hostname`); None
+        where they are reached at their node's address (:attr:`NodeInfo.address`).
+        Kubernetes: the job's Service in the backend's namespace for a job on the pod
+        network, None on the host network; local: None. Pure: no I/O."""
+        ...
 
     async def list_nodes(self) -> list[NodeInfo]:
         """Every node known, with slots, health, labels and cordon. Read-only."""

@@ -83,10 +83,12 @@ class Settings(BaseSettings):
         "have resurge and the training script installed).",
     )
     kube_host_network: bool = Field(
-        default=True,
-        description="Kubernetes: run a job's pods on the host network (as NCCL jobs usually "
-        "do), so ranks reach each other at the node's address; a job's pod template may "
-        "set hostNetwork itself.",
+        default=False,
+        description="Kubernetes: run a job's pods on the host network, so ranks reach each "
+        "other at the node's address (as NCCL jobs on RDMA nodes often do; Pod Security "
+        "'baseline' refuses it). Off: the pod network, each pod a DNS name through the "
+        "job's headless Service, MASTER_ADDR replica 0's. A job's pod template may set "
+        "spec.hostNetwork itself, which wins.",
     )
     kube_agent_secret: str | None = Field(
         default=None,

@@ -23,6 +23,10 @@ workers of ``command`` with ``env`` in ``working_dir``, on ``node``.
   client refused once backs off half a second), saying so (AgentStateChanged
   ``waiting``) when it has to wait; after the job's stop grace plus
   ``STORE_READY_SECONDS`` it starts them anyway.
+- ``MASTER_ADDR`` as a DNS name (a pod's on Kubernetes' pod network): before it starts
+  workers the agent waits until the name resolves (:mod:`.master_name`), saying so
+  (AgentStateChanged ``waiting``, a log line) when it has to wait; after
+  ``MASTER_RESOLVE_SECONDS`` it starts them anyway.
 - Assign(g, level ``in_process``): where every running worker is alive, connected and
   runs under ``resurge.worker.restartable``, no process stops: each gets ``restart``
   with its complete environment for generation g, and the agent waits up to
@@ -122,6 +126,7 @@ from resurge.worker.wire import (
 )
 from resurge_node_agent.launch.forkserver import ForkServerError, ForkServerSpawner
 from resurge_node_agent.launch.in_process import Rejoins, restartable_workers
+from resurge_node_agent.launch.master_name import until_resolves
 from resurge_node_agent.launch.process_state import is_stopped
 from resurge_node_agent.launch.rendezvous import HostedStore
 from resurge_node_agent.launch.spawners import PlainSpawner, Spawner
@@ -141,6 +146,9 @@ STATE_SAMPLE_SECONDS = 0.25
 # How long the workers' start waits for the rendezvous store the agent hosts (forked from
 # the fork server it is up in milliseconds); past it, rank 0's script hosts it.
 STORE_READY_SECONDS = 10.0
+# How long the workers' start waits for MASTER_ADDR's DNS record (a new pod's appears
+# within seconds); past it, the workers start and fail their rendezvous, a fault.
+MASTER_RESOLVE_SECONDS = 60.0
 
 
 @dataclass
@@ -426,6 +434,27 @@ class LaunchAgent:
                 bound,
             )
 
+    async def _await_master_name(self, assign: Assign) -> None:
+        """Until ``assign``'s MASTER_ADDR resolves, or ``MASTER_RESOLVE_SECONDS`` passed
+        (see the module docstring)."""
+        host, waited = assign.master_addr, False
+
+        async def waiting() -> None:
+            nonlocal waited
+            waited = True
+            detail = f"generation {assign.generation}: waiting for MASTER_ADDR {host} to resolve"
+            self.ctx.log.info("%s", detail)
+            await self._state(AgentState.WAITING, detail)
+
+        if not await until_resolves(host, MASTER_RESOLVE_SECONDS, waiting):
+            self.ctx.log.warning(
+                "MASTER_ADDR %s does not resolve after %g s; starting the workers anyway",
+                host,
+                MASTER_RESOLVE_SECONDS,
+            )
+        elif waited:
+            self.ctx.log.info("MASTER_ADDR %s resolves", host)
+
     async def _assign(self, assign: Assign) -> None:
         if self.generation is not None and assign.generation <= self.generation:
             self.ctx.log.info(
@@ -467,6 +496,7 @@ class LaunchAgent:
     async def _replace_workers(
         self, assign: Assign, hosting: asyncio.Task[HostedStore | None] | None
     ) -> None:
+        await self._await_master_name(assign)
         agent_store: bool | None = None
         if assign.level is RecoveryLevel.IN_PROCESS and self.workers is not None:
             agent_store = await self._store_ready(assign, hosting)

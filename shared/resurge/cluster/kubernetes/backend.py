@@ -30,7 +30,7 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
 
@@ -51,6 +51,7 @@ from resurge.cluster.kubernetes.objects import (
     UNHEALTHY_TAINT,
     MonitorReport,
     cordon_patch,
+    host_network,
     monitor_report,
     node_info,
     node_manifest,
@@ -58,6 +59,7 @@ from resurge.cluster.kubernetes.objects import (
     report_patch,
     resurge_cordon,
     uncordon_patch,
+    worker_domain,
 )
 from resurge.cluster.kubernetes.status import StatusUpdate, event_manifests, status_update
 from resurge.cluster.kubernetes.watch import SYNCED, drain
@@ -74,6 +76,9 @@ from resurge.cluster.protocol import (
 )
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
+
+if TYPE_CHECKING:
+    from resurge.jobspec import TrainingJob
 
 __all__ = ["KubernetesBackend"]
 
@@ -352,6 +357,14 @@ class KubernetesBackend:
         await self._patch_node("uncordon", node, patch)
 
     # -- worker groups (records; the controller makes them pods) ------------------------
+
+    def worker_domain(self, job: TrainingJob) -> str | None:
+        """The job's Service domain in this namespace, where its pods are on the pod
+        network (:func:`~.objects.host_network` of its template and the settings); None
+        on the host network, where a group is reached at its node's address."""
+        if host_network(job.spec.template, self.settings.kube_host_network):
+            return None
+        return worker_domain(job.name, self.namespace)
 
     async def list_worker_groups(self, job: str | None = None) -> list[WorkerGroupSpec]:
         """Every worker group record, or only ``job``'s."""

@@ -41,6 +41,7 @@ from resurge.cluster.kubernetes.objects import (
 )
 from resurge.cluster.kubernetes.watch import SYNCED, drain, follow, raise_if_cancelled
 from resurge.cluster.local.watch import watch_changes
+from resurge.cluster.names import service_name
 from resurge.cluster.protocol import BackendError, WorkerGroupSpec
 from resurge.events import CapacityChanged
 
@@ -339,11 +340,12 @@ class Controller:
 
     async def _delete_service(self, job: str) -> None:
         self.services.discard(job)
+        name = service_name(job)
         try:
             await self.kube.call(
-                f"delete Service {job}",
+                f"delete Service {name}",
                 self.kube.core.delete_namespaced_service,
-                job,
+                name,
                 self.namespace,
                 _preload_content=False,
             )

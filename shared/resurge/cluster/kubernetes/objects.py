@@ -19,19 +19,26 @@
   ``RESURGE_WORKER_GROUP``; labels ``resurge.dev/job`` and ``resurge.dev/replica``;
   owned by the TrainingJob when there is one, which also gives the image, the pod
   template, the Kueue queue and the PriorityClass.
-- A job has a headless Service selecting its pods.
+- A job has a headless Service selecting its pods (publishing not-ready ones), named
+  :func:`~resurge.cluster.names.service_name` of the job.
+- Networking: by default a pod is on the pod network, with ``spec.hostname``
+  (:func:`~resurge.cluster.names.worker_hostname`) and ``spec.subdomain`` the job's
+  Service, so it is ``<hostname>.<service>.<namespace>.svc``
+  (:func:`worker_domain`); on the host network (the template's ``spec.hostNetwork``,
+  else the ``kube_host_network`` setting) it has neither, the ``ClusterFirstWithHostNet``
+  DNS policy unless the template sets one, and is reached at its node's address.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from resurge.cluster.names import group_digest, service_name, worker_hostname
 from resurge.cluster.protocol import WORKER_GROUP_ENV, NodeInfo, WorkerGroupSpec
 
 __all__ = [
@@ -46,6 +53,7 @@ __all__ = [
     "MonitorReport",
     "cordon_patch",
     "group_of_pod",
+    "host_network",
     "job_service",
     "node_info",
     "node_manifest",
@@ -54,6 +62,7 @@ __all__ = [
     "pod_name",
     "resurge_cordon",
     "uncordon_patch",
+    "worker_domain",
 ]
 
 GROUP = "resurge.dev"
@@ -274,8 +283,21 @@ def resurge_cordon(node: dict[str, Any]) -> bool:
 def pod_name(spec: WorkerGroupSpec) -> str:
     """``<job>-<replica>-<hash of node and incarnation>``: a recreated or moved group
     gets a new pod, never one that clashes with its predecessor while that one ends."""
-    digest = hashlib.sha256(f"{spec.node}/{spec.incarnation}".encode()).hexdigest()[:5]
-    return f"{spec.job[:230]}-{spec.replica}-{digest}"
+    return f"{spec.job[:230]}-{spec.replica}-{group_digest(spec)}"
+
+
+def host_network(template: dict[str, Any] | None, default: bool) -> bool:
+    """Whether a job whose pod template is ``template`` runs on the host network: the
+    template's ``spec.hostNetwork`` where it sets one, else ``default`` (the
+    ``kube_host_network`` setting)."""
+    chosen = _mapping(_mapping(template).get("spec")).get("hostNetwork")
+    return chosen if isinstance(chosen, bool) else default
+
+
+def worker_domain(job: str, namespace: str) -> str:
+    """The DNS domain of a pod-network job's pods: ``<service>.<namespace>.svc``, which a
+    pod's search path completes whatever the cluster's domain."""
+    return f"{service_name(job)}.{namespace}.svc"
 
 
 def owner_reference(training_job: dict[str, Any]) -> dict[str, Any]:
@@ -308,9 +330,11 @@ def pod_manifest(
 
     The TrainingJob's ``spec.template`` is the starting point (its first container
     becomes the agent's); resurge sets the name, labels, node affinity, GPUs, command
-    and environment over it. ``agent_env`` is the agent's connection settings;
-    ``agent_secret`` names the Secret whose ``user`` and ``password`` keys are the agent
-    role's NATS user (``RESURGE_NATS_USER`` and ``RESURGE_NATS_PASSWORD``)."""
+    and environment over it, and its networking (the module docstring;
+    ``host_network`` where the template says nothing). ``agent_env`` is the
+    agent's connection settings; ``agent_secret`` names the Secret whose ``user`` and
+    ``password`` keys are the agent role's NATS user (``RESURGE_NATS_USER`` and
+    ``RESURGE_NATS_PASSWORD``)."""
     job_spec = (training_job or {}).get("spec") or {}
     template = copy.deepcopy(job_spec.get("template") or {})
     meta = template.get("metadata") or {}
@@ -374,7 +398,11 @@ def pod_manifest(
     )
     if host_network and "hostNetwork" not in pod_spec:
         pod_spec["hostNetwork"] = True
-        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    if pod_spec.get("hostNetwork") is True:
+        pod_spec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
+    else:
+        pod_spec["hostname"] = worker_hostname(spec)
+        pod_spec["subdomain"] = service_name(spec.job)
     if job_spec.get("priorityClassName"):
         pod_spec["priorityClassName"] = job_spec["priorityClassName"]
     metadata: dict[str, Any] = {
@@ -400,7 +428,7 @@ def group_of_pod(pod: dict[str, Any]) -> WorkerGroupSpec | None:
 
 def job_service(job: str, training_job: dict[str, Any] | None) -> dict[str, Any]:
     """The job's headless Service: stable DNS names for its pods."""
-    metadata: dict[str, Any] = {"name": job, "labels": {JOB_LABEL: job}}
+    metadata: dict[str, Any] = {"name": service_name(job), "labels": {JOB_LABEL: job}}
     if training_job is not None:
         metadata["ownerReferences"] = [owner_reference(training_job)]
     return {

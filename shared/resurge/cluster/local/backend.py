@@ -22,6 +22,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import nats.js.errors
 from nats.js.kv import KeyValue
@@ -47,6 +48,9 @@ from resurge.cluster.protocol import (
 from resurge.contract.subjects import escape_token
 from resurge.runtime.bus import Bus
 from resurge.runtime.kv_keys import bucket_keys
+
+if TYPE_CHECKING:
+    from resurge.jobspec import TrainingJob
 
 log = logging.getLogger("resurge.cluster.local")
 
@@ -130,6 +134,10 @@ class LocalBackend:
             await _bucket(bus, CORDONS_BUCKET),
             await _bucket(bus, JOB_STATUS_BUCKET),
         )
+
+    def worker_domain(self, job: TrainingJob) -> None:
+        """None: a local worker group is reached at its node's address."""
+        return None
 
     async def list_nodes(self) -> list[NodeInfo]:
         """Every node as its monitor last wrote it, with the control plane's cordons

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
+from resurge.control.decisions.worker_groups import worker_address
 from resurge.control.state.records import JobRecord
 from resurge.events import Assign, RecoveryLevel, ReplicaSlot, Source, StopFirst
 
@@ -50,15 +51,16 @@ def assignments(
 ) -> list[Assign]:
     """One Assign per replica for the record's current generation: the rank table (whole
     up to :data:`WHOLE_TABLE_REPLICAS` replicas, else the replica's own slot), the
-    rendezvous on the first replica's address, the newest checkpoint every rank saved, and
-    ids that make a repeated send a no-op; ``stop``: what each stops first."""
+    rendezvous on the first replica's address (:func:`.worker_groups.worker_address`),
+    the newest checkpoint every rank saved, and ids that make a repeated send a no-op;
+    ``stop``: what each stops first."""
     nproc = record.spec.spec.nproc_per_node
     placements = sorted(record.placements, key=lambda p: p.replica)
     table = [
         ReplicaSlot(replica=p.replica, node=p.node, first_rank=i * nproc, nproc=nproc)
         for i, p in enumerate(placements)
     ]
-    master = placements[0].address
+    master = worker_address(record, placements[0])
     checkpoint = record.latest_checkpoint
     whole = len(table) <= WHOLE_TABLE_REPLICAS
     return [

@@ -6,14 +6,21 @@ replica's ``incarnation`` comes from the record, so bumping it in the record and
 writing the spec again recreates that replica's group (a `pod` or `job` recovery). The
 record's ``uid`` names the run, so a job submitted again under its name gets agents
 that take only the new run's commands.
+
+A replica is reached (its rendezvous address, for the first one) at its node's address,
+or, where the record has a ``worker_domain`` (Kubernetes pod networking), at its worker
+group's DNS name: ``<hostname>.<domain>``, the hostname derived from the group
+(:func:`resurge.cluster.names.worker_hostname`), so a recreated or moved group has a new
+one.
 """
 
 from __future__ import annotations
 
 from resurge.cluster import WorkerGroupSpec
+from resurge.cluster.names import worker_hostname
 from resurge.control.state.records import JobRecord, Placement
 
-__all__ = ["worker_group", "worker_groups"]
+__all__ = ["worker_address", "worker_group", "worker_groups"]
 
 
 def worker_group(record: JobRecord, placement: Placement) -> WorkerGroupSpec:
@@ -41,3 +48,10 @@ def worker_group(record: JobRecord, placement: Placement) -> WorkerGroupSpec:
 def worker_groups(record: JobRecord) -> list[WorkerGroupSpec]:
     """The worker group of every replica the record places."""
     return [worker_group(record, p) for p in record.placements]
+
+
+def worker_address(record: JobRecord, placement: Placement) -> str:
+    """Where the replica at ``placement`` is reached (the module docstring)."""
+    if record.worker_domain is None:
+        return placement.address
+    return f"{worker_hostname(worker_group(record, placement))}.{record.worker_domain}"

@@ -255,7 +255,7 @@ class CheckpointReports(BaseModel):
 
 
 FIELD_GROUPS: dict[str, tuple[str, ...]] = {
-    "run": ("name", "uid", "spec", "submitted"),
+    "run": ("name", "uid", "spec", "submitted", "worker_domain"),
     "lifecycle": ("phase", "message", "updated"),
     "generation": (
         "generation",
@@ -318,6 +318,12 @@ class JobRecord(BaseModel):
     )
     spec: TrainingJob
     submitted: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    worker_domain: str | None = Field(
+        default=None,
+        description="The DNS domain its worker groups are reached under, each at "
+        "<hostname>.<domain> (Kubernetes pod networking: the job's Service); none: at "
+        "their node's address. The cluster backend's word at submission.",
+    )
 
     # Its lifecycle.
     phase: JobPhase = JobPhase.PENDING
