@@ -19,22 +19,28 @@ in the apiserver's order: decoding prunes and defaults, then validation runs.
   lengths, bounds, item and property counts, required, list-type uniqueness), then the
   CEL rules of ``x-kubernetes-validations`` ("Validation rules", same page) with ``self``
   and, where a rule uses it and there is an old value, ``oldSelf`` (transition rules are
-  skipped on create and where the old object lacks the value). Where a type is wrong the
-  CEL rules are not run, as the apiserver does. With ``old``, a value equal to its old
-  value is not checked again ("Validation ratcheting", same page). Returns the errors as
-  the apiserver words them: ``spec.replicas.min: Invalid value: 0: spec.replicas.min in
-  body should be greater than or equal to 1``.
+  skipped on create and where the old object lacks the value); a rule at the root sees
+  only ``name`` and ``generateName`` of ``metadata``. Where a type, an enum, a required
+  field, a length or a count is wrong the CEL rules are not run, as the apiserver does.
+  With ``old``, a value equal to its old value is not checked again, except by transition
+  rules ("Validation ratcheting", same page). Returns the errors as the apiserver words
+  them: ``spec.replicas.min: Invalid value: 0: spec.replicas.min in body should be
+  greater than or equal to 1``. ``field_errors`` gives them as ``FieldError``s and
+  ``admit`` does all three.
 
 Names and metadata, for every kind ("Object Names and IDs",
 https://kubernetes.io/docs/concepts/overview/working-with-objects/names/; "Labels and
-Selectors"; "Annotations"): ``name_errors`` checks a name or ``generateName`` prefix as a
-DNS-1123 subdomain, an RFC 1123 label or an RFC 1035 label; ``metadata_errors`` checks
-labels and annotations.
+Selectors"; "Annotations"; "Finalizers"): ``name_errors`` checks a name or
+``generateName`` prefix as a DNS-1123 subdomain, an RFC 1123 label or an RFC 1035 label;
+``metadata_errors`` checks labels and annotations, ``finalizer_errors`` finalizers,
+``object_meta`` prunes ``metadata``, and ``pod_spec_errors`` checks what of a pod's spec
+the emulator checks.
 
-Not done: ``optionalOldSelf``, ``messageExpression``, CEL cost limits, the Kubernetes CEL
-libraries beyond CEL's standard one (``quantity``, ``url``, ``isSorted``...), correlating
-old list items other than by ``x-kubernetes-list-map-keys``, and formats other than
-date-time, date, uuid, byte, ipv4 and ipv6 (others pass, as unknown formats do).
+Not done: ``optionalOldSelf``, ``messageExpression``, CEL cost limits, the escaping of
+property names that are CEL keywords or hold '-' or '.' (``__dash__``...), the Kubernetes
+CEL libraries beyond CEL's standard one (``quantity``, ``url``, ``isSorted``...),
+correlating old list items other than by ``x-kubernetes-list-map-keys``, and formats other
+than date-time, date, uuid, byte, ipv4 and ipv6 (others pass, as unknown formats do).
 """
 
 from __future__ import annotations
@@ -311,7 +317,7 @@ def field_errors(schema: Mapping[str, Any], obj: Any, old: Any = None) -> list[F
             )
         )
         return errors
-    _rules(schema, obj, old if old is not None else _MISSING, "", errors)
+    _rules(schema, _cel_root(obj), _cel_root(old) if old is not None else _MISSING, "", errors)
     return errors
 
 
@@ -680,13 +686,22 @@ _FORMATS: dict[str, Callable[[str], bool]] = {
 def _rules(
     schema: Mapping[str, Any], value: Any, old: Any, path: str, errors: list[FieldError]
 ) -> None:
-    """Evaluate every ``x-kubernetes-validations`` rule on ``value`` and below it."""
-    if value is None or _unchanged(value, old):
+    """Evaluate every ``x-kubernetes-validations`` rule on ``value`` and below it.
+
+    Where ``value`` equals ``old`` (ratcheting) only transition rules are evaluated: the
+    apiserver never ratchets a rule that uses ``oldSelf``.
+    """
+    if value is None:
         return
+    unchanged = _unchanged(value, old)
     for rule in schema.get("x-kubernetes-validations") or []:
+        if unchanged and not _is_transition(rule):
+            continue
         error = _rule_error(schema, rule, value, old, path)
         if error is not None:
             errors.append(error)
+    if unchanged and not _has_transition_rules(schema):
+        return
     if isinstance(value, dict):
         properties: Mapping[str, Any] = schema.get("properties") or {}
         extra = schema.get("additionalProperties")
@@ -705,6 +720,32 @@ def _rules(
             _rules(schema["items"], item, olds[i], _index(path, i), errors)
 
 
+def _is_transition(rule: Mapping[str, Any]) -> bool:
+    return re.search(r"\boldSelf\b", str(rule.get("rule", ""))) is not None
+
+
+def _has_transition_rules(schema: Any) -> bool:
+    if isinstance(schema, Mapping):
+        rules = schema.get("x-kubernetes-validations") or []
+        return any(_is_transition(rule) for rule in rules) or any(
+            _has_transition_rules(value)
+            for key, value in schema.items()
+            if key != "x-kubernetes-validations"
+        )
+    if isinstance(schema, list):
+        return any(_has_transition_rules(value) for value in schema)
+    return False
+
+
+def _cel_root(obj: Any) -> Any:
+    """A whole object as CEL rules at the root see it: of metadata, only ``name`` and
+    ``generateName``."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
+        return obj
+    meta = {k: v for k, v in obj["metadata"].items() if k in ("name", "generateName")}
+    return {**obj, "metadata": meta}
+
+
 def _rule_error(
     schema: Mapping[str, Any], rule: Mapping[str, Any], value: Any, old: Any, path: str
 ) -> FieldError | None:
@@ -712,7 +753,7 @@ def _rule_error(
     from celpy.evaluation import CELEvalError
 
     text = str(rule["rule"])
-    transition = re.search(r"\boldSelf\b", text) is not None
+    transition = _is_transition(rule)
     if transition and old is _MISSING:
         return None  # a transition rule is not evaluated without an old value
     where = path
@@ -733,6 +774,8 @@ def _rule_error(
         return FieldError(
             where, "FieldValueInvalid", shown_type, f"{exc.args[0]} evaluating rule: {text}"
         )
+    except Exception as exc:  # an evaluator's own failure on an odd value: the rule failed
+        return FieldError(where, "FieldValueInvalid", shown_type, f"{exc} evaluating rule: {text}")
     if isinstance(result, CELEvalError):
         return FieldError(
             where, "FieldValueInvalid", shown_type, f"{result.args[0]} evaluating rule: {text}"

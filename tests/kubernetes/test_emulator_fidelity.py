@@ -1007,3 +1007,33 @@ def test_finalizers_are_qualified_names_and_none_is_added_while_deleting(
     )
     api.patch_namespaced_pod("a", NS, {"metadata": {"finalizers": None}})
     assert kube_api_thread.objects("pods") == []
+
+
+def test_rules_ratchet_unless_they_use_old_self_and_see_only_a_roots_name() -> None:
+    """CustomResourceDefinitions, "Validation ratcheting" and "Validation rules"
+    (https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#validation-ratcheting):
+    a rule on an unchanged value is not evaluated again, except a transition rule
+    (``oldSelf``), which is never ratcheted; at the root a rule sees only ``name`` and
+    ``generateName`` of ``metadata``."""
+    schema = {
+        "type": "object",
+        "x-kubernetes-validations": [
+            {"rule": "!has(self.metadata.labels)", "message": "labels are hidden from rules"}
+        ],
+        "properties": {
+            "metadata": {"type": "object"},
+            "floor": {"type": "integer", "x-kubernetes-validations": [{"rule": "self > 5"}]},
+            "counter": {
+                "type": "integer",
+                "x-kubernetes-validations": [{"rule": "self > oldSelf"}],
+            },
+        },
+    }
+    stored = {"metadata": {"name": "a", "labels": {"x": "y"}}, "floor": 1, "counter": 1}
+    assert admission.validate(schema, stored) == [
+        'floor: Invalid value: "integer": failed rule: self > 5'
+    ]
+    assert admission.validate(schema, stored, stored) == [
+        'counter: Invalid value: "integer": failed rule: self > oldSelf'
+    ]
+    assert admission.validate(schema, {**stored, "counter": 2}, stored) == []
