@@ -5,7 +5,6 @@ resourceVersion as a precondition, touching no condition or field it does not ow
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -213,6 +212,15 @@ def test_conditions_and_fields_of_other_writers_are_left_as_they_are() -> None:
     after = merge_patch(training_job(before), update.patch)["status"]
     assert after["submittedGeneration"] == 2
     assert conditions(after)["PodsRefused"] == refused
+
+
+def test_a_condition_message_is_cut_to_what_a_condition_holds() -> None:
+    record = record_in(JobPhase.FAILED, False)
+    record.message = "x" * 40_000
+    failed = written(status_view(record), training_job())
+    assert len(conditions(failed)["Failed"]["message"]) == 32768
+    assert failed["message"] == record.message
+    assert_kept_whole(failed)
 
 
 # The write itself

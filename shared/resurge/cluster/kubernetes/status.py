@@ -56,6 +56,8 @@ PHASE_CONDITIONS = (
 _ACTIVE = ("Running", "Recovering", "Resizing")
 _FINISHED = ("Succeeded", "Failed")
 _REPORTER = "resurge"
+# metav1.Condition's message is at most this long.
+_MESSAGE_LIMIT = 32768
 # Fields of the status another writer owns: the controller's last submission.
 _NOT_OURS = frozenset({"submittedGeneration"})
 _OURS = (
@@ -134,6 +136,7 @@ def _conditions(
     """The phase conditions for ``view`` (the module docstring), then every other
     condition of ``before`` as it was."""
     phase = str(view.get("phase") or "Pending")
+    message = str(view.get("message") or "")[:_MESSAGE_LIMIT]
     old = {c.get("type"): c for c in before.get("conditions") or [] if isinstance(c, dict)}
     conditions: list[dict[str, Any]] = []
     for name, holds in _holds(view, phase).items():
@@ -154,7 +157,7 @@ def _conditions(
                 "observedGeneration": generation if isinstance(generation, int) else None,
                 "lastTransitionTime": since,
                 "reason": reason,
-                "message": str(view.get("message") or "") if holds and name != "Created" else "",
+                "message": message if holds and name != "Created" else "",
             }
         )
     others = [c for t, c in old.items() if t not in PHASE_CONDITIONS]
