@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from resurge.cluster.local.backend import LocalBackend
     from resurge.runtime.bus import Bus
 
-__all__ = ["FINALIZER", "PODS_REFUSED", "TrainingJobs", "name_of"]
+__all__ = ["FINALIZER", "PODS_REFUSED", "TrainingJobs", "name_of", "rejected_status"]
 
 log = logging.getLogger("resurge.cluster.kubernetes")
 
@@ -106,6 +106,19 @@ def _owners(obj: dict[str, Any]) -> set[str]:
         str(r.get("uid"))
         for r in refs
         if isinstance(r, dict) and r.get("kind") == "TrainingJob" and r.get("uid")
+    }
+
+
+def rejected_status(before: dict[str, Any], generation: int, message: str) -> dict[str, Any]:
+    """The status fields of a TrainingJob whose spec (of ``generation``) does not parse:
+    Failed, the parser's message and the Failed condition; ``before`` is its status."""
+    failed = condition("Failed", True, "InvalidSpec", message, generation)
+    return {
+        "phase": "Failed",
+        "message": message,
+        "submittedGeneration": generation,
+        "observedGeneration": generation,
+        "conditions": with_condition(before.get("conditions"), failed),
     }
 
 
@@ -378,18 +391,9 @@ class TrainingJobs:
         log.info("TrainingJob %s submitted (generation %d)", name, generation, extra={"job": name})
 
     async def _reject(self, name: str, generation: int, message: str) -> None:
-        failed = condition("Failed", True, "InvalidSpec", message, generation)
-
-        def change(training_job: dict[str, Any]) -> dict[str, Any]:
-            return {
-                "phase": "Failed",
-                "message": message,
-                "submittedGeneration": generation,
-                "observedGeneration": generation,
-                "conditions": with_condition(_status(training_job).get("conditions"), failed),
-            }
-
-        await self.update_status(name, change)
+        await self.update_status(
+            name, lambda training_job: rejected_status(_status(training_job), generation, message)
+        )
 
     # -- refusals -----------------------------------------------------------------------
 
