@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import copy
 import datetime
 import functools
@@ -749,38 +750,21 @@ def _cel_root(obj: Any) -> Any:
 def _rule_error(
     schema: Mapping[str, Any], rule: Mapping[str, Any], value: Any, old: Any, path: str
 ) -> FieldError | None:
-    import celpy
-    from celpy.evaluation import CELEvalError
-
     text = str(rule["rule"])
     transition = _is_transition(rule)
     if transition and old is _MISSING:
         return None  # a transition rule is not evaluated without an old value
     where = path
     if rule.get("fieldPath"):
-        where = path + str(rule["fieldPath"])
-        where = where.lstrip(".")
+        where = (path + str(rule["fieldPath"])).lstrip(".")
     shown_type = schema.get("type", "object")
-    try:
-        program = _program(text)
-    except Exception as exc:  # the compiler's own error, reported as the apiserver does
-        return FieldError(where, "InternalError", detail=f"rule compile error: {exc}")
-    activation = {"self": _to_cel(value, schema)}
-    if transition:
-        activation["oldSelf"] = _to_cel(old, schema)
-    try:
-        result = program.evaluate(activation)
-    except CELEvalError as exc:
-        return FieldError(
-            where, "FieldValueInvalid", shown_type, f"{exc.args[0]} evaluating rule: {text}"
-        )
-    except Exception as exc:  # an evaluator's own failure on an odd value: the rule failed
-        return FieldError(where, "FieldValueInvalid", shown_type, f"{exc} evaluating rule: {text}")
-    if isinstance(result, CELEvalError):
-        return FieldError(
-            where, "FieldValueInvalid", shown_type, f"{result.args[0]} evaluating rule: {text}"
-        )
-    if result is True or result == celpy.celtypes.BoolType(True):
+    outcome = _evaluate(schema, text, value, old if transition else _MISSING)
+    if isinstance(outcome, tuple):
+        reason, detail = outcome
+        if reason == "InternalError":
+            return FieldError(where, reason, detail=detail)
+        return FieldError(where, "FieldValueInvalid", shown_type, detail)
+    if outcome:
         return None
     message = str(rule.get("message") or f"failed rule: {text.strip()}")
     reason = rule.get("reason", "FieldValueInvalid")
@@ -791,6 +775,60 @@ def _rule_error(
     if reason == "FieldValueDuplicate":
         return FieldError(where, "FieldValueDuplicate", shown_type, message)
     return FieldError(where, "FieldValueInvalid", shown_type, message)
+
+
+# Rule outcomes by (schema id, rule, value, old value): (the schema, the outcome).
+# A TrainingJob's status writes leave its spec alone, and its transition rules give the
+# same answer each time; the interpreter takes milliseconds a rule.
+_outcomes: collections.OrderedDict[tuple[int, str, str, str], tuple[Any, Any]] = (
+    collections.OrderedDict()
+)
+_OUTCOMES_KEPT = 4096
+
+
+def _outcome_key(
+    schema: Mapping[str, Any], text: str, value: Any, old: Any
+) -> tuple[int, str, str, str]:
+    shown_old = "" if old is _MISSING else json.dumps(old, sort_keys=True)
+    return (id(schema), text, json.dumps(value, sort_keys=True), shown_old)
+
+
+def _evaluate(schema: Mapping[str, Any], text: str, value: Any, old: Any) -> bool | tuple[str, str]:
+    """Rule ``text`` on ``value`` (``oldSelf`` is ``old`` unless missing): whether it
+    passed, or (reason, detail) where it could not be compiled or evaluated. Outcomes are
+    kept in ``_outcomes``."""
+    from celpy import celtypes
+    from celpy.evaluation import CELEvalError
+
+    key = _outcome_key(schema, text, value, old)
+    if key in _outcomes:
+        _outcomes.move_to_end(key)
+        kept: bool | tuple[str, str] = _outcomes[key][1]
+        return kept
+    outcome: bool | tuple[str, str]
+    try:
+        program = _program(text)
+    except Exception as exc:  # the compiler's own error, reported as the apiserver does
+        outcome = ("InternalError", f"rule compile error: {exc}")
+    else:
+        activation = {"self": _to_cel(value, schema)}
+        if old is not _MISSING:
+            activation["oldSelf"] = _to_cel(old, schema)
+        try:
+            result = program.evaluate(activation)
+        except CELEvalError as exc:
+            outcome = ("FieldValueInvalid", f"{exc.args[0]} evaluating rule: {text}")
+        except Exception as exc:  # an evaluator's own failure on an odd value
+            outcome = ("FieldValueInvalid", f"{exc} evaluating rule: {text}")
+        else:
+            if isinstance(result, CELEvalError):
+                outcome = ("FieldValueInvalid", f"{result.args[0]} evaluating rule: {text}")
+            else:
+                outcome = result is True or result == celtypes.BoolType(True)
+    _outcomes[key] = (schema, outcome)  # the schema held, so its id is not reused
+    while len(_outcomes) > _OUTCOMES_KEPT:
+        _outcomes.popitem(last=False)
+    return outcome
 
 
 @functools.cache
