@@ -10,6 +10,11 @@ such as a checkpoint report, leave it as it was). A write that fails is kept and
 again on the next change of any record; a deleted job's status is left as last written,
 and so is that of a job whose record this version cannot read (a newer resurge's: it is
 logged and skipped, and the watch goes on).
+
+It must have one writer: on Kubernetes only the scaler holding the Lease runs it
+(:meth:`~resurge.cluster.ClusterBackend.reconcile`). When it stops (its scaler no longer
+leads, or stops), every job it told ``seen`` of is told gone (``seen(name, None)``), so a
+standby's metrics show no job.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class StatusWriter:
         self._written: dict[str, dict[str, object]] = {}
         self._unwritten: dict[str, dict[str, object]] = {}
         self._records = RecordReader(log)
+        self._seen: set[str] = set()  # jobs told to ``seen`` and not yet told gone
 
     async def run(self) -> None:
         """Write statuses until cancelled: every record's now, then each change."""
@@ -58,19 +64,31 @@ class StatusWriter:
                 if entry.operation in ("DEL", "PURGE") or not entry.value:
                     self._written.pop(name, None)
                     self._unwritten.pop(name, None)
-                    if self.seen is not None:
-                        self.seen(name, None)
+                    self._tell(name, None)
                     continue
                 record = self._records.read(name, entry.value)
                 if record is None:  # a newer resurge's: logged, the last one read stands
                     continue
-                if self.seen is not None:
-                    self.seen(name, record)
+                self._tell(name, record)
                 self.saw(record)
                 await self.flush()
         finally:
+            self._forget_all()
             with contextlib.suppress(Exception):  # the connection may be closing
                 await watcher.stop()  # type: ignore[no-untyped-call]  # nats.py: untyped
+
+    def _tell(self, name: str, record: JobRecord | None) -> None:
+        if self.seen is None:
+            return
+        self.seen(name, record)
+        if record is None:
+            self._seen.discard(name)
+        else:
+            self._seen.add(name)
+
+    def _forget_all(self) -> None:
+        for name in list(self._seen):
+            self._tell(name, None)
 
     def saw(self, record: JobRecord) -> None:
         """Queue ``record``'s status view unless it is the one last written."""

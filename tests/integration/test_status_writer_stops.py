@@ -1,0 +1,46 @@
+"""A status writer that stops (its scaler no longer leads, on Kubernetes) tells every job
+it reported gone, so the job gauges of a standby scaler show no job (against a real
+nats-server's jobs bucket)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from resurge.cluster.local.backend import LocalBackend
+from resurge.control.state.records import JobRecord, JobStore, Placement
+from resurge.events import JobPhase
+from resurge.local.job_factory import job
+from resurge.runtime.bus import Bus
+from resurge_scaler.status_writer import StatusWriter
+
+
+def record(name: str) -> JobRecord:
+    return JobRecord(
+        name=name,
+        spec=job(name),
+        phase=JobPhase.RUNNING,
+        placements=[Placement(replica=0, node="n0")],
+    )
+
+
+async def test_a_stopped_status_writer_tells_each_job_it_reported_gone(bus: Bus) -> None:
+    store = JobStore(await bus.jobs_bucket())
+    backend = await LocalBackend.open(bus)
+    await store.create(record("a"))
+    await store.create(record("b"))
+    told: list[tuple[str, bool]] = []
+    both = asyncio.Event()
+
+    def seen(name: str, job_record: JobRecord | None) -> None:
+        told.append((name, job_record is not None))
+        if {n for n, present in told if present} == {"a", "b"}:
+            both.set()
+
+    task = asyncio.create_task(StatusWriter(store.kv, backend, seen).run())
+    try:
+        await asyncio.wait_for(both.wait(), 20)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    last = {name: present for name, present in told}
+    assert last == {"a": False, "b": False}, told
