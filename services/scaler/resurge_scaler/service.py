@@ -219,9 +219,18 @@ class Scaler:
 
     async def on_submitted(self, event: JobSubmitted) -> None:
         """A new job (or a finished one's name again) becomes Pending and is admitted if it
-        fits; a running job submitted again takes its new monitoring settings."""
+        fits; a running job submitted again takes its new monitoring settings. An edit
+        (``update``) never starts a job: one that finished, or has no record, is left."""
         job = event.spec
         found = await self.store.get(job.name)
+        if event.update and (found is None or found[0].phase.finished):
+            self.ctx.log.info(
+                "%s: an edit of a job that is %s: not started again",
+                job.name,
+                "gone" if found is None else found[0].phase.value,
+                extra={"job": job.name},
+            )
+            return
         if found is not None and not found[0].phase.finished:
             await self.store.mutate(job.name, partial(update_live, job=job))
             self.ctx.log.info(

@@ -13,10 +13,17 @@ __all__ = ["JobDeleted", "JobSubmitted", "ReplicaFinished"]
 
 
 class JobSubmitted(Envelope):
-    """A TrainingJob was submitted (``resurge submit``)."""
+    """A TrainingJob was submitted (``resurge submit``, or on Kubernetes the controller
+    for each new ``metadata.generation`` of a TrainingJob)."""
 
     kind: Literal["job_submitted"] = "job_submitted"
     spec: TrainingJob = Field(description="The validated TrainingJob.")
+    update: bool = Field(
+        default=False,
+        description="An edit of a job submitted before (a new metadata.generation of its "
+        "TrainingJob): applied to the job while it runs; a finished job, or one with no "
+        "record, is not started again.",
+    )
 
 
 class JobDeleted(Envelope):

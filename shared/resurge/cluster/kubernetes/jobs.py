@@ -9,12 +9,13 @@ and deletions out, and nothing of a deleted one left behind.
   is newer than ``status.submittedGeneration``, which then records it: the API server
   bumps the generation on spec changes only, so a label, annotation or status change
   submits nothing, and a restarted controller submits nothing twice. A new generation
-  of a job already submitted is a spec edit: submitted again, the scaler applies to the
-  running job what may change (``update_live``). A finished job (``status.phase``
-  Succeeded or Failed, or its status record says so) is never submitted again: it runs
-  again only when deleted and created (a new object). A spec that does not validate
-  gets ``phase: Failed``, the message naming the field, the ``Failed`` condition and a
-  Warning Event (``InvalidSpec``).
+  of a job already submitted is a spec edit: submitted again as an ``update``, which
+  the scaler applies to the running job (what may change: ``update_live``) and never
+  starts, so a job that finishes meanwhile stays finished. A finished job
+  (``status.phase`` Succeeded or Failed, or its status record says so) is not submitted
+  again: it runs again only when deleted and created (a new object). A spec that does
+  not validate gets ``phase: Failed``, the message naming the field, the ``Failed``
+  condition and a Warning Event (``InvalidSpec``).
 - **Deleted.** A TrainingJob being deleted (``deletionTimestamp``, held by the
   finalizer) is ``JobDeleted`` on the bus; its pods and Services are deleted, then the
   finalizer removed. One gone without the finalizer (removed by hand, or deleted before
@@ -384,7 +385,8 @@ class TrainingJobs:
             await self.event(obj, "InvalidSpec", str(error))
             return
         await self.bus.publish(
-            self.bus.subjects.job(name), JobSubmitted(source=self.bus.source, job=name, spec=job)
+            self.bus.subjects.job(name),
+            JobSubmitted(source=self.bus.source, job=name, spec=job, update=submitted is not None),
         )
         self._submitted[uid] = generation
         await self.update_status(name, lambda _: {"submittedGeneration": generation})
