@@ -16,6 +16,7 @@ import pytest
 from kubernetes import client as k8s
 
 from resurge.cluster import NODE_TIMEOUT_SECONDS, NodeInfo, open_backend, watching
+from resurge.cluster.kubernetes import watch
 from resurge.cluster.kubernetes.api import KubeApi as Api
 from resurge.cluster.kubernetes.backend import KubernetesBackend
 from resurge.cluster.kubernetes.controller import Controller
@@ -233,3 +234,11 @@ async def test_uncordon_leaves_an_administrators_own_cordon(
     assert "resurge.dev/cordon-reason" not in node["metadata"].get("annotations", {})
     [listed] = await backend.list_nodes()
     assert listed.cordoned  # still, by the administrator
+
+
+def test_a_quiet_watch_is_not_taken_for_dead_before_the_server_ends_it() -> None:
+    """Kubernetes API Concepts, "Watch bookmarks" and "Efficient detection of changes": a
+    watch of a kind nothing changes in carries no byte but a bookmark about every minute,
+    until the server ends it after timeoutSeconds. The client's read timeout outlasts
+    that, so such a watch is not dropped and opened again (a request each time)."""
+    assert watch._READ_TIMEOUT_SECONDS > watch._SERVER_TIMEOUT_SECONDS

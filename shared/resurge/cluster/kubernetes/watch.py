@@ -55,11 +55,12 @@ SYNCED = "SYNCED"
 """The type of the one event that follows the objects of the first list (its object is
 empty): what follows it are changes."""
 
-# Seconds without a byte before a watch is taken for dead and started again; also how
-# long a cancelled watch may take to notice. The server ends each watch after
-# ``_SERVER_TIMEOUT_SECONDS`` (where it honours it), and it is started again.
-_READ_TIMEOUT_SECONDS = 10.0
+# The server ends each watch after ``_SERVER_TIMEOUT_SECONDS`` (where it honours it), and
+# it is started again. Seconds without a byte before a watch is taken for dead and started
+# again: longer than that, so a quiet watch (no change, a bookmark about every minute) is
+# not started again before the server ends it.
 _SERVER_TIMEOUT_SECONDS = 55
+_READ_TIMEOUT_SECONDS = _SERVER_TIMEOUT_SECONDS + 15.0
 _RETRY_SECONDS = 1.0
 _GONE = 410
 
