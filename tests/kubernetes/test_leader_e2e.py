@@ -113,6 +113,17 @@ def submissions(events: Events, job: str) -> int:
     return sum(1 for e in events.of(JobSubmitted) if e.job == job)
 
 
+def submitted_logged(plane: ControlPlane, job: str) -> list[str]:
+    """Each scaler's log lines saying it submitted TrainingJob ``job`` (for a failure's
+    message: who submitted)."""
+    return [
+        f"{name}: {line}"
+        for name in SCALERS
+        for line in plane.log(name).splitlines()
+        if f"TrainingJob {job} submitted" in line
+    ]
+
+
 def phase(plane: ControlPlane, job: str) -> str | None:
     return (plane.training_job(job).get("status") or {}).get("phase")
 
@@ -138,9 +149,10 @@ async def test_one_of_two_scalers_leads_and_the_standby_takes_over_when_it_is_ki
         30,
         "the Succeeded Event on before",
     )
-    assert submissions(submitted, "before") == 1, [
-        (e.job, e.source) for e in submitted.of(JobSubmitted)
-    ]
+    assert submissions(submitted, "before") == 1, (
+        [(e.job, e.source) for e in submitted.of(JobSubmitted)],
+        submitted_logged(plane, "before"),
+    )
     assert not duplicated_events(plane, "before"), plane.events_of("before")
 
     # ... because one scaler leads: the Lease names it, the other stands by.
@@ -159,7 +171,7 @@ async def test_one_of_two_scalers_leads_and_the_standby_takes_over_when_it_is_ki
     took = time.monotonic() - killed
     _, retry = timings(LEASE_SECONDS)
     print(f"failover: the Lease named the standby {took:.2f} s after the leader's SIGKILL")
-    assert took <= LEASE_SECONDS + retry + 1.0, took  # 1 s: this test's poll, the load
+    assert took <= LEASE_SECONDS + retry + 2.0, took  # 2 s: this test's poll, the load
     record = lease(plane)
     assert record is not None and record["leaseTransitions"] == 1, record
 
@@ -173,6 +185,6 @@ async def test_one_of_two_scalers_leads_and_the_standby_takes_over_when_it_is_ki
         ),
     )
     await eventually_async(lambda: phase(plane, "after") == "Running", 60, "after Running")
-    assert submissions(submitted, "after") == 1
+    assert submissions(submitted, "after") == 1, submitted_logged(plane, "after")
     assert submissions(submitted, "before") == 1, "the finished job ran again"
     assert not duplicated_events(plane, "after"), plane.events_of("after")
