@@ -127,3 +127,21 @@ def test_pods_of_cordoned_or_foreign_nodes_are_not_run(
     eventually(
         lambda: phase(kube_api_thread, "cordoned") == "Succeeded", 20, "runs once uncordoned"
     )
+
+
+def test_a_pod_on_the_pod_network_runs_in_this_machines_network(
+    kube_api_thread: KubeApi, process_kubelet: ProcessKubelet
+) -> None:
+    """What the kubelet leaves out (its docstring): no pod network, no cluster DNS. A pod
+    with a hostname and subdomain runs like a host-network one, at its node's address."""
+    kube_api_thread.add_node("node-a", address="127.0.0.1")
+    process_kubelet.serve("node-a")
+    body = pinned_pod("podnet", "node-a", 'echo "at $POD_IP"', hostname="p-0", subdomain="job")
+    body["spec"]["containers"][0]["env"].append(
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    )
+    kube_api_thread.create("pods", body)
+    eventually(lambda: phase(kube_api_thread, "podnet") == "Succeeded", 20, "pod podnet Succeeded")
+    status = kube_api_thread.get("pods", "podnet")["status"]
+    assert status["podIP"] == status["hostIP"] == "127.0.0.1"
+    assert "at 127.0.0.1" in (process_kubelet.log_dir / "podnet.log").read_text()
