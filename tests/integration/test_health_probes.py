@@ -1,11 +1,13 @@
 """A NATS outage restarts nothing: liveness is a service's own loops, readiness adds NATS.
 
 Four real service processes (detector, restarter, scaler, node monitor) against a real
-nats-server, probed on the paths and at the pace their Kubernetes manifests
-(deploy/base/services/) give the kubelet. The server is SIGKILLed: every service turns
-unready, and stays alive for as long as the kubelet takes to kill a pod whose liveness
-probe fails (failureThreshold x periodSeconds); once the server is back on its port, every
-service is ready again by itself. Liveness and readiness as Kubernetes defines them:
+nats-server, probed on the paths their Kubernetes manifests (deploy/base/services/) give
+the kubelet. They run with the local cluster backend: the health endpoints are the
+service runner's, the same with either backend. The server is SIGKILLed: every service
+turns unready, and stays live, probed every second, for longer than the kubelet takes to
+kill a pod whose liveness probe fails (failureThreshold x periodSeconds, from the
+manifests); once the server is back on its port, every service is ready again by itself.
+Liveness and readiness as Kubernetes defines them:
 https://kubernetes.io/docs/concepts/configuration/liveness-readiness-startup-probes/
 """
 
@@ -100,7 +102,7 @@ def start(name: str, server: NatsServer, namespace: str, logs: Path) -> Service:
     return Service(name, port, process, *probes(name))
 
 
-def until(test: Callable[[], bool], what: str, seconds: float = 60.0) -> None:
+def until(test: Callable[[], bool], what: str, seconds: float = 90.0) -> None:
     """Wait for a state reached by other processes."""
     deadline = time.monotonic() + seconds
     while not test():

@@ -1,7 +1,9 @@
-"""deploy/: every overlay and the base build with `kubectl kustomize`, the output is valid
-Kubernetes (kubernetes-validate, strict), and the manifests keep their promises:
-restricted pod security, probes, least-privilege RBAC without wildcards, one
-ServiceAccount per workload, the node monitor's tolerations, production's replicas.
+"""deploy/: the CRDs, every overlay and the base build with `kubectl kustomize`, the output
+is valid Kubernetes (kubernetes-validate, strict), and the manifests keep their promises:
+the CRDs installed apart from every overlay, restricted pod security, liveness probes that
+never depend on NATS, least-privilege RBAC without wildcards, one ServiceAccount per
+workload, the node monitor's placement, priority and tolerations, production's replicas
+and disruption budgets, dev's NATS the version the tests run.
 
 kubernetes-validate knows only Kubernetes' own kinds. It cannot know two custom
 resources here, and they are skipped by kind (SKIPPED_KINDS), each checked otherwise:
