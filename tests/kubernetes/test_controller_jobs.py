@@ -405,3 +405,24 @@ async def test_a_refused_pod_is_an_event_and_the_pods_refused_condition_until_on
         ),
     )
     assert cleared["reason"] == "PodCreated", cleared
+
+
+async def test_a_job_an_older_controller_ran_is_not_run_again_after_an_upgrade(
+    kube_api_thread: KubeApi, backend: ClusterBackend, jobs: Events
+) -> None:
+    """An older resurge recorded what it submitted in ``status.submittedSpec``, which the
+    API server prunes now: a TrainingJob whose status has a phase was submitted before
+    (a new object's status is empty: the status subresource ignores it on create), so a
+    finished one stays finished, and a running one is submitted only as an edit."""
+    kube_api_thread.create("trainingjobs", training_job("done"))
+    kube_api_thread.patch_status("trainingjobs", "done", {"phase": "Succeeded"})
+    kube_api_thread.create("trainingjobs", training_job("busy"))
+    kube_api_thread.patch_status("trainingjobs", "busy", {"phase": "Running"})
+    running = Running(backend)
+    running.start()
+    try:
+        await settled(kube_api_thread, jobs, "marker")
+    finally:
+        await running.stop()
+    assert not submissions(jobs, "done"), "a finished job ran again"
+    assert [e.update for e in submissions(jobs, "busy")] == [True], "only as an edit"

@@ -13,7 +13,8 @@ and deletions out, and nothing of a deleted one left behind.
   the scaler applies to the running job (what may change: ``update_live``) and never
   starts, so a job that finishes meanwhile stays finished. A finished job
   (``status.phase`` Succeeded or Failed, or its status record says so) is not submitted
-  again: it runs again only when deleted and created (a new object). A spec that does
+  again: it runs again only when deleted and created (a new object). A status with a
+  phase but no ``submittedGeneration`` (an older resurge's) counts as submitted. A spec that does
   not validate gets ``phase: Failed``, the message naming the field, the ``Failed``
   condition and a Warning Event (``InvalidSpec``).
 - **Deleted.** A TrainingJob being deleted (``deletionTimestamp``, held by the
@@ -351,7 +352,10 @@ class TrainingJobs:
             submitted = max(submitted or 0, self._submitted[uid])
         if submitted is not None and submitted >= generation:
             return
-        if submitted is not None:  # an edit of a job submitted before
+        # A status with a phase but no generation submitted: an older resurge's, which
+        # recorded what it submitted otherwise (a new object's status is empty).
+        before = submitted is not None or bool(_status(obj).get("phase"))
+        if before:  # an edit of a job submitted before
             finished = await self._finished(name, obj)
             if finished is not None:
                 if (name, generation) not in self._held:
@@ -386,7 +390,7 @@ class TrainingJobs:
             return
         await self.bus.publish(
             self.bus.subjects.job(name),
-            JobSubmitted(source=self.bus.source, job=name, spec=job, update=submitted is not None),
+            JobSubmitted(source=self.bus.source, job=name, spec=job, update=before),
         )
         self._submitted[uid] = generation
         await self.update_status(name, lambda _: {"submittedGeneration": generation})
