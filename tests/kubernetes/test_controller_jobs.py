@@ -426,3 +426,28 @@ async def test_a_job_an_older_controller_ran_is_not_run_again_after_an_upgrade(
         await running.stop()
     assert not submissions(jobs, "done"), "a finished job ran again"
     assert [e.update for e in submissions(jobs, "busy")] == [True], "only as an edit"
+
+
+async def test_a_refused_service_is_an_event_and_the_pods_refused_condition(
+    kube_api_thread: KubeApi, backend: ClusterBackend, controller: Running
+) -> None:
+    """Defect 8, the Service: a job's headless Service the API refuses (here a quota,
+    403 as the ResourceQuota admission answers:
+    https://kubernetes.io/docs/concepts/policy/resource-quotas/) is the
+    ``FailedCreateService`` Event and ``PodsRefused``; no pod is made without it."""
+    message = 'services "llama" is forbidden: exceeded quota: services, requested: services=1'
+    status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
+              "reason": "Forbidden", "code": 403}  # fmt: skip
+    kube_api_thread.call(lambda em: em["post /api/v1/namespaces/default/services"] << 403 << status)
+    kube_api_thread.add_node("n1", gpus=4)
+    kube_api_thread.create("trainingjobs", training_job("llama"))
+    await backend.create_worker_group(group("llama", 0, "n1"))
+    refused = await until("PodsRefused", lambda: condition(kube_api_thread, "llama", "PodsRefused"))
+    assert (refused["status"], refused["reason"]) == ("True", "FailedCreateService"), refused
+    assert refused["message"] == message, refused
+    events = [
+        e for e in kube_api_thread.objects("events", "default")
+        if e["reason"] == "FailedCreateService"
+    ]  # fmt: skip
+    assert events and events[0]["message"] == message, events
+    assert not pods_of(kube_api_thread, "llama")
