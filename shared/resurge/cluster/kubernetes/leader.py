@@ -22,9 +22,11 @@ writer), the others stand by. The record is the Lease's spec: ``holderIdentity``
   writes an empty holder (``leaseDurationSeconds: 1``), so a standby takes over at once.
 
 :func:`timings` derives the renew deadline and the retry period from the duration in
-client-go's default proportions (15 s, 10 s, 2 s). A standby takes over at most one
-retry period after the Lease has gone unrenewed for its duration by its own clock: at
-most ``duration + retry`` after the leader's death.
+client-go's default proportions (15 s, 10 s, 2 s). A standby reads the Lease every retry
+period, so it sees a renewal at most that late, and tries again the moment the Lease
+expires by its clock: it takes over between ``duration - retry`` and ``duration + retry``
+after the leader's death (its last renewal came at most one retry period before).
+Each change of leadership is logged; :func:`leading_gauge` makes it a metric.
 """
 
 from __future__ import annotations
