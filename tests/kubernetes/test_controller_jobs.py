@@ -451,3 +451,36 @@ async def test_a_refused_service_is_an_event_and_the_pods_refused_condition(
     ]  # fmt: skip
     assert events and events[0]["message"] == message, events
     assert not pods_of(kube_api_thread, "llama")
+
+
+async def test_a_training_job_the_controller_failed_to_act_on_is_tried_again(
+    kube_api_thread: KubeApi, controller: Running, jobs: Events
+) -> None:
+    """A TrainingJob event the controller could not act on (the API answered 500 to its
+    first write) is acted on again after a backoff, without waiting for another change
+    of the object: as client-go's work queues requeue with rate limiting."""
+    failures = [1]
+
+    def first(_: object) -> bool:
+        failing, failures[0] = failures[0] > 0, failures[0] - 1
+        return failing
+
+    status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 500,
+              "reason": "InternalError", "message": "etcdserver: request timed out"}  # fmt: skip
+    kube_api_thread.call(
+        lambda em: (
+            em["patch /apis/resurge.dev/v1alpha1/namespaces/default/trainingjobs/llama"][first]
+            << 500
+            << status
+        )
+    )
+    kube_api_thread.create("trainingjobs", training_job("llama"))
+    await until(
+        "the finalizer, at the second try",
+        lambda: (
+            FINALIZER
+            in kube_api_thread.get("trainingjobs", "llama")["metadata"].get("finalizers", [])
+        ),
+    )
+    assert failures[0] < 0, "the first try failed"
+    await jobs.wait_for(lambda items: submissions(jobs, "llama"))

@@ -34,6 +34,8 @@ and deletions out, and nothing of a deleted one left behind.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -50,7 +52,13 @@ from resurge.cluster.kubernetes.api import (
 )
 from resurge.cluster.kubernetes.conditions import condition, with_condition
 from resurge.cluster.kubernetes.objects import JOB_LABEL
-from resurge.cluster.kubernetes.watch import SYNCED, follow, raise_if_cancelled
+from resurge.cluster.kubernetes.watch import (
+    SYNCED,
+    Change,
+    drain,
+    follow,
+    raise_if_cancelled,
+)
 from resurge.cluster.protocol import BackendError
 from resurge.events import JobDeleted, JobSubmitted
 from resurge.jobspec import JobSpecError, parse_job
@@ -66,6 +74,10 @@ log = logging.getLogger("resurge.cluster.kubernetes")
 FINALIZER = "resurge.dev/cleanup"
 PODS_REFUSED = "PodsRefused"
 FINISHED = ("Succeeded", "Failed")
+# An event not acted on is tried again after this long, doubled each time up to the most.
+_RETRY_FIRST_SECONDS = 1.0
+_RETRY_MAX_SECONDS = 60.0
+_RETRY = "RETRY"
 # A status write that loses this many races in a row gives up (it is logged; the next
 # event that needs it writes it again).
 _ATTEMPTS = 5
@@ -144,27 +156,58 @@ class TrainingJobs:
 
     async def follow(self) -> None:
         """Act on every TrainingJob and each change (module docstring), until cancelled;
-        sweep what deleted ones left once the first list is in."""
+        sweep what deleted ones left once the first list is in. An event not acted on
+        (an error) is tried again on the TrainingJob as last seen, after a delay that
+        doubles with each failure, unless a newer event came meanwhile."""
+        queue: asyncio.Queue[Change] = asyncio.Queue()
         listed: dict[str, str] = {}
-        async for kind, obj in follow(
-            self.kube.custom.list_namespaced_custom_object,
-            group=CRD_GROUP,
-            version=CRD_VERSION,
-            namespace=self.namespace,
-            plural=CRD_PLURAL,
-        ):
-            if kind == SYNCED:
-                try:
-                    await self.sweep(listed)
-                except Exception:  # the next start sweeps again
-                    log.exception("could not sweep what deleted TrainingJobs left")
-                continue
-            listed[name_of(obj)] = str(_meta(obj).get("uid") or "")
-            try:
-                await self.on_event(kind, obj)
-            except Exception:  # one job's trouble never stops the others'
-                log.exception("could not act on TrainingJob %s", name_of(obj))
-            raise_if_cancelled()
+        delays: dict[str, float] = {}
+
+        async def watch() -> None:
+            async for change in follow(
+                self.kube.custom.list_namespaced_custom_object,
+                group=CRD_GROUP,
+                version=CRD_VERSION,
+                namespace=self.namespace,
+                plural=CRD_PLURAL,
+            ):
+                await queue.put(change)
+
+        def retry(obj: dict[str, Any]) -> None:
+            name = name_of(obj)
+            delay = min(_RETRY_MAX_SECONDS, delays.get(name, _RETRY_FIRST_SECONDS / 2) * 2)
+            delays[name] = delay
+            asyncio.get_running_loop().call_later(delay, queue.put_nowait, (_RETRY, obj))
+
+        async with contextlib.aclosing(drain(queue, [watch()])) as changes:
+            async for kind, obj in changes:
+                name = name_of(obj)
+                if kind == SYNCED:
+                    await self._sweep_once(listed)
+                elif kind == _RETRY and self.known.get(name) is not obj:
+                    pass  # changed or deleted since: that event was acted on
+                elif await self._act("MODIFIED" if kind == _RETRY else kind, obj):
+                    delays.pop(name, None)
+                elif kind != "DELETED":
+                    retry(obj)
+                if kind not in (SYNCED, _RETRY):
+                    listed[name] = str(_meta(obj).get("uid") or "")
+                raise_if_cancelled()
+
+    async def _sweep_once(self, listed: dict[str, str]) -> None:
+        try:
+            await self.sweep(listed)
+        except Exception:  # the next start sweeps again
+            log.exception("could not sweep what deleted TrainingJobs left")
+
+    async def _act(self, kind: str, obj: dict[str, Any]) -> bool:
+        """:meth:`on_event`; False if it failed (logged)."""
+        try:
+            await self.on_event(kind, obj)
+        except Exception:  # one job's trouble never stops the others'
+            log.exception("could not act on TrainingJob %s; trying again", name_of(obj))
+            return False
+        return True
 
     async def on_event(self, kind: str, obj: dict[str, Any]) -> None:
         """Act on one watch event of a TrainingJob (the module docstring)."""
