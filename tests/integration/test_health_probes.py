@@ -79,9 +79,12 @@ class Service:
     process: subprocess.Popen[bytes]
     live: Probe
     ready: Probe
+    log: Path
 
     def probe(self, probe: Probe) -> tuple[int, str]:
-        assert self.process.poll() is None, f"{self.name} exited: {self.process.returncode}"
+        if self.process.poll() is not None:
+            tail = "".join(self.log.read_text().splitlines(keepends=True)[-20:])
+            raise AssertionError(f"{self.name} exited {self.process.returncode}:\n{tail}")
         return get(f"http://127.0.0.1:{self.port}{probe.path}")
 
     def answers(self, probe: Probe, status: int) -> Callable[[], bool]:
@@ -97,9 +100,10 @@ def start(name: str, server: NatsServer, namespace: str, logs: Path) -> Service:
         "RESURGE_METRICS_PORT": str(port),
         "RESURGE_LOG_FORMAT": "text",
     }
-    with (logs / f"{name}.log").open("wb") as log:  # a file: never a full pipe
-        process = subprocess.Popen([sys.executable, *SERVICES[name]], env=env, stderr=log)
-    return Service(name, port, process, *probes(name))
+    log = logs / f"{name}.log"
+    with log.open("wb") as out:  # a file: never a full pipe
+        process = subprocess.Popen([sys.executable, *SERVICES[name]], env=env, stderr=out)
+    return Service(name, port, process, *probes(name), log)
 
 
 def until(test: Callable[[], bool], what: str, seconds: float = 90.0) -> None:
@@ -125,7 +129,8 @@ def services(namespace: str, tmp_path: Path) -> Iterator[tuple[NatsServer, list[
         for service in running:
             service.process.send_signal(signal.SIGTERM)
         for service in running:
-            assert service.process.wait(timeout=30) == 0, f"{service.name}: see its log"
+            code = service.process.wait(timeout=30)
+            assert code == 0, f"{service.name} exited {code}:\n{service.log.read_text()[-2000:]}"
 
 
 def test_a_nats_outage_makes_services_unready_and_kills_none(
