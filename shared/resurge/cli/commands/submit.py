@@ -1,5 +1,7 @@
 """``resurge submit FILE``: submit a TrainingJob; a bad spec is refused, naming the
-field, before any cluster is looked for."""
+field, before any cluster is looked for. On a Kubernetes cluster (``RESURGE_CLUSTER=
+kubernetes``) it is refused, saying to ``kubectl apply`` it: there a job is a
+TrainingJob, whose pods it owns."""
 
 from __future__ import annotations
 
@@ -36,6 +38,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     async def submit(settings: Settings, local: bool) -> int:
+        if settings.cluster == "kubernetes":
+            print(
+                "resurge submit: on Kubernetes a job is a TrainingJob resource: "
+                f"kubectl apply -f {args.file}",
+                file=sys.stderr,
+            )
+            return 2
         return await _submit(args.file, settings, local=local)
 
     return on_cluster(args, submit, role="admin")
