@@ -2,7 +2,8 @@
 (the Lease names it) and alone runs the controller and writes statuses, so a TrainingJob
 is submitted once and its Events are not duplicated; SIGKILLed, the leader is replaced by
 the standby once the Lease has gone unrenewed for its duration, and the next TrainingJob
-is submitted once and gets its pod.
+is submitted once and gets its pod; the killed scaler, back, stands by, and takes over at
+once from a leader that stops gracefully (SIGTERM), which gives the Lease back.
 
 Real parts: nats-server, the detector, the restarter, two ``resurge-scaler`` processes and
 a node monitor, the official client over HTTP, the node agent in the pods, torch workers
@@ -188,3 +189,30 @@ async def test_one_of_two_scalers_leads_and_the_standby_takes_over_when_it_is_ki
     assert submissions(submitted, "after") == 1, submitted_logged(plane, "after")
     assert submissions(submitted, "before") == 1, "the finished job ran again"
     assert not duplicated_events(plane, "after"), plane.events_of("after")
+
+    # The killed scaler comes back (as its Deployment would start it) and stands by; the
+    # leader stopped gracefully (SIGTERM, a rolling update) gives the Lease back, so the
+    # other takes over within a retry period, not a Lease duration, and submits nothing
+    # again.
+    before_restart = len(plane.log(leader))
+    plane.restart(leader)
+    eventually(
+        lambda: "stands by" in plane.log(leader)[before_restart:], 60, f"{leader} standing by"
+    )
+    stopped = time.monotonic()
+    os.killpg(plane.processes[standby].pid, signal.SIGTERM)
+    eventually(lambda: holder(plane) == leader, LEASE_SECONDS, f"the Lease naming {leader}")
+    handed = time.monotonic() - stopped
+    print(f"handover: the Lease named the restarted scaler {handed:.2f} s after SIGTERM")
+    assert handed <= retry + 2.0, handed
+    assert plane.processes[standby].wait(timeout=30) == 0
+    assert "gave back Lease" in plane.log(standby)
+    eventually(
+        lambda: "leads: holds Lease" in plane.log(leader)[before_restart:], 30, f"{leader} leads"
+    )
+    # A marker submitted means the new leader's controller has gone through the listed
+    # TrainingJobs (its watch delivers them first).
+    plane.api.create("trainingjobs", ddp_job("marker", tmp_path, 20))
+    await submitted.wait_for(lambda items: submissions(submitted, "marker") >= 1, 60)
+    assert submissions(submitted, "after") == 1, submitted_logged(plane, "after")
+    assert submissions(submitted, "before") == 1, submitted_logged(plane, "before")
