@@ -7,7 +7,7 @@ observedGeneration, lastTransitionTime, reason, message). Several writers share 
 whole: so each writer reads the object, changes only its own types
 (:func:`with_condition`) and patches with the ``metadata.resourceVersion`` it read as a
 precondition, reading again and retrying on 409 Conflict
-(:meth:`~.jobs.TrainingJobs.update_status` for the controller's).
+(:meth:`~.api.KubeApi.update_training_job_status`).
 """
 
 from __future__ import annotations

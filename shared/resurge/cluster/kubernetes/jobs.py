@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
@@ -78,9 +77,6 @@ FINISHED = ("Succeeded", "Failed")
 _RETRY_FIRST_SECONDS = 1.0
 _RETRY_MAX_SECONDS = 60.0
 _RETRY = "RETRY"
-# A status write that loses this many races in a row gives up (it is logged; the next
-# event that needs it writes it again).
-_ATTEMPTS = 5
 
 
 def name_of(obj: dict[str, Any]) -> str:
@@ -436,11 +432,13 @@ class TrainingJobs:
             JobSubmitted(source=self.bus.source, job=name, spec=job, update=before),
         )
         self._submitted[uid] = generation
-        await self.update_status(name, lambda _: {"submittedGeneration": generation})
+        await self.kube.update_training_job_status(
+            name, lambda _: {"submittedGeneration": generation}
+        )
         log.info("TrainingJob %s submitted (generation %d)", name, generation, extra={"job": name})
 
     async def _reject(self, name: str, generation: int, message: str) -> None:
-        await self.update_status(
+        await self.kube.update_training_job_status(
             name, lambda training_job: rejected_status(_status(training_job), generation, message)
         )
 
@@ -473,48 +471,7 @@ class TrainingJobs:
             after = with_condition(before, stamped)
             return None if after == before else {"conditions": after}
 
-        await self.update_status(name, change)
-
-    async def update_status(
-        self, name: str, change: Callable[[dict[str, Any]], dict[str, Any] | None]
-    ) -> bool:
-        """Merge ``change(training_job)`` (fields of ``status``; None: nothing to write)
-        into TrainingJob ``name``'s status, preconditioned on the resourceVersion read; on
-        409 read again and retry. Whether it was written (False: the TrainingJob is gone,
-        nothing to write, or every attempt lost its race)."""
-        for _ in range(_ATTEMPTS):
-            training_job = await self.kube.training_job(name)
-            if training_job is None:
-                return False
-            fields = change(training_job)
-            if fields is None:
-                return False
-            version = _meta(training_job).get("resourceVersion")
-            body = {"metadata": {"resourceVersion": version}, "status": fields}
-            try:
-                await self.kube.call(
-                    f"patch the status of TrainingJob {name}",
-                    self.kube.custom.patch_namespaced_custom_object_status,
-                    CRD_GROUP,
-                    CRD_VERSION,
-                    self.namespace,
-                    CRD_PLURAL,
-                    name,
-                    body,
-                    _content_type=MERGE_PATCH,
-                    _preload_content=False,
-                )
-            except ApiException as error:  # 404: KubeApi raises it as it is
-                if error.status == 404:
-                    return False
-                raise
-            except BackendError as error:
-                if _conflict(error):
-                    continue
-                raise
-            return True
-        log.warning("status of TrainingJob %s: lost %d races in a row", name, _ATTEMPTS)
-        return False
+        await self.kube.update_training_job_status(name, change)
 
     async def event(
         self, training_job: dict[str, Any], reason: str, message: str, warning: bool = True
