@@ -123,7 +123,7 @@ async def test_a_leader_cut_off_stops_before_the_standby_takes_over(
     a = LeaderElector(a_client, LEASE, DURATION, me="a", on_change=leading_gauge(registry, LEASE))
     b = LeaderElector(client_of(kube_api_thread, clients), LEASE, DURATION, me="b")
     a_work, b_work = Work(), Work()
-    async with running(a, a_work):
+    async with running(a, a_work) as a_task:
         await asyncio.wait_for(a_work.started.wait(), 10)
         assert registry.get_sample_value("resurge_leader", {"lease": LEASE}) == 1
         async with running(b, b_work):
@@ -142,6 +142,14 @@ async def test_a_leader_cut_off_stops_before_the_standby_takes_over(
             assert registry.get_sample_value("resurge_leader", {"lease": LEASE}) == 0
             record = lease(kube_api_thread)
             assert record["holderIdentity"] == "b" and record["leaseTransitions"] == 1, record
+            # a, reconnected and then stopped, gives nothing back: its give-back carries
+            # the resourceVersion of its last renewal and is refused (409), so the Lease
+            # still names b.
+            a_client.api.configuration.host = kube_api_thread.url
+            a_task.cancel()
+            await asyncio.gather(a_task, return_exceptions=True)
+            assert lease(kube_api_thread) == record
+            assert not b_work.stopped.is_set()
 
 
 async def test_a_leader_that_stops_gives_the_lease_back_and_the_standby_takes_it_at_once(

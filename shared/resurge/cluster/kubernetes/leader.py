@@ -163,6 +163,12 @@ def claim(old: Spec | None, me: str, duration: int, now: datetime) -> Spec:
     return spec
 
 
+def _conflict(error: Exception) -> bool:
+    """Whether ``error`` (as :meth:`KubeApi.call` raises it) is the API server's 409."""
+    cause = error.__cause__
+    return isinstance(cause, ApiException) and cause.status == 409
+
+
 def _released(old: Spec, now: datetime) -> Spec:
     """The record a leader writes to give the Lease back (client-go's release)."""
     stamp = _micro_time(now)
@@ -368,7 +374,10 @@ class LeaderElector:
                 _preload_content=False,
             )
         except Exception as error:  # it expires by itself
-            log.warning("could not give back Lease %s: %r", self.name, error)
+            if _conflict(error):  # written since this process last renewed it: not ours
+                log.info("%s: Lease %s was taken meanwhile", self.me, self.name)
+            else:
+                log.warning("could not give back Lease %s: %r", self.name, error)
         else:
             log.info("%s gave back Lease %s", self.me, self.name)
 
