@@ -24,12 +24,17 @@ JOB = "edited"
 CONTROLLER = Source(service="scaler", instance="controller:1")
 
 
-def spec(heartbeat: float | None = None) -> object:
+def spec(heartbeat: float | None = None, most: int = 4) -> object:
     monitoring = {} if heartbeat is None else {"heartbeatTimeoutSeconds": heartbeat}
     return parse_job(
         {
             "metadata": {"name": JOB},
-            "spec": {"command": ["train"], "nprocPerNode": 1, "monitoring": monitoring},
+            "spec": {
+                "command": ["train"],
+                "nprocPerNode": 1,
+                "replicas": {"min": 1, "max": most},
+                "monitoring": monitoring,
+            },
         }
     )
 
@@ -75,3 +80,16 @@ async def test_an_edit_of_a_running_job_takes_its_monitoring(
     found = await store.get(JOB)
     assert found is not None and found[0].uid == "run-1"
     assert found[0].spec.spec.monitoring.heartbeat_timeout_seconds == 900
+
+
+async def test_an_edit_of_a_running_job_takes_its_replicas_max_and_keeps_the_rest(
+    settings: Settings, bus: Bus, store: JobStore
+) -> None:
+    record = JobRecord(name=JOB, uid="run-1", spec=spec(), phase=JobPhase.RUNNING, generation=1)
+    assert await store.create(record)
+    edit = JobSubmitted(source=CONTROLLER, job=JOB, spec=spec(most=2), update=True)
+    await scaler(settings, bus, store).on_submitted(edit)
+    found = await store.get(JOB)
+    assert found is not None and found[0].uid == "run-1"
+    assert found[0].spec.spec.replicas.max == 2
+    assert found[0].generation == 1, "an edit is no restart"

@@ -229,12 +229,14 @@ async def test_an_invalid_spec_fails_with_a_failed_condition_and_is_not_retried(
     """The controller's own status for a spec it rejects (one the CRD's schema lets
     through: a rule between fields): phase, message, the Failed condition
     (metav1.Condition) and the generation it judged."""
-    kube_api_thread.create("trainingjobs", training_job("bad", replicas={"min": 3, "max": 2}))
+    replicas = {"min": 2, "max": 4, "step": 2, "discrete": [2, 4]}
+    kube_api_thread.create("trainingjobs", training_job("bad", replicas=replicas))
     failed = await until(
         "the Failed condition", lambda: condition(kube_api_thread, "bad", "Failed")
     )
     status = status_of(kube_api_thread, "bad")
-    assert status["phase"] == "Failed" and "replicas.max (2)" in status["message"], status
+    assert status["phase"] == "Failed", status
+    assert "replicas.step and replicas.discrete" in status["message"], status
     assert status["submittedGeneration"] == 1, status
     assert failed["status"] == "True" and failed["reason"] == "InvalidSpec", failed
     assert failed["observedGeneration"] == 1 and failed["lastTransitionTime"], failed
@@ -243,6 +245,32 @@ async def test_an_invalid_spec_fails_with_a_failed_condition_and_is_not_retried(
     assert not submissions(jobs, "bad")
     reasons = [e["reason"] for e in kube_api_thread.objects("events", "default")]
     assert reasons.count("InvalidSpec") == 1, reasons
+
+
+async def test_an_invalid_edit_of_a_running_job_is_refused_and_the_job_runs_on(
+    kube_api_thread: KubeApi, controller: Running, jobs: Events
+) -> None:
+    """An edit the CRD lets through but the models refuse (a log rule whose pattern does
+    not compile) is a Warning Event; the running job keeps its spec and its phase (it
+    was marked Failed while it ran on)."""
+    kube_api_thread.create("trainingjobs", training_job("llama"))
+    await jobs.wait_for(lambda items: submissions(jobs, "llama"))
+    kube_api_thread.patch_status("trainingjobs", "llama", {"phase": "Running"})
+    rule = {"name": "loss", "logPattern": "loss: ("}
+    await patch(kube_api_thread, "llama", {"spec": {"monitoring": {"logRules": [rule]}}})
+    await until(
+        "submittedGeneration 2",
+        lambda: status_of(kube_api_thread, "llama").get("submittedGeneration") == 2,
+    )
+    status = status_of(kube_api_thread, "llama")
+    assert status["phase"] == "Running", status
+    assert condition(kube_api_thread, "llama", "Failed") is None
+    events = [
+        e for e in kube_api_thread.objects("events", "default") if e["reason"] == "InvalidEdit"
+    ]
+    assert len(events) == 1 and "the edit is not applied" in events[0]["message"], events
+    await settled(kube_api_thread, jobs, "marker")
+    assert len(submissions(jobs, "llama")) == 1, "the refused edit reached the scaler"
 
 
 # -- the finalizer, and nothing left behind -------------------------------------------------

@@ -102,7 +102,8 @@ def test_an_edit_is_refused_unless_the_field_is_mutable(path: str) -> None:
     if path in MUTABLE or any(path.startswith(f"{m}.") for m in MUTABLE):
         assert messages == []
     else:
-        field = path if path.count(".") == 1 or "spec.replicas" in MUTABLE else "spec.replicas"
+        split = any(m.startswith("spec.replicas.") for m in MUTABLE)
+        field = path if path.count(".") == 1 or split else "spec.replicas"
         assert messages == [f"{field} is immutable: delete the TrainingJob and create it again"]
 
 
@@ -132,3 +133,15 @@ def test_the_spec_rules_name_every_immutable_field() -> None:
     fields = {f"spec.{name}" for name in spec["properties"]}
     assert named == fields - {p for p in fields if any(m.startswith(p) for m in MUTABLE)}
     assert "spec.command" in named and "spec.monitoring" not in named
+
+
+def test_a_max_below_min_or_below_a_discrete_size_is_refused() -> None:
+    """``replicas.max`` may change, but not to what the models refuse: the API server
+    says so instead of the edit reaching a running job."""
+    old = as_stored({**BASE, "replicas": {"min": 2, "max": 4, "discrete": [2, 4]}})
+    lower = {**old, "replicas": {**old["replicas"], "max": 1}}
+    assert refused(old, lower) == [
+        "spec.replicas.max must be at least spec.replicas.min",
+        "spec.replicas.discrete sizes must be at most spec.replicas.max",
+    ]
+    assert refused(old, {**old, "replicas": {**old["replicas"], "max": 6}}) == []

@@ -165,6 +165,16 @@ def test_equal_priority_is_never_preempted() -> None:
     assert "no lower-priority job" in result.waiting["waiting"]
 
 
+def test_a_job_above_a_lowered_max_shrinks_to_it_highest_index_first() -> None:
+    """An edit lowered ``replicas.max`` below what the job holds: it shrinks at once,
+    cool-down or not (its owner asked), and never while a recovery is under way."""
+    running = job("j", (2, 3), nodes=("n0", "n1", "n2", "n3"), resized_at=NOW - 1)
+    (resize,) = decide(cluster(1, 1, 1, 1), [running], NOW)
+    assert (resize.kind, resize.to_replicas, resize.remove) == (Kind.SHRINK, 3, (3,))
+    assert "above its max of 3 replicas" in resize.why
+    assert decide(cluster(1, 1, 1, 1), [replace(running, busy=True)], NOW) == []
+
+
 def test_cooldown_blocks_every_resize_until_it_ends() -> None:
     running = job("r", (1, 2, 3), nodes=("n0",), resized_at=NOW - 30.0, cooldown=60.0)
     assert decide(cluster(1, 1, 1), [running], NOW) == []

@@ -219,7 +219,8 @@ class Scaler:
 
     async def on_submitted(self, event: JobSubmitted) -> None:
         """A new job (or a finished one's name again) becomes Pending and is admitted if it
-        fits; a running job submitted again takes its new monitoring settings. An edit
+        fits; a running job submitted again takes its new monitoring settings and
+        replicas.max. An edit
         (``update``) never starts a job: one that finished, or has no record, is left."""
         job = event.spec
         found = await self.store.get(job.name)
@@ -234,7 +235,7 @@ class Scaler:
         if found is not None and not found[0].phase.finished:
             await self.store.mutate(job.name, partial(update_live, job=job))
             self.ctx.log.info(
-                "%s is already %s: monitoring settings updated, the rest kept",
+                "%s is already %s: monitoring settings and replicas.max taken, the rest kept",
                 job.name,
                 found[0].phase.value,
             )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from resurge.jobspec._base import SpecModel
@@ -9,11 +11,29 @@ from resurge.jobspec.mutability import immutable_fields
 
 __all__ = ["ReplicaSpec"]
 
+# The rules across fields that an edit of the one mutable field (``max``) could break, as
+# CEL in the CRD: the API server refuses such an edit instead of resurge failing the job.
+_CONSISTENT = (
+    {
+        "rule": "!has(self.max) || self.max >= (has(self.min) ? self.min : 1)",
+        "message": "spec.replicas.max must be at least spec.replicas.min",
+    },
+    {
+        "rule": "!has(self.max) || !has(self.discrete) || self.discrete.all(s, s <= self.max)",
+        "message": "spec.replicas.discrete sizes must be at most spec.replicas.max",
+    },
+)
+
+
+def _schema_extra(schema: dict[str, Any]) -> None:
+    immutable_fields("spec.replicas")(schema)
+    schema.setdefault("x-kubernetes-validations", []).extend(dict(r) for r in _CONSISTENT)
+
 
 class ReplicaSpec(SpecModel):
     """Replica counts, like HyperPod's ``elasticPolicy``; ``min == max`` is a fixed-size job."""
 
-    model_config = ConfigDict(json_schema_extra=immutable_fields("spec.replicas"))
+    model_config = ConfigDict(json_schema_extra=_schema_extra)
 
     min: int = Field(
         default=1, ge=1, description="Fewest replicas the job runs with.", examples=[2]

@@ -16,7 +16,8 @@ and deletions out, and nothing of a deleted one left behind.
   again: it runs again only when deleted and created (a new object). A status with a
   phase but no ``submittedGeneration`` (an older resurge's) counts as submitted. A spec that does
   not validate gets ``phase: Failed``, the message naming the field, the ``Failed``
-  condition and a Warning Event (``InvalidSpec``).
+  condition and a Warning Event (``InvalidSpec``); an edit that does not validate is not
+  applied, and the job runs on as it was, with a Warning Event (``InvalidEdit``).
 - **Deleted.** A TrainingJob being deleted (``deletionTimestamp``, held by the
   finalizer) is ``JobDeleted`` on the bus; its pods and Services are deleted, then the
   finalizer removed. One gone without the finalizer (removed by hand, or deleted before
@@ -422,8 +423,20 @@ class TrainingJobs:
         try:
             job = parse_job(document)
         except JobSpecError as error:
-            log.warning("TrainingJob %s rejected: %s", name, error, extra={"job": name})
             self._submitted[uid] = generation
+            if before:  # a running job keeps running as it was: only the edit is refused
+                log.warning(
+                    "TrainingJob %s: edit refused, the job runs on unchanged: %s",
+                    name,
+                    error,
+                    extra={"job": name},
+                )
+                await self.kube.update_training_job_status(
+                    name, lambda _: {"submittedGeneration": generation}
+                )
+                await self.event(obj, "InvalidEdit", f"the edit is not applied: {error}")
+                return
+            log.warning("TrainingJob %s rejected: %s", name, error, extra={"job": name})
             await self._reject(name, generation, str(error))
             await self.event(obj, "InvalidSpec", str(error))
             return

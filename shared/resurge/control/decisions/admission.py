@@ -292,10 +292,15 @@ def mark_replica_finished(record: JobRecord, replica: int, generation: int) -> b
 
 
 def update_live(record: JobRecord, job: TrainingJob) -> bool:
-    """A running job submitted again: take its new ``monitoring`` settings (log rules,
-    timeouts, stragglers), which detectors read live; keep everything else."""
-    if record.spec.spec.monitoring == job.spec.monitoring:
+    """A running job submitted again: take what may change while it runs
+    (:data:`~resurge.jobspec.mutability.MUTABLE`): its ``monitoring`` settings, which
+    detectors read live, and ``replicas.max``, which the scaler's next decision reads (a
+    lower max shrinks the job to it, a higher one lets it grow); keep everything else.
+    Whether anything changed."""
+    old = record.spec.spec
+    replicas = old.replicas.model_copy(update={"max": job.spec.replicas.max})
+    spec = old.model_copy(update={"monitoring": job.spec.monitoring, "replicas": replicas})
+    if spec == old:
         return False
-    spec = record.spec.spec.model_copy(update={"monitoring": job.spec.monitoring})
     record.spec = record.spec.model_copy(update={"spec": spec})
     return True

@@ -17,9 +17,12 @@ less ``nproc`` for each replica and each held spare of a Running job on it.
 Unschedulable (unhealthy or cordoned) nodes, and nodes absent from the cluster, offer
 nothing; a job's replica on one of them is *lost*.
 
-The policy, in three passes over the jobs in priority order (higher ``priority``
-first, then earlier ``submitted``, then name):
+The policy, in passes over the jobs in priority order (higher ``priority`` first,
+then earlier ``submitted``, then name):
 
+0. Above ``max``. A Running job holding more replicas than its largest allowed size
+   (its ``replicas.max`` lowered by an edit) shrinks to that size, highest index
+   first, unless busy: no cool-down holds back what its owner asked for.
 1. Lost capacity. A Running job whose lost replicas outnumber its usable spares (spares
    on schedulable nodes, which the restarter moves replicas onto) shrinks once a lost
    node has been gone ``faulty_timeout`` seconds: the overdue lost replicas go, then
@@ -242,6 +245,8 @@ def plan(cluster: Cluster, jobs: list[JobShape], now: float) -> Plan:
     """The resizes to carry out now and why the jobs left waiting wait."""
     state = _State.build(cluster, jobs, now)
     for work in state.works:
+        _drop_above_max(state, work)
+    for work in state.works:
         _drop_lost(state, work)
     for work in state.works:
         _admit(state, work)
@@ -426,6 +431,15 @@ def _unsuspend(state: _State, work: _Work, count: int) -> None:
     state.pool.take_all(work.shape.spares, work.shape.nproc)
     work.suspended = False
     _undrop(state, work, count)
+
+
+def _drop_above_max(state: _State, work: _Work) -> None:
+    """Pass 0: shrink a job holding more replicas than its largest allowed size."""
+    shape = work.shape
+    if shape.busy or work.size <= shape.max:
+        return
+    _drop(state, work, work.size - shape.max)
+    work.notes.append(f"above its max of {shape.max} replicas")
 
 
 def _drop_lost(state: _State, work: _Work) -> None:
