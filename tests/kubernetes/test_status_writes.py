@@ -123,7 +123,8 @@ async def test_kubectl_wait_for_the_succeeded_condition_returns_when_the_job_suc
             subprocess.run,
             [str(kubectl_path()), "wait", "--for=condition=Succeeded", "trainingjob/llama",
              "--timeout=20s"],
-            env={**api.env, "PATH": "/usr/bin:/bin"},
+            # HOME: kubectl keeps its discovery cache there (else in the current folder).
+            env={**api.env, "PATH": "/usr/bin:/bin", "HOME": str(api.kubeconfig.parent)},
             capture_output=True,
             text=True,
             timeout=60,
