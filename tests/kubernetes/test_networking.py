@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from resurge.cluster import ClusterBackend
+from resurge.cluster import ClusterBackend, WorkerGroupSpec
 from resurge.cluster.names import service_name, worker_hostname
 from resurge.jobspec import parse_job
 from resurge.runtime.bus import Bus
@@ -39,6 +39,14 @@ def host_network_job(name: str) -> dict[str, Any]:
     return training_job(name, template={"spec": {"hostNetwork": True}})
 
 
+def group_of(cluster: ClusterBackend, training: dict[str, Any], replica: int) -> WorkerGroupSpec:
+    """Replica ``replica``'s group on n1, as the scaler makes it: with the domain the
+    backend gives the job (resurge.control.decisions.worker_groups)."""
+    job = parse_job(training)
+    spec = group(job.name, replica, "n1")
+    return spec.model_copy(update={"domain": cluster.worker_domain(job)})
+
+
 async def test_a_job_named_like_a_model_version_gets_a_valid_service_and_pod_dns_names(
     kube_api_thread: KubeApi,
     backend: ClusterBackend,  # noqa: F811
@@ -49,7 +57,7 @@ async def test_a_job_named_like_a_model_version_gets_a_valid_service_and_pod_dns
     job = "llama-3.1-8b"
     kube_api_thread.add_node("n1", gpus=4)
     kube_api_thread.create("trainingjobs", training_job(job))
-    await backend.create_worker_group(group(job, 0, "n1"))
+    await backend.create_worker_group(group_of(backend, training_job(job), 0))
     [pod] = await until("its pod", lambda: pods_of(kube_api_thread, job))
     [service] = await until("its Service", lambda: kube_api_thread.objects("services", "default"))
 
@@ -62,22 +70,27 @@ async def test_a_job_named_like_a_model_version_gets_a_valid_service_and_pod_dns
     assert spec["subdomain"] == name
     assert RFC_1123_LABEL.match(spec["hostname"]), spec["hostname"]
     assert spec["hostname"] == worker_hostname(group(job, 0, "n1"))
+    domain = f"{name}.default.svc"
+    assert WorkerGroupSpec.model_validate_json(
+        pod["metadata"]["annotations"]["resurge.dev/worker-group"]
+    ) == group(job, 0, "n1").model_copy(update={"domain": domain})
     assert "hostNetwork" not in spec and "dnsPolicy" not in spec
 
     await backend.delete_worker_group(job, 0, "n1")
     await until("its Service gone", lambda: not kube_api_thread.objects("services", "default"))
 
 
-async def test_the_host_network_is_an_option_of_the_job_template_and_of_the_settings(
+async def test_the_host_network_is_an_option_of_the_job_template(
     kube_api_thread: KubeApi,
     backend: ClusterBackend,  # noqa: F811
     controller: None,  # noqa: F811
 ) -> None:
     """``spec.template.spec.hostNetwork: true`` runs the pods on the host network: no
-    hostname or subdomain (the node's name and address are the pod's)."""
+    hostname or subdomain (the node's name and address are the pod's), and the DNS
+    policy that still resolves the cluster's names."""
     kube_api_thread.add_node("n1", gpus=4)
     kube_api_thread.create("trainingjobs", host_network_job("hostnet"))
-    await backend.create_worker_group(group("hostnet", 0, "n1"))
+    await backend.create_worker_group(group_of(backend, host_network_job("hostnet"), 0))
     [pod] = await until("its pod", lambda: pods_of(kube_api_thread, "hostnet"))
     spec = pod["spec"]
     assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"

@@ -3,6 +3,7 @@ cordons to patches, job statuses to the status subresource and Events."""
 
 from __future__ import annotations
 
+import copy
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,6 +24,7 @@ from resurge.cluster.kubernetes.objects import (
     uncordon_patch,
 )
 from resurge.cluster.kubernetes.status import event_manifests
+from resurge.cluster.names import service_name, worker_hostname
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
@@ -151,6 +153,7 @@ GROUP = WorkerGroupSpec(
     env={"A": "1"},
     incarnation=1,
 )
+ON_POD_NETWORK = GROUP.model_copy(update={"domain": "llama.default.svc"})
 
 TRAINING_JOB: dict[str, Any] = {
     "apiVersion": "resurge.dev/v1alpha1",
@@ -183,7 +186,7 @@ AGENT_ENV = {"RESURGE_NATS_URL": "nats://nats:4222", "RESURGE_CLUSTER": "kuberne
 
 
 def test_a_worker_groups_pod_is_pinned_labelled_owned_and_runs_the_agent() -> None:
-    pod = pod_manifest(GROUP, TRAINING_JOB, AGENT_ENV, "resurge:latest", host_network=True)
+    pod = pod_manifest(GROUP, TRAINING_JOB, AGENT_ENV, "resurge:latest")
     meta, spec = pod["metadata"], pod["spec"]
     assert meta["name"] == pod_name(GROUP)
     assert meta["labels"] == {
@@ -225,7 +228,7 @@ def test_a_worker_groups_pod_is_pinned_labelled_owned_and_runs_the_agent() -> No
 
 
 def test_a_group_without_a_training_job_gets_the_default_image_and_no_owner() -> None:
-    pod = pod_manifest(GROUP, None, AGENT_ENV, "resurge:latest", host_network=False)
+    pod = pod_manifest(ON_POD_NETWORK, None, AGENT_ENV, "resurge:latest")
     assert "ownerReferences" not in pod["metadata"]
     assert "kueue.x-k8s.io/queue-name" not in pod["metadata"]["labels"]
     assert pod["spec"]["containers"][0]["image"] == "resurge:latest"
@@ -238,9 +241,7 @@ def test_the_agent_gets_its_nats_user_from_a_secret_reference_only() -> None:
         {"name": "NCCL_DEBUG", "value": "INFO"},
     ]
     job = {**TRAINING_JOB, "spec": {"template": {"spec": {"containers": [{"env": template_env}]}}}}
-    pod = pod_manifest(
-        GROUP, job, AGENT_ENV, "resurge:latest", host_network=False, agent_secret="nats-agent"
-    )
+    pod = pod_manifest(GROUP, job, AGENT_ENV, "resurge:latest", agent_secret="nats-agent")
     env = pod["spec"]["containers"][0]["env"]
     by_name = {e["name"]: e for e in env}
     assert [e["name"] for e in env].count("RESURGE_NATS_PASSWORD") == 1
@@ -251,7 +252,7 @@ def test_the_agent_gets_its_nats_user_from_a_secret_reference_only() -> None:
         }
     assert by_name["NCCL_DEBUG"]["value"] == "INFO"
     # Without a Secret named, no user: the pods connect as before.
-    plain = pod_manifest(GROUP, None, AGENT_ENV, "resurge:latest", host_network=False)
+    plain = pod_manifest(GROUP, None, AGENT_ENV, "resurge:latest")
     assert not any(e["name"] == "RESURGE_NATS_USER" for e in plain["spec"]["containers"][0]["env"])
 
 
@@ -293,3 +294,23 @@ def test_each_recovery_and_resize_is_one_event() -> None:
 def test_an_old_heartbeat_is_read_as_old() -> None:
     stale = report().model_copy(update={"heartbeat": NOW - timedelta(minutes=5)})
     assert not node_info(kube_node(report=stale)).alive(NOW, 15.0)
+
+
+def test_a_groups_domain_decides_its_pods_network() -> None:
+    """With a domain (its job is on the pod network): a hostname and the Service as
+    subdomain; without (the host network): neither, and a DNS policy that still resolves
+    the cluster's names, unless the template chose one."""
+    pod = pod_manifest(ON_POD_NETWORK, TRAINING_JOB, AGENT_ENV, "resurge:latest")["spec"]
+    assert (pod["hostname"], pod["subdomain"]) == (worker_hostname(GROUP), "llama")
+    assert "hostNetwork" not in pod and "dnsPolicy" not in pod
+    assert pod_manifest(ON_POD_NETWORK.model_copy(update={"job": "llama-3.1"}), None, {}, "x")[
+        "spec"
+    ]["subdomain"] == service_name("llama-3.1")
+
+    chosen = copy.deepcopy(TRAINING_JOB)
+    chosen["spec"]["template"]["spec"].update(hostNetwork=True, dnsPolicy="Default")
+    pod = pod_manifest(GROUP, chosen, AGENT_ENV, "resurge:latest")["spec"]
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "Default"
+    assert "hostname" not in pod and "subdomain" not in pod
+    plain = pod_manifest(GROUP, None, AGENT_ENV, "resurge:latest")["spec"]
+    assert plain["hostNetwork"] is True and plain["dnsPolicy"] == "ClusterFirstWithHostNet"

@@ -118,6 +118,13 @@ class WorkerGroupSpec(BaseModel):
     checkpoint_interval_seconds: float | None = Field(
         default=None, gt=0, description="The job's spec.checkpoint.intervalSeconds."
     )
+    domain: str | None = Field(
+        default=None,
+        description="The DNS domain it is reached under, at <hostname>.<domain> (the job "
+        "record's worker_domain: on Kubernetes its pod is on the pod network, a DNS name "
+        "through the job's Service). None: at its node's address (local; on Kubernetes "
+        "its pod is on the host network).",
+    )
 
 
 class ClusterChange(BaseModel):

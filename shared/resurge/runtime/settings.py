@@ -88,7 +88,8 @@ class Settings(BaseSettings):
         "other at the node's address (as NCCL jobs on RDMA nodes often do; Pod Security "
         "'baseline' refuses it). Off: the pod network, each pod a DNS name through the "
         "job's headless Service, MASTER_ADDR replica 0's. A job's pod template may set "
-        "spec.hostNetwork itself, which wins.",
+        "spec.hostNetwork itself, which wins. Read as a job is submitted: a running job "
+        "keeps its network.",
     )
     kube_agent_secret: str | None = Field(
         default=None,

@@ -290,7 +290,6 @@ class Controller:
             training_job,
             agent_env,
             settings.kube_image,
-            settings.kube_host_network,
             agent_secret=settings.kube_agent_secret,
         )
         created = await self._create("Pod", self.kube.core.create_namespaced_pod, manifest)

@@ -21,12 +21,16 @@
   template, the Kueue queue and the PriorityClass.
 - A job has a headless Service selecting its pods (publishing not-ready ones), named
   :func:`~resurge.cluster.names.service_name` of the job.
-- Networking: by default a pod is on the pod network, with ``spec.hostname``
+- Networking: the backend gives a job on the pod network (:func:`host_network` false:
+  the template's ``spec.hostNetwork``, else the ``kube_host_network`` setting) a domain,
+  :func:`worker_domain`, which each of its groups carries. A group with a ``domain`` is
+  a pod on the pod network, with ``spec.hostname``
   (:func:`~resurge.cluster.names.worker_hostname`) and ``spec.subdomain`` the job's
-  Service, so it is ``<hostname>.<service>.<namespace>.svc``
-  (:func:`worker_domain`); on the host network (the template's ``spec.hostNetwork``,
-  else the ``kube_host_network`` setting) it has neither, the ``ClusterFirstWithHostNet``
-  DNS policy unless the template sets one, and is reached at its node's address.
+  Service, so it is ``<hostname>.<service>.<namespace>.svc``; a group without one is on
+  the host network, with neither, the ``ClusterFirstWithHostNet`` DNS policy unless the
+  template sets one, and is reached at its node's address. A pod's network thus always
+  matches the address its job's ranks are given, also for a job submitted before a
+  setting changed.
 """
 
 from __future__ import annotations
@@ -323,15 +327,14 @@ def pod_manifest(
     training_job: dict[str, Any] | None,
     agent_env: dict[str, str],
     default_image: str,
-    host_network: bool,
     agent_secret: str | None = None,
 ) -> dict[str, Any]:
     """The pod of worker group ``spec``.
 
     The TrainingJob's ``spec.template`` is the starting point (its first container
     becomes the agent's); resurge sets the name, labels, node affinity, GPUs, command
-    and environment over it, and its networking (the module docstring;
-    ``host_network`` where the template says nothing). ``agent_env`` is the
+    and environment over it, and its networking (the module docstring: the group's
+    ``domain`` decides). ``agent_env`` is the
     agent's connection settings; ``agent_secret`` names the Secret whose ``user`` and
     ``password`` keys are the agent role's NATS user (``RESURGE_NATS_USER`` and
     ``RESURGE_NATS_PASSWORD``)."""
@@ -396,11 +399,11 @@ def pod_manifest(
             },
         }
     )
-    if host_network and "hostNetwork" not in pod_spec:
+    if spec.domain is None:
         pod_spec["hostNetwork"] = True
-    if pod_spec.get("hostNetwork") is True:
         pod_spec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
     else:
+        pod_spec.pop("hostNetwork", None)  # at most false: the job got a domain for it
         pod_spec["hostname"] = worker_hostname(spec)
         pod_spec["subdomain"] = service_name(spec.job)
     if job_spec.get("priorityClassName"):

@@ -11,7 +11,8 @@ A replica is reached (its rendezvous address, for the first one) at its node's a
 or, where the record has a ``worker_domain`` (Kubernetes pod networking), at its worker
 group's DNS name: ``<hostname>.<domain>``, the hostname derived from the group
 (:func:`resurge.cluster.names.worker_hostname`), so a recreated or moved group has a new
-one.
+one. Each group carries the domain (``WorkerGroupSpec.domain``), so its pod's network and
+the address the others are given come from the one record field.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def worker_group(record: JobRecord, placement: Placement) -> WorkerGroupSpec:
         checkpoint_dir=spec.checkpoint.dir,
         checkpoint_interval_steps=spec.checkpoint.interval_steps,
         checkpoint_interval_seconds=spec.checkpoint.interval_seconds,
+        domain=record.worker_domain,
     )
 
 
@@ -52,6 +54,7 @@ def worker_groups(record: JobRecord) -> list[WorkerGroupSpec]:
 
 def worker_address(record: JobRecord, placement: Placement) -> str:
     """Where the replica at ``placement`` is reached (the module docstring)."""
-    if record.worker_domain is None:
+    group = worker_group(record, placement)
+    if group.domain is None:
         return placement.address
-    return f"{worker_hostname(worker_group(record, placement))}.{record.worker_domain}"
+    return f"{worker_hostname(group)}.{group.domain}"
