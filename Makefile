@@ -60,6 +60,7 @@ bench: $(INSTALLED)
 	$(BIN)/python bench/scaler.py
 	$(BIN)/python bench/resize_pause.py
 	$(BIN)/python bench/chaos.py
+	$(BIN)/python bench/kube_api.py
 
 schemas: $(INSTALLED)
 	$(BIN)/resurge schema --out docs/schemas --crd deploy/crds/trainingjobs.yaml
