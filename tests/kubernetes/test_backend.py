@@ -133,14 +133,15 @@ async def test_an_invalid_training_job_fails_naming_the_field(
     kube_api_thread: KubeApi, controller: None, jobs: Events
 ) -> None:
     # One the CRD's schema lets through (a rule between two fields) and parsing refuses.
-    kube_api_thread.create("trainingjobs", training_job("bad", replicas={"min": 3, "max": 2}))
+    replicas = {"min": 2, "max": 4, "step": 2, "discrete": [2, 4]}
+    kube_api_thread.create("trainingjobs", training_job("bad", replicas=replicas))
     status = await until(
         "the job marked Failed",
         lambda: kube_api_thread.get("trainingjobs", "bad").get("status", {}).get("phase"),
     )
     assert status == "Failed"
     message = kube_api_thread.get("trainingjobs", "bad")["status"]["message"]
-    assert "spec.replicas" in message and "replicas.max (2)" in message, message
+    assert "spec.replicas" in message and "replicas.step and replicas.discrete" in message, message
     [event] = await until(
         "an InvalidSpec Event", lambda: kube_api_thread.objects("events", "default")
     )
