@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -242,3 +243,25 @@ def test_a_quiet_watch_is_not_taken_for_dead_before_the_server_ends_it() -> None
     until the server ends it after timeoutSeconds. The client's read timeout outlasts
     that, so such a watch is not dropped and opened again (a request each time)."""
     assert watch._READ_TIMEOUT_SECONDS > watch._SERVER_TIMEOUT_SECONDS
+
+
+async def test_an_informer_ends_its_thread_before_its_event_loop_returns(
+    kube_api_thread: KubeApi,
+) -> None:
+    """A process that read nodes (`resurge node list`) leaves no watch thread reading as
+    its interpreter exits: a daemon thread still in its stream then can abort the exit
+    (SIGABRT, seen as exit code -6 of the CLI). The informer stops and waits for its thread
+    when ``asyncio.run`` shuts the loop's asynchronous generators down."""
+    kube_api_thread.add_node("n1")
+
+    def watching_threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name == "kubernetes-watch"}
+
+    before = watching_threads()
+
+    async def read_nodes() -> int:
+        kube = Api(kube_api_thread.api_client(), "default")
+        return len(await informer(kube, kube.core.list_node).objects())
+
+    assert await asyncio.to_thread(asyncio.run, read_nodes()) == 1
+    assert not watching_threads() - before

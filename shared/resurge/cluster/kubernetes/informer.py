@@ -3,7 +3,9 @@
 An :class:`Informer` follows one list function of the official client
 (:func:`.watch.follow_in_thread`: listed once, then watched with bookmarks, resumed from
 the last version seen), started on first use, and keeps every object as last seen: its
-cache. It runs until its event loop ends.
+cache. It runs until its event loop shuts down its asynchronous generators (as
+``asyncio.run`` does before it returns): then its thread is stopped and waited for, so
+none is left reading when the interpreter exits.
 
 - :meth:`Informer.objects` and :meth:`Informer.get` read the cache (waiting for the first
   list once); they never call the API.
@@ -41,6 +43,9 @@ __all__ = ["Informer", "informer"]
 
 Key = tuple[str, str]
 
+# How long the loop's shutdown waits for an informer's thread to end its stream.
+_STOP_SECONDS = 5.0
+
 
 def _revision(obj: dict[str, Any]) -> int | None:
     text = (obj.get("metadata") or {}).get("resourceVersion")
@@ -64,10 +69,23 @@ class Informer:
         self._synced = asyncio.Event()
         self._failed: BaseException | None = None
         self._following: Following | None = None
+        self._lifetime: AsyncGenerator[None, None] | None = None
 
-    def _start(self) -> None:
+    async def _start(self) -> None:
         if self._following is None:
             self._following = follow_in_thread(self.list_fn, self.kwargs, self._on_event)
+            if self._lifetime is None:  # the loop closes it as it shuts down
+                self._lifetime = self._live()
+                await anext(self._lifetime)
+
+    async def _live(self) -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            following, self._following = self._following, None
+            if following is not None:
+                following.stop()
+                following.join(_STOP_SECONDS)
 
     @property
     def version(self) -> str:
@@ -117,7 +135,7 @@ class Informer:
             self.cache.clear()
             self._revisions.clear()
             raise failed
-        self._start()
+        await self._start()
         await self._synced.wait()
         if self._failed is not None:
             await self.synced()  # raises it
@@ -142,7 +160,7 @@ class Informer:
         """The cache now (``ADDED`` each; ``SYNCED`` if the first list is in, else when it
         is), then every change, until the caller stops; the informer's failure is raised
         here."""
-        self._start()
+        await self._start()
         queue: asyncio.Queue[Change | BaseException] = asyncio.Queue()
         for obj in self.cache.values():
             queue.put_nowait(("ADDED", obj))

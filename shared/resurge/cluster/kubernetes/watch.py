@@ -23,7 +23,6 @@ stops the thread's stream, and so does the end of the event loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import threading
@@ -75,11 +74,6 @@ def _version(obj: dict[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
 
-def _close(response: Any) -> None:
-    with contextlib.suppress(Exception):
-        response.close()
-
-
 class _Gone(Exception):
     """The server no longer has the version the watch asked for."""
 
@@ -92,6 +86,9 @@ class Following(Protocol):
 
     def stop(self) -> None:
         """Stop following (the thread ends its stream)."""
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the thread to end (after :meth:`stop`)."""
 
 
 class _Follower:
@@ -112,16 +109,22 @@ class _Follower:
         self.version = ""
         self.synced = False
         self.stopped = threading.Event()
+        self.thread: threading.Thread | None = None
         self._watch: k8s_watch.Watch | None = None
+
+    def join(self, timeout: float) -> None:
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(timeout)
 
     def stop(self) -> None:
         self.stopped.set()
+        if threading.current_thread() is self.thread:
+            return  # its own stream loop sees the flag and closes the stream
         active = self._watch
         if active is not None:
+            # Shuts the stream's socket down, which ends a read blocked on it at once; the
+            # reading thread then closes the stream itself.
             active.stop()  # type: ignore[no-untyped-call]  # the client is untyped
-            response = getattr(active, "_resp", None)  # the open stream, to unblock a read
-            if response is not None:  # closing may wait for the reading thread: not here
-                threading.Thread(target=_close, args=(response,), daemon=True).start()
 
     def run(self) -> None:
         try:
@@ -239,7 +242,8 @@ def follow_in_thread(
             deliver(item)
 
     follower = _Follower(list_fn, kwargs, emit, alive=lambda: not loop.is_closed())
-    threading.Thread(target=follower.run, name="kubernetes-watch", daemon=True).start()
+    follower.thread = threading.Thread(target=follower.run, name="kubernetes-watch", daemon=True)
+    follower.thread.start()
     return follower
 
 
