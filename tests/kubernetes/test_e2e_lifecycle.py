@@ -127,7 +127,11 @@ async def acted_on(plane: ControlPlane, jobs: list[str], marker: str) -> None:
         "apiVersion": "resurge.dev/v1alpha1",
         "kind": "TrainingJob",
         "metadata": {"name": marker},
-        "spec": {"command": ["true"], "replicas": {"min": 3, "max": 2}},
+        # Refused by resurge, not by the CRD (which cannot say "step or discrete").
+        "spec": {
+            "command": ["true"],
+            "replicas": {"min": 2, "max": 4, "step": 2, "discrete": [2, 4]},
+        },
     }
     create(plane, jobs, body)
     await eventually_async(
