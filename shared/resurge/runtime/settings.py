@@ -61,8 +61,7 @@ class Settings(BaseSettings):
         default=None,
         ge=0,
         le=65535,
-        description="Port of /metrics, /livez and /readyz; 0 picks a free one, unset turns "
-        "it off.",
+        description="Port of /metrics, /livez and /readyz; 0 picks a free one, unset turns it off.",
     )
     cluster: Literal["local", "kubernetes"] = Field(
         default="local",

@@ -466,6 +466,17 @@ class KubernetesBackend:
         ).run(lead)
 
 
+async def _together(*parts: Callable[[], Awaitable[None]]) -> None:
+    """Run each of ``parts`` until all end; one that raises cancels the others."""
+    async with asyncio.TaskGroup() as running:
+        for part in parts:
+            running.create_task(_awaited(part))
+
+
+async def _awaited(part: Callable[[], Awaitable[None]]) -> None:
+    await part()
+
+
 def _status(error: BackendError) -> int | None:
     """The API server's HTTP status behind ``error`` (409: a precondition failed)."""
     cause = error.__cause__
@@ -490,17 +501,6 @@ def _report_json(info: NodeInfo) -> str:
 def _tainted_unhealthy(node: dict[str, Any]) -> bool:
     taints = (node.get("spec") or {}).get("taints") or []
     return any(isinstance(t, dict) and t.get("key") == UNHEALTHY_TAINT for t in taints)
-
-
-async def _together(*parts: Callable[[], Awaitable[None]]) -> None:
-    """Run each of ``parts`` until all end; one that raises cancels the others."""
-    async with asyncio.TaskGroup() as running:
-        for part in parts:
-            running.create_task(_awaited(part))
-
-
-async def _awaited(part: Callable[[], Awaitable[None]]) -> None:
-    await part()
 
 
 def _node_name(obj: dict[str, Any]) -> str:
