@@ -47,9 +47,22 @@ async def test_new_monitoring_settings_configure_a_running_job(bus: Bus) -> None
 
 async def test_a_running_job_refuses_a_change_it_cannot_take(bus: Bus) -> None:
     await _stored(bus, job("live", nproc=1), JobPhase.RUNNING)
-    with pytest.raises(SubmitRefused, match=r"only spec.monitoring .* changes spec.nprocPerNode"):
+    with pytest.raises(
+        SubmitRefused,
+        match=r"only spec.monitoring and spec.replicas.max .* "
+        r"changes spec.nprocPerNode; `resurge delete",
+    ):
         await submit_job(bus, job("live", nproc=2))
+    with pytest.raises(SubmitRefused, match=r"this changes spec.replicas.min; `resurge delete"):
+        await submit_job(bus, job("live", nproc=1, replicas={"min": 2, "max": 2}))
     assert await _submissions(bus) == 0
+
+
+async def test_a_new_replicas_max_configures_a_running_job(bus: Bus) -> None:
+    await _stored(bus, job("elastic", replicas={"min": 1, "max": 2}), JobPhase.RUNNING)
+    changed = job("elastic", replicas={"min": 1, "max": 4})
+    assert await submit_job(bus, changed) == "configured"
+    assert await _submissions(bus) == 1
 
 
 async def test_a_finished_job_is_not_rerun_over_its_checkpoints(bus: Bus) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from resurge.cluster import ClusterBackend, NodeInfo, UnknownNodeError, open_backend
 from resurge.contract.xid import action_for, lookup
@@ -16,6 +17,7 @@ from resurge.events import (
     JobSubmitted,
 )
 from resurge.jobspec import TrainingJob
+from resurge.jobspec.mutability import MUTABLE
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 
@@ -49,12 +51,12 @@ class SubmitRefused(ValueError):
 async def submit_job(bus: Bus, job: TrainingJob) -> str:
     """Submit ``job`` as ``kubectl apply`` would; what happened: ``created``,
     ``unchanged`` (the same spec is running: nothing sent) or ``configured`` (a running
-    job takes the new monitoring settings).
+    job takes what may change while it runs: :data:`~resurge.jobspec.mutability.MUTABLE`,
+    its monitoring settings and ``replicas.max``).
 
     :class:`SubmitRefused` names the reason when a job of that name has finished (it
     would run again from the start over its own checkpoints: delete it first) or runs
-    and the new spec changes more than ``spec.monitoring`` (which a running job cannot
-    take)."""
+    and the new spec changes a field a running job cannot take."""
     found = await JobStore(await bus.jobs_bucket()).get(job.name)
     outcome = "created"
     if found is not None:
@@ -66,13 +68,13 @@ async def submit_job(bus: Bus, job: TrainingJob) -> str:
             )
         if record.spec.spec == job.spec:
             return "unchanged"
-        changed = _changed_fields(record.spec, job)
-        if changed != ["spec.monitoring"]:
-            fields = ", ".join(f for f in changed if f != "spec.monitoring")
+        fixed = [f for f in _changed_fields(record.spec, job) if f not in MUTABLE]
+        if fixed:
             raise SubmitRefused(
-                f"trainingjob {job.name} is {record.phase.value}: only spec.monitoring can "
-                f"change while it runs, and this changes {fields}; `resurge delete "
-                f"{job.name}` first to start it again with the new spec"
+                f"trainingjob {job.name} is {record.phase.value}: only "
+                f"{' and '.join(sorted(MUTABLE))} can change while it runs, and this changes "
+                f"{', '.join(fixed)}; `resurge delete {job.name}` first to start it again "
+                "with the new spec"
             )
         outcome = "configured"
     await bus.publish(
@@ -82,14 +84,24 @@ async def submit_job(bus: Bus, job: TrainingJob) -> str:
 
 
 def _changed_fields(old: TrainingJob, new: TrainingJob) -> list[str]:
-    """The top-level spec fields (``spec.<name>``, camelCase) that differ."""
-    before = old.spec.model_dump(by_alias=True)
-    after = new.spec.model_dump(by_alias=True)
-    return [
-        f"spec.{key}"
-        for key in sorted(set(before) | set(after))
-        if before.get(key) != after.get(key)
-    ]
+    """The spec fields that differ, as dotted camelCase paths: ``spec.<name>``, and inside
+    a field only partly mutable (``spec.replicas``), its children that differ."""
+    before, after = old.spec.model_dump(by_alias=True), new.spec.model_dump(by_alias=True)
+    return sorted(_differing("spec", before, after))
+
+
+def _differing(where: str, before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    partly = {path.rsplit(".", 1)[0] for path in MUTABLE}
+    found: list[str] = []
+    for key in set(before) | set(after):
+        path, old, new = f"{where}.{key}", before.get(key), after.get(key)
+        if old == new:
+            continue
+        if path in partly and isinstance(old, dict) and isinstance(new, dict):
+            found += _differing(path, old, new)
+        else:
+            found.append(path)
+    return found
 
 
 async def delete_job(bus: Bus, name: str) -> JobRecord:
