@@ -2,7 +2,8 @@
 cluster resurge runs in, and :class:`KubeApi`, which makes each call of the official
 client off the event loop in one namespace, a refusal becoming a
 :class:`~resurge.cluster.protocol.BackendError` that names what was attempted (a 404
-stays an ``ApiException``: absent is an answer). The backend and its controller both
+stays an ``ApiException``: absent is an answer, which :meth:`KubeApi.read` and
+:meth:`KubeApi.delete` turn into None and False). The backend and its controller both
 talk to the cluster through it; every writer of a TrainingJob's status writes through
 :meth:`KubeApi.update_training_job_status` (read, change, patch with the
 resourceVersion read as a precondition, again on 409)."""
@@ -30,6 +31,7 @@ __all__ = [
     "STATUS_WRITE_ATTEMPTS",
     "KubeApi",
     "api_client",
+    "conflict",
     "json_of",
     "missing",
 ]
@@ -73,6 +75,13 @@ def missing(error: Exception) -> bool:
     return isinstance(error, ApiException) and error.status == 404
 
 
+def conflict(error: Exception) -> bool:
+    """Whether ``error`` (as :meth:`KubeApi.call` raises it) is the API server's 409
+    Conflict: a precondition failed or the object exists already."""
+    cause = error.__cause__
+    return isinstance(cause, ApiException) and cause.status == 409
+
+
 class KubeApi:
     """The core, coordination (Leases) and custom-object APIs of one client, in one
     namespace."""
@@ -94,11 +103,34 @@ class KubeApi:
                 raise
             raise BackendError(f"{what}: {error.status} {error.reason}") from error
 
+    async def read(
+        self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> dict[str, Any] | None:
+        """The object ``fn(*args, **kwargs)`` reads (or writes), as JSON; None where the
+        API answers 404. Other errors as :meth:`call` raises them."""
+        try:
+            got = await self.call(what, fn, *args, **kwargs, _preload_content=False)
+        except ApiException as error:
+            if missing(error):
+                return None
+            raise
+        return json_of(got)
+
+    async def delete(self, what: str, fn: Callable[..., Any], *args: Any) -> bool:
+        """Delete by ``fn(*args)``; False where it was gone already (404)."""
+        try:
+            await self.call(what, fn, *args, _preload_content=False)
+        except ApiException as error:
+            if missing(error):
+                return False
+            raise
+        return True
+
     async def training_job(self, job: str) -> dict[str, Any] | None:
         """The TrainingJob named ``job`` in the namespace; None if none is (a job
         submitted with ``resurge submit``, or a name no object can have)."""
         try:
-            got = await self.call(
+            return await self.read(
                 f"read TrainingJob {job}",
                 self.custom.get_namespaced_custom_object,
                 CRD_GROUP,
@@ -106,15 +138,9 @@ class KubeApi:
                 self.namespace,
                 CRD_PLURAL,
                 job,
-                _preload_content=False,
             )
-        except ApiException as error:
-            if missing(error):
-                return None
-            raise
         except ValueError:  # a name the client refuses to put in a path
             return None
-        return json_of(got)
 
     async def update_training_job_status(
         self, job: str, change: Callable[[dict[str, Any]], dict[str, Any] | None]
@@ -135,7 +161,7 @@ class KubeApi:
             version = (training_job.get("metadata") or {}).get("resourceVersion")
             body = {"metadata": {"resourceVersion": version}, "status": fields}
             try:
-                await self.call(
+                written = await self.read(
                     f"patch the status of TrainingJob {job}",
                     self.custom.patch_namespaced_custom_object_status,
                     CRD_GROUP,
@@ -145,17 +171,11 @@ class KubeApi:
                     job,
                     body,
                     _content_type=MERGE_PATCH,
-                    _preload_content=False,
                 )
-            except ApiException as error:  # 404: gone meanwhile
-                if missing(error):
-                    return False
-                raise
             except BackendError as error:
-                cause = error.__cause__
-                if isinstance(cause, ApiException) and cause.status == 409:
+                if conflict(error):
                     continue
                 raise
-            return True
+            return written is not None  # None: gone meanwhile
         log.warning("status of TrainingJob %s: lost %d races in a row", job, STATUS_WRITE_ATTEMPTS)
         return False

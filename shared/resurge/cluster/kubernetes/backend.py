@@ -32,9 +32,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from kubernetes.client.exceptions import ApiException
-
-from resurge.cluster.kubernetes.api import MERGE_PATCH, KubeApi, api_client, json_of, missing
+from resurge.cluster.kubernetes.api import MERGE_PATCH, KubeApi, api_client, conflict, json_of
 from resurge.cluster.kubernetes.controller import Controller
 from resurge.cluster.kubernetes.informer import Informer, informer
 from resurge.cluster.kubernetes.leader import LeaderElector, leading_gauge
@@ -157,15 +155,7 @@ class KubernetesBackend:
         return [(node, node_info(node, renewed.get(_node_name(node)))) for node in nodes]
 
     async def _node(self, name: str) -> dict[str, Any] | None:
-        try:
-            got = await self.kube.call(
-                f"read node {name}", self.kube.core.read_node, name, _preload_content=False
-            )
-        except ApiException as error:
-            if missing(error):
-                return None
-            raise
-        return json_of(got)
+        return await self.kube.read(f"read node {name}", self.kube.core.read_node, name)
 
     async def list_nodes(self) -> list[NodeInfo]:
         """Every Node, as :func:`~.objects.node_info` reads it (from the cache)."""
@@ -212,7 +202,7 @@ class KubernetesBackend:
                         _preload_content=False,
                     )
                 except BackendError as error:
-                    if _status(error) != 409:  # registered meanwhile: patch it below
+                    if not conflict(error):  # registered meanwhile: patch it below
                         raise
                     node = await self._node(info.name)
                 else:
@@ -244,52 +234,40 @@ class KubernetesBackend:
                 if lease is None:
                     lease = await self._read_lease(name)
                 if lease is None:
-                    written = await self.kube.call(
+                    written = await self.kube.read(
                         f"create the Lease of node {node}",
                         self.kube.coordination.create_namespaced_lease,
                         self.namespace,
                         lease_manifest(node, when, duration),
-                        _preload_content=False,
                     )
                 else:
-                    written = await self.kube.call(
+                    written = await self.kube.read(
                         f"renew the Lease of node {node}",
                         self.kube.coordination.replace_namespaced_lease,
                         name,
                         self.namespace,
                         renew(lease, node, when, duration),
-                        _preload_content=False,
                     )
             except BackendError as error:
-                if _status(error) != 409:  # another writer came first: read it again
+                if not conflict(error):  # another writer came first: read it again
                     raise
+                written = None
+            if written is None:  # 409, or deleted since read: create it
                 self._leases.pop(node, None)
                 continue
-            except ApiException as error:
-                if not missing(error):  # deleted since read: create it
-                    raise
-                self._leases.pop(node, None)
-                continue
-            self._leases[node] = json_of(written)
+            self._leases[node] = written
             if self._node_leases is not None:
                 self._node_leases.written(self._leases[node])
             return
         raise BackendError(f"the Lease of node {node} changed under each of {_WRITE_TRIES} writes")
 
     async def _read_lease(self, name: str) -> dict[str, Any] | None:
-        try:
-            got = await self.kube.call(
-                f"read Lease {name}",
-                self.kube.coordination.read_namespaced_lease,
-                name,
-                self.namespace,
-                _preload_content=False,
-            )
-        except ApiException as error:
-            if missing(error):
-                return None
-            raise
-        return json_of(got)
+        return await self.kube.read(
+            f"read Lease {name}",
+            self.kube.coordination.read_namespaced_lease,
+            name,
+            self.namespace,
+        )
 
     async def _known(self, name: str) -> dict[str, Any]:
         """Node ``name`` from the cache; :class:`UnknownNodeError` naming the cached ones
@@ -325,7 +303,7 @@ class KubernetesBackend:
                     _preload_content=False,
                 )
             except BackendError as error:
-                if _status(error) != 409:
+                if not conflict(error):
                     raise
                 node = await self._node(name)
                 if node is not None:
@@ -475,12 +453,6 @@ async def _together(*parts: Callable[[], Awaitable[None]]) -> None:
 
 async def _awaited(part: Callable[[], Awaitable[None]]) -> None:
     await part()
-
-
-def _status(error: BackendError) -> int | None:
-    """The API server's HTTP status behind ``error`` (409: a precondition failed)."""
-    cause = error.__cause__
-    return cause.status if isinstance(cause, ApiException) else None
 
 
 def _report(info: NodeInfo | MonitorReport) -> tuple[object, ...]:

@@ -325,32 +325,16 @@ class Controller:
         return True
 
     async def _delete_pod(self, name: str) -> None:
-        try:
-            await self.kube.call(
-                f"delete pod {name}",
-                self.kube.core.delete_namespaced_pod,
-                name,
-                self.namespace,
-                _preload_content=False,
-            )
-        except ApiException as error:
-            if error.status != 404:
-                raise
+        await self.kube.delete(
+            f"delete pod {name}", self.kube.core.delete_namespaced_pod, name, self.namespace
+        )
 
     async def _delete_service(self, job: str) -> None:
         self.services.discard(job)
         name = service_name(job)
-        try:
-            await self.kube.call(
-                f"delete Service {name}",
-                self.kube.core.delete_namespaced_service,
-                name,
-                self.namespace,
-                _preload_content=False,
-            )
-        except ApiException as error:
-            if error.status != 404:
-                raise
+        await self.kube.delete(
+            f"delete Service {name}", self.kube.core.delete_namespaced_service, name, self.namespace
+        )
 
     # -- nodes ----------------------------------------------------------------------------
 

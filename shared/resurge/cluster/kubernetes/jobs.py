@@ -48,6 +48,7 @@ from resurge.cluster.kubernetes.api import (
     CRD_VERSION,
     MERGE_PATCH,
     KubeApi,
+    conflict,
     json_of,
 )
 from resurge.cluster.kubernetes.conditions import condition, with_condition
@@ -102,12 +103,6 @@ def generation_of(obj: dict[str, Any]) -> int:
     if isinstance(generation, int) and not isinstance(generation, bool) and generation >= 1:
         return generation
     return 1
-
-
-def _conflict(error: BackendError) -> bool:
-    """Whether the API answered 409 Conflict (a precondition failed)."""
-    cause = error.__cause__
-    return isinstance(cause, ApiException) and cause.status == 409
 
 
 def _owners(obj: dict[str, Any]) -> set[str]:
@@ -234,7 +229,7 @@ class TrainingJobs:
         """Merge-patch the TrainingJob itself; None on 409 (its resourceVersion moved on)
         or 404."""
         try:
-            got = await self.kube.call(
+            return await self.kube.read(
                 f"patch TrainingJob {name}",
                 self.kube.custom.patch_namespaced_custom_object,
                 CRD_GROUP,
@@ -244,17 +239,11 @@ class TrainingJobs:
                 name,
                 body,
                 _content_type=MERGE_PATCH,
-                _preload_content=False,
             )
-        except ApiException as error:  # 404: KubeApi raises it as it is
-            if error.status == 404:
-                return None
-            raise
         except BackendError as error:
-            if _conflict(error):
+            if conflict(error):
                 return None
             raise
-        return json_of(got)
 
     async def _add_finalizer(self, obj: dict[str, Any]) -> dict[str, Any] | None:
         meta = _meta(obj)
@@ -330,13 +319,7 @@ class TrainingJobs:
             if what == "pods"
             else self.kube.core.delete_namespaced_service
         )
-        try:
-            await self.kube.call(
-                f"delete {what} {name}", fn, name, self.namespace, _preload_content=False
-            )
-        except ApiException as error:
-            if error.status != 404:
-                raise
+        await self.kube.delete(f"delete {what} {name}", fn, name, self.namespace)
 
     async def sweep(self, listed: dict[str, str]) -> None:
         """What TrainingJobs deleted while no controller ran left (``listed``: name ->

@@ -42,10 +42,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Gauge
 
-from resurge.cluster.kubernetes.api import KubeApi, json_of, missing
+from resurge.cluster.kubernetes.api import KubeApi, conflict, json_of
 
 __all__ = [
     "LeaderElector",
@@ -163,12 +162,6 @@ def claim(old: Spec | None, me: str, duration: int, now: datetime) -> Spec:
     return spec
 
 
-def _conflict(error: Exception) -> bool:
-    """Whether ``error`` (as :meth:`KubeApi.call` raises it) is the API server's 409."""
-    cause = error.__cause__
-    return isinstance(cause, ApiException) and cause.status == 409
-
-
 def _released(old: Spec, now: datetime) -> Spec:
     """The record a leader writes to give the Lease back (client-go's release)."""
     stamp = _micro_time(now)
@@ -220,19 +213,14 @@ class LeaderElector:
             return False
 
     async def _try(self) -> bool:
-        try:
-            got = await self.kube.call(
-                f"read Lease {self.name}",
-                self.kube.coordination.read_namespaced_lease,
-                self.name,
-                self.namespace,
-                _preload_content=False,
-            )
-        except ApiException as error:
-            if not missing(error):
-                raise
+        lease = await self.kube.read(
+            f"read Lease {self.name}",
+            self.kube.coordination.read_namespaced_lease,
+            self.name,
+            self.namespace,
+        )
+        if lease is None:
             return await self._create()
-        lease = json_of(got)
         spec = dict(lease.get("spec") or {})
         self.seen = observe(self.seen, spec, self.clock())
         self._note_holder(spec.get("holderIdentity"))
@@ -374,7 +362,7 @@ class LeaderElector:
                 _preload_content=False,
             )
         except Exception as error:  # it expires by itself
-            if _conflict(error):  # written since this process last renewed it: not ours
+            if conflict(error):  # written since this process last renewed it: not ours
                 log.info("%s: Lease %s was taken meanwhile", self.me, self.name)
             else:
                 log.warning("could not give back Lease %s: %r", self.name, error)
