@@ -12,14 +12,11 @@ precondition, reading again and retrying on 409 Conflict
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
+from resurge.cluster.kubernetes.times import now_time
+
 __all__ = ["condition", "with_condition"]
-
-
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def condition(
@@ -30,7 +27,7 @@ def condition(
         "type": kind,
         "status": "True" if status else "False",
         "observedGeneration": generation,
-        "lastTransitionTime": _now(),
+        "lastTransitionTime": now_time(),
         "reason": reason,
         "message": message,
     }

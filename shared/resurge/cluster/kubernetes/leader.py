@@ -45,6 +45,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Gauge
 
 from resurge.cluster.kubernetes.api import KubeApi, conflict, json_of
+from resurge.cluster.kubernetes.times import micro_time
 
 __all__ = [
     "LeaderElector",
@@ -134,16 +135,11 @@ def may_take(seen: Seen | None, me: str, now: float) -> bool:
     return now >= seen.at + float(duration)
 
 
-def _micro_time(when: datetime) -> str:
-    """A ``metav1.MicroTime``: RFC 3339 with microseconds, in UTC."""
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def claim(old: Spec | None, me: str, duration: int, now: datetime) -> Spec:
     """The record ``me`` writes to take or renew a Lease whose record is ``old`` (None:
     no Lease yet): renewed now; the acquire time and the transitions kept on a renewal,
     a new acquire time and one more transition on a takeover."""
-    stamp = _micro_time(now)
+    stamp = micro_time(now)
     spec: Spec = {
         "holderIdentity": me,
         "leaseDurationSeconds": duration,
@@ -164,7 +160,7 @@ def claim(old: Spec | None, me: str, duration: int, now: datetime) -> Spec:
 
 def _released(old: Spec, now: datetime) -> Spec:
     """The record a leader writes to give the Lease back (client-go's release)."""
-    stamp = _micro_time(now)
+    stamp = micro_time(now)
     return {
         "holderIdentity": "",
         "leaseDurationSeconds": 1,

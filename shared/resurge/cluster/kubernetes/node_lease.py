@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
+
+from resurge.cluster.kubernetes.times import micro_time, parse_time
 
 __all__ = [
     "NODE_LABEL",
@@ -58,11 +60,6 @@ def node_label_value(node: str) -> str:
     return f"{head}-{_digest(node)}" if head else _digest(node)
 
 
-def _micro_time(when: datetime) -> str:
-    """A ``metav1.MicroTime``: RFC 3339 with microseconds, in UTC."""
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def lease_manifest(node: str, renewed: datetime, duration_seconds: int) -> dict[str, Any]:
     """A new Lease of ``node``, renewed at ``renewed``."""
     return {
@@ -75,7 +72,7 @@ def lease_manifest(node: str, renewed: datetime, duration_seconds: int) -> dict[
         "spec": {
             "holderIdentity": node,
             "leaseDurationSeconds": duration_seconds,
-            "renewTime": _micro_time(renewed),
+            "renewTime": micro_time(renewed),
         },
     }
 
@@ -97,11 +94,4 @@ def holder(lease: dict[str, Any]) -> str | None:
 
 def renewed_at(lease: dict[str, Any]) -> datetime | None:
     """When the Lease was last renewed; None if it never was (or says so unreadably)."""
-    text = (lease.get("spec") or {}).get("renewTime")
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
+    return parse_time((lease.get("spec") or {}).get("renewTime"))

@@ -42,6 +42,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from resurge.cluster.kubernetes.times import parse_time
 from resurge.cluster.names import group_digest, service_name, worker_hostname
 from resurge.cluster.protocol import WORKER_GROUP_ENV, NodeInfo, WorkerGroupSpec
 
@@ -94,16 +95,6 @@ class MonitorReport(BaseModel):
     heartbeat: datetime
 
 
-def _time(text: object) -> datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
-
-
 def _mapping(value: object) -> dict[str, Any]:
     """``value`` if it is a JSON object, else empty: a malformed part of an object is
     read as missing, never a crash of the watch that reads it."""
@@ -128,7 +119,7 @@ def _ready(node: dict[str, Any]) -> tuple[bool, datetime | None]:
     kubelet last said so."""
     for condition in _objects(_mapping(node.get("status")).get("conditions")):
         if condition.get("type") == "Ready":
-            return condition.get("status") == "True", _time(condition.get("lastHeartbeatTime"))
+            return condition.get("status") == "True", parse_time(condition.get("lastHeartbeatTime"))
     return True, None
 
 
@@ -182,7 +173,7 @@ def node_info(node: dict[str, Any], renewed: datetime | None = None) -> NodeInfo
         if renewed is not None
         else report.heartbeat
         if report is not None
-        else kubelet_heartbeat or _time(meta.get("creationTimestamp")) or datetime.now(UTC)
+        else kubelet_heartbeat or parse_time(meta.get("creationTimestamp")) or datetime.now(UTC)
     )
     return NodeInfo(
         name=str(meta.get("name")),

@@ -30,9 +30,9 @@ over it with its precondition, each is recorded by the one writer whose write wo
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+from resurge.cluster.kubernetes.times import now_time
 from resurge.jobspec import TrainingJobStatus
 
 __all__ = [
@@ -66,10 +66,6 @@ _OURS = (
 )
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class StatusUpdate(NamedTuple):
     """A status write: the status read, the status to write, and the merge patch from one
     to the other (None when they are the same: nothing to write)."""
@@ -89,7 +85,7 @@ def status_update(
         pydantic.ValidationError: ``view`` has a field the status model lacks, or a
             value it refuses (a bug: the view and the model are held together by tests).
     """
-    now = now or _now()
+    now = now or now_time()
     meta = training_job.get("metadata") or {}
     before = dict(training_job.get("status") or {})
     generation = meta.get("generation")
@@ -182,7 +178,7 @@ def merge_diff(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
 def event(training_job: dict[str, Any], reason: str, message: str, warning: bool) -> dict[str, Any]:
     """A Kubernetes Event about ``training_job``."""
     meta = training_job["metadata"]
-    now = _now()
+    now = now_time()
     return {
         "apiVersion": "v1",
         "kind": "Event",
