@@ -20,6 +20,8 @@ from resurge.jobspec._base import SpecModel
 
 __all__ = [
     "CONDITION_TYPES",
+    "PHASE_CONDITION_TYPES",
+    "PODS_REFUSED",
     "CheckpointRef",
     "Condition",
     "FaultSummary",
@@ -32,8 +34,9 @@ __all__ = [
 ]
 
 # The condition types resurge writes: the job's phases (and Created, Suspended), written
-# with its status, and PodsRefused, written by the Kubernetes controller.
-CONDITION_TYPES = (
+# with its status by the status writer, and PodsRefused, written by the Kubernetes
+# controller.
+PHASE_CONDITION_TYPES = (
     "Created",
     "Running",
     "Recovering",
@@ -41,8 +44,9 @@ CONDITION_TYPES = (
     "Succeeded",
     "Failed",
     "Suspended",
-    "PodsRefused",
 )
+PODS_REFUSED = "PodsRefused"
+CONDITION_TYPES = (*PHASE_CONDITION_TYPES, PODS_REFUSED)
 
 # metav1.Condition's validation (k8s.io/apimachinery/pkg/apis/meta/v1/types.go).
 _CONDITION_TYPE = (

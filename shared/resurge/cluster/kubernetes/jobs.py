@@ -63,6 +63,7 @@ from resurge.cluster.kubernetes.watch import (
 from resurge.cluster.protocol import BackendError
 from resurge.events import JobDeleted, JobSubmitted
 from resurge.jobspec import JobSpecError, parse_job
+from resurge.jobspec.status import PODS_REFUSED
 
 if TYPE_CHECKING:
     from resurge.cluster.local.backend import LocalBackend
@@ -73,7 +74,6 @@ __all__ = ["FINALIZER", "PODS_REFUSED", "TrainingJobs", "name_of", "rejected_sta
 log = logging.getLogger("resurge.cluster.kubernetes")
 
 FINALIZER = "resurge.dev/cleanup"
-PODS_REFUSED = "PodsRefused"
 FINISHED = ("Succeeded", "Failed")
 # An event not acted on is tried again after this long, doubled each time up to the most.
 _RETRY_FIRST_SECONDS = 1.0

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 from resurge.cluster.kubernetes.times import now_time
 from resurge.jobspec import TrainingJobStatus
+from resurge.jobspec.status import PHASE_CONDITION_TYPES
 
 __all__ = [
     "PHASE_CONDITIONS",
@@ -44,15 +45,7 @@ __all__ = [
     "status_update",
 ]
 
-PHASE_CONDITIONS = (
-    "Created",
-    "Running",
-    "Recovering",
-    "Resizing",
-    "Succeeded",
-    "Failed",
-    "Suspended",
-)
+PHASE_CONDITIONS = PHASE_CONDITION_TYPES
 _ACTIVE = ("Running", "Recovering", "Resizing")
 _FINISHED = ("Succeeded", "Failed")
 _REPORTER = "resurge"
