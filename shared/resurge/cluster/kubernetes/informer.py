@@ -36,6 +36,7 @@ from resurge.cluster.kubernetes.watch import (
     Change,
     Following,
     follow_in_thread,
+    next_change,
     object_key,
 )
 
@@ -169,10 +170,7 @@ class Informer:
         self._subscribers.add(queue)
         try:
             while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+                yield await next_change(queue)
         finally:
             self._subscribers.discard(queue)
 

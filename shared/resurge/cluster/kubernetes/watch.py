@@ -39,6 +39,7 @@ __all__ = [
     "drain",
     "follow",
     "follow_in_thread",
+    "next_change",
     "object_key",
     "raise_if_cancelled",
 ]
@@ -259,12 +260,17 @@ async def follow(list_fn: Callable[..., Any], **kwargs: Any) -> AsyncGenerator[C
     following = follow_in_thread(list_fn, kwargs, queue.put_nowait)
     try:
         while True:
-            item = await queue.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+            yield await next_change(queue)
     finally:
         following.stop()
+
+
+async def next_change(queue: asyncio.Queue[Change | BaseException]) -> Change:
+    """The next change a watch put on ``queue``; the error it put there raised."""
+    item = await queue.get()
+    if isinstance(item, BaseException):
+        raise item
+    return item
 
 
 async def drain(
