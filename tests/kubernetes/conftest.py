@@ -24,6 +24,10 @@ namespaced kind no namespace means "default", except in ``objects``, where it me
 is a stand-in kubelet and scheduler (kubelet.py) that runs the pods pinned to its nodes
 as local processes, for end-to-end tests.
 
+``backend`` is the Kubernetes backend of this process on ``kube_api_thread`` and a real
+nats-server, ``controller`` its controller running (helpers.Running), ``jobs`` the job
+events on the bus.
+
 How the official client (``kubernetes`` 37) sees the two stream failures:
 
 - ``break_watches()``: the server ends each stream cleanly. ``Watch().stream(...)`` without
@@ -55,8 +59,14 @@ import kmock
 import pytest
 import yaml
 
+from resurge.cluster import open_backend
+from resurge.cluster.kubernetes.backend import KubernetesBackend
 from resurge.jobspec.crd import training_job_crd
+from resurge.runtime.bus import Bus
+from resurge.runtime.settings import Settings
+from tests.collect import Events
 from tests.kubernetes.emulator import ClusterEmulator
+from tests.kubernetes.helpers import Running
 from tests.kubernetes.kubelet import ProcessKubelet, process_environment, running_kubelet
 
 T = TypeVar("T")
@@ -352,3 +362,32 @@ def _serve_in_thread(path: Path) -> Iterator[KubeApi]:
         loop.call_soon_threadsafe(stop.set)
         thread.join(timeout=30)
         loop.close()
+
+
+@pytest.fixture
+async def backend(
+    kube_api_thread: KubeApi, bus: Bus, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> KubernetesBackend:
+    """The Kubernetes backend, as the services open it, on ``kube_api_thread``."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(kube_api_thread.kubeconfig))
+    opened = await open_backend(bus, settings.model_copy(update={"cluster": "kubernetes"}))
+    assert isinstance(opened, KubernetesBackend)
+    return opened
+
+
+@pytest.fixture
+async def controller(backend: KubernetesBackend) -> AsyncIterator[Running]:
+    """The controller the scaler runs, in this process, running until the test ends."""
+    running = Running(backend)
+    running.start()
+    yield running
+    await running.stop()
+
+
+@pytest.fixture
+async def jobs(bus: Bus) -> Events:
+    """Every job event on the bus from now on."""
+    seen = Events()
+    await bus.subscribe(bus.subjects.all("job"), seen.add)
+    return seen

@@ -6,59 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import pytest
 from kubernetes import client as k8s
 
-from resurge.cluster import ClusterBackend, WorkerGroupSpec, open_backend, watching
+from resurge.cluster import ClusterBackend, WorkerGroupSpec, watching
 from resurge.events import CapacityChanged, JobDeleted, JobSubmitted
 from resurge.runtime.bus import Bus
-from resurge.runtime.settings import Settings
 from tests.collect import Events
 from tests.contract.helpers import next_changes
 from tests.kubernetes.conftest import KubeApi
-
-WAIT_SECONDS = 15.0
-
-
-@pytest.fixture
-async def backend(
-    kube_api_thread: KubeApi, bus: Bus, settings: Settings, monkeypatch: pytest.MonkeyPatch
-) -> ClusterBackend:
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setenv("KUBECONFIG", str(kube_api_thread.kubeconfig))
-    return await open_backend(bus, settings.model_copy(update={"cluster": "kubernetes"}))
-
-
-@pytest.fixture
-async def controller(backend: ClusterBackend) -> AsyncIterator[None]:
-    """The controller the scaler runs, in this process."""
-    task = asyncio.create_task(backend.reconcile())
-    yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
-@pytest.fixture
-async def jobs(bus: Bus) -> Events:
-    seen = Events()
-    await bus.subscribe(bus.subjects.all("job"), seen.add)
-    return seen
-
-
-async def until(what: str, check: Callable[[], Any]) -> Any:
-    """Poll the emulator (in memory, answered at once) until ``check()`` is truthy."""
-    deadline = asyncio.get_running_loop().time() + WAIT_SECONDS
-    while True:
-        value = await asyncio.to_thread(check)
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
+from tests.kubernetes.helpers import Running, pods_of, until
 
 
 def training_job(name: str, **spec: Any) -> dict[str, Any]:
@@ -88,16 +46,8 @@ def group(job: str, replica: int, node: str, incarnation: int = 0) -> WorkerGrou
     )
 
 
-def pods_of(api: KubeApi, job: str) -> list[dict[str, Any]]:
-    return [
-        p
-        for p in api.objects("pods", "default")
-        if p["metadata"].get("labels", {}).get("resurge.dev/job") == job
-    ]
-
-
 async def test_a_training_job_is_submitted_once_and_a_deleted_one_deleted(
-    kube_api_thread: KubeApi, backend: ClusterBackend, controller: None, jobs: Events
+    kube_api_thread: KubeApi, backend: ClusterBackend, controller: Running, jobs: Events
 ) -> None:
     kube_api_thread.create("trainingjobs", training_job("llama"))
     submitted = await jobs.wait_for(lambda items: jobs.of(JobSubmitted))
@@ -130,7 +80,7 @@ async def test_a_training_job_is_submitted_once_and_a_deleted_one_deleted(
 
 
 async def test_an_invalid_training_job_fails_naming_the_field(
-    kube_api_thread: KubeApi, controller: None, jobs: Events
+    kube_api_thread: KubeApi, controller: Running, jobs: Events
 ) -> None:
     # One the CRD's schema lets through (a rule between two fields) and parsing refuses.
     replicas = {"min": 2, "max": 4, "step": 2, "discrete": [2, 4]}
@@ -151,7 +101,7 @@ async def test_an_invalid_training_job_fails_naming_the_field(
 
 
 async def test_worker_groups_become_pods_that_come_back_and_go(
-    kube_api_thread: KubeApi, backend: ClusterBackend, controller: None
+    kube_api_thread: KubeApi, backend: ClusterBackend, controller: Running
 ) -> None:
     for name in ("n1", "n2"):
         kube_api_thread.add_node(name, gpus=4)
@@ -216,7 +166,7 @@ async def test_worker_groups_become_pods_that_come_back_and_go(
 
 
 async def test_deleting_the_training_job_takes_its_pods(
-    kube_api_thread: KubeApi, backend: ClusterBackend, controller: None
+    kube_api_thread: KubeApi, backend: ClusterBackend, controller: Running
 ) -> None:
     kube_api_thread.add_node("n1", gpus=4)
     kube_api_thread.create("trainingjobs", training_job("llama"))
@@ -228,7 +178,7 @@ async def test_deleting_the_training_job_takes_its_pods(
 
 
 async def test_a_node_turning_not_ready_is_a_capacity_event(
-    kube_api_thread: KubeApi, bus: Bus, controller: None
+    kube_api_thread: KubeApi, bus: Bus, controller: Running
 ) -> None:
     capacity = Events()
     await bus.subscribe(bus.subjects.all("capacity"), capacity.add)
@@ -335,7 +285,7 @@ async def test_a_broken_watch_resumes_and_a_410_relists_without_missing_or_repea
 
 
 async def test_kueue_admission_is_read_back_from_the_scheduling_gate(
-    kube_api_thread: KubeApi, backend: ClusterBackend, controller: None
+    kube_api_thread: KubeApi, backend: ClusterBackend, controller: Running
 ) -> None:
     kube_api_thread.add_node("n1", gpus=4)
     kube_api_thread.create("trainingjobs", training_job("llama"))

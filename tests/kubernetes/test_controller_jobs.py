@@ -9,77 +9,18 @@ The emulator lacks a scheduler and kubelets: pods here are created and deleted, 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import pytest
 from kubernetes import client as k8s
 
-from resurge.cluster import ClusterBackend, WorkerGroupSpec, open_backend
+from resurge.cluster import ClusterBackend, WorkerGroupSpec
 from resurge.events import JobDeleted, JobSubmitted
-from resurge.runtime.bus import Bus
-from resurge.runtime.settings import Settings
 from tests.collect import Events
 from tests.kubernetes.conftest import KubeApi
+from tests.kubernetes.helpers import Running, pods_of, services_of, until
 
-WAIT_SECONDS = 15.0
 FINALIZER = "resurge.dev/cleanup"
 MERGE = "application/merge-patch+json"
-
-
-@pytest.fixture
-async def backend(
-    kube_api_thread: KubeApi, bus: Bus, settings: Settings, monkeypatch: pytest.MonkeyPatch
-) -> ClusterBackend:
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setenv("KUBECONFIG", str(kube_api_thread.kubeconfig))
-    return await open_backend(bus, settings.model_copy(update={"cluster": "kubernetes"}))
-
-
-class Running:
-    """The controller the scaler runs, in this process; stopped and started at will."""
-
-    def __init__(self, backend: ClusterBackend) -> None:
-        self.backend = backend
-        self.task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self.task = asyncio.create_task(self.backend.reconcile())
-
-    async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
-            self.task = None
-
-
-@pytest.fixture
-async def controller(backend: ClusterBackend) -> AsyncIterator[Running]:
-    running = Running(backend)
-    running.start()
-    yield running
-    await running.stop()
-
-
-@pytest.fixture
-async def jobs(bus: Bus) -> Events:
-    seen = Events()
-    await bus.subscribe(bus.subjects.all("job"), seen.add)
-    return seen
-
-
-async def until(what: str, check: Callable[[], Any]) -> Any:
-    """Poll the emulator (in memory, answered at once) until ``check()`` is truthy."""
-    deadline = asyncio.get_running_loop().time() + WAIT_SECONDS
-    while True:
-        value = await asyncio.to_thread(check)
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def training_job(name: str, **spec: Any) -> dict[str, Any]:
@@ -99,22 +40,6 @@ def training_job(name: str, **spec: Any) -> dict[str, Any]:
 
 def group(job: str, replica: int, node: str) -> WorkerGroupSpec:
     return WorkerGroupSpec(job=job, replica=replica, node=node, nproc=2, command=["python"])
-
-
-def pods_of(api: KubeApi, job: str) -> list[dict[str, Any]]:
-    return [
-        p
-        for p in api.objects("pods", "default")
-        if p["metadata"].get("labels", {}).get("resurge.dev/job") == job
-    ]
-
-
-def services_of(api: KubeApi, job: str) -> list[dict[str, Any]]:
-    return [
-        s
-        for s in api.objects("services", "default")
-        if s["metadata"].get("labels", {}).get("resurge.dev/job") == job
-    ]
 
 
 def status_of(api: KubeApi, name: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """How a job's pods reach each other on Kubernetes: names valid for every job name, pod
 networking by default (a DNS name per pod through the job's headless Service), the
 host network as an option. Against the API emulator over HTTP with the official client
-and a real nats-server (the fixtures of test_backend.py); pods are created, never run.
+and a real nats-server (the fixtures of conftest.py); pods are created, never run.
 
 The rules followed: "DNS for Services and Pods", A/AAAA records and Pod's hostname and
 subdomain fields (https://kubernetes.io/docs/concepts/services-networking/dns-pod-service/):
@@ -22,14 +22,8 @@ from resurge.jobspec import parse_job
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 from tests.kubernetes.conftest import KubeApi
-from tests.kubernetes.test_backend import (  # noqa: F401 (fixtures)
-    backend,
-    controller,
-    group,
-    pods_of,
-    training_job,
-    until,
-)
+from tests.kubernetes.helpers import Running, pods_of, until
+from tests.kubernetes.test_backend import group, training_job
 
 RFC_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 RFC_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -49,8 +43,8 @@ def group_of(cluster: ClusterBackend, training: dict[str, Any], replica: int) ->
 
 async def test_a_job_named_like_a_model_version_gets_a_valid_service_and_pod_dns_names(
     kube_api_thread: KubeApi,
-    backend: ClusterBackend,  # noqa: F811
-    controller: None,  # noqa: F811
+    backend: ClusterBackend,
+    controller: Running,
 ) -> None:
     """``llama-3.1-8b`` passes the CRD's name pattern but is no RFC 1035 label: the Service
     gets a derived name, and the pods name it as their subdomain."""
@@ -82,8 +76,8 @@ async def test_a_job_named_like_a_model_version_gets_a_valid_service_and_pod_dns
 
 async def test_the_host_network_is_an_option_of_the_job_template(
     kube_api_thread: KubeApi,
-    backend: ClusterBackend,  # noqa: F811
-    controller: None,  # noqa: F811
+    backend: ClusterBackend,
+    controller: Running,
 ) -> None:
     """``spec.template.spec.hostNetwork: true`` runs the pods on the host network: no
     hostname or subdomain (the node's name and address are the pod's), and the DNS
@@ -98,7 +92,7 @@ async def test_the_host_network_is_an_option_of_the_job_template(
 
 
 async def test_a_worker_group_is_reached_at_its_pod_dns_name_or_at_its_node(
-    backend: ClusterBackend,  # noqa: F811
+    backend: ClusterBackend,
     bus: Bus,
     settings: Settings,
 ) -> None:

@@ -9,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pytest
 from kubernetes import client as k8s
 
-from resurge.cluster import NODE_TIMEOUT_SECONDS, NodeInfo, open_backend, watching
+from resurge.cluster import NODE_TIMEOUT_SECONDS, NodeInfo, watching
 from resurge.cluster.kubernetes import watch
 from resurge.cluster.kubernetes.api import KubeApi as Api
 from resurge.cluster.kubernetes.backend import KubernetesBackend
@@ -24,23 +23,11 @@ from resurge.cluster.kubernetes.controller import Controller
 from resurge.cluster.kubernetes.informer import informer
 from resurge.cluster.kubernetes.node_lease import NODE_LABEL, lease_name
 from resurge.runtime.bus import Bus
-from resurge.runtime.settings import Settings
 from tests.contract.helpers import next_changes
 from tests.kubernetes.conftest import KubeApi
+from tests.kubernetes.helpers import WAIT_SECONDS, until
 
-WAIT_SECONDS = 15.0
 MAINTENANCE = {"key": "example.com/maintenance", "value": "true", "effect": "NoSchedule"}
-
-
-@pytest.fixture
-async def backend(
-    kube_api_thread: KubeApi, bus: Bus, settings: Settings, monkeypatch: pytest.MonkeyPatch
-) -> KubernetesBackend:
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setenv("KUBECONFIG", str(kube_api_thread.kubeconfig))
-    opened = await open_backend(bus, settings.model_copy(update={"cluster": "kubernetes"}))
-    assert isinstance(opened, KubernetesBackend)
-    return opened
 
 
 @contextlib.asynccontextmanager
@@ -52,18 +39,6 @@ async def running(coroutine: Any) -> AsyncIterator[None]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-
-
-async def until(what: str, check: Callable[[], Any]) -> Any:
-    """Poll until ``check()`` (run in a thread: it may call the emulator) is truthy."""
-    deadline = asyncio.get_running_loop().time() + WAIT_SECONDS
-    while True:
-        value = await asyncio.to_thread(check)
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def report(name: str, age_seconds: float = 0.0, **fields: Any) -> NodeInfo:
