@@ -1,5 +1,8 @@
-"""The scaler's status writer goes on past a job record it cannot read (one written by a
-newer resurge): that job's status stays as last written, later records are written."""
+"""The scaler's status writer against a real nats-server's jobs bucket: it goes on past a
+job record it cannot read (one written by a newer resurge; that job's status stays as
+last written, later records are written), and once stopped (its scaler no longer leads,
+on Kubernetes) it tells every job it reported gone, so the job gauges of a standby
+scaler show no job."""
 
 from __future__ import annotations
 
@@ -43,3 +46,26 @@ async def test_a_record_of_a_newer_schema_does_not_end_the_status_writer(bus: Bu
     status = await backend.read_job_status("after")
     assert status is not None and status["phase"] == "Running"
     assert await backend.read_job_status("older") is None
+
+
+async def test_a_stopped_status_writer_tells_each_job_it_reported_gone(bus: Bus) -> None:
+    store = JobStore(await bus.jobs_bucket())
+    backend = await LocalBackend.open(bus)
+    await store.create(record("a"))
+    await store.create(record("b"))
+    told: list[tuple[str, bool]] = []
+    both = asyncio.Event()
+
+    def seen(name: str, job_record: JobRecord | None) -> None:
+        told.append((name, job_record is not None))
+        if {n for n, present in told if present} == {"a", "b"}:
+            both.set()
+
+    task = asyncio.create_task(StatusWriter(store.kv, backend, seen).run())
+    try:
+        await asyncio.wait_for(both.wait(), 20)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    last = {name: present for name, present in told}
+    assert last == {"a": False, "b": False}, told
