@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +21,13 @@ import pytest
 from kubernetes import client as k8s
 
 from resurge.events import JobSubmitted, ProcessStarted
-from resurge.runtime.bus import Bus
 from tests.collect import Events
+from tests.kubernetes import test_e2e as e2e
 from tests.kubernetes.conftest import KubeApi
 from tests.kubernetes.e2e_cluster import ControlPlane, eventually_async
 from tests.kubernetes.test_e2e import (
-    RAW_KINDS,
     create,
     ddp_job,
-    delete_job,
     status,
     status_if,
 )
@@ -56,30 +54,9 @@ def plane(
     assert not plane.kubelet.all_pids(), "pod processes outlived the kubelet"
 
 
-@pytest.fixture
-async def events(plane: ControlPlane) -> AsyncIterator[Events]:
-    """Every control-plane event and the jobs' raw events but log lines, from now on."""
-    collected = Events()
-    bus = await Bus.connect(plane.settings, "e2e-test")
-    for family in ("fault", "cmd", "action", "job", "capacity"):
-        await bus.subscribe(bus.subjects.all(family), collected.add)
-    for kind in RAW_KINDS:
-        await bus.subscribe(bus.subjects.raw(None, kind, None), collected.add)
-    await bus.nc.flush()
-    try:
-        yield collected
-    finally:
-        await bus.close()
-
-
-@pytest.fixture
-async def jobs(plane: ControlPlane) -> AsyncIterator[list[str]]:
-    """The TrainingJobs a test creates; any still there at teardown is deleted."""
-    names: list[str] = []
-    yield names
-    for name in names:
-        if exists(plane, name):
-            await delete_job(plane, name)
+# test_e2e.py's fixtures, on this module's control plane (``plane`` above).
+events = e2e.events
+jobs = e2e.jobs
 
 
 def exists(plane: ControlPlane, name: str) -> dict[str, Any] | None:
