@@ -154,40 +154,50 @@ def node_info(node: dict[str, Any], renewed: datetime | None = None) -> NodeInfo
     annotations = _mapping(meta.get("annotations"))
     report = monitor_report(node)
     ready, kubelet_heartbeat = _ready(node)
-    allocatable = _mapping(status.get("allocatable")).get(GPU_RESOURCE)
-    slots = report.slots if report is not None else 0
-    if allocatable is not None:
-        gpus = _count(allocatable)
-        slots = min(slots, gpus) if report is not None else gpus
-    address = next(
-        (
-            a["address"]
-            for a in _objects(status.get("addresses"))
-            if a.get("type") == "InternalIP" and isinstance(a.get("address"), str)
-        ),
-        None,
-    )
     cordoned = bool(_mapping(node.get("spec")).get("unschedulable")) or _unhealthy_taint(node)
-    heartbeat = (
-        renewed
-        if renewed is not None
-        else report.heartbeat
-        if report is not None
-        else kubelet_heartbeat or parse_time(meta.get("creationTimestamp")) or datetime.now(UTC)
-    )
+    if renewed is not None:
+        heartbeat = renewed
+    elif report is not None:
+        heartbeat = report.heartbeat
+    else:
+        heartbeat = (
+            kubelet_heartbeat or parse_time(meta.get("creationTimestamp")) or datetime.now(UTC)
+        )
     return NodeInfo(
         name=str(meta.get("name")),
-        slots=slots,
+        slots=_slots(report, _mapping(status.get("allocatable")).get(GPU_RESOURCE)),
         healthy=ready and not cordoned and (report is None or report.healthy),
         cordoned=cordoned,
         cordon_reason=str(annotations.get(CORDON_REASON_ANNOTATION) or "") if cordoned else "",
-        address=address or (report.address if report is not None else "127.0.0.1"),
+        address=_internal_ip(status) or (report.address if report is not None else "127.0.0.1"),
         labels={
             key: value
             for key, value in _mapping(meta.get("labels")).items()
             if isinstance(value, str)
         },
         heartbeat=heartbeat,
+    )
+
+
+def _slots(report: MonitorReport | None, allocatable: object) -> int:
+    """The slots the monitor reports, at most the GPUs the kubelet says are allocatable
+    (those alone where no monitor reported)."""
+    slots = report.slots if report is not None else 0
+    if allocatable is not None:
+        gpus = _count(allocatable)
+        slots = min(slots, gpus) if report is not None else gpus
+    return slots
+
+
+def _internal_ip(status: dict[str, Any]) -> str | None:
+    """The node's first ``InternalIP`` address."""
+    return next(
+        (
+            a["address"]
+            for a in _objects(status.get("addresses"))
+            if a.get("type") == "InternalIP" and isinstance(a.get("address"), str)
+        ),
+        None,
     )
 
 
@@ -341,27 +351,14 @@ def pod_manifest(
     annotations[GROUP_ANNOTATION] = spec.model_dump_json()
     containers = list(pod_spec.get("containers") or [{}])
     container = dict(containers[0])
-    env = [e for e in container.get("env") or [] if e.get("name") not in agent_env]
-    env += [{"name": k, "value": v} for k, v in sorted(agent_env.items())]
-    if agent_secret:
-        secret_env = {_NATS_USER: "user", _NATS_PASSWORD: "password"}
-        env = [e for e in env if e.get("name") not in secret_env]
-        env += [
-            {"name": name, "valueFrom": {"secretKeyRef": {"name": agent_secret, "key": key}}}
-            for name, key in secret_env.items()
-        ]
-    env = [e for e in env if e.get("name") != WORKER_GROUP_ENV]
-    env.append({"name": WORKER_GROUP_ENV, "value": spec.model_dump_json()})
-    resources = copy.deepcopy(container.get("resources") or {})
-    for kind in ("requests", "limits"):
-        resources.setdefault(kind, {})[GPU_RESOURCE] = str(spec.nproc)
+    image = job_spec.get("image") or container.get("image") or default_image
     container.update(
         {
             "name": container.get("name") or CONTAINER,
-            "image": job_spec.get("image") or container.get("image") or default_image,
+            "image": image,
             "command": ["resurge-node-agent", "launch"],
-            "env": env,
-            "resources": resources,
+            "env": _agent_env(container.get("env") or [], spec, agent_env, agent_secret),
+            "resources": _with_gpus(container.get("resources") or {}, spec.nproc),
         }
     )
     container.pop("args", None)
@@ -370,33 +367,10 @@ def pod_manifest(
             "containers": [container, *containers[1:]],
             "restartPolicy": "OnFailure",
             "terminationGracePeriodSeconds": int(spec.stop_grace_seconds) + 5,
-            "affinity": {
-                **(pod_spec.get("affinity") or {}),
-                "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [
-                            {
-                                "matchFields": [
-                                    {
-                                        "key": "metadata.name",
-                                        "operator": "In",
-                                        "values": [spec.node],
-                                    }
-                                ]
-                            }
-                        ]
-                    }
-                },
-            },
+            "affinity": {**(pod_spec.get("affinity") or {}), "nodeAffinity": _on_node(spec.node)},
         }
     )
-    if spec.domain is None:
-        pod_spec["hostNetwork"] = True
-        pod_spec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
-    else:
-        pod_spec.pop("hostNetwork", None)  # at most false: the job got a domain for it
-        pod_spec["hostname"] = worker_hostname(spec)
-        pod_spec["subdomain"] = service_name(spec.job)
+    _network(pod_spec, spec)
     if job_spec.get("priorityClassName"):
         pod_spec["priorityClassName"] = job_spec["priorityClassName"]
     metadata: dict[str, Any] = {
@@ -407,6 +381,54 @@ def pod_manifest(
     if training_job is not None:
         metadata["ownerReferences"] = [owner_reference(training_job)]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _agent_env(
+    env: list[dict[str, Any]],
+    spec: WorkerGroupSpec,
+    agent_env: dict[str, str],
+    agent_secret: str | None,
+) -> list[dict[str, Any]]:
+    """The template container's ``env`` with the agent's over it: its connection
+    settings, its NATS user from ``agent_secret`` (if any) and its worker group."""
+    env = [e for e in env if e.get("name") not in agent_env]
+    env += [{"name": k, "value": v} for k, v in sorted(agent_env.items())]
+    if agent_secret:
+        secret_env = {_NATS_USER: "user", _NATS_PASSWORD: "password"}
+        env = [e for e in env if e.get("name") not in secret_env]
+        env += [
+            {"name": name, "valueFrom": {"secretKeyRef": {"name": agent_secret, "key": key}}}
+            for name, key in secret_env.items()
+        ]
+    env = [e for e in env if e.get("name") != WORKER_GROUP_ENV]
+    env.append({"name": WORKER_GROUP_ENV, "value": spec.model_dump_json()})
+    return env
+
+
+def _with_gpus(resources: dict[str, Any], gpus: int) -> dict[str, Any]:
+    """A copy of a container's ``resources`` requesting and limited to ``gpus`` GPUs."""
+    resources = copy.deepcopy(resources)
+    for kind in ("requests", "limits"):
+        resources.setdefault(kind, {})[GPU_RESOURCE] = str(gpus)
+    return resources
+
+
+def _on_node(node: str) -> dict[str, Any]:
+    """The node affinity that pins a pod to Node ``node``."""
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    return {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+
+
+def _network(pod_spec: dict[str, Any], spec: WorkerGroupSpec) -> None:
+    """Put the pod on the host network (the group has no ``domain``) or on the pod
+    network, named under its job's headless Service."""
+    if spec.domain is None:
+        pod_spec["hostNetwork"] = True
+        pod_spec.setdefault("dnsPolicy", "ClusterFirstWithHostNet")
+    else:
+        pod_spec.pop("hostNetwork", None)  # at most false: the job got a domain for it
+        pod_spec["hostname"] = worker_hostname(spec)
+        pod_spec["subdomain"] = service_name(spec.job)
 
 
 def group_of_pod(pod: dict[str, Any]) -> WorkerGroupSpec | None:
