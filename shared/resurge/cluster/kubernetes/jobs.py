@@ -364,47 +364,64 @@ class TrainingJobs:
         phase = (record or {}).get("phase")
         return str(phase) if phase in FINISHED else None
 
-    async def _submit(self, obj: dict[str, Any]) -> None:
-        name = name_of(obj)
-        uid = str(_meta(obj).get("uid") or "")
-        generation = generation_of(obj)
+    def _last_submitted(self, obj: dict[str, Any], uid: str) -> int | None:
+        """The generation of TrainingJob ``obj`` last submitted: its status's
+        ``submittedGeneration`` or the one this process submitted, the later; None if
+        neither says."""
         submitted = _status(obj).get("submittedGeneration")
         if not isinstance(submitted, int) or isinstance(submitted, bool):
             submitted = None
         if uid in self._submitted:
             submitted = max(submitted or 0, self._submitted[uid])
-        if submitted is not None and submitted >= generation:
-            return
-        # A status with a phase but no generation submitted: an older resurge's, which
-        # recorded what it submitted otherwise (a new object's status is empty).
-        before = submitted is not None or bool(_status(obj).get("phase"))
-        if before:  # an edit of a job submitted before
-            finished = await self._finished(name, obj)
-            if finished is not None:
-                if (name, generation) not in self._held:
-                    self._held.add((name, generation))
-                    log.info(
-                        "TrainingJob %s is %s: generation %d is not run (delete and create "
-                        "it to run it again)",
-                        name,
-                        finished,
-                        generation,
-                        extra={"job": name},
-                    )
-                return
+        return submitted
+
+    async def _holds_finished(self, name: str, obj: dict[str, Any], generation: int) -> bool:
+        """Whether job ``name`` has finished, so its new ``generation`` is not run
+        (logged once per generation)."""
+        finished = await self._finished(name, obj)
+        if finished is None:
+            return False
+        if (name, generation) not in self._held:
+            self._held.add((name, generation))
+            log.info(
+                "TrainingJob %s is %s: generation %d is not run (delete and create "
+                "it to run it again)",
+                name,
+                finished,
+                generation,
+                extra={"job": name},
+            )
+        return True
+
+    def _document(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """The job document TrainingJob ``obj`` submits (its spec, name and labels)."""
         meta = _meta(obj)
-        document = {
+        return {
             "apiVersion": obj.get("apiVersion"),
             "kind": obj.get("kind"),
             "metadata": {
-                "name": name,
+                "name": name_of(obj),
                 "namespace": meta.get("namespace") or self.namespace,
                 "labels": meta.get("labels") or {},
             },
             "spec": obj.get("spec"),
         }
+
+    async def _submit(self, obj: dict[str, Any]) -> None:
+        name = name_of(obj)
+        uid = str(_meta(obj).get("uid") or "")
+        generation = generation_of(obj)
+        submitted = self._last_submitted(obj, uid)
+        if submitted is not None and submitted >= generation:
+            return
+        # A status with a phase but no generation submitted: an older resurge's, which
+        # recorded what it submitted otherwise (a new object's status is empty).
+        before = submitted is not None or bool(_status(obj).get("phase"))
+        # An edit of a job submitted before is not run once the job has finished.
+        if before and await self._holds_finished(name, obj, generation):
+            return
         try:
-            job = parse_job(document)
+            job = parse_job(self._document(obj))
         except JobSpecError as error:
             self._submitted[uid] = generation
             if before:  # a running job keeps running as it was: only the edit is refused
