@@ -60,6 +60,7 @@ from resurge.cluster.kubernetes.objects import (
     worker_domain,
 )
 from resurge.cluster.kubernetes.status import StatusUpdate, event_manifests, status_update
+from resurge.cluster.kubernetes.times import parse_time
 from resurge.cluster.kubernetes.watch import SYNCED, drain
 from resurge.cluster.local.backend import LocalBackend
 from resurge.cluster.local.watch import watch_changes
@@ -107,6 +108,9 @@ class KubernetesBackend:
         # writes its own Node and Lease and watches nothing).
         self._nodes: Informer | None = None
         self._node_leases: Informer | None = None
+        # Each node's NodeInfo as last read, with the Node's resourceVersion and the
+        # Lease's renewal it was read from: read again only when either changed.
+        self._infos_read: dict[str, tuple[str, datetime | None, NodeInfo]] = {}
 
     @classmethod
     async def open(cls, bus: Bus, settings: Settings) -> KubernetesBackend:
@@ -152,7 +156,24 @@ class KubernetesBackend:
             for lease in await self._lease_informer().objects()
             if (name := holder(lease)) is not None and (when := renewed_at(lease)) is not None
         }
-        return [(node, node_info(node, renewed.get(_node_name(node)))) for node in nodes]
+        read, self._infos_read = self._infos_read, {}
+        infos = []
+        for node in nodes:
+            name = _node_name(node)
+            when = renewed.get(name)
+            meta = node.get("metadata") or {}
+            version = str(meta.get("resourceVersion") or "")
+            last = read.get(name)
+            if last is not None and last[:2] == (version, when):
+                info = last[2]
+            else:
+                info = node_info(node, when)
+            # Not kept where node_info stamps the heartbeat now (nothing in the Node dates
+            # it): every read would stamp it anew.
+            if version and (when is not None or parse_time(meta.get("creationTimestamp"))):
+                self._infos_read[name] = (version, when, info)
+            infos.append((node, info))
+        return infos
 
     async def _node(self, name: str) -> dict[str, Any] | None:
         return await self.kube.read(f"read node {name}", self.kube.core.read_node, name)
