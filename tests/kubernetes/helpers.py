@@ -1,7 +1,7 @@
-"""What the tests of the Kubernetes backend and its controller share: waiting on the API
-emulator, the pods and Services of a job as the emulator holds them, and the controller
-run in the test's process (started and stopped at will). Their fixtures (``backend``,
-``controller``, ``jobs``) are in conftest.py."""
+"""What the tests of the Kubernetes backend and its controller share: a TrainingJob to
+create, waiting on the API emulator, the pods and Services of a job as the emulator
+holds them, and the controller run in the test's process (started and stopped at
+will). Their fixtures (``backend``, ``controller``, ``jobs``) are in conftest.py."""
 
 from __future__ import annotations
 
@@ -16,6 +16,23 @@ if TYPE_CHECKING:
     from tests.kubernetes.conftest import KubeApi
 
 WAIT_SECONDS = 15.0
+
+
+def training_job(name: str, **spec: Any) -> dict[str, Any]:
+    """TrainingJob ``name`` in the default namespace: one replica of two processes,
+    ``spec``'s fields over that."""
+    return {
+        "apiVersion": "resurge.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {"name": name, "namespace": "default", "labels": {"team": "nlp"}},
+        "spec": {
+            "command": ["python", "train.py"],
+            "image": "registry/train:1",
+            "nprocPerNode": 2,
+            "replicas": {"min": 1, "max": 1},
+            **spec,
+        },
+    }
 
 
 async def until(what: str, check: Callable[[], Any]) -> Any:

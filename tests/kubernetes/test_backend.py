@@ -15,24 +15,16 @@ from resurge.events import CapacityChanged, JobDeleted, JobSubmitted
 from resurge.runtime.bus import Bus
 from tests.collect import Events
 from tests.contract.helpers import next_changes
+from tests.kubernetes import helpers
 from tests.kubernetes.conftest import KubeApi
 from tests.kubernetes.helpers import Running, pods_of, until
 
 
 def training_job(name: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "resurge.dev/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": "default", "labels": {"team": "nlp"}},
-        "spec": {
-            "command": ["python", "train.py"],
-            "image": "registry/train:1",
-            "nprocPerNode": 2,
-            "replicas": {"min": 2, "max": 2},
-            "queue": "team-queue",
-            **spec,
-        },
-    }
+    """Two replicas in a Kueue queue."""
+    return helpers.training_job(
+        name, **{"replicas": {"min": 2, "max": 2}, "queue": "team-queue", **spec}
+    )
 
 
 def group(job: str, replica: int, node: str, incarnation: int = 0) -> WorkerGroupSpec:

@@ -17,25 +17,10 @@ from resurge.cluster import ClusterBackend, WorkerGroupSpec
 from resurge.events import JobDeleted, JobSubmitted
 from tests.collect import Events
 from tests.kubernetes.conftest import KubeApi
-from tests.kubernetes.helpers import Running, pods_of, services_of, until
+from tests.kubernetes.helpers import Running, pods_of, services_of, training_job, until
 
 FINALIZER = "resurge.dev/cleanup"
 MERGE = "application/merge-patch+json"
-
-
-def training_job(name: str, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "resurge.dev/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": "default", "labels": {"team": "nlp"}},
-        "spec": {
-            "command": ["python", "train.py"],
-            "image": "registry/train:1",
-            "nprocPerNode": 2,
-            "replicas": {"min": 1, "max": 1},
-            **spec,
-        },
-    }
 
 
 def group(job: str, replica: int, node: str) -> WorkerGroupSpec:
