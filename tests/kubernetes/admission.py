@@ -376,6 +376,12 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
+def _wrong_type(path: str, value: Any, wanted: str) -> FieldError:
+    shown = _type_name(value)
+    message = f'{path or "body"} in body must be of type {wanted}: "{shown}"'
+    return FieldError(path, "FieldValueTypeInvalid", shown, message)
+
+
 def _unchanged(value: Any, old: Any) -> bool:
     return old is not _MISSING and value == old
 
@@ -385,41 +391,17 @@ def _check(
 ) -> None:
     if _unchanged(value, old):
         return  # ratcheting: an unchanged value is not checked again
-    body = path or "body"
     if value is None:
         if not schema.get("nullable") and "type" in schema:
-            errors.append(
-                FieldError(
-                    path,
-                    "FieldValueTypeInvalid",
-                    "null",
-                    f'{body} in body must be of type {schema["type"]}: "null"',
-                )
-            )
+            errors.append(_wrong_type(path, value, schema["type"]))
         return
     wanted = schema.get("type")
     if schema.get("x-kubernetes-int-or-string"):
         if not (isinstance(value, str) or _JSON_TYPES["integer"](value)):
-            shown = _type_name(value)
-            errors.append(
-                FieldError(
-                    path,
-                    "FieldValueTypeInvalid",
-                    shown,
-                    f'{body} in body must be of type int-or-string: "{shown}"',
-                )
-            )
+            errors.append(_wrong_type(path, value, "int-or-string"))
             return
     elif wanted and not _JSON_TYPES.get(wanted, lambda _: True)(value):
-        shown = _type_name(value)
-        errors.append(
-            FieldError(
-                path,
-                "FieldValueTypeInvalid",
-                shown,
-                f'{body} in body must be of type {wanted}: "{shown}"',
-            )
-        )
+        errors.append(_wrong_type(path, value, wanted))
         return
     if "enum" in schema and value not in schema["enum"]:
         supported = ", ".join(_shown(v) for v in schema["enum"])
