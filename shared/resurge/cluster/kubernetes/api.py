@@ -33,7 +33,6 @@ __all__ = [
     "api_client",
     "conflict",
     "json_of",
-    "missing",
 ]
 
 CRD_GROUP = "resurge.dev"
@@ -70,7 +69,7 @@ def json_of(response: Any) -> dict[str, Any]:
     return data
 
 
-def missing(error: Exception) -> bool:
+def _missing(error: Exception) -> bool:
     """Whether ``error`` is the API server's 404."""
     return isinstance(error, ApiException) and error.status == 404
 
@@ -111,7 +110,7 @@ class KubeApi:
         try:
             got = await self.call(what, fn, *args, **kwargs, _preload_content=False)
         except ApiException as error:
-            if missing(error):
+            if _missing(error):
                 return None
             raise
         return json_of(got)
@@ -121,7 +120,7 @@ class KubeApi:
         try:
             await self.call(what, fn, *args, _preload_content=False)
         except ApiException as error:
-            if missing(error):
+            if _missing(error):
                 return False
             raise
         return True
