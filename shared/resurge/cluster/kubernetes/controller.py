@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
 
-from resurge.cluster.kubernetes.api import KubeApi
+from resurge.cluster.kubernetes.api import KubeApi, conflict
 from resurge.cluster.kubernetes.informer import informer
 from resurge.cluster.kubernetes.jobs import TrainingJobs, name_of
 from resurge.cluster.kubernetes.objects import (
@@ -316,10 +316,9 @@ class Controller:
             )
         except (ApiException, BackendError) as error:
             cause = error.__cause__ if isinstance(error, BackendError) else error
-            status = cause.status if isinstance(cause, ApiException) else None
-            if isinstance(cause, ApiException) and status in _REFUSALS:
+            if isinstance(cause, ApiException) and cause.status in _REFUSALS:
                 raise Refused(what, api_message(cause)) from error
-            if not (isinstance(cause, ApiException) and cause.status == 409):
+            if not conflict(error):  # 409: it exists already
                 raise
             return False
         return True
