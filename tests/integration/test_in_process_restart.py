@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -71,7 +72,9 @@ train()
 
 
 @pytest.fixture
-def agent(settings: Settings, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+def agent(
+    settings: Settings, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[subprocess.Popen[bytes]]:
     env = {
         **os.environ,
         "RESURGE_NATS_URL": settings.nats_url,
@@ -90,11 +93,27 @@ def agent(settings: Settings, tmp_path: Path) -> Iterator[subprocess.Popen[bytes
     )
     env |= spec_environment(spec)
     argv = [sys.executable, "-m", "resurge_node_agent", "launch"]
-    with (tmp_path / "agent.log").open("wb") as log:
+    failed_before = request.session.testsfailed
+    path = tmp_path / "agent.log"
+    with path.open("wb") as log:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     yield proc
+    if request.session.testsfailed > failed_before and proc.poll() is None:
+        show_stacks(proc, path)
     proc.kill()
     proc.wait()
+
+
+def show_stacks(proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Print the end of a failed test's agent log, with every thread's stack (the
+    services print them on SIGQUIT): where the agent was when the test gave up."""
+    size = log.stat().st_size
+    proc.send_signal(signal.SIGQUIT)
+    deadline = time.monotonic() + 5
+    while log.stat().st_size == size and time.monotonic() < deadline:
+        time.sleep(0.1)  # the dump is written by the agent's signal handler
+    time.sleep(0.5)
+    print("\n".join(log.read_text(errors="replace").splitlines()[-150:]))
 
 
 def free_port() -> int:

@@ -99,3 +99,33 @@ def test_a_service_whose_loops_all_run_is_healthy(settings: Settings, service: s
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_sigquit_prints_every_threads_stack_and_the_service_runs_on(settings: Settings) -> None:
+    """What a stuck service is doing, without stopping it: its stacks on stderr."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "RESURGE_NATS_URL": settings.nats_url,
+        "RESURGE_NAMESPACE": settings.namespace,
+        "RESURGE_METRICS_PORT": str(port),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "resurge_detector"], env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        read_json_logs_until(proc, "detector ready")
+        proc.send_signal(signal.SIGQUIT)
+        assert proc.stderr is not None
+        dump = []
+        for line in proc.stderr:  # faulthandler's plain text, between the JSON log lines
+            dump.append(line)
+            if line.rstrip().endswith(" in run_service"):  # the main thread's outermost frame
+                break
+        assert any(line.startswith(("Current thread", "Thread 0x")) for line in dump), dump
+        assert get(f"http://127.0.0.1:{port}/livez") == (200, "ok\n")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        proc.kill()
+        proc.wait()

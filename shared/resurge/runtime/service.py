@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import gc
 import logging
 import signal
@@ -157,6 +158,7 @@ def run_service(
     ``manage_streams`` False (node agents): the streams are only created where missing,
     never updated, as an agent's NATS user may not change them."""
     configure_logging(name, settings.log_level, settings.log_format)
+    faulthandler.register(signal.SIGQUIT, all_threads=True)
     try:
         return asyncio.run(_serve(name, settings, setup, manage_streams))
     except ConnectionError as error:
