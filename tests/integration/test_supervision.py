@@ -150,3 +150,28 @@ async def test_readyz_waits_for_setup_and_livez_fails_once_the_bus_is_closed_for
     await bus.close()
     assert ctx.liveness_problems() == ["nats connection closed"]
     assert ctx.problems() == ["nats connection closed"]
+
+
+async def test_failures_while_the_bus_is_down_make_no_liveness_problem_then_or_later(
+    settings: Settings, bus: Bus
+) -> None:
+    """A loop failing because NATS is down (its publish, its KV read) is retried, but a
+    restart would not cure it: neither its backoff nor its count of failures fails /livez,
+    during the outage or after it (the supervisor's ``excused``, which a service ties to
+    its bus being down; toggled here by hand)."""
+    ctx = context(settings, bus)
+    outage = True
+    ctx.supervisor.excused = lambda: outage
+    ctx.supervisor.backoff_first = ctx.supervisor.backoff_max = 0.0
+    flaky = Flaky(failures=6)
+    ctx.spawn(flaky.run, name="reconcile")
+    await asyncio.wait_for(flaky.running.wait(), 10)
+    assert ctx.supervisor.problems() == []
+    outage = False
+    assert ctx.supervisor.problems() == [], "failures of the outage counted after it"
+    ctx.supervisor.backoff_first = 600.0
+    failing = Flaky(failures=1)
+    ctx.spawn(failing.run, name="tick")
+    await failing.raised.wait()
+    assert [p.split(";")[0] for p in ctx.supervisor.problems()] == ["task tick failed"]
+    await _cancel_all(ctx.tasks)

@@ -63,7 +63,9 @@ class ServiceContext:
     """Set once the service's setup returned."""
 
     def __post_init__(self) -> None:
-        self.supervisor = Supervisor(self.log, self.registry)
+        self.supervisor = Supervisor(
+            self.log, self.registry, excused=lambda: not self.bus.connected
+        )
 
     @property
     def log(self) -> logging.Logger:

@@ -12,6 +12,9 @@
   raises is logged with its traceback and counted in ``resurge_task_failures_total``;
   it cannot run again (the coroutine is spent), so whoever spawned it recovers.
 
+A failure while ``excused()`` says so (the service's bus is down: the outage's failure,
+not the process's) is retried the same way but makes no problem, then or later.
+
 :meth:`Supervisor.problems` says what makes the service unhealthy (``/livez``
 answers 503 with these lines): a loop that ended, a loop waiting out its backoff, a
 loop that failed :data:`CRASH_LOOP_FAILURES` times within :data:`CRASH_LOOP_SECONDS`.
@@ -60,6 +63,7 @@ class _Loop:
     name: str
     failures: deque[float] = field(default_factory=deque)  # monotonic times, in the window
     backoff_until: float | None = None
+    excused: bool = False  # its last failure came while the supervisor was excused
     ended: bool = False
 
 
@@ -73,8 +77,12 @@ class Supervisor:
         *,
         backoff_first: float = BACKOFF_FIRST_SECONDS,
         backoff_max: float = BACKOFF_MAX_SECONDS,
+        excused: Callable[[], bool] = lambda: False,
     ) -> None:
         self.log = log
+        # While this says so (the bus is down), a loop's failure is the outage's, not the
+        # process's: it is retried with backoff but makes no health problem, then or later.
+        self.excused = excused
         self.backoff_first = backoff_first
         self.backoff_max = backoff_max
         self.tasks: set[asyncio.Task[None]] = set()
@@ -121,7 +129,7 @@ class Supervisor:
             _forget_before(loop.failures, now - CRASH_LOOP_SECONDS)
             if loop.ended:
                 found.append(f"task {loop.name} ended")
-            elif loop.backoff_until is not None and loop.backoff_until > now:
+            elif loop.backoff_until is not None and loop.backoff_until > now and not loop.excused:
                 found.append(
                     f"task {loop.name} failed; restarting in {loop.backoff_until - now:.1f} s"
                 )
@@ -153,7 +161,9 @@ class Supervisor:
                 now = time.monotonic()
                 if now - started >= HEALTHY_RUN_SECONDS:
                     delay = self.backoff_first
-                loop.failures.append(now)
+                loop.excused = self.excused()
+                if not loop.excused:
+                    loop.failures.append(now)
                 loop.backoff_until = now + delay
                 self.log.exception("task %s failed; restarting it in %.1f s", loop.name, delay)
                 await asyncio.sleep(delay)
