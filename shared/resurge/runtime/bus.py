@@ -704,7 +704,8 @@ class Bus:
 
     async def close(self) -> None:
         """Drain subscriptions and pending publishes, then close; a connection that is
-        reconnecting (its server gone) has nothing to drain into, and is just closed."""
+        reconnecting (its server gone) has nothing to drain into, and is just closed, as is
+        one the server resets while it drains (what was pending is lost, and logged)."""
         if self.nc.is_closed:
             return
         already = (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError)
@@ -712,6 +713,9 @@ class Bus:
             with contextlib.suppress(*already):
                 await self.nc.drain()
         except nats.errors.ConnectionReconnectingError:
+            await self.nc.close()
+        except ConnectionError as error:  # reset mid-drain: a stop is no start-up failure
+            log.warning("the NATS connection broke while draining (%s); closing it", error)
             await self.nc.close()
 
 
