@@ -18,8 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -30,6 +28,7 @@ import pytest
 import yaml
 
 from resurge.local.nats_server import NatsServer, free_port
+from tests.http_get import get
 
 REPO = Path(__file__).resolve().parents[2]
 SERVICES = {
@@ -60,16 +59,6 @@ def probes(service: str) -> tuple[Probe, Probe]:
                      spec.get("failureThreshold", 3))  # fmt: skip
 
     return probe(container["livenessProbe"]), probe(container["readinessProbe"])
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-    except urllib.error.URLError as error:  # nothing listens yet
-        return 0, str(error.reason)
 
 
 @dataclass

@@ -8,18 +8,31 @@ import signal
 import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
 import pytest
 
 from resurge.runtime.settings import Settings
+from tests.http_get import get
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def start(settings: Settings, module: str, port: int) -> subprocess.Popen[str]:
+    """``python -m module`` on the test's NATS, serving /metrics and the probes on
+    ``port``, its stderr (JSON logs) piped."""
+    env = {
+        **os.environ,
+        "RESURGE_NATS_URL": settings.nats_url,
+        "RESURGE_NAMESPACE": settings.namespace,
+        "RESURGE_METRICS_PORT": str(port),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", module], env=env, stderr=subprocess.PIPE, text=True
+    )
 
 
 def read_json_logs_until(proc: subprocess.Popen[str], message_part: str) -> list[dict[str, object]]:
@@ -32,27 +45,11 @@ def read_json_logs_until(proc: subprocess.Popen[str], message_part: str) -> list
     raise AssertionError(f"service exited before logging {message_part!r}: {entries}")
 
 
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
-
-
 def test_service_serves_metrics_and_health_logs_json_and_stops_on_sigterm(
     settings: Settings,
 ) -> None:
     port = free_port()
-    env = {
-        **os.environ,
-        "RESURGE_NATS_URL": settings.nats_url,
-        "RESURGE_NAMESPACE": settings.namespace,
-        "RESURGE_METRICS_PORT": str(port),
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "resurge_detector"], env=env, stderr=subprocess.PIPE, text=True
-    )
+    proc = start(settings, "resurge_detector", port)
     try:
         logs = read_json_logs_until(proc, "detector ready")
         assert all(entry["service"] == "detector" for entry in logs)
@@ -77,15 +74,7 @@ def test_a_service_whose_loops_all_run_is_healthy(settings: Settings, service: s
     """Each background loop is supervised, and none ends by design (the local backend's
     reconciliation among them): a loop that ended would make /livez 503."""
     port = free_port()
-    env = {
-        **os.environ,
-        "RESURGE_NATS_URL": settings.nats_url,
-        "RESURGE_NAMESPACE": settings.namespace,
-        "RESURGE_METRICS_PORT": str(port),
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", f"resurge_{service}"], env=env, stderr=subprocess.PIPE, text=True
-    )
+    proc = start(settings, f"resurge_{service}", port)
     try:
         read_json_logs_until(proc, f"{service} ready")
         assert get(f"http://127.0.0.1:{port}/livez") == (200, "ok\n")
@@ -104,15 +93,7 @@ def test_a_service_whose_loops_all_run_is_healthy(settings: Settings, service: s
 def test_sigquit_prints_every_threads_stack_and_the_service_runs_on(settings: Settings) -> None:
     """What a stuck service is doing, without stopping it: its stacks on stderr."""
     port = free_port()
-    env = {
-        **os.environ,
-        "RESURGE_NATS_URL": settings.nats_url,
-        "RESURGE_NAMESPACE": settings.namespace,
-        "RESURGE_METRICS_PORT": str(port),
-    }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "resurge_detector"], env=env, stderr=subprocess.PIPE, text=True
-    )
+    proc = start(settings, "resurge_detector", port)
     try:
         read_json_logs_until(proc, "detector ready")
         proc.send_signal(signal.SIGQUIT)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import urllib.error
-import urllib.request
 from contextlib import AsyncExitStack
 
 import pytest
@@ -16,14 +14,7 @@ from resurge.runtime.bus import Bus
 from resurge.runtime.observability import MetricsServer
 from resurge.runtime.service import ServiceContext, _cancel_all
 from resurge.runtime.settings import Settings
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
+from tests.http_get import get
 
 
 async def health(server: MetricsServer) -> tuple[int, str]:
