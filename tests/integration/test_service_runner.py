@@ -8,11 +8,13 @@ import signal
 import socket
 import subprocess
 import sys
+from urllib.parse import urlparse
 
 import pytest
 
 from resurge.runtime.settings import Settings
 from tests.http_get import get
+from tests.integration.blackhole_proxy import proxy_in_thread
 
 
 def free_port() -> int:
@@ -110,3 +112,67 @@ def test_sigquit_prints_every_threads_stack_and_the_service_runs_on(settings: Se
     finally:
         proc.kill()
         proc.wait()
+
+
+# A service whose setup makes its stop meet a broken connection (the reset a real NATS
+# outage or proxy gives at that moment, raised where the exit stack unwinds), or whose
+# start meets one; run through the real runner on the test's NATS.
+_BREAKING_SERVICE = """
+import sys
+from resurge.runtime.service import run_service
+from resurge.runtime.settings import Settings
+
+async def setup(ctx):
+    async def reset():
+        raise ConnectionResetError(104, "Connection reset by peer")
+    ctx.exit_stack.push_async_callback(reset)
+    if sys.argv[1] == "start":
+        raise ConnectionRefusedError(111, "Connection refused")
+    ctx.stopping.set()
+
+sys.exit(run_service("breaking", Settings(), setup))
+"""
+
+
+@pytest.mark.parametrize(("when", "code"), [("stop", 0), ("start", 2)])
+def test_exit_2_means_the_service_could_not_start_not_that_its_stop_met_a_reset(
+    settings: Settings, when: str, code: int
+) -> None:
+    """Seen in CI: a scaler stopped by SIGTERM right after a NATS outage exited 2 on
+    "[Errno 104] Connection reset by peer" raised while it stopped."""
+    env = {
+        **os.environ,
+        "RESURGE_NATS_URL": settings.nats_url,
+        "RESURGE_NAMESPACE": settings.namespace,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _BREAKING_SERVICE, when],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == code, done.stderr
+    if when == "stop":
+        assert "breaking ready" in done.stderr
+        assert "connection broke while stopping" in done.stderr
+        assert "ConnectionResetError" in done.stderr  # with its traceback, for whoever reads why
+
+
+def test_a_service_whose_connection_is_reset_while_it_drains_exits_0(settings: Settings) -> None:
+    """A real service, its NATS connection reset by a proxy at the first UNSUB of its
+    drain (the moment SIGTERM's drain starts), stops cleanly."""
+    server = urlparse(settings.nats_url.split(",")[0])
+    assert server.hostname is not None and server.port is not None
+    with proxy_in_thread((server.hostname, server.port)) as proxy:
+        port = free_port()
+        proc = start(settings.model_copy(update={"nats_url": proxy.url}), "resurge_detector", port)
+        try:
+            read_json_logs_until(proc, "detector ready")
+            proxy.reset_on(b"UNSUB")
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=20) == 0
+            assert proxy.resets == 1
+        finally:
+            proc.kill()
+            proc.wait()

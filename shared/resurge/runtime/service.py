@@ -5,7 +5,9 @@ the bus, create streams, start ``/metrics``, ``/livez`` and ``/readyz``, call th
 service's ``setup``, and freeze what start-up built out of the garbage collector. SIGTERM and
 SIGINT set ``ctx.stopping``; a service may set it itself when its work is over. On the
 way out the background tasks are cancelled, then the exit stack drains the bus and
-stops the server.
+stops the server. Exit 2 means the service could not start (NATS unreachable or
+refusing it); a connection that breaks while a started service stops is logged, and
+the exit is 0.
 
 Every background task of a service goes through :meth:`ServiceContext.spawn`, which
 supervises it (:mod:`resurge.runtime.supervision`: a loop that raises is logged,
@@ -103,35 +105,45 @@ async def _serve(
     manage_streams: bool,
 ) -> int:
     registry = CollectorRegistry()
-    async with AsyncExitStack() as stack:
-        bus = await Bus.connect(settings, name, registry)
-        stack.push_async_callback(bus.close)
-        await bus.ensure_streams(update=manage_streams)
-        ctx = ServiceContext(name, settings, bus, registry, stack)
-        if settings.metrics_port is not None:
-            server = MetricsServer(
-                registry,
-                ctx.liveness_problems,
-                ctx.problems,
-                settings.metrics_host,
-                settings.metrics_port,
-            ).start()
-            stack.callback(server.close)
-            ctx.log.info("serving /metrics, /livez and /readyz on port %d", server.port)
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, ctx.stopping.set)
-        await setup(ctx)
-        # What start-up built (modules, models, schemas, clients) lives as long as the
-        # process: frozen out of the collector, whose every full pass would otherwise
-        # walk it (about 30 ms in a service, at any moment: a fault's handling included).
-        gc.collect()
-        gc.freeze()
-        ctx.started = True
-        ctx.log.info("%s ready", name)
-        await ctx.stopping.wait()
-        ctx.log.info("%s stopping", name)
-        await _cancel_all(ctx.tasks)
+    ready = False
+    try:
+        async with AsyncExitStack() as stack:
+            bus = await Bus.connect(settings, name, registry)
+            stack.push_async_callback(bus.close)
+            await bus.ensure_streams(update=manage_streams)
+            ctx = ServiceContext(name, settings, bus, registry, stack)
+            if settings.metrics_port is not None:
+                server = MetricsServer(
+                    registry,
+                    ctx.liveness_problems,
+                    ctx.problems,
+                    settings.metrics_host,
+                    settings.metrics_port,
+                ).start()
+                stack.callback(server.close)
+                ctx.log.info("serving /metrics, /livez and /readyz on port %d", server.port)
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, ctx.stopping.set)
+            await setup(ctx)
+            # What start-up built (modules, models, schemas, clients) lives as long as the
+            # process: frozen out of the collector, whose every full pass would otherwise
+            # walk it (about 30 ms in a service, at any moment: a fault's handling included).
+            gc.collect()
+            gc.freeze()
+            ctx.started = ready = True
+            ctx.log.info("%s ready", name)
+            await ctx.stopping.wait()
+            ctx.log.info("%s stopping", name)
+            await _cancel_all(ctx.tasks)
+    except ConnectionError:
+        if not ready:
+            raise  # could not start: run_service's exit 2
+        # A connection that breaks while a started service stops (NATS gone or reset
+        # at that moment) loses only what was still to be sent: the stop succeeded.
+        logging.getLogger(f"resurge.{name}").warning(
+            "the connection broke while stopping", exc_info=True
+        )
     return 0
 
 
@@ -163,6 +175,6 @@ def run_service(
     faulthandler.register(signal.SIGQUIT, all_threads=True)
     try:
         return asyncio.run(_serve(name, settings, setup, manage_streams))
-    except ConnectionError as error:
+    except ConnectionError as error:  # raised only by a service that could not start
         logging.getLogger(f"resurge.{name}").error("%s", error)
         return 2
