@@ -38,6 +38,7 @@ from resurge.events import (
     Progress,
     RecoveryFinished,
     RecoveryLevel,
+    RendezvousPassed,
     ScaleDecided,
 )
 from resurge.runtime.bus import Bus
@@ -52,7 +53,12 @@ EXAMPLE = REPO / "examples" / "kubernetes" / "ddp-job.yaml"
 NODES = {"kn-0": 2, "kn-1": 2}
 EVERY = 10  # steps between checkpoints
 # The raw kinds a test follows (log lines left out: too many).
-RAW_KINDS = ("process_started", "process_exited", "progress", "checkpoint_saved", "agent_state")
+RAW_KINDS = (
+    "process_started", "process_exited", "progress", "checkpoint_saved", "agent_state",
+    "rendezvous_passed",
+)  # fmt: skip
+# A torchrun-style DDP script that never imports resurge (tests/e2e/workers/plain_ddp.py).
+PLAIN_SCRIPT = REPO / "tests" / "e2e" / "workers" / "plain_ddp.py"
 
 
 # -- fixtures -------------------------------------------------------------------------------
@@ -382,6 +388,51 @@ async def test_a_sigkilled_worker_is_recovered_at_the_process_rung_in_the_same_p
     assert restarted and all(e.pid in run.pids() for e in restarted), (
         "the new workers run in the same pod"
     )
+    await delete_job(plane, job)
+
+
+async def test_a_plain_torchrun_script_in_pods_recovers_a_killed_rank_and_succeeds(
+    plane: ControlPlane, events: Events, jobs: list[str], tmp_path: Path
+) -> None:
+    """What most users run: an unmodified torchrun-style script, which never imports
+    resurge and reports no progress. Its only sign of life is the rendezvous its pod's
+    agent hosts; a rank SIGKILLed in one pod of two is restarted at the process rung,
+    and the script runs to the end."""
+    job = "plain-kill"
+    body = ddp_job(job, tmp_path, 0, nproc=2)
+    body["spec"]["command"] = [
+        "python", str(PLAIN_SCRIPT), "--steps", "300", "--step-seconds", "0.05",
+    ]  # fmt: skip
+    create(plane, jobs, body)
+
+    def passed(generation: int) -> Callable[[list[Event]], list[Event]]:
+        return lambda items: [
+            e for e in items
+            if isinstance(e, RendezvousPassed) and e.job == job and e.generation == generation
+        ]  # fmt: skip
+
+    await events.wait_for(passed(0), 120)
+    victim = next(
+        e for e in events.items
+        if isinstance(e, ProcessStarted) and e.job == job and e.generation == 0 and e.rank == 1
+    )  # fmt: skip
+    os.kill(victim.pid, signal.SIGKILL)
+
+    recovered = await events.wait_for(
+        lambda items: next(
+            (e for e in items if isinstance(e, RecoveryFinished) and e.job == job), None
+        ),
+        90,
+    )
+    assert recovered.level is RecoveryLevel.PROCESS, recovered
+    await events.wait_for(passed(recovered.generation), 60)
+    final = await eventually_async(
+        lambda: status_if(plane, job, lambda s: s.get("phase") in ("Succeeded", "Failed")),
+        120,
+        lambda: f"{job} finished; status {status(plane, job)}",
+    )
+    assert final["phase"] == "Succeeded", final
+    assert final["restarts"] == {"process": 1}, final
     await delete_job(plane, job)
 
 
