@@ -230,3 +230,58 @@ async def test_closing_does_not_wait_forever_for_a_stuck_handler(settings: Setti
     started = loop.time()
     await asyncio.wait_for(bus.close(), DRAIN_TIMEOUT_SECONDS + 10)
     assert loop.time() - started >= DRAIN_TIMEOUT_SECONDS - 0.5  # it did wait for the handler
+
+
+def forged_exit(bus: Bus, job: str, node: str) -> ProcessExited:
+    return ProcessExited(
+        source=bus.source, job=job, replica=0, node=node, rank=0, generation=0,
+        pid=4242, local_rank=0, local_world_size=1, exit_code=None, signal="SIGKILL",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("reader", ["durable", "batches", "watch"])
+@pytest.mark.parametrize(
+    ("subject_job", "body_job", "body_node", "named"),
+    [
+        ("team-a", "team-b", "node-0", "job 'team-b'"),  # another job than the subject's
+        ("team-a", "team-a", "node-1", "node 'node-1'"),  # another node than the subject's
+        ("_", "team-b", "node-0", "job 'team-b'"),  # a job's event on a node-level subject
+    ],
+)
+async def test_a_raw_event_whose_body_names_another_job_or_node_is_dead_lettered(
+    bus: Bus, reader: str, subject_job: str, body_job: str, body_node: str, named: str
+) -> None:
+    """Permissions vouch for the subject only (an agent publishes raw subjects of its own
+    node, or job): a worker holding them forged a SIGKILL of another job's rank 0 by
+    naming that job in the body. Every reader of raw events refuses such an event: it is
+    counted and dead-lettered naming the mismatch, and the reader goes on."""
+    letters = await collect(bus, bus.subjects.dlq("test"))
+    handled: asyncio.Queue[Event] = asyncio.Queue()
+
+    async def one(event: Event, _subject: str = "") -> None:
+        await handled.put(event)
+
+    async def many(events: list[Event]) -> None:
+        for event in events:
+            await handled.put(event)
+
+    filter_subject = bus.subjects.raw(None, "process_exited", None)
+    if reader == "durable":
+        await bus.consume(filter_subject, "forged", one, expects=(ProcessExited,))
+    elif reader == "batches":
+        await bus.consume_batches(filter_subject, "forged", many, kind_token=4)
+    else:
+        await bus.subscribe(filter_subject, one)
+        await bus.nc.flush()
+    subject = bus.subjects.raw(subject_job, "process_exited", "node-0")
+    await bus.publish(subject, forged_exit(bus, body_job, body_node))
+    letter = await asyncio.wait_for(letters.get(), 10)
+    assert isinstance(letter, DeadLetter)
+    assert letter.reason is DeadLetterReason.SUBJECT_MISMATCH and letter.subject == subject
+    assert named in letter.detail, letter.detail
+    assert bus.dead_letters.count(DeadLetterReason.SUBJECT_MISMATCH) == 1
+    # the reader goes on, and an event that is where its body says is handled
+    good = forged_exit(bus, "team-a", "node-0")
+    await bus.publish(bus.subjects.raw("team-a", "process_exited", "node-0"), good)
+    assert await asyncio.wait_for(handled.get(), 10) == good
+    assert handled.empty()

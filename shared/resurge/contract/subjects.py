@@ -17,6 +17,7 @@ __all__ = [
     "RAW_KIND_TOKEN",
     "Subjects",
     "escape_token",
+    "raw_subject_mismatch",
     "unescape_token",
 ]
 
@@ -82,6 +83,38 @@ def _fixed_or_wildcard(token: str | None) -> str:
     if not _FIXED.fullmatch(token):
         raise ValueError(f"{token!r} is not a fixed subject token (lower-case letters, digits, _)")
     return token
+
+
+def raw_subject_mismatch(subject: str, job: str | None, node: str | None) -> str | None:
+    """Why a raw event whose body names ``job`` and ``node`` does not belong on
+    ``subject`` (``<namespace>.v1.raw.<job>.<kind>.<node>``), or None when it does, or
+    when ``subject`` is not a raw subject.
+
+    Publish permissions are given per subject (an agent: its own node's, or its own
+    job's), so only the subject says who may have sent an event: a body naming another
+    job or node than its subject is a forgery or a bug, never to be acted on. The job
+    token ``_`` (a node-level event) goes with a body naming no job (or ``_``).
+    """
+    tokens = subject.split(".")
+    if len(tokens) != 6 or tokens[2] != "raw":
+        return None
+    job_token, node_token = tokens[3], tokens[5]
+    if job_token == NODE_LEVEL_JOB:
+        if job not in (None, NODE_LEVEL_JOB):
+            return f"the body names job {job!r}; the subject is node-level (job token '_')"
+    elif job is None or escape_token(job) != job_token:
+        return f"the body names job {job!r}; the subject's job is {_name(job_token)!r}"
+    if node is None or escape_token(node) != node_token:
+        return f"the body names node {node!r}; the subject's node is {_name(node_token)!r}"
+    return None
+
+
+def _name(token: str) -> str:
+    """The name a subject token stands for; the token itself where it escapes nothing."""
+    try:
+        return unescape_token(token)
+    except (ValueError, UnicodeDecodeError):
+        return token
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ class DeadLetterReason(StrEnum):
     UNKNOWN_KIND = "unknown_kind"
     INVALID = "invalid"
     UNEXPECTED_KIND = "unexpected_kind"
+    # A raw event whose body names another job or node than its subject (a forgery).
+    SUBJECT_MISMATCH = "subject_mismatch"
 
 
 class DeadLetter(Envelope):

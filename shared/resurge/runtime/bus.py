@@ -28,6 +28,9 @@
   against the kinds the handler expects, and handed over; success acks, a
   :class:`TransientError` (or any other exception) naks with a delay, and a message
   that cannot be decoded is dead-lettered and terminated. No message kills the service.
+  A raw event whose body names another job or node than its subject (which is all that
+  publish permissions vouch for) is dead-lettered too (``subject_mismatch``), by every
+  reader: durable, batches and core subscriptions.
 - :meth:`Bus.bind` binds a service's declared subscription
   (:mod:`resurge.contract.subscriptions`) with whichever of those its reader is: the
   services bind only so, so what they read is what the permissions and docs say.
@@ -62,7 +65,7 @@ from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from resurge.contract.families import STREAMS, Stream, stream_of
-from resurge.contract.subjects import RAW_KIND_TOKEN, Subjects
+from resurge.contract.subjects import RAW_KIND_TOKEN, Subjects, raw_subject_mismatch
 from resurge.contract.subscriptions import Reader, Scope, Subscription
 from resurge.events import (
     EVENT_KINDS,
@@ -613,11 +616,11 @@ class Bus:
         """
 
         async def on_message(msg: Msg) -> None:
-            try:
-                event = decode_event(msg.data)
-            except DecodeError as error:
-                await self.dead_letters.send(msg.subject, msg.data, error.reason, error.detail)
+            event, problem = _decode_checked(msg, None)
+            if problem is not None:
+                await self.dead_letters.send(msg.subject, msg.data, *problem)
                 return
+            assert event is not None
             await handler(event, msg.subject)
 
         sub = await self.nc.subscribe(subject, cb=on_message)
@@ -844,11 +847,17 @@ def _who(options: dict[str, Any]) -> str:
 def _decode_checked(
     msg: Msg, kind_token: int | None
 ) -> tuple[Event | None, tuple[DeadLetterReason, str] | None]:
-    """The event in ``msg``, or why it cannot be used (a synchronous hot path)."""
+    """The event in ``msg``, or why it cannot be used (a synchronous hot path): it does
+    not decode, its kind is not its subject's, or (a raw event) its body names another job
+    or node than its subject, which is what publish permissions vouch for."""
     try:
         event = decode_event(msg.data)
     except DecodeError as error:
         return None, (error.reason, error.detail)
+    mismatch = raw_subject_mismatch(msg.subject, event.job, event.node)
+    if mismatch is not None:
+        detail = f"{event.kind} on {msg.subject}: {mismatch}"
+        return None, (DeadLetterReason.SUBJECT_MISMATCH, detail)
     if kind_token is not None:
         tokens = msg.subject.split(".")
         on_subject = tokens[kind_token] if len(tokens) > kind_token else ""
