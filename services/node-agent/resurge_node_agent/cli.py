@@ -21,6 +21,7 @@ from resurge.runtime.settings import Settings
 from resurge_node_agent.launch.agent import LaunchAgent
 from resurge_node_agent.launch.group_spec import WORKER_GROUP_ENV, SpecError, read_spec
 from resurge_node_agent.monitor.node_monitor import MonitorConfig, NodeMonitor
+from resurge_node_agent.private import make_undumpable
 
 __all__ = ["main"]
 
@@ -114,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop(WORKER_GROUP_ENV, None)
 
     async def setup(ctx: ServiceContext) -> None:
+        make_undumpable()  # before any worker: none may read its environment or memory
         await LaunchAgent(ctx, spec).start()
 
     return run_service("node-agent", Settings(), setup, manage_streams=False)
@@ -138,6 +140,7 @@ def _monitor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     )
 
     async def setup(ctx: ServiceContext) -> None:
+        make_undumpable()  # its launch agents' workers may not read its NATS user either
         await NodeMonitor(ctx, config).start()
 
     return run_service("node-monitor", Settings(), setup, manage_streams=False)

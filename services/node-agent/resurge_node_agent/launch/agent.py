@@ -137,7 +137,8 @@ from resurge_node_agent.launch.worker_env import (
     checkpoint_environment,
     worker_environment,
 )
-from resurge_node_agent.launch.workers import AGENT_ONLY_ENV, Stream, WorkerExit, WorkerProcesses
+from resurge_node_agent.launch.workers import Stream, WorkerExit, WorkerProcesses
+from resurge_node_agent.private import worker_base_environment
 
 __all__ = ["LaunchAgent"]
 
@@ -370,7 +371,7 @@ class LaunchAgent:
     async def _prepare_store(self) -> HostedStore:
         if self.store_folder is None:
             self.store_folder = Path(tempfile.mkdtemp(prefix="resurge-store-"))
-        env = {k: v for k, v in os.environ.items() if k not in AGENT_ONLY_ENV}
+        env = worker_base_environment(os.environ)
         spawner = self.spawner or PlainSpawner()
         return await HostedStore.prepare(spawner, env, self.store_folder, self.ctx.log)
 

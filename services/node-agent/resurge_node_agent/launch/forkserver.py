@@ -28,6 +28,9 @@ group (nobody could reap it or learn its exit status any more) and its ``wait()`
 returns ``-SIGKILL`` once it is gone. The next Python spawn starts a new server (paying
 the preload once); after ``max_restarts`` such restarts, or if one fails, every later
 spawn uses the plain spawner. ``close()`` kills what still runs, then stops the server.
+The server starts with the agent's environment less its NATS variables
+(:func:`~resurge_node_agent.private.worker_base_environment`): a forked worker's
+``/proc/PID/environ`` is the server's, inherited.
 Forked siblings share the server's hash seed (``PYTHONHASHSEED``) and numpy's OpenBLAS
 thread count; ``random``, ``numpy.random`` and the multiprocessing authkey are reseeded.
 Linux only (pidfds, /proc).
@@ -51,6 +54,7 @@ from typing import Any, Literal
 
 from resurge_node_agent.launch.forkserver_main import TITLE_ROOM, decode_frames, encode_frame
 from resurge_node_agent.launch.spawners import READ_LIMIT, PlainSpawner, SpawnedProcess
+from resurge_node_agent.private import worker_base_environment
 
 __all__ = [
     "STARTUP_PREFIXES",
@@ -223,10 +227,12 @@ class ForkedProcess:
 class _Connection:
     """One running server process, its socket, and the children it has not reported yet."""
 
-    def __init__(self, process: asyncio.subprocess.Process, sock: socket.socket) -> None:
+    def __init__(
+        self, process: asyncio.subprocess.Process, sock: socket.socket, env: dict[str, str]
+    ) -> None:
         self.process = process
         self.sock = sock
-        self.env = dict(os.environ)
+        self.env = env
         self.hello: dict[str, Any] = {}
         self.lost = False
         self._buffer = bytearray()
@@ -240,10 +246,13 @@ class _Connection:
     @classmethod
     async def open(cls, preload: Sequence[str], ready_seconds: float) -> _Connection:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        # What every worker it forks inherits in /proc/PID/environ: never the agent's NATS user.
+        env = worker_base_environment(os.environ)
         try:
             process = await asyncio.create_subprocess_exec(
                 *(sys.executable, "-m", SERVER_MODULE, str(theirs.fileno())),
                 *(str(os.getpid()), *preload, TITLE_ROOM),
+                env=env,
                 stdin=asyncio.subprocess.DEVNULL,
                 pass_fds=(theirs.fileno(),),
                 start_new_session=True,
@@ -254,7 +263,7 @@ class _Connection:
         finally:
             theirs.close()
         ours.setblocking(False)
-        connection = cls(process, ours)
+        connection = cls(process, ours, env)
         try:
             await connection._handshake(ready_seconds)
         except BaseException:

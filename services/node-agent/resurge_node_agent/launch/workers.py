@@ -28,13 +28,9 @@ from typing import Literal
 
 from resurge_node_agent.launch.process_state import is_stopped
 from resurge_node_agent.launch.spawners import READ_LIMIT, SpawnedProcess, Spawner
+from resurge_node_agent.private import worker_base_environment
 
 __all__ = ["WorkerExit", "WorkerProcesses"]
-
-# The agent's own NATS user: a worker (the user's code) never gets it.
-AGENT_ONLY_ENV = frozenset(
-    {"RESURGE_NATS_CREDENTIALS", "RESURGE_NATS_USER", "RESURGE_NATS_PASSWORD"}
-)
 
 MAX_LINE_CHARS = 4096
 # An exited worker's output still in its pipes is read for at most this long before
@@ -136,7 +132,7 @@ class WorkerProcesses:
     async def start(self) -> None:
         """Spawn every worker, then report each start and begin watching it."""
         for local_rank, extra in enumerate(self.environments):
-            env = {k: v for k, v in os.environ.items() if k not in AGENT_ONLY_ENV}
+            env = worker_base_environment(os.environ)  # never the agent's NATS user
             proc = await self._spawner.spawn(self.command, {**env, **extra}, self.cwd)
             self._procs[local_rank] = proc
         for local_rank, proc in self._procs.items():
