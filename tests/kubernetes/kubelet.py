@@ -1,15 +1,24 @@
 """A process kubelet for end-to-end tests: it stands in for the kubelet and the scheduler,
 which the API emulator lacks.
 
-:class:`ProcessKubelet` watches the emulator's pods with the official client (over HTTP,
-as a kubelet watches its API server) and, for each pod pinned to one of its nodes (by
-``spec.nodeName`` or by required node affinity ``matchFields metadata.name In [node]``,
-as resurge pins its worker-group pods), does what a scheduler and a kubelet would:
+:class:`ProcessKubelet` watches the emulator's pods in every namespace with the official
+client (over HTTP, as a kubelet and kube-scheduler watch their API server) and does what
+a scheduler and a kubelet would:
 
-- **binds** it: sets ``spec.nodeName`` (a merge patch: the emulator has no ``binding``
-  subresource), unless the node is unschedulable or has a NoSchedule/NoExecute taint
-  the pod does not tolerate; such a pod stays Pending (``PodScheduled`` False,
-  ``Unschedulable``) and is tried again whenever the watch wakes;
+- **schedules** each pod not yet bound: a node is feasible when the filters of
+  :mod:`tests.kubernetes.scheduler` pass (not unschedulable, its NoSchedule/NoExecute
+  taints tolerated, ``nodeSelector`` and required node affinity matched, and the
+  requests of every pod bound to it, anyone's, plus this one's within its allocatable:
+  ``nvidia.com/gpu``, cpu, memory, pods). It binds the pod to the first feasible node
+  it serves, by name (a merge patch of ``spec.nodeName``: the emulator has no
+  ``binding`` subresource), counting it at once, as kube-scheduler's cache assumes a
+  pod before the bind is seen. With no feasible node the pod stays Pending with
+  ``PodScheduled`` False, reason ``Unschedulable`` and kube-scheduler's message
+  (``0/3 nodes are available: 1 Insufficient nvidia.com/gpu, ...``), and is tried
+  again whenever the watch wakes. A pod feasible only on nodes it does not serve
+  waits for their kubelet. A pod created bound (``spec.nodeName``) to a node it
+  serves is admitted as a kubelet admits it: one that does not fit the node's
+  resources fails (``OutOf<resource>``);
 - **runs** its first container's ``command`` + ``args`` as a local process in a session
   (process group) of its own, in the container's ``workingDir`` (else the kubelet's
   folder), with the test's environment, the pod's ``env`` on top (``value`` and the
@@ -31,14 +40,15 @@ as resurge pins its worker-group pods), does what a scheduler and a kubelet woul
 :meth:`ProcessKubelet.close` stops every pod's processes (SIGTERM, then SIGKILL after a
 few seconds) and the watch; nothing it started outlives it. Linux only (``/proc``).
 
-What it leaves out: images, cgroups and resource limits, volumes, probes, and the
-network. Every pod runs in this machine's network, ``hostNetwork`` or not; its
-``podIP`` and ``hostIP`` are its node's address. There is no cluster DNS: a pod's DNS
-name (``<hostname>.<subdomain>.<namespace>.svc``, which a cluster's DNS serves for a pod
-with ``spec.hostname`` and ``spec.subdomain`` naming a headless Service) resolves
-nowhere here, so a job whose ranks must meet (MASTER_ADDR) trains here only on the host
-network (its template's ``spec.hostNetwork: true``), where they meet at the node's
-address.
+What it leaves out: what :mod:`tests.kubernetes.scheduler` leaves out of scheduling
+(scoring, inter-pod affinity, preemption, ...), images, cgroups and resource limits,
+volumes, probes, and the network. Every pod runs in this machine's network,
+``hostNetwork`` or not; its ``podIP`` and ``hostIP`` are its node's address. There is
+no cluster DNS: a pod's DNS name (``<hostname>.<subdomain>.<namespace>.svc``, which a
+cluster's DNS serves for a pod with ``spec.hostname`` and ``spec.subdomain`` naming a
+headless Service) resolves nowhere here, so a job whose ranks must meet (MASTER_ADDR)
+trains here only on the host network (its template's ``spec.hostNetwork: true``),
+where they meet at the node's address.
 """
 
 from __future__ import annotations
@@ -61,6 +71,8 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
+
+from tests.kubernetes.scheduler import feasibility, pod_requests, quantity, unschedulable_message
 
 __all__ = [
     "POD_MARKER",
@@ -124,52 +136,6 @@ def _killpg(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def pinned_node(pod: dict[str, Any]) -> str | None:
-    """The node a pod is bound or pinned to (required node affinity on
-    ``metadata.name``); None for a pod no scheduler here would place."""
-    spec = pod.get("spec") or {}
-    if spec.get("nodeName"):
-        return str(spec["nodeName"])
-    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
-    for term in required.get("nodeSelectorTerms") or []:
-        for field_ in term.get("matchFields") or []:
-            values = field_.get("values") or []
-            if field_.get("key") == "metadata.name" and field_.get("operator") == "In" and values:
-                return str(values[0])
-    return None
-
-
-def _tolerated(taint: dict[str, Any], tolerations: list[dict[str, Any]]) -> bool:
-    for toleration in tolerations:
-        if toleration.get("effect") and toleration.get("effect") != taint.get("effect"):
-            continue
-        if toleration.get("operator") == "Exists" and not toleration.get("key"):
-            return True
-        if toleration.get("key") != taint.get("key"):
-            continue
-        if toleration.get("operator") == "Exists" or toleration.get("value") == taint.get("value"):
-            return True
-    return False
-
-
-def unschedulable_because(node: dict[str, Any], pod: dict[str, Any]) -> str | None:
-    """Why a scheduler would not bind ``pod`` to ``node``; None when it would."""
-    spec = node.get("spec") or {}
-    tolerations = list((pod.get("spec") or {}).get("tolerations") or [])
-    if spec.get("unschedulable") and not _tolerated(
-        {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}, tolerations
-    ):
-        return "node is unschedulable"
-    for taint in spec.get("taints") or []:
-        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(
-            taint, tolerations
-        ):
-            return f"node has taint {taint.get('key')}:{taint.get('effect')}"
-    return None
-
-
 @dataclass
 class PodRun:
     """One pod this kubelet runs: its processes, restarts and how it ended."""
@@ -179,6 +145,7 @@ class PodRun:
     node: str
     pod: dict[str, Any]
     log: Path
+    namespace: str = "default"
     process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     phase: str = "Pending"
@@ -206,7 +173,8 @@ class ProcessKubelet:
     """See the module docstring. ``nodes`` are the node names it serves (more can be
     added with :meth:`serve`); ``env`` is the environment each container starts from
     (the test's, with ``PATH`` and ``KUBECONFIG``, which stands in for the pod's
-    service account); ``log_dir`` gets one output file per pod."""
+    service account); ``log_dir`` gets one output file per pod. It watches the pods
+    of every namespace."""
 
     def __init__(
         self,
@@ -214,7 +182,6 @@ class ProcessKubelet:
         env: Mapping[str, str],
         log_dir: Path,
         nodes: set[str] | None = None,
-        namespace: str = "default",
     ) -> None:
         from kubernetes import config
 
@@ -222,11 +189,12 @@ class ProcessKubelet:
         self.core = k8s.CoreV1Api(self.api)
         self.env = dict(env)
         self.log_dir = log_dir
-        self.namespace = namespace
         self.nodes: set[str] = set(nodes or ())
         self.runs: dict[str, PodRun] = {}  # by pod uid
         self.deleted: list[tuple[str, str]] = []  # (name, uid) of each pod seen deleted
         self._waiting: dict[str, dict[str, Any]] = {}  # uid -> pod not yet bindable
+        # Every pod not deleted, by uid, as last seen (or as bound here: assumed).
+        self.pods: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -304,8 +272,7 @@ class ProcessKubelet:
                     version = self._relist()
                     self._synced.set()
                 stream = k8s_watch.Watch().stream(  # type: ignore[no-untyped-call]
-                    self.core.list_namespaced_pod,
-                    self.namespace,
+                    self.core.list_pod_for_all_namespaces,
                     resource_version=version,
                     timeout_seconds=_WATCH_SECONDS,
                     _request_timeout=(10, 10),
@@ -331,7 +298,7 @@ class ProcessKubelet:
                 self._closing.wait(0.5)
 
     def _relist(self) -> str:
-        body = json_of(self.core.list_namespaced_pod(self.namespace, _preload_content=False))
+        body = json_of(self.core.list_pod_for_all_namespaces(_preload_content=False))
         present = set()
         for pod in body.get("items") or []:
             present.add((pod.get("metadata") or {}).get("uid"))
@@ -351,6 +318,10 @@ class ProcessKubelet:
         uid = str(meta.get("uid"))
         with self._lock:
             run = self.runs.get(uid)
+        if kind == "DELETED":
+            self.pods.pop(uid, None)
+        elif not (uid in self.pods and _bound(self.pods[uid]) and not _bound(pod)):
+            self.pods[uid] = pod  # (a stale event never unbinds what was bound here)
         if kind == "DELETED" or meta.get("deletionTimestamp"):
             self._waiting.pop(uid, None)
             if kind == "DELETED":
@@ -361,56 +332,128 @@ class ProcessKubelet:
         if run is not None:
             run.pod = pod
             return
-        node = pinned_node(pod)
-        with self._lock:
-            mine = node is not None and node in self.nodes
         phase = (pod.get("status") or {}).get("phase")
-        if not mine or phase in ("Succeeded", "Failed"):
+        if phase in ("Succeeded", "Failed"):
             return
+        node = (pod.get("spec") or {}).get("nodeName")
+        with self._lock:
+            if node is not None and node not in self.nodes:
+                return  # another kubelet's
         self._waiting[uid] = pod
-        self._try_bind(pod)
+        self._try_bind(pod, self._list_nodes())
 
     def _retry_waiting(self) -> None:
-        for pod in list(self._waiting.values()):
-            self._try_bind(pod)
+        if self._waiting:
+            nodes = self._list_nodes()
+            for pod in list(self._waiting.values()):
+                self._try_bind(pod, nodes)
 
-    def _try_bind(self, pod: dict[str, Any]) -> None:
+    def _list_nodes(self) -> list[dict[str, Any]]:
+        items = json_of(self.core.list_node(_preload_content=False)).get("items") or []
+        return sorted(items, key=lambda n: str((n.get("metadata") or {}).get("name")))
+
+    def _try_bind(self, pod: dict[str, Any], nodes: list[dict[str, Any]]) -> None:
+        """Schedule ``pod`` (or admit it, when it came bound to a node served here) and
+        start it; or say why it waits (the module docstring)."""
         meta = pod["metadata"]
-        node = pinned_node(pod)
-        assert node is not None
-        try:
-            node_obj = json_of(self.core.read_node(node, _preload_content=False))
-        except ApiException as error:
-            if error.status != 404:
-                raise
-            why: str | None = f"node {node} does not exist"
+        uid = meta["uid"]
+        pods = list(self.pods.values())
+        bound = (pod.get("spec") or {}).get("nodeName")
+        if bound is not None:
+            node_obj = next((n for n in nodes if n["metadata"]["name"] == bound), None)
+            with self._lock:
+                mine = bound in self.nodes
+            if node_obj is None or not mine:
+                return  # no node, or not served (yet): its kubelet would admit it
+            short = [r for r in feasibility(pod, node_obj, pods) if r.startswith("Insufficient")]
+            if short:
+                self._reject(pod, node_obj, short[0].removeprefix("Insufficient "), pods)
+                return
+            node = str(bound)
         else:
-            why = unschedulable_because(node_obj, pod)
-        if why is not None:
-            scheduled = {
-                "type": "PodScheduled",
-                "status": "False",
-                "reason": "Unschedulable",
-                "message": why,
-            }
-            current = (pod.get("status") or {}).get("conditions") or []
-            if scheduled not in [{k: c.get(k) for k in scheduled} for c in current]:
-                self._patch_status(pod, {"phase": "Pending", "conditions": [scheduled]})
-                pod.setdefault("status", {})["conditions"] = [scheduled]
-            return
-        self._waiting.pop(meta["uid"], None)
+            reasons = {n["metadata"]["name"]: feasibility(pod, n, pods) for n in nodes}
+            with self._lock:
+                served = [name for name, why in reasons.items() if not why and name in self.nodes]
+            if not served:
+                if not any(not why for why in reasons.values()):
+                    self._unschedulable(pod, unschedulable_message(len(nodes), reasons.values()))
+                return  # feasible elsewhere only: that node's kubelet binds it
+            node = served[0]
+            try:
+                self.core.patch_namespaced_pod(
+                    meta["name"],
+                    _namespace(pod),
+                    {"spec": {"nodeName": node}},
+                    _content_type=MERGE_PATCH,
+                    _preload_content=False,
+                )
+            except ApiException as error:
+                if error.status == 404:
+                    self._waiting.pop(uid, None)
+                    return
+                raise
+            pod = {**pod, "spec": {**pod["spec"], "nodeName": node}}
+            self.pods[uid] = pod  # assumed: counted before the watch shows the bind
+        self._waiting.pop(uid, None)
         run = PodRun(
             name=meta["name"],
-            uid=meta["uid"],
+            uid=uid,
             node=node,
             pod=pod,
             log=self.log_dir / f"{meta['name']}.log",
+            namespace=_namespace(pod),
         )
         with self._lock:
             self.runs[run.uid] = run
         run.thread = threading.Thread(target=self._run, args=(run,), name=f"pod-{run.name}")
         run.thread.daemon = True
         run.thread.start()
+
+    def _unschedulable(self, pod: dict[str, Any], message: str) -> None:
+        scheduled = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": message,
+        }
+        current = (pod.get("status") or {}).get("conditions") or []
+        if scheduled not in [{k: c.get(k) for k in scheduled} for c in current]:
+            self._patch_status(pod, {"phase": "Pending", "conditions": [scheduled]})
+            pod.setdefault("status", {})["conditions"] = [scheduled]
+
+    def _reject(
+        self,
+        pod: dict[str, Any],
+        node: dict[str, Any],
+        resource: str,
+        pods: list[dict[str, Any]],
+    ) -> None:
+        """Fail a pod bound to a node that has no room for it, as a kubelet's admission."""
+        self._waiting.pop(pod["metadata"]["uid"], None)
+        name = node["metadata"]["name"]
+        used = sum(
+            (
+                pod_requests(p).get(resource, 0)
+                for p in pods
+                if (p.get("spec") or {}).get("nodeName") == name
+                and p["metadata"]["uid"] != pod["metadata"]["uid"]
+                and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            ),
+            start=quantity(0),
+        )
+        have = ((node.get("status") or {}).get("allocatable") or {}).get(resource, 0)
+        self._patch_status(
+            pod,
+            {
+                "phase": "Failed",
+                "reason": f"OutOf{resource}",
+                "message": (
+                    f"Pod was rejected: Node didn't have enough resource: {resource}, "
+                    f"requested: {pod_requests(pod).get(resource)}, used: {used}, "
+                    f"capacity: {have}"
+                ),
+            },
+        )
 
     # -- one pod --------------------------------------------------------------------------
 
@@ -422,13 +465,7 @@ class ProcessKubelet:
 
     def _lifecycle(self, run: PodRun) -> None:
         try:
-            self.core.patch_namespaced_pod(
-                run.name,
-                self.namespace,
-                {"spec": {"nodeName": run.node}},
-                _content_type=MERGE_PATCH,
-                _preload_content=False,
-            )
+            self.core.read_namespaced_pod(run.name, run.namespace, _preload_content=False)
         except ApiException as error:
             if error.status == 404:
                 return
@@ -535,7 +572,7 @@ class ProcessKubelet:
     def _environment(self, run: PodRun, container: dict[str, Any], address: str) -> dict[str, str]:
         fields = {
             "metadata.name": run.name,
-            "metadata.namespace": self.namespace,
+            "metadata.namespace": run.namespace,
             "metadata.uid": run.uid,
             "spec.nodeName": run.node,
             "status.hostIP": address,
@@ -565,7 +602,7 @@ class ProcessKubelet:
         try:
             self.core.patch_namespaced_pod_status(
                 meta["name"],
-                self.namespace,
+                _namespace(pod),
                 {"status": status},
                 _content_type=MERGE_PATCH,
                 _preload_content=False,
@@ -610,6 +647,14 @@ class ProcessKubelet:
         if run.process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 run.process.wait(timeout=10)
+
+
+def _bound(pod: dict[str, Any]) -> bool:
+    return bool((pod.get("spec") or {}).get("nodeName"))
+
+
+def _namespace(pod: dict[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("namespace") or "default")
 
 
 def json_of(response: Any) -> dict[str, Any]:

@@ -145,3 +145,111 @@ def test_a_pod_on_the_pod_network_runs_in_this_machines_network(
     status = kube_api_thread.get("pods", "podnet")["status"]
     assert status["podIP"] == status["hostIP"] == "127.0.0.1"
     assert "at 127.0.0.1" in (process_kubelet.log_dir / "podnet.log").read_text()
+
+
+def _scheduled_condition(api: KubeApi, name: str) -> dict[str, Any] | None:
+    conditions = (api.get("pods", name).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == "PodScheduled"), None)
+
+
+def _unschedulable_message(api: KubeApi, name: str) -> str | None:
+    condition = _scheduled_condition(api, name)
+    if condition is None or condition.get("reason") != "Unschedulable":
+        return None
+    return str(condition.get("message"))
+
+
+def _gpus(body: dict[str, Any], gpus: int) -> dict[str, Any]:
+    body["spec"]["containers"][0]["resources"] = {
+        "requests": {"nvidia.com/gpu": str(gpus)},
+        "limits": {"nvidia.com/gpu": str(gpus)},
+    }
+    return body
+
+
+def test_a_pod_waits_while_another_teams_pod_holds_the_nodes_gpus(
+    kube_api_thread: KubeApi, process_kubelet: ProcessKubelet
+) -> None:
+    """NodeResourcesFit over every pod on the node, resurge's or not ("Resource
+    Management for Pods and Containers": the sum of the requests of the scheduled
+    containers is less than the node's capacity; kubernetes.io/docs/concepts/
+    configuration/manage-resources-containers/). A pod bound to a node that lacks room
+    is refused by the kubelet's admission (phase Failed, reason OutOf<resource>)."""
+    kube_api_thread.add_node("node-a", gpus=2)
+    process_kubelet.serve("node-a")
+    # Another team's pod, bound by the cluster's scheduler, holding both GPUs.
+    theirs = _gpus(pinned_pod("theirs", "node-a", "sleep 600"), 2)
+    del theirs["spec"]["affinity"]
+    theirs["spec"]["nodeName"] = "node-a"
+    kube_api_thread.create("pods", theirs)
+    eventually(lambda: phase(kube_api_thread, "theirs") == "Running", 20, "pod theirs Running")
+    kube_api_thread.create("pods", _gpus(pinned_pod("ours", "node-a", "exit 0"), 1))
+    message = eventually(
+        lambda: _unschedulable_message(kube_api_thread, "ours"), 20, "pod ours Unschedulable"
+    )
+    assert message == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    assert "nodeName" not in kube_api_thread.get("pods", "ours")["spec"]
+    late = _gpus(pinned_pod("late", "node-a", "exit 0"), 1)
+    del late["spec"]["affinity"]
+    late["spec"]["nodeName"] = "node-a"
+    kube_api_thread.create("pods", late)
+    eventually(lambda: phase(kube_api_thread, "late") == "Failed", 20, "pod late refused")
+    assert kube_api_thread.get("pods", "late")["status"]["reason"] == "OutOfnvidia.com/gpu"
+    kube_api_thread.delete("pods", "theirs")
+    eventually(lambda: phase(kube_api_thread, "ours") == "Succeeded", 20, "runs once freed")
+
+
+def test_selector_affinity_and_taints_decide_where_a_pod_is_bound(
+    kube_api_thread: KubeApi, process_kubelet: ProcessKubelet
+) -> None:
+    """NodeAffinity and TaintToleration ("Assigning Pods to Nodes", kubernetes.io/docs/
+    concepts/scheduling-eviction/assign-pod-node/: nodeSelector and required node
+    affinity both hold, terms ORed, expressions ANDed; "Taints and Tolerations",
+    kubernetes.io/docs/concepts/scheduling-eviction/taint-and-toleration/): a pod not
+    pinned to a node is bound to the one it matches; one that matches none waits with
+    kube-scheduler's reasons, node by node."""
+    kube_api_thread.add_node("gpu-a", labels={"pool": "train", "gen": "9"})
+    kube_api_thread.add_node("gpu-b", labels={"pool": "train", "gen": "8"})
+    kube_api_thread.add_node("cpu-c", labels={"pool": "serve"})
+    kube_api_thread.call(
+        lambda em: em.patch_object(
+            "nodes",
+            "gpu-b",
+            {"spec": {"taints": [{"key": "team", "value": "vision", "effect": "NoSchedule"}]}},
+        )
+    )
+    for node in ("gpu-a", "gpu-b", "cpu-c"):
+        process_kubelet.serve(node)
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "pool", "operator": "In", "values": ["train"]},
+                            {"key": "gen", "operator": "Lt", "values": ["9"]},
+                        ]
+                    }
+                ]
+            }
+        }
+    }
+    body = pinned_pod("tolerant", "x", "exit 0", affinity=affinity)
+    body["spec"]["tolerations"] = [{"key": "team", "operator": "Equal", "value": "vision"}]
+    kube_api_thread.create("pods", body)
+    eventually(lambda: phase(kube_api_thread, "tolerant") == "Succeeded", 20, "tolerant ran")
+    assert kube_api_thread.get("pods", "tolerant")["spec"]["nodeName"] == "gpu-b"
+
+    kube_api_thread.create("pods", pinned_pod("intolerant", "x", "exit 0", affinity=affinity))
+    message = eventually(
+        lambda: _unschedulable_message(kube_api_thread, "intolerant"), 20, "intolerant waits"
+    )
+    assert message == (
+        "0/3 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, "
+        "1 node(s) had untolerated taint {team: vision}."
+    )
+    selected = pinned_pod("selected", "x", "exit 0", nodeSelector={"pool": "serve"})
+    del selected["spec"]["affinity"]
+    kube_api_thread.create("pods", selected)
+    eventually(lambda: phase(kube_api_thread, "selected") == "Succeeded", 20, "selected ran")
+    assert kube_api_thread.get("pods", "selected")["spec"]["nodeName"] == "cpu-c"
