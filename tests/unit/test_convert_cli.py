@@ -1,8 +1,11 @@
 """`resurge convert` as a user runs it: the installed command, as a subprocess, no cluster."""
 
+import string
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from resurge.jobspec import load_job
 
@@ -11,6 +14,23 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "hyperpod"
 PRETRAIN = DATA / "pretrain_llama3_70b_p5.yaml"
 ELASTIC = DATA / "elastic-training-job.yaml"
 CONTAINER = "spec.replicaSpecs[0].template.spec.containers[0]"
+# The five published manifests (each names its source in its first lines); the FSDP one
+# is an envsubst template, filled in as its README says before `kubectl apply`.
+FSDP_VALUES = {
+    "GPU_PER_NODE": "8",
+    "NUM_NODES": "4",
+    "EFA_PER_NODE": "32",
+    "IMAGE_URI": "123456789012.dkr.ecr.us-west-2.amazonaws.com/fsdp:pytorch2.5",
+    "INSTANCE_TYPE": "ml.p5.48xlarge",
+    "HF_TOKEN": "hf_example",
+}
+PUBLISHED = {
+    "elastic-training-job.yaml": (2, 8, 8),
+    "llama3_1_8b-fsdp-hpto.yaml": (4, 4, 8),
+    "pretrain_llama3_70b_p5.yaml": (16, 16, 8),
+    "full_finetune_gpt_oss_120b_checkpointless_p5.yaml": (16, 16, 8),
+    "hyp-task-governance-team-a.yaml": (2, 2, 4),
+}
 
 
 def resurge(*args: str) -> subprocess.CompletedProcess[str]:
@@ -71,5 +91,86 @@ def test_convert_help_says_what_it_does() -> None:
     assert result.returncode == 0
     text = " ".join(result.stdout.split())
     assert "HyperPodPyTorchJob" in text and "--out FILE" in text
-    assert "Exit status 0, with warnings or without; 2" in text
+    assert "--strict" in text and "exit status 1" in text.lower()
     assert "--state-dir" not in text  # it talks to no cluster
+
+
+def published(name: str, tmp_path: Path) -> Path:
+    if name != "llama3_1_8b-fsdp-hpto.yaml":
+        return DATA / name
+    filled = tmp_path / name
+    filled.write_text(string.Template((DATA / name).read_text()).substitute(FSDP_VALUES))
+    return filled
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_manifests_convert_end_to_end(name: str, tmp_path: Path) -> None:
+    """Each converts into a job that loads; no launcher is left in its command (a
+    direct one or one in a shell script); its warnings name manifest paths; its
+    NNODES is set where its size is fixed; and --strict refuses it, as each has warnings."""
+    manifest = published(name, tmp_path)
+    out = tmp_path / "job.yaml"
+    result = resurge("convert", str(manifest), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    job = load_job(out)
+    spec = job.spec
+    low, high, nproc = PUBLISHED[name]
+    sizes = spec.replicas.allowed_sizes()
+    assert (sizes[0], sizes[-1], spec.nproc_per_node) == (low, high, nproc)
+    assert not any(launcher in " ".join(spec.command) for launcher in ("hyperpodrun", "torchrun"))
+    assert not any("$(" in var.value for var in spec.env)
+    env = {var.name: var.value for var in spec.env}
+    assert env.get("NNODES") == (str(low) if low == high else None)
+    warned = warned_paths(result.stderr)
+    assert warned and all(path.startswith(("metadata.", "spec.")) for path in warned)
+    strict = resurge("convert", "--strict", str(manifest), "--out", str(tmp_path / "no.yaml"))
+    assert strict.returncode == 1 and not (tmp_path / "no.yaml").exists()
+    assert warned_paths(strict.stderr) == warned
+    assert "--strict" in strict.stderr.splitlines()[-1]
+
+
+def test_strict_passes_a_manifest_that_converts_as_it_is(tmp_path: Path) -> None:
+    clean = tmp_path / "clean.yaml"
+    clean.write_text(
+        "apiVersion: sagemaker.amazonaws.com/v1\n"
+        "kind: HyperPodPyTorchJob\n"
+        "metadata: {name: clean}\n"
+        "spec:\n"
+        "  nprocPerNode: '2'\n"
+        "  replicaSpecs:\n"
+        "    - replicas: 2\n"
+        "      template:\n"
+        "        spec:\n"
+        "          containers:\n"
+        "            - {name: c, image: img, command: [python, train.py],\n"
+        "               env: [{name: NNODES, value: '2'}]}\n"
+    )
+    result = resurge("convert", "--strict", str(clean))
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert load_job_text(result.stdout, tmp_path).name == "clean"
+
+
+def test_a_shell_script_whose_launcher_cannot_be_taken_off_fails(tmp_path: Path) -> None:
+    manifest = tmp_path / "shell.yaml"
+    manifest.write_text(
+        "apiVersion: sagemaker.amazonaws.com/v1\n"
+        "kind: HyperPodPyTorchJob\n"
+        "metadata: {name: shell}\n"
+        "spec:\n"
+        "  replicaSpecs:\n"
+        "    - replicas: 2\n"
+        "      template:\n"
+        "        spec:\n"
+        "          containers:\n"
+        "            - name: c\n"
+        "              command: [bash, -c, 'RUN=hyperpodrun; $RUN --nproc-per-node=8 t.py']\n"
+    )
+    result = resurge("convert", str(manifest))
+    assert result.returncode == 2 and result.stdout == ""
+    assert f"{CONTAINER}.command: this shell script starts hyperpodrun" in result.stderr
+
+
+def load_job_text(text: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    path = tmp_path / "out.yaml"
+    path.write_text(text)
+    return load_job(path)

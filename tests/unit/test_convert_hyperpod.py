@@ -1,6 +1,7 @@
 """Converting HyperPod HyperPodPyTorchJob manifests: the published ones kept under
 tests/data/hyperpod/, and small ones for each rule."""
 
+import copy
 import re
 import string
 from pathlib import Path
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from resurge.contract.vocabulary import RecoveryLevel
-from resurge.jobspec import JobSpecError, load_job
+from resurge.jobspec import JobSpecError, load_job, parse_job
 from resurge.jobspec.hyperpod import (
     Conversion,
     HyperPodError,
@@ -66,7 +67,7 @@ def test_elastic_manifest_lands_in_replicas_elastic_and_recovery() -> None:
     assert (spec.replicas.min, spec.replicas.max, spec.replicas.step) == (2, 8, 2)
     assert spec.replicas.allowed_sizes() == [2, 4, 6, 8]
     assert spec.elastic.checkpoint_timeout_seconds == 600
-    assert spec.elastic.scaling_timeout_seconds == 60
+    assert spec.elastic.scaling_timeout_seconds == 300  # not HyperPod's (its own test below)
     assert spec.recovery.faulty_scale_down_timeout_seconds == 30
     assert spec.command == ["python", "train.py"]
     assert spec.nproc_per_node == 8  # from hyperpodrun's --nproc-per-node
@@ -86,9 +87,11 @@ def test_elastic_manifest_lands_in_replicas_elastic_and_recovery() -> None:
     }
     notes = notes_by_path(conversion)
     assert set(notes) == {
+        "spec.elasticPolicy.scalingTimeoutInSeconds",
         "spec.replicaSpecs[0].name",
         "spec.replicaSpecs[0].replicas",
         f"{CONTAINER}.command",
+        f"{CONTAINER}.env",
         f"{CONTAINER}.resources",
     }
     assert (
@@ -118,7 +121,8 @@ def test_fsdp_manifest_lands_in_recovery_monitoring_and_command() -> None:
     assert spec.command[:3] == ["python", "/fsdp/train.py", "--max_context_width=4096"]
     assert spec.command[-1] == "--offload_activations=1" and len(spec.command) == 21
     env = {var.name: var.value for var in spec.env}
-    assert len(env) == 15 and env["NCCL_SOCKET_IFNAME"] == "^lo" and env["HF_TOKEN"] == "hf_example"
+    assert len(env) == 16 and env["NCCL_SOCKET_IFNAME"] == "^lo" and env["HF_TOKEN"] == "hf_example"
+    assert env["NNODES"] == "4"
     assert spec.template is not None
     pod = spec.template["spec"]
     assert set(pod) == {"volumes", "affinity", "topologySpreadConstraints", "containers"}
@@ -133,6 +137,7 @@ def test_fsdp_manifest_lands_in_recovery_monitoring_and_command() -> None:
         f"{POD}.affinity",
         f"{POD}.topologySpreadConstraints",
         f"{CONTAINER}.command",
+        f"{CONTAINER}.env",
         f"{CONTAINER}.imagePullPolicy",
         f"{CONTAINER}.resources",
         f"{CONTAINER}.volumeMounts",
@@ -151,11 +156,11 @@ def test_pretrain_manifest_keeps_its_shell_command_and_says_so() -> None:
         "app.kubernetes.io/managed-by": "kustomize",
     }
     assert spec.nproc_per_node == 8 and spec.replicas.min == 16
-    assert spec.command[:2] == ["/bin/sh", "-c"] and "hyperpodrun" in spec.command[2]
+    assert spec.command[:2] == ["/bin/sh", "-c"] and "hyperpodrun" not in spec.command[2]
     assert spec.image is None
     env = {var.name: var.value for var in spec.env}
     assert env["JOB_NAME"] == "username-llama3-pretrain"  # the YAML anchor resolved
-    assert "POD_NAME" not in env and len(env) == 14
+    assert "POD_NAME" not in env and len(env) == 15 and env["NNODES"] == "16"
     assert spec.template is not None
     container = spec.template["spec"]["containers"][0]
     assert [entry["name"] for entry in container["env"]] == ["POD_NAME", "NODE_NAME"]
@@ -171,6 +176,7 @@ def test_pretrain_manifest_keeps_its_shell_command_and_says_so() -> None:
         f"{POD}.nodeSelector",
         f"{POD}.volumes",
         f"{CONTAINER}.args",
+        f"{CONTAINER}.env",
         f"{CONTAINER}.image",
         f"{CONTAINER}.imagePullPolicy",
         f"{CONTAINER}.securityContext",
@@ -180,7 +186,7 @@ def test_pretrain_manifest_keeps_its_shell_command_and_says_so() -> None:
         f"{CONTAINER}.env[8] (POD_NAME)",
         f"{CONTAINER}.env[9] (NODE_NAME)",
     }
-    assert "starts hyperpodrun" in notes[f"{CONTAINER}.args"]
+    assert "taken off this shell script" in notes[f"{CONTAINER}.args"]
     assert notes[f"{CONTAINER}.env[8] (POD_NAME)"].startswith(KEPT)
 
 
@@ -219,7 +225,10 @@ def test_pod_and_metadata_fields_with_a_place_of_their_own() -> None:
     assert job.spec.recovery.spares == 1 and job.spec.working_dir == "/work"
     assert job.spec.command == ["python", "train.py", "--lr", "0.1"]
     assert job.spec.template is None  # nothing was left for it
-    assert [note.path for note in conversion.notes] == ["spec.replicaSpecs[0].name"]
+    assert [note.path for note in conversion.notes] == [
+        "spec.replicaSpecs[0].name",
+        f"{CONTAINER}.env",  # NNODES=2 added
+    ]
 
 
 def test_fields_without_a_place_are_noted_by_path() -> None:
@@ -243,8 +252,9 @@ def test_fields_without_a_place_are_noted_by_path() -> None:
         "spec.runPolicy.ttlSecondsAfterFinished",
         "spec.suspend",
         "status",
+        f"{CONTAINER}.env",  # NNODES not set: the job is elastic
     }
-    assert all(what.startswith("dropped") for what in notes.values())
+    assert all(what.startswith("dropped") for path, what in notes.items() if "env" not in path)
 
 
 def test_values_are_checked_by_the_job_models() -> None:
@@ -358,3 +368,185 @@ def test_kind_as_some_aws_pages_spell_it_is_accepted() -> None:
     document = manifest()
     document["kind"] = "HyperPodPytorchJob"
     assert convert_hyperpod(document).job.name == "j"
+
+
+# Issue 28 item 7: everything the converter changes is said, or done as HyperPod does.
+
+GPT_OSS = DATA / "full_finetune_gpt_oss_120b_checkpointless_p5.yaml"
+GOVERNANCE = DATA / "hyp-task-governance-team-a.yaml"
+
+
+def test_env_references_expand_as_kubernetes_expands_them() -> None:
+    """Kubernetes expands ``$(VAR)`` in a container's env values from the variables
+    defined before it, and in command and args from all of them; ``$$`` escapes a ``$``
+    and a reference to an unknown name stays as written (Kubernetes docs, "Define
+    Dependent Environment Variables", kubernetes.io/docs/tasks/inject-data-application/
+    define-interdependent-environment-variables/).
+    resurge's agent does not, so the converter does it."""
+    document = manifest()
+    container = document["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]
+    container["env"] = [
+        {"name": "ROOT", "value": "/data"},
+        {"name": "OUT", "value": "$(ROOT)/out"},
+        {"name": "EARLY", "value": "$(LATER)/x"},
+        {"name": "ESCAPED", "value": "$$(ROOT) costs $$5"},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "LOG", "value": "$(OUT)/$(POD_NAME).log"},
+        {"name": "LATER", "value": "later"},
+    ]
+    container["command"] = ["python", "train.py", "--out=$(OUT)", "--tag=$(LATER)"]
+    container["args"] = ["--shell=$(ip route | head)"]
+    conversion = convert_hyperpod(document)
+    env = {var.name: var.value for var in conversion.job.spec.env}
+    assert env["OUT"] == "/data/out"
+    assert env["EARLY"] == "$(LATER)/x"  # defined after it: Kubernetes leaves it too
+    assert env["ESCAPED"] == "$(ROOT) costs $5"
+    assert env["LOG"] == "/data/out/$(POD_NAME).log"
+    assert conversion.job.spec.command == [
+        "python",
+        "train.py",
+        "--out=/data/out",
+        "--tag=later",
+        "--shell=$(ip route | head)",
+    ]
+    notes = notes_by_path(conversion)
+    said = notes[f"{CONTAINER}.env[5] (LOG)"]
+    assert "$(POD_NAME)" in said and "not expanded" in said
+
+
+def test_env_reference_to_a_pod_field_in_the_command_is_warned() -> None:
+    document = manifest()
+    container = document["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]
+    container["env"] = [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    container["args"] = ["--node=$(NODE)"]
+    conversion = convert_hyperpod(document)
+    assert conversion.job.spec.command[-1] == "--node=$(NODE)"
+    assert "$(NODE)" in notes_by_path(conversion)[f"{CONTAINER}.args"]
+
+
+def test_pretrain_env_references_are_expanded() -> None:
+    env = {var.name: var.value for var in convert_hyperpod_yaml(PRETRAIN.read_text()).job.spec.env}
+    assert env["CHECKPOINT_DIR"] == (
+        "/data/checkpoints/username/llama3_pretrain/username-llama3-pretrain/baseline"
+    )
+    assert env["LOGDIR"] == "/data/username/output/logs/username-llama3-pretrain/baseline"
+
+
+def test_nnodes_is_set_for_a_fixed_size_job_as_hyperpod_does() -> None:
+    conversion = convert_hyperpod(manifest())
+    env = {var.name: var.value for var in conversion.job.spec.env}
+    assert env["NNODES"] == "2"
+    assert "NNODES=2" in notes_by_path(conversion)[f"{CONTAINER}.env"]
+
+
+def test_nnodes_the_manifest_sets_is_kept() -> None:
+    document = manifest()
+    container = document["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]
+    container["env"] = [{"name": "NNODES", "value": "7"}]
+    conversion = convert_hyperpod(document)
+    assert [(v.name, v.value) for v in conversion.job.spec.env] == [("NNODES", "7")]
+    assert f"{CONTAINER}.env" not in notes_by_path(conversion)
+
+
+def test_nnodes_of_an_elastic_job_is_warned_about() -> None:
+    conversion = convert_hyperpod_yaml(ELASTIC.read_text())
+    assert all(var.name != "NNODES" for var in conversion.job.spec.env)
+    said = notes_by_path(conversion)[f"{CONTAINER}.env"]
+    assert "NNODES" in said and "GROUP_WORLD_SIZE" in said
+
+
+def test_kueue_priority_class_label_is_taken_off_and_said() -> None:
+    conversion = convert_hyperpod_yaml(GOVERNANCE.read_text())
+    job = conversion.job
+    assert job.metadata.labels == {}
+    assert job.spec.queue == "hyperpod-ns-team-a-localqueue"
+    said = notes_by_path(conversion)['metadata.labels["kueue.x-k8s.io/priority-class"]']
+    assert said.startswith("dropped") and "training-priority" in said
+    assert "spec.priority" in said
+
+
+def test_a_second_replica_spec_with_another_priority_is_said() -> None:
+    """AWS's partial-preemption pattern: a base replica spec at high priority and an
+    elastic one at low priority (sagemaker-eks-elastic-training, "Preemption by high
+    priority job")."""
+    document = manifest(elasticPolicy={"minReplicas": 2, "maxReplicas": 8})
+    base = document["spec"]["replicaSpecs"][0]
+    base["template"]["spec"]["priorityClassName"] = "high-priority"
+    elastic = copy.deepcopy(base)
+    elastic.update(name="elastic", replicas=0, maxReplicas=6)
+    elastic["template"]["spec"]["priorityClassName"] = "low-priority"
+    document["spec"]["replicaSpecs"].append(elastic)
+    conversion = convert_hyperpod(document)
+    assert conversion.job.spec.priority_class_name == "high-priority"
+    said = notes_by_path(conversion)["spec.replicaSpecs[1].template.spec.priorityClassName"]
+    assert "'low-priority'" in said and "'high-priority'" in said
+
+
+def test_scaling_timeout_is_not_taken_for_resurge_s_own() -> None:
+    """AWS: elasticPolicy.scalingTimeoutInSeconds is how long the job controller waits,
+    once a scaling event is detected, before it starts a scale-up
+    (docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-eks-elastic-training.html);
+    resurge's elastic.scalingTimeoutSeconds is how long a grow's replicas may take to
+    come up."""
+    conversion = convert_hyperpod_yaml(ELASTIC.read_text())
+    assert conversion.job.spec.elastic.scaling_timeout_seconds == 300.0  # the default
+    said = notes_by_path(conversion)["spec.elasticPolicy.scalingTimeoutInSeconds"]
+    assert said.startswith("dropped") and "before" in said and "scale-up" in said
+
+
+def test_scaling_timeout_pasted_onto_a_job_is_refused_naming_it() -> None:
+    with pytest.raises(JobSpecError, match=r"elasticPolicy.scalingTimeoutInSeconds: HyperPod"):
+        parse_job(
+            {
+                "apiVersion": "resurge.dev/v1alpha1",
+                "kind": "TrainingJob",
+                "metadata": {"name": "j"},
+                "spec": {
+                    "command": ["python", "t.py"],
+                    "elasticPolicy": {"maxReplicas": 2, "scalingTimeoutInSeconds": 60},
+                },
+            }
+        )
+
+
+def test_a_launcher_in_a_shell_script_is_taken_off() -> None:
+    conversion = convert_hyperpod_yaml(PRETRAIN.read_text())
+    script = conversion.job.spec.command[2]
+    assert "hyperpodrun" not in script
+    assert 'python "${ENTRYPOINT}" \\\n' in script
+    assert '--config-path="${CONFIG_PATH}"' in script and "--tee" not in script
+    assert 'mkdir -p "${LOGDIR}"' in script  # the rest of the script is kept
+    said = notes_by_path(conversion)[f"{CONTAINER}.args"]
+    assert "hyperpodrun --nproc_per_node=8 --log_dir ${LOGDIR} --tee 3" in said
+    assert "once per worker" in said
+
+
+def test_a_shell_launcher_resurge_cannot_take_off_is_an_error() -> None:
+    document = manifest()
+    container = document["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]
+    container["command"] = ["bash", "-c", "L=hyperpodrun; $L --nproc-per-node=8 train.py"]
+    with pytest.raises(HyperPodError, match=r"containers\[0\]\.command: .*hyperpodrun"):
+        convert_hyperpod(document)
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        ("torchrun --nproc-per-node=2 t.py --x 1", "python t.py --x 1"),
+        (
+            "cd /w && exec torchrun --standalone -m pkg.train -v",
+            "cd /w && exec python -m pkg.train -v",
+        ),
+        ("python3 -m torch.distributed.run --nnodes 2 t.py; echo done", "python t.py; echo done"),
+        ("/opt/bin/hyperpodrun --no-python ./run.sh\n", "./run.sh\n"),
+        (
+            "hyperpodrun --tee 3 \\\n  'my script.py' a | tee log",
+            "python 'my script.py' a | tee log",
+        ),
+    ],
+)
+def test_shell_launchers_taken_off(script: str, expected: str) -> None:
+    document = manifest()
+    container = document["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]
+    container["command"] = ["/bin/sh", "-c", script]
+    assert convert_hyperpod(document).job.spec.command == ["/bin/sh", "-c", expected]

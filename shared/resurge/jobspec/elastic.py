@@ -2,11 +2,12 @@
 
 An elastic job is one whose ``replicas.min`` is below its ``replicas.max``
 (:attr:`~resurge.jobspec.ReplicaSpec.elastic`). HyperPod's names are accepted where they
-mean the same: ``scaleUpSnoozeTimeInSeconds``, ``gracefulShutdownTimeoutInSeconds`` and
-``scalingTimeoutInSeconds``. So is HyperPod's ``elasticPolicy`` block, pasted as it is
-onto ``spec``: :func:`fold_elastic_policy` spreads it over ``replicas``, ``elastic`` and
-``recovery`` before the spec is validated, and rejects a value set both ways unless the
-two agree.
+mean the same: ``scaleUpSnoozeTimeInSeconds`` and ``gracefulShutdownTimeoutInSeconds``.
+So is HyperPod's ``elasticPolicy`` block, pasted as it is onto ``spec``:
+:func:`fold_elastic_policy` spreads it over ``replicas``, ``elastic`` and ``recovery``
+before the spec is validated, and rejects a value set both ways unless the two agree.
+Its ``scalingTimeoutInSeconds`` means something resurge has no setting for
+(:data:`NOT_TAKEN_FROM_ELASTIC_POLICY`) and is refused, naming it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ from resurge.jobspec._base import SpecModel
 from resurge.jobspec.recovery import RecoverySpec
 from resurge.jobspec.replicas import ReplicaSpec
 
-__all__ = ["ELASTIC_POLICY_FIELDS", "ElasticSpec", "fold_elastic_policy"]
+__all__ = [
+    "ELASTIC_POLICY_FIELDS",
+    "NOT_TAKEN_FROM_ELASTIC_POLICY",
+    "ElasticSpec",
+    "fold_elastic_policy",
+]
 
 
 class ElasticSpec(SpecModel):
@@ -70,11 +76,10 @@ class ElasticSpec(SpecModel):
         default=300.0,
         gt=0,
         alias="scalingTimeoutSeconds",
-        validation_alias=AliasChoices("scalingTimeoutSeconds", "scalingTimeoutInSeconds"),
         description="How long the replicas a grow adds may take to come up (their agents "
         "waiting for work, warmed up) before the grow is dropped and its new worker groups "
-        "deleted; the job trains on at its size meanwhile "
-        "(HyperPod: elasticPolicy.scalingTimeoutInSeconds).",
+        "deleted; the job trains on at its size meanwhile. Not HyperPod's "
+        "elasticPolicy.scalingTimeoutInSeconds, which is a wait before a scale-up starts.",
         examples=[300.0],
     )
 
@@ -90,9 +95,6 @@ class _ElasticPolicy(SpecModel):
     )
     graceful_shutdown_timeout_in_seconds: float | None = Field(
         default=None, gt=0, description="elastic.checkpointTimeoutSeconds"
-    )
-    scaling_timeout_in_seconds: float | None = Field(
-        default=None, gt=0, description="elastic.scalingTimeoutSeconds"
     )
     faulty_scale_down_timeout_in_seconds: float | None = Field(
         default=None, gt=0, description="recovery.faultyScaleDownTimeoutSeconds"
@@ -140,7 +142,6 @@ _TARGETS: dict[str, tuple[str, type[SpecModel], str]] = {
     "replicaIncrementStep": ("replicas", ReplicaSpec, "step"),
     "replicaDiscreteValues": ("replicas", ReplicaSpec, "discrete"),
     "gracefulShutdownTimeoutInSeconds": ("elastic", ElasticSpec, "checkpoint_timeout_seconds"),
-    "scalingTimeoutInSeconds": ("elastic", ElasticSpec, "scaling_timeout_seconds"),
     "faultyScaleDownTimeoutInSeconds": (
         "recovery",
         RecoverySpec,
@@ -150,6 +151,15 @@ _TARGETS: dict[str, tuple[str, type[SpecModel], str]] = {
 
 ELASTIC_POLICY_FIELDS = tuple(_TARGETS)
 """The keys of HyperPod's ``elasticPolicy`` that ``spec.elasticPolicy`` accepts."""
+
+NOT_TAKEN_FROM_ELASTIC_POLICY = {
+    "scalingTimeoutInSeconds": "HyperPod waits this long, once a scaling event is "
+    "detected, before it starts a scale-up; resurge has no such setting (its "
+    "elastic.cooldownSeconds holds every resize back for a time after the last one, and "
+    "elastic.scalingTimeoutSeconds is how long a grow's new replicas may take to come up, "
+    "another thing)",
+}
+"""Keys of HyperPod's ``elasticPolicy`` with no resurge setting of the same meaning: why."""
 
 
 def _spellings(model: type[SpecModel], name: str) -> list[str]:
@@ -177,6 +187,12 @@ def _checked_policy(block: Any) -> dict[str, Any]:
     allowed = ", ".join(ELASTIC_POLICY_FIELDS)
     if not isinstance(block, Mapping):
         raise ValueError(f"elasticPolicy (HyperPod's) must be a mapping of {allowed}")
+    for key in block:
+        if key in NOT_TAKEN_FROM_ELASTIC_POLICY:
+            raise ValueError(
+                f"elasticPolicy.{key}: {NOT_TAKEN_FROM_ELASTIC_POLICY[key]}: remove it "
+                "(resurge convert drops it with a warning)"
+            )
     unknown = [str(key) for key in block if key not in _TARGETS]
     if unknown:
         raise ValueError(
@@ -206,14 +222,14 @@ def fold_elastic_policy(data: Any) -> Any:
 
     ``minReplicas``, ``maxReplicas``, ``replicaIncrementStep`` and
     ``replicaDiscreteValues`` become ``replicas.min``, ``max``, ``step`` and ``discrete``;
-    ``gracefulShutdownTimeoutInSeconds`` and ``scalingTimeoutInSeconds`` become
-    ``elastic.checkpointTimeoutSeconds`` and ``scalingTimeoutSeconds``;
+    ``gracefulShutdownTimeoutInSeconds`` becomes ``elastic.checkpointTimeoutSeconds``;
     ``faultyScaleDownTimeoutInSeconds`` becomes ``recovery.faultyScaleDownTimeoutSeconds``.
     A value given both ways must agree. Anything but a mapping with that key is returned
     as it is.
 
     Raises:
-        ValueError: the block is not a mapping, holds a key not listed above or an invalid
+        ValueError: the block is not a mapping, holds a key not listed above (such as
+            ``scalingTimeoutInSeconds``) or an invalid
             value, or disagrees with the section it folds into; the message names the field.
     """
     if not isinstance(data, Mapping) or "elasticPolicy" not in data:

@@ -3,14 +3,21 @@
 :func:`convert_hyperpod` renames and moves HyperPod's fields into a TrainingJob document
 and lets the TrainingJob models validate it: HyperPod's own blocks (``elasticPolicy``,
 ``runPolicy.restartPolicy``, ``runPolicy.logMonitoringConfiguration``) are handed on as
-they are, for the models to fold in. Each field that does not land in a TrainingJob field
-of its own gets a :class:`Note` naming it by its path in the manifest and saying where it
-went (pod-level settings stay in ``spec.template``, which only Kubernetes uses) or why it
-was dropped. docs/coming-from-hyperpod.md has the whole mapping.
+they are, for the models to fold in. What HyperPod and Kubernetes would have done to the
+pod and resurge's agent does not, the converter does: ``$(VAR)`` references in the
+container's env, command and args are expanded as the kubelet expands them
+(:mod:`~resurge.jobspec.env_expansion`), a launcher is taken off the command or off the
+shell script it runs (:mod:`~resurge.jobspec.shell_launcher`), and ``NNODES`` is set
+where the job's size is fixed. Every change gets a :class:`Note` naming the manifest
+field by its path and saying what became of it: where it went (pod-level settings stay in
+``spec.template``, which only Kubernetes uses), why it was dropped, what was taken off or
+added, or what resurge cannot do (a ``$(VAR)`` the pod fills in, NNODES of an elastic
+job). docs/coming-from-hyperpod.md has the whole mapping.
 
 Errors: :class:`HyperPodError` for text that is not YAML or a document that is not a
-HyperPodPyTorchJob (or has no container command to run); :class:`JobSpecError` naming
-the TrainingJob field for a converted job that does not validate.
+HyperPodPyTorchJob (or has no container command to run, or a shell script that starts a
+launcher resurge cannot take off); :class:`JobSpecError` naming the TrainingJob field for
+a converted job that does not validate.
 """
 
 from __future__ import annotations
@@ -23,9 +30,11 @@ from typing import Any
 
 import yaml
 
-from resurge.jobspec.elastic import ELASTIC_POLICY_FIELDS
+from resurge.jobspec.elastic import ELASTIC_POLICY_FIELDS, NOT_TAKEN_FROM_ELASTIC_POLICY
+from resurge.jobspec.env_expansion import expand
 from resurge.jobspec.job import API_VERSION, TrainingJob, parse_job
-from resurge.jobspec.launcher import LAUNCHERS, split_launcher
+from resurge.jobspec.launcher import Launched, split_launcher
+from resurge.jobspec.shell_launcher import take_off_launchers
 
 __all__ = [
     "HYPERPOD_API_VERSION",
@@ -40,6 +49,9 @@ __all__ = [
 HYPERPOD_API_VERSION = "sagemaker.amazonaws.com/v1"
 HYPERPOD_KIND = "HyperPodPyTorchJob"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+NNODES = "NNODES"
+"""What HyperPod sets in every pod: the job's replica count."""
 
 _KEPT = "kept in spec.template (Kubernetes only; the local cluster ignores it)"
 _NO_PLACE = "dropped: a TrainingJob has no such field"
@@ -98,6 +110,12 @@ class _Converter:
     def __init__(self) -> None:
         self.spec: dict[str, Any] = {}
         self.notes: list[Note] = []
+        self.container_path: str | None = None
+        self.env_names: set[str] = set()
+        self.env_values: dict[str, str] = {}
+        """The plain env values so far, expanded: what a ``$(VAR)`` may refer to."""
+        self.pod_env: set[str] = set()
+        """Env names the pod fills in (``valueFrom``), which resurge cannot expand."""
 
     def note(self, path: str, what: str) -> None:
         self.notes.append(Note(path, what))
@@ -114,9 +132,17 @@ class _Converter:
             if key in ("name", "namespace"):
                 converted[key] = value
             elif key == "labels" and isinstance(value, Mapping):
-                labels = {k: v for k, v in value.items() if k != QUEUE_LABEL}
+                labels = {k: v for k, v in value.items() if k not in (QUEUE_LABEL, PRIORITY_LABEL)}
                 if QUEUE_LABEL in value:
                     self.spec["queue"] = value[QUEUE_LABEL]
+                if PRIORITY_LABEL in value:
+                    self.note(
+                        f'metadata.labels["{PRIORITY_LABEL}"]',
+                        f"dropped: Kueue's WorkloadPriorityClass {value[PRIORITY_LABEL]!r} "
+                        "has no effect on a TrainingJob (resurge does not hand the job to "
+                        "Kueue as one workload); resurge ranks jobs by spec.priority, an "
+                        "integer: set it to that class's value",
+                    )
                 if labels:
                     converted["labels"] = labels
             elif key == "annotations":
@@ -130,7 +156,9 @@ class _Converter:
             self.spec["elasticPolicy"] = policy  # the spec model names the problem
             return
         for key, value in policy.items():
-            if key in ELASTIC_POLICY_FIELDS:
+            if key in NOT_TAKEN_FROM_ELASTIC_POLICY:
+                self.note(f"{path}.{key}", f"dropped: {NOT_TAKEN_FROM_ELASTIC_POLICY[key]}")
+            elif key in ELASTIC_POLICY_FIELDS:
                 self.section("elasticPolicy")[key] = value
             elif key == "scaleUpSnoozeTimeInSeconds":
                 self.section("elastic")[key] = value
@@ -153,11 +181,21 @@ class _Converter:
     def replica_specs(self, specs: Any, path: str) -> None:
         if not isinstance(specs, list) or not specs or not isinstance(specs[0], Mapping):
             raise HyperPodError(f"{path}: a HyperPodPyTorchJob needs a list of replica specs")
+        first = _priority_class(specs[0])
         for index in range(1, len(specs)):
             self.note(
                 f"{path}[{index}]",
                 f"dropped: resurge runs one kind of replica, taken from {path}[0] only",
             )
+            other = _priority_class(specs[index])
+            if other != first:
+                self.note(
+                    f"{path}[{index}].template.spec.priorityClassName",
+                    f"{other!r} dropped: a TrainingJob has one PriorityClass, so every "
+                    f"replica runs at {path}[0]'s {first!r} (spec.priorityClassName), "
+                    "those this replica spec would have added too (resurge's scaler does "
+                    "shrink an elastic job toward replicas.min before it suspends it)",
+                )
         self.replica_spec(specs[0], f"{path}[0]")
 
     def replica_spec(self, spec: Mapping[str, Any], path: str) -> None:
@@ -211,13 +249,18 @@ class _Converter:
         returns what is left of it, for ``spec.template``."""
         if not isinstance(container, Mapping):
             raise HyperPodError(f"{path}: not a mapping")
-        argv = list(container.get("command") or []) + list(container.get("args") or [])
+        self.container_path = path
+        kept_env = self.env(container.get("env") or [], f"{path}.env")
+        argv: list[Any] = []
+        for key in ("command", "args"):
+            argv += self.expanded(list(container.get(key) or []), f"{path}.{key}")
         if not argv:
             raise HyperPodError(
                 f"{path}: no command or args; resurge needs the training command "
                 "(the image's entrypoint is not known here)"
             )
-        self.command(argv, path)
+        has = {key: f"{path}.{key}" for key in ("command", "args") if container.get(key)}
+        self.command(argv, has.get("command", f"{path}.args"), has.get("args", f"{path}.command"))
         left = {k: v for k, v in container.items() if k not in ("command", "args", "env")}
         image = left.pop("image", None)
         if image:
@@ -229,56 +272,147 @@ class _Converter:
         for key in left:
             if key != "name":
                 self.note(f"{path}.{key}", _KEPT)
-        kept_env = self.env(container.get("env") or [], f"{path}.env")
         if kept_env:
             left["env"] = kept_env
         return left
 
     def env(self, entries: list[Any], path: str) -> list[Any]:
-        """Put plain ``name``/``value`` entries into ``spec.env``; returns the others."""
+        """Put plain ``name``/``value`` entries into ``spec.env``, their ``$(VAR)``
+        references expanded as Kubernetes does; returns the others."""
         kept = []
         for index, entry in enumerate(entries):
+            name = entry.get("name", "?") if isinstance(entry, Mapping) else "?"
+            self.env_names.add(str(name))
             if isinstance(entry, Mapping) and set(entry) <= {"name", "value"}:
+                value = entry.get("value", "")
+                if isinstance(value, str):
+                    value, missing = expand(value, self.env_values)
+                    self.unexpanded(missing, f"{path}[{index}] ({name})")
+                    entry = {**entry, "value": value} if "value" in entry else dict(entry)
                 self.spec.setdefault("env", []).append(dict(entry))
+                self.env_values[str(name)] = str(value)
             else:
-                name = entry.get("name", "?") if isinstance(entry, Mapping) else "?"
                 self.note(
                     f"{path}[{index}] ({name})",
                     f"{_KEPT}; spec.env takes a name and a value only",
                 )
                 kept.append(entry)
+                self.pod_env.add(str(name))
         return kept
 
-    def command(self, argv: list[Any], path: str) -> None:
+    def expanded(self, tokens: list[Any], path: str) -> list[Any]:
+        """``tokens`` of a command or args, ``$(VAR)`` expanded as Kubernetes does."""
+        out = []
+        for token in tokens:
+            if isinstance(token, str):
+                token, missing = expand(token, self.env_values)
+                self.unexpanded(missing, path)
+            out.append(token)
+        return out
+
+    def unexpanded(self, names: tuple[str, ...], path: str) -> None:
+        """Note references to variables only the pod defines (``valueFrom``)."""
+        pod = [f"$({name})" for name in dict.fromkeys(names) if name in self.pod_env]
+        if pod:
+            self.note(
+                path,
+                f"{', '.join(pod)} not expanded: Kubernetes fills it in from the pod "
+                "(valueFrom), and resurge's agent runs spec.command and spec.env as written",
+            )
+
+    def command(self, argv: list[Any], path: str, script_path: str) -> None:
+        """``spec.command`` from the container's ``argv``; ``path`` names where the
+        program is, ``script_path`` where a shell's script is (``args`` if given)."""
         launched = split_launcher([str(token) for token in argv])
         if launched is None:
-            self.spec["command"] = argv
-            self.shell_launcher(argv, path)
+            self.spec["command"] = self.shell_launchers(argv, script_path)
             return
         self.spec["command"] = list(launched.script)
-        said = " ".join((launched.launcher, *launched.options))
         what = (
-            f"the launcher `{said}` dropped: resurge's agent starts nprocPerNode workers as "
-            "torchrun would, so spec.command is the script's argv"
+            f"the launcher `{_said(launched)}` dropped: resurge's agent starts nprocPerNode "
+            "workers as torchrun would, so spec.command is the script's argv"
         )
+        self.note(path, what + self.launcher_nproc(launched))
+
+    def launcher_nproc(self, launched: Launched) -> str:
+        """Fill ``nprocPerNode`` from the launcher's ``--nproc-per-node``; what to say."""
         nproc = launched.nproc_per_node
         if nproc is not None and "nprocPerNode" not in self.spec:
             self.spec["nprocPerNode"] = nproc
-            what += f"; its --nproc-per-node {nproc} is spec.nprocPerNode"
-        elif nproc is not None and str(self.spec["nprocPerNode"]) != nproc:
-            what += f"; its --nproc-per-node {nproc} differs from nprocPerNode, which is kept"
-        self.note(f"{path}.command", what)
+            return f"; its --nproc-per-node {nproc} is spec.nprocPerNode"
+        if nproc is not None and str(self.spec["nprocPerNode"]) != nproc:
+            return f"; its --nproc-per-node {nproc} differs from nprocPerNode, which is kept"
+        return ""
 
-    def shell_launcher(self, argv: list[Any], path: str) -> None:
-        if PurePosixPath(str(argv[0])).name not in _SHELLS:
+    def shell_launchers(self, argv: list[Any], path: str) -> list[Any]:
+        """``argv``, with the launchers a shell script in it starts taken off."""
+        if not argv or PurePosixPath(str(argv[0])).name not in _SHELLS:
+            return argv
+        out: list[Any] = [argv[0]]
+        for token in argv[1:]:
+            if not isinstance(token, str):
+                out.append(token)
+                continue
+            taken = take_off_launchers(token)
+            if taken.left:
+                raise HyperPodError(
+                    f"{path}: this shell script starts {taken.left[0]} where resurge cannot "
+                    "take the launcher off (not as a command of its own, or with no script "
+                    "after its options): resurge runs spec.command once per worker, so edit "
+                    "it to run the training script itself"
+                )
+            for launched in taken.launched:
+                self.note(
+                    path,
+                    f"the launcher `{_said(launched)}` taken off this shell script, which "
+                    f"now runs `{_started(launched)} ...`: "
+                    "resurge's agent starts nprocPerNode workers and each runs spec.command, "
+                    "so the rest of the script runs once per worker too"
+                    + self.launcher_nproc(launched),
+                )
+            out.append(taken.script)
+        return out
+
+    def nnodes(self) -> None:
+        """Set ``NNODES`` as HyperPod does in every pod, where the job's size is fixed."""
+        if self.container_path is None or NNODES in self.env_names:
             return
-        found = [name for name in LAUNCHERS if any(name in str(token) for token in argv[1:])]
-        if found:
+        path = f"{self.container_path}.env"
+        policy = self.spec.get("elasticPolicy")
+        policy = policy if isinstance(policy, Mapping) else {}
+        replicas = self.spec.get("replicas", {})
+        low = policy.get("minReplicas", replicas.get("min"))
+        high = policy.get("maxReplicas", replicas.get("max", low))
+        if low is not None and str(low) == str(high) and str(low).isdigit():
+            self.spec.setdefault("env", []).append({"name": NNODES, "value": str(low)})
             self.note(
-                f"{path}.args",
-                f"kept as spec.command, but this shell script starts {found[0]}: resurge runs "
-                "spec.command once per worker, so edit it to run the training script itself",
+                path,
+                f"{NNODES}={low} added to spec.env: HyperPod sets it in every pod (the "
+                "job's replica count)",
             )
+        elif policy or "max" in replicas:
+            self.note(
+                path,
+                f"{NNODES}, which HyperPod sets in every pod to the job's replica count, is "
+                "not set: this job's size changes as it is resized; resurge gives each "
+                "worker GROUP_WORLD_SIZE, the replica count of its generation",
+            )
+
+
+def _priority_class(replica_spec: Any) -> Any:
+    template = replica_spec.get("template") if isinstance(replica_spec, Mapping) else None
+    pod = template.get("spec") if isinstance(template, Mapping) else None
+    return pod.get("priorityClassName") if isinstance(pod, Mapping) else None
+
+
+def _said(launched: Launched) -> str:
+    return " ".join((launched.launcher, *launched.options))
+
+
+def _started(launched: Launched) -> str:
+    """What the script runs now: ``python SCRIPT``, ``python -m MODULE`` or ``PROGRAM``."""
+    script = launched.script
+    return " ".join(script[: 3 if script[1:2] == ("-m",) else 2 if script[0] == "python" else 1])
 
 
 def _check_kind(document: Any) -> Mapping[str, Any]:
@@ -312,6 +446,7 @@ def convert_hyperpod(document: Any) -> Conversion:
     for key, handle in handlers.items():
         if key in spec:
             handle(spec[key], f"spec.{key}")
+    converter.nnodes()
     for key in spec:
         if key not in handlers:
             converter.note(f"spec.{key}", _NO_PLACE)
