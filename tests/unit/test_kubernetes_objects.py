@@ -69,9 +69,9 @@ def test_a_ready_node_with_a_monitor_report_is_schedulable_with_its_gpus() -> No
     assert info.labels["topology.kubernetes.io/zone"] == "a"
 
 
-def test_slots_are_the_monitors_capped_by_allocatable_gpus() -> None:
+def test_slots_are_the_allocatable_gpus_else_the_monitors() -> None:
     assert node_info(kube_node(gpus=6, report=report(slots=8))).slots == 6  # plugin lost two
-    assert node_info(kube_node(gpus=8, report=report(slots=4))).slots == 4
+    assert node_info(kube_node(gpus=8, report=report(slots=1))).slots == 8  # --gpus 1 caps none
     assert node_info(kube_node(gpus=None, report=report(slots=4))).slots == 4  # no plugin
     assert node_info(kube_node(gpus=8)).slots == 8  # no monitor yet
 
@@ -171,7 +171,7 @@ TRAINING_JOB: dict[str, Any] = {
                     {
                         "name": "trainer",
                         "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
-                        "resources": {"limits": {"memory": "64Gi"}},
+                        "resources": {"limits": {"memory": "64Gi", "nvidia.com/gpu": 8}},
                         "volumeMounts": [{"name": "data", "mountPath": "/data"}],
                     }
                 ],

@@ -9,6 +9,7 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from resurge.jobspec._base import SpecModel
+from resurge.jobspec.accelerator import ACCELERATOR_PATTERN, accelerator_problem
 from resurge.jobspec.elastic import ElasticSpec, fold_elastic_policy
 from resurge.jobspec.errors import describe
 from resurge.jobspec.monitoring import MonitoringSpec
@@ -81,6 +82,16 @@ class TrainingJobSpec(SpecModel):
         default=None,
         description="Pod template the workers' pods start from (Kubernetes only); free-form.",
     )
+    accelerator: str | None = Field(
+        default=None,
+        pattern=ACCELERATOR_PATTERN,
+        description="Kubernetes only: the extended resource each worker process takes one "
+        "device of; each pod requests nprocPerNode of it. Unset: the accelerator the "
+        "template's first container names in its resources (nvidia.com/gpu, a MIG "
+        "profile, amd.com/gpu, aws.amazon.com/neuron or neuroncore, ...), else none: a "
+        "CPU-only job, whose pods request no accelerator.",
+        examples=["nvidia.com/gpu", "aws.amazon.com/neuroncore", "nvidia.com/mig-1g.10gb"],
+    )
     nproc_per_node: int = Field(
         default=1, ge=1, alias="nprocPerNode", description="Worker processes per replica."
     )
@@ -130,6 +141,13 @@ class TrainingJobSpec(SpecModel):
     @classmethod
     def _hyperpod_elastic_policy(cls, data: Any) -> Any:
         return fold_elastic_policy(data)
+
+    @model_validator(mode="after")
+    def _one_accelerator(self) -> TrainingJobSpec:
+        problem = accelerator_problem(self.accelerator, self.template)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
 
 
 class Metadata(SpecModel):

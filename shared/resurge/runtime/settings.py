@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from resurge.contract.subjects import Subjects
+from resurge.jobspec.accelerator import ACCELERATOR_PATTERN
 
 __all__ = ["Settings"]
 
@@ -73,16 +74,8 @@ class Settings(BaseSettings):
     )
     kube_namespace: str = Field(
         default="default",
-        description="Kubernetes: the install's own namespace: its Leases are there, and a "
-        "TrainingJob there keeps its name on the bus (one in any other namespace is "
-        "'<namespace>/<name>' there, e.g. in `resurge status`).",
-    )
-    kube_namespaces: str = Field(
-        default="",
-        pattern=r"^\s*([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\s*(,\s*|$))*$",
-        description="Kubernetes: the namespaces whose TrainingJobs resurge runs, "
-        "comma-separated; empty: every namespace. A job's pods, Service, Events and "
-        "status are in its own namespace.",
+        description="Kubernetes: the namespace whose TrainingJobs resurge runs (their pods, "
+        "Services and Events go there too).",
     )
     kube_image: str = Field(
         default="resurge:latest",
@@ -97,6 +90,15 @@ class Settings(BaseSettings):
         "job's headless Service, MASTER_ADDR replica 0's. A job's pod template may set "
         "spec.hostNetwork itself, which wins. Read as a job is submitted: a running job "
         "keeps its network.",
+    )
+    kube_accelerator: str = Field(
+        default="nvidia.com/gpu",
+        pattern=ACCELERATOR_PATTERN,
+        description="Kubernetes: the extended resource a node's slots count (its "
+        "allocatable of it; a node that has none offers what its monitor reports). A "
+        "job's pods request the accelerator its spec names (spec.accelerator or its "
+        "template's resources; none for a CPU-only job); a job naming another than this "
+        "gets no pods (PodsRefused), as its slots would be counted in another resource.",
     )
     kube_agent_secret: str | None = Field(
         default=None,

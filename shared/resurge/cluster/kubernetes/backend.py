@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 from resurge.cluster.kubernetes.api import MERGE_PATCH, KubeApi, api_client, conflict, json_of
 from resurge.cluster.kubernetes.controller import Controller
-from resurge.cluster.kubernetes.identity import parse_namespaces
 from resurge.cluster.kubernetes.informer import Informer, informer
 from resurge.cluster.kubernetes.leader import LeaderElector, leading_gauge
 from resurge.cluster.kubernetes.node_lease import (
@@ -124,8 +123,7 @@ class KubernetesBackend:
                 f"RESURGE_CLUSTER=kubernetes: no cluster to talk to ({error}); run inside a "
                 "pod with a service account, or set KUBECONFIG"
             ) from error
-        served = parse_namespaces(settings.kube_namespaces)
-        kube = KubeApi(api, settings.kube_namespace, served)
+        kube = KubeApi(api, settings.kube_namespace)
         return cls(bus, await LocalBackend.open(bus), kube, settings)
 
     # -- nodes ----------------------------------------------------------------------------
@@ -169,7 +167,7 @@ class KubernetesBackend:
             if last is not None and last[:2] == (version, when):
                 info = last[2]
             else:
-                info = node_info(node, when)
+                info = node_info(node, when, self.settings.kube_accelerator)
             # Not kept where node_info stamps the heartbeat now (nothing in the Node dates
             # it): every read would stamp it anew.
             if version and (when is not None or parse_time(meta.get("creationTimestamp"))):
@@ -360,12 +358,12 @@ class KubernetesBackend:
     # -- worker groups (records; the controller makes them pods) ------------------------
 
     def worker_domain(self, job: TrainingJob) -> str | None:
-        """The job's Service domain in its namespace, where its pods are on the pod
+        """The job's Service domain in this namespace, where its pods are on the pod
         network (:func:`~.objects.host_network` of its template and the settings); None
         on the host network, where a group is reached at its node's address."""
         if host_network(job.spec.template, self.settings.kube_host_network):
             return None
-        return worker_domain(job.name, job.metadata.namespace)
+        return worker_domain(job.name, self.namespace)
 
     async def list_worker_groups(self, job: str | None = None) -> list[WorkerGroupSpec]:
         """Every worker group record, or only ``job``'s."""
@@ -402,13 +400,12 @@ class KubernetesBackend:
         if not await self.kube.update_training_job_status(job, change):
             return
         training_job, update = tried[-1]
-        namespace = self.kube.locate(job)[0]
         for event in event_manifests(training_job, update.before, update.after):
             with contextlib.suppress(BackendError):  # an Event is a courtesy, not state
                 await self.kube.call(
                     f"record an Event on {job}",
                     self.kube.core.create_namespaced_event,
-                    namespace,
+                    self.namespace,
                     event,
                     _preload_content=False,
                 )
@@ -418,7 +415,7 @@ class KubernetesBackend:
         return await self.records.read_job_status(job)
 
     async def training_job(self, job: str) -> dict[str, Any] | None:
-        """The TrainingJob whose bus name is ``job`` (:mod:`.identity`); None if none is."""
+        """The TrainingJob named ``job`` in the backend's namespace; None if none is."""
         return await self.kube.training_job(job)
 
     # -- changes ------------------------------------------------------------------------
@@ -438,7 +435,7 @@ class KubernetesBackend:
             if kind == SYNCED:
                 synced.set()
             elif node is None or _node_name(obj) == node:
-                await queue.put(_node_change(kind, obj))
+                await queue.put(_node_change(kind, obj, self.settings.kube_accelerator))
 
         async def groups() -> None:
             await synced.wait()  # the nodes as they are come first
@@ -503,10 +500,11 @@ def _node_name(obj: dict[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("name"))
 
 
-def _node_change(kind: str, obj: dict[str, Any]) -> ClusterChange:
+def _node_change(kind: str, obj: dict[str, Any], accelerator: str) -> ClusterChange:
     if kind == "DELETED":
         return ClusterChange(kind="node", deleted=True, node=_node_name(obj))
-    return ClusterChange(kind="node", node=_node_name(obj), node_info=node_info(obj))
+    info = node_info(obj, accelerator=accelerator)
+    return ClusterChange(kind="node", node=_node_name(obj), node_info=info)
 
 
 async def _no_node(name: str) -> NodeInfo | None:

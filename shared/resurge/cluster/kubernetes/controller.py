@@ -3,9 +3,8 @@
 Run by the scaler (:meth:`~.backend.KubernetesBackend.reconcile`) until cancelled; three loops,
 each over a watch that resumes and relists (:mod:`.watch`):
 
-- **TrainingJobs** of the served namespaces (:mod:`.scope`: every one, or those of
-  ``RESURGE_KUBE_NAMESPACES``) become job submissions and deletions on the bus
-  (:mod:`.jobs`); a job's pods and Service are made in its TrainingJob's namespace.
+- **TrainingJobs** of the backend's namespace become job submissions and deletions on
+  the bus (:mod:`.jobs`).
 - **Pods** are kept in line with the worker-group records: each record has exactly one
   pod carrying its spec (:func:`~.objects.pod_manifest`); a pod whose spec
   is not its record's (a new incarnation, another node) or whose record is gone is
@@ -29,9 +28,8 @@ from typing import TYPE_CHECKING, Any
 from kubernetes.client.exceptions import ApiException
 
 from resurge.cluster.kubernetes.api import KubeApi, conflict
-from resurge.cluster.kubernetes.identity import local_name
 from resurge.cluster.kubernetes.informer import informer
-from resurge.cluster.kubernetes.jobs import TrainingJobs, name_of, namespace_of
+from resurge.cluster.kubernetes.jobs import TrainingJobs, name_of
 from resurge.cluster.kubernetes.objects import (
     JOB_LABEL,
     group_of_pod,
@@ -41,12 +39,12 @@ from resurge.cluster.kubernetes.objects import (
     pod_manifest,
     pod_name,
 )
-from resurge.cluster.kubernetes.scope import Served
-from resurge.cluster.kubernetes.watch import SYNCED, drain, raise_if_cancelled
+from resurge.cluster.kubernetes.watch import SYNCED, drain, follow, raise_if_cancelled
 from resurge.cluster.local.watch import watch_changes
 from resurge.cluster.names import service_name
 from resurge.cluster.protocol import BackendError, WorkerGroupSpec
 from resurge.events import CapacityChanged
+from resurge.jobspec.accelerator import job_accelerator
 
 if TYPE_CHECKING:
     from resurge.cluster.local.backend import LocalBackend
@@ -63,8 +61,6 @@ KUEUE_GATE_PREFIX = "kueue.x-k8s.io/"
 
 # A group's key: (job, replica).
 Key = tuple[str, int]
-# A pod's key: (namespace, name).
-PodKey = tuple[str, str]
 
 # A refused pod is tried again after this long, doubled each time up to the most.
 _RETRY_FIRST_SECONDS = 1.0
@@ -104,12 +100,12 @@ class Controller:
         self.bus = bus
         self.records = records
         self.settings = settings
+        self.namespace = kube.namespace
         self.desired: dict[Key, WorkerGroupSpec] = {}
-        self.pods: dict[PodKey, tuple[Key, WorkerGroupSpec, dict[str, Any]]] = {}
-        self.deleting: set[PodKey] = set()
+        self.pods: dict[str, tuple[Key, WorkerGroupSpec, dict[str, Any]]] = {}
+        self.deleting: set[str] = set()
         self.services: set[str] = set()
         self.jobs = TrainingJobs(kube, bus, records)
-        self.served = Served(kube)
         self.gated: set[str] = set()  # jobs with a pod Kueue has not admitted yet
         self._backoff: dict[Key, float] = {}  # seconds before a refused pod is tried again
         self._queue: asyncio.Queue[tuple[str, Any]] | None = None
@@ -142,12 +138,15 @@ class Controller:
         synced = asyncio.Event()
 
         async def pods() -> None:
-            async with contextlib.aclosing(self.served.pods(JOB_LABEL)) as changes:
-                async for kind, obj in changes:
-                    if kind == SYNCED:
-                        synced.set()
-                    else:
-                        await queue.put((kind, obj))
+            async for kind, obj in follow(
+                self.kube.core.list_namespaced_pod,
+                namespace=self.namespace,
+                label_selector=JOB_LABEL,
+            ):
+                if kind == SYNCED:
+                    synced.set()
+                else:
+                    await queue.put((kind, obj))
 
         async def groups() -> None:
             await synced.wait()
@@ -184,7 +183,7 @@ class Controller:
             elif item.worker_group is not None:
                 self.desired[key] = item.worker_group
             return [key]
-        name = (namespace_of(item), _name(item))
+        name = _name(item)
         spec = group_of_pod(item)
         if kind == "DELETED":
             self.deleting.discard(name)
@@ -230,15 +229,11 @@ class Controller:
             if name not in self.deleting:
                 self.deleting.add(name)
                 await self._delete_pod(name)
-        if wanted is not None and not keep and self._pod_key(wanted) not in self.pods:
+        if wanted is not None and not keep and pod_name(wanted) not in self.pods:
             await self._create_pod(wanted)
         job = key[0]
         if not any(k[0] == job for k in self.desired) and job in self.services:
             await self._delete_service(job)
-
-    def _pod_key(self, spec: WorkerGroupSpec) -> PodKey:
-        """Where the pod of ``spec`` is: its TrainingJob's namespace, and its name."""
-        return self.kube.locate(spec.job)[0], pod_name(spec)
 
     async def _create_pod(self, spec: WorkerGroupSpec) -> None:
         """The pod of ``spec`` (and its job's Service), only ever with its TrainingJob as
@@ -278,12 +273,20 @@ class Controller:
 
     async def _make_pod(self, spec: WorkerGroupSpec, training_job: dict[str, Any]) -> None:
         settings = self.settings
+        accelerator = job_accelerator(training_job.get("spec"))
+        if accelerator is not None and accelerator != settings.kube_accelerator:
+            # Its slots would be counted in another resource than its pods request.
+            raise Refused(
+                "Pod",
+                f"resurge creates no pod: the job's accelerator is {accelerator} (its "
+                "spec.accelerator or template), but this installation counts nodes' slots "
+                f"in {settings.kube_accelerator} (RESURGE_KUBE_ACCELERATOR)",
+            )
         if spec.job not in self.services:
             await self._create(
                 "Service",
                 self.kube.core.create_namespaced_service,
-                job_service(local_name(spec.job), training_job),
-                namespace_of(training_job),
+                job_service(spec.job, training_job),
             )
             self.services.add(spec.job)
         agent_env = {
@@ -299,9 +302,7 @@ class Controller:
             settings.kube_image,
             agent_secret=settings.kube_agent_secret,
         )
-        created = await self._create(
-            "Pod", self.kube.core.create_namespaced_pod, manifest, namespace_of(training_job)
-        )
+        created = await self._create("Pod", self.kube.core.create_namespaced_pod, manifest)
         log.info(
             "%s pod %s for %s replica %d on %s",
             "created" if created else "found existing",
@@ -312,14 +313,14 @@ class Controller:
             extra={"job": spec.job},
         )
 
-    async def _create(self, what: str, fn: Any, body: dict[str, Any], namespace: str) -> bool:
-        """Create ``body`` in ``namespace``; False if it already existed (409), which is
-        not an error; :class:`Refused` where the API refuses it (any other 4xx)."""
+    async def _create(self, what: str, fn: Any, body: dict[str, Any]) -> bool:
+        """Create ``body``; False if it already existed (409), which is not an error;
+        :class:`Refused` where the API refuses it (any other 4xx)."""
         try:
             await self.kube.call(
-                f"create {what} {namespace}/{body['metadata']['name']}",
+                f"create {what} {body['metadata']['name']}",
                 fn,
-                namespace,
+                self.namespace,
                 body,
                 _preload_content=False,
             )
@@ -332,21 +333,16 @@ class Controller:
             return False
         return True
 
-    async def _delete_pod(self, pod: PodKey) -> None:
-        namespace, name = pod
+    async def _delete_pod(self, name: str) -> None:
         await self.kube.delete(
-            f"delete pod {namespace}/{name}", self.kube.core.delete_namespaced_pod, name, namespace
+            f"delete pod {name}", self.kube.core.delete_namespaced_pod, name, self.namespace
         )
 
     async def _delete_service(self, job: str) -> None:
         self.services.discard(job)
-        namespace, local = self.kube.locate(job)
-        name = service_name(local)
+        name = service_name(job)
         await self.kube.delete(
-            f"delete Service {namespace}/{name}",
-            self.kube.core.delete_namespaced_service,
-            name,
-            namespace,
+            f"delete Service {name}", self.kube.core.delete_namespaced_service, name, self.namespace
         )
 
     # -- nodes ----------------------------------------------------------------------------
@@ -365,7 +361,7 @@ class Controller:
                 await self._capacity(name, 0, 0, False, {})
                 raise_if_cancelled()
                 continue
-            info = node_info(obj)
+            info = node_info(obj, accelerator=self.settings.kube_accelerator)
             healthy = node_ready(obj) and info.schedulable
             state = (healthy, info.slots, info.labels)
             if told.get(name) == state:

@@ -1,7 +1,9 @@
 """How resurge's records look as Kubernetes objects, and back: pure functions, no I/O.
 
-- A Node is a :class:`NodeInfo`: slots are the node monitor's GPUs, capped by the
-  node's allocatable ``nvidia.com/gpu`` where the device plugin reports it; healthy
+- A Node is a :class:`NodeInfo`: slots are the node's allocatable of the accelerator
+  resource the installation counts (the ``kube_accelerator`` setting, ``nvidia.com/gpu``
+  by default) where a device plugin advertises it, else what its monitor reports (a
+  node of kind or an emulator, whose monitor simulates GPUs); healthy
   means Ready (a node with no Ready condition yet counts as ready), not tainted
   ``resurge.dev/unhealthy``, and healthy as its monitor last said; cordoned means
   ``spec.unschedulable`` or the unhealthy taint, with the reason kept in an annotation.
@@ -14,11 +16,10 @@
   meanwhile is never overwritten. Uncordon removes only what resurge added: its taint,
   its reason, and ``spec.unschedulable`` only where resurge set it (annotation
   ``resurge.dev/cordon-unschedulable``), never an administrator's own cordon.
-- A worker group is a pod pinned to its node by required node affinity, requesting its
-  GPUs, whose container runs ``resurge-node-agent launch`` with the group's spec in
-  ``RESURGE_WORKER_GROUP`` (its job's bus name, :mod:`.identity`); labels
-  ``resurge.dev/job`` (the TrainingJob's name in its namespace, as is the pod's name)
-  and ``resurge.dev/replica``;
+- A worker group is a pod pinned to its node by required node affinity, requesting
+  ``nproc`` of its job's accelerator (:mod:`resurge.jobspec.accelerator`: none for a
+  CPU-only job), whose container runs ``resurge-node-agent launch`` with the group's spec in
+  ``RESURGE_WORKER_GROUP``; labels ``resurge.dev/job`` and ``resurge.dev/replica``;
   owned by the TrainingJob when there is one, which also gives the image, the pod
   template, the Kueue queue and the PriorityClass.
 - A job has a headless Service selecting its pods (publishing not-ready ones), named
@@ -44,10 +45,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from resurge.cluster.kubernetes.identity import local_name
 from resurge.cluster.kubernetes.times import parse_time
 from resurge.cluster.names import group_digest, service_name, worker_hostname
 from resurge.cluster.protocol import WORKER_GROUP_ENV, NodeInfo, WorkerGroupSpec
+from resurge.jobspec.accelerator import job_accelerator
 
 __all__ = [
     "CORDON_REASON_ANNOTATION",
@@ -82,6 +83,8 @@ CORDON_REASON_ANNOTATION = f"{GROUP}/cordon-reason"
 CORDON_UNSCHEDULABLE_ANNOTATION = f"{GROUP}/cordon-unschedulable"
 MONITOR_ANNOTATION = f"{GROUP}/monitor"
 GROUP_ANNOTATION = f"{GROUP}/worker-group"
+# The accelerator resource a node's slots count unless the installation names another
+# (the kube_accelerator setting).
 GPU_RESOURCE = "nvidia.com/gpu"
 CONTAINER = "agent"
 
@@ -145,11 +148,14 @@ def _taints(node: dict[str, Any]) -> list[dict[str, Any]]:
     return _objects(_mapping(node.get("spec")).get("taints"))
 
 
-def node_info(node: dict[str, Any], renewed: datetime | None = None) -> NodeInfo:
+def node_info(
+    node: dict[str, Any], renewed: datetime | None = None, accelerator: str = GPU_RESOURCE
+) -> NodeInfo:
     """The :class:`NodeInfo` of a Node object; ``renewed``: when its monitor last renewed
-    the node's Lease (the heartbeat), if it has one.
+    the node's Lease (the heartbeat), if it has one; ``accelerator``: the resource its
+    slots count (the ``kube_accelerator`` setting).
 
-    A malformed part reads as missing (an allocatable GPU count that is not a whole
+    A malformed part reads as missing (an allocatable count that is not a whole
     number as 0 slots), so one odd Node never stops the watch that reads the others."""
     node = _mapping(node)
     meta = _mapping(node.get("metadata"))
@@ -168,7 +174,7 @@ def node_info(node: dict[str, Any], renewed: datetime | None = None) -> NodeInfo
         )
     return NodeInfo(
         name=str(meta.get("name")),
-        slots=_slots(report, _mapping(status.get("allocatable")).get(GPU_RESOURCE)),
+        slots=_slots(report, _mapping(status.get("allocatable")).get(accelerator)),
         healthy=ready and not cordoned and (report is None or report.healthy),
         cordoned=cordoned,
         cordon_reason=str(annotations.get(CORDON_REASON_ANNOTATION) or "") if cordoned else "",
@@ -183,13 +189,12 @@ def node_info(node: dict[str, Any], renewed: datetime | None = None) -> NodeInfo
 
 
 def _slots(report: MonitorReport | None, allocatable: object) -> int:
-    """The slots the monitor reports, at most the GPUs the kubelet says are allocatable
-    (those alone where no monitor reported)."""
-    slots = report.slots if report is not None else 0
+    """The devices the kubelet says are allocatable, where it says any (the scheduler
+    places the pods by them: a monitor's count, such as its ``--gpus`` default, never
+    caps them); else the slots the monitor reports (0 where none did)."""
     if allocatable is not None:
-        gpus = _count(allocatable)
-        slots = min(slots, gpus) if report is not None else gpus
-    return slots
+        return _count(allocatable)
+    return report.slots if report is not None else 0
 
 
 def _internal_ip(status: dict[str, Any]) -> str | None:
@@ -291,7 +296,7 @@ def resurge_cordon(node: dict[str, Any]) -> bool:
 def pod_name(spec: WorkerGroupSpec) -> str:
     """``<job>-<replica>-<hash of node and incarnation>``: a recreated or moved group
     gets a new pod, never one that clashes with its predecessor while that one ends."""
-    return f"{local_name(spec.job)[:230]}-{spec.replica}-{group_digest(spec)}"
+    return f"{spec.job[:230]}-{spec.replica}-{group_digest(spec)}"
 
 
 def host_network(template: dict[str, Any] | None, default: bool) -> bool:
@@ -336,9 +341,9 @@ def pod_manifest(
     """The pod of worker group ``spec``.
 
     The TrainingJob's ``spec.template`` is the starting point (its first container
-    becomes the agent's); resurge sets the name, labels, node affinity, GPUs, command
-    and environment over it, and its networking (the module docstring: the group's
-    ``domain`` decides). ``agent_env`` is the
+    becomes the agent's); resurge sets the name, labels, node affinity, the count of
+    the job's accelerator, command and environment over it, and its networking (the
+    module docstring: the group's ``domain`` decides). ``agent_env`` is the
     agent's connection settings; ``agent_secret`` names the Secret whose ``user`` and
     ``password`` keys are the agent role's NATS user (``RESURGE_NATS_USER`` and
     ``RESURGE_NATS_PASSWORD``)."""
@@ -347,7 +352,7 @@ def pod_manifest(
     meta = template.get("metadata") or {}
     pod_spec = template.get("spec") or {}
     labels = dict(meta.get("labels") or {})
-    labels.update({JOB_LABEL: local_name(spec.job), REPLICA_LABEL: str(spec.replica)})
+    labels.update({JOB_LABEL: spec.job, REPLICA_LABEL: str(spec.replica)})
     if job_spec.get("queue"):
         labels[QUEUE_LABEL] = str(job_spec["queue"])
     annotations = dict(meta.get("annotations") or {})
@@ -361,7 +366,9 @@ def pod_manifest(
             "image": image,
             "command": ["resurge-node-agent", "launch"],
             "env": _agent_env(container.get("env") or [], spec, agent_env, agent_secret),
-            "resources": _with_gpus(container.get("resources") or {}, spec.nproc),
+            "resources": _with_accelerator(
+                container.get("resources") or {}, job_accelerator(job_spec), spec.nproc
+            ),
         }
     )
     container.pop("args", None)
@@ -408,11 +415,16 @@ def _agent_env(
     return env
 
 
-def _with_gpus(resources: dict[str, Any], gpus: int) -> dict[str, Any]:
-    """A copy of a container's ``resources`` requesting and limited to ``gpus`` GPUs."""
+def _with_accelerator(
+    resources: dict[str, Any], accelerator: str | None, count: int
+) -> dict[str, Any]:
+    """A copy of a container's ``resources`` requesting and limited to ``count`` devices
+    of ``accelerator`` (what the template wrote for it replaced); as it is where the job
+    has no accelerator."""
     resources = copy.deepcopy(resources)
-    for kind in ("requests", "limits"):
-        resources.setdefault(kind, {})[GPU_RESOURCE] = str(gpus)
+    if accelerator is not None:
+        for kind in ("requests", "limits"):
+            resources.setdefault(kind, {})[accelerator] = str(count)
     return resources
 
 
@@ -431,7 +443,7 @@ def _network(pod_spec: dict[str, Any], spec: WorkerGroupSpec) -> None:
     else:
         pod_spec.pop("hostNetwork", None)  # at most false: the job got a domain for it
         pod_spec["hostname"] = worker_hostname(spec)
-        pod_spec["subdomain"] = service_name(local_name(spec.job))
+        pod_spec["subdomain"] = service_name(spec.job)
 
 
 def group_of_pod(pod: dict[str, Any]) -> WorkerGroupSpec | None:
