@@ -359,3 +359,10 @@ def test_parsing_leaves_the_document_as_it_was() -> None:
     before = copy.deepcopy(document)
     parse_job(document)
     assert document == before
+
+
+def test_hyperpods_scaling_timeout_in_spec_elastic_says_what_it_means() -> None:
+    """Not "did you mean scalingTimeoutSeconds": that is another setting."""
+    message = rejected(elastic={"scalingTimeoutInSeconds": 60})
+    assert "spec.elastic: scalingTimeoutInSeconds: HyperPod waits this long" in message
+    assert "did you mean" not in message

@@ -83,6 +83,14 @@ class ElasticSpec(SpecModel):
         examples=[300.0],
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_hyperpod_name_of_another_meaning(cls, data: Any) -> Any:
+        for key in data if isinstance(data, Mapping) else ():
+            if key in NOT_TAKEN_FROM_ELASTIC_POLICY:
+                raise ValueError(f"{key}: {NOT_TAKEN_FROM_ELASTIC_POLICY[key]}: remove it")
+        return data
+
 
 class _ElasticPolicy(SpecModel):
     """HyperPod's ``elasticPolicy`` block, checked in HyperPod's names before it is folded."""
