@@ -419,7 +419,12 @@ def test_each_role_grants_what_its_service_needs_and_no_more(scratch: Path) -> N
 
     docs = build("base", scratch)
     roles = {role["metadata"]["name"]: grants(role) for role in of_kind(docs, "ClusterRole")}
-    assert set(roles) == {"resurge-restarter", "resurge-scaler", "resurge-node-monitor"}
+    assert set(roles) == {
+        "resurge-restarter",
+        "resurge-scaler",
+        "resurge-scaler-jobs",
+        "resurge-node-monitor",
+    }
     assert not of_kind(docs, "Role") and not of_kind(docs, "RoleBinding")
     # The monitor reports on its node and renews the node's Lease (its heartbeat); it never
     # registers a node (a kubelet has) and watches nothing.
@@ -440,20 +445,28 @@ def test_each_role_grants_what_its_service_needs_and_no_more(scratch: Path) -> N
         ("coordination.k8s.io", "leases", "list"),
         ("coordination.k8s.io", "leases", "watch"),
     }
-    # The scaler reads nodes, never writes them; only it makes pods and Services.
-    assert {verb for _, resource, verb in roles["resurge-scaler"] if resource == "nodes"} == {
-        "list",
-        "watch",
+    # What the scaler does in the jobs' namespaces is a role of its own, which a
+    # RoleBinding per namespace can grant instead of the ClusterRoleBinding
+    # (deploy/README.md, "Serving only some namespaces"): namespaced resources only.
+    in_jobs_namespaces = roles["resurge-scaler-jobs"]
+    assert {resource for _, resource, _ in in_jobs_namespaces} == {
+        "pods",
+        "services",
+        "events",
+        "trainingjobs",
+        "trainingjobs/status",
     }
+    scaler = roles["resurge-scaler"] | in_jobs_namespaces
+    # The scaler reads nodes, never writes them; only it makes pods and Services.
+    assert {verb for _, resource, verb in scaler if resource == "nodes"} == {"list", "watch"}
     for resource in ("pods", "services"):
         for verb in ("create", "delete"):
-            assert ("", resource, verb) in roles["resurge-scaler"]
-    assert ("resurge.dev", "trainingjobs/status", "patch") in roles["resurge-scaler"]
+            assert ("", resource, verb) in in_jobs_namespaces
+    assert ("resurge.dev", "trainingjobs/status", "patch") in in_jobs_namespaces
     # It reads the TrainingJobs and patches one only for its finalizer: it never creates,
     # replaces or deletes one (that is the user's).
     assert not any(
-        r == "trainingjobs" and v not in {"get", "list", "watch", "patch"}
-        for _, r, v in roles["resurge-scaler"]
+        r == "trainingjobs" and v not in {"get", "list", "watch", "patch"} for _, r, v in scaler
     )
     everything = set().union(*roles.values())
     assert not any(resource in {"secrets", "configmaps"} for _, resource, _ in everything)

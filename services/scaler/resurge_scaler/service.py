@@ -223,26 +223,29 @@ class Scaler:
         replicas.max. An edit
         (``update``) never starts a job: one that finished, or has no record, is left."""
         job = event.spec
-        found = await self.store.get(job.name)
+        # The name it was submitted under: on Kubernetes the TrainingJob's bus name
+        # (``team-b/llama`` outside the install's namespace), not only metadata.name.
+        name = event.job or job.name
+        found = await self.store.get(name)
         if event.update and (found is None or found[0].phase.finished):
             self.ctx.log.info(
                 "%s: an edit of a job that is %s: not started again",
-                job.name,
+                name,
                 "gone" if found is None else found[0].phase.value,
-                extra={"job": job.name},
+                extra={"job": name},
             )
             return
         if found is not None and not found[0].phase.finished:
-            await self.store.mutate(job.name, partial(update_live, job=job))
+            await self.store.mutate(name, partial(update_live, job=job))
             self.ctx.log.info(
                 "%s is already %s: monitoring settings and replicas.max taken, the rest kept",
-                job.name,
+                name,
                 found[0].phase.value,
             )
             return
         # The run is named by the submission that started it: `resurge status JOB --uid`
         # finds it in the job stream after its record is gone.
-        record = new_record(job, found[0] if found else None).model_copy(
+        record = new_record(job, found[0] if found else None, name).model_copy(
             update={"uid": event.id, "worker_domain": self.backend.worker_domain(job)}
         )
         written = (
@@ -251,7 +254,7 @@ class Scaler:
             else await self.store.replace(record, found[1])
         )
         if not written:
-            raise TransientError(f"job record {job.name} changed while admitting it")
+            raise TransientError(f"job record {name} changed while admitting it")
         await announce_phase(self.bus, None, record)
         await self.settle()
 

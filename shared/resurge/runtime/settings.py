@@ -74,8 +74,16 @@ class Settings(BaseSettings):
     )
     kube_namespace: str = Field(
         default="default",
-        description="Kubernetes: the namespace whose TrainingJobs resurge runs (their pods, "
-        "Services and Events go there too).",
+        description="Kubernetes: the install's own namespace: its Leases are there, and a "
+        "TrainingJob there keeps its name on the bus (one in any other namespace is "
+        "'<namespace>/<name>' there, e.g. in `resurge status`).",
+    )
+    kube_namespaces: str = Field(
+        default="",
+        pattern=r"^\s*([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\s*(,\s*|$))*$",
+        description="Kubernetes: the namespaces whose TrainingJobs resurge runs, "
+        "comma-separated; empty: every namespace. A job's pods, Service, Events and "
+        "status are in its own namespace.",
     )
     kube_image: str = Field(
         default="resurge:latest",

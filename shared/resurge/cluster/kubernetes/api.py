@@ -1,12 +1,14 @@
 """The Kubernetes API as resurge uses it: the TrainingJob CRD's names, the client of the
 cluster resurge runs in, and :class:`KubeApi`, which makes each call of the official
-client off the event loop in one namespace, a refusal becoming a
+client off the event loop, a refusal becoming a
 :class:`~resurge.cluster.protocol.BackendError` that names what was attempted (a 404
 stays an ``ApiException``: absent is an answer, which :meth:`KubeApi.read` and
 :meth:`KubeApi.delete` turn into None and False). The backend and its controller both
 talk to the cluster through it; every writer of a TrainingJob's status writes through
 :meth:`KubeApi.update_training_job_status` (read, change, patch with the
-resourceVersion read as a precondition, again on 409)."""
+resourceVersion read as a precondition, again on 409). A TrainingJob is named by its
+bus name (:mod:`.identity`): ``llama`` in the install's own namespace, ``team-b/llama``
+in another."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
+from resurge.cluster.kubernetes.identity import kube_name
 from resurge.cluster.protocol import BackendError
 
 __all__ = [
@@ -82,15 +85,23 @@ def conflict(error: Exception) -> bool:
 
 
 class KubeApi:
-    """The core, coordination (Leases) and custom-object APIs of one client, in one
-    namespace."""
+    """The core, coordination (Leases) and custom-object APIs of one client.
+    ``namespace`` is the install's own (its Leases; a TrainingJob there keeps its name
+    on the bus); ``namespaces`` those whose TrainingJobs it serves, None: every one."""
 
-    def __init__(self, api: k8s.ApiClient, namespace: str) -> None:
+    def __init__(
+        self, api: k8s.ApiClient, namespace: str, namespaces: tuple[str, ...] | None = None
+    ) -> None:
         self.api = api
         self.core = k8s.CoreV1Api(api)
         self.coordination = k8s.CoordinationV1Api(api)
         self.custom = k8s.CustomObjectsApi(api)
         self.namespace = namespace
+        self.namespaces = namespaces
+
+    def locate(self, job: str) -> tuple[str, str]:
+        """The namespace and name of the TrainingJob whose bus name is ``job``."""
+        return kube_name(job, self.namespace)
 
     async def call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` in a thread; an error but 404 as a BackendError
@@ -126,17 +137,18 @@ class KubeApi:
         return True
 
     async def training_job(self, job: str) -> dict[str, Any] | None:
-        """The TrainingJob named ``job`` in the namespace; None if none is (a job
-        submitted with ``resurge submit``, or a name no object can have)."""
+        """The TrainingJob whose bus name is ``job``; None if none is (a job submitted
+        with ``resurge submit``, or a name no object can have)."""
+        namespace, name = self.locate(job)
         try:
             return await self.read(
                 f"read TrainingJob {job}",
                 self.custom.get_namespaced_custom_object,
                 CRD_GROUP,
                 CRD_VERSION,
-                self.namespace,
+                namespace,
                 CRD_PLURAL,
-                job,
+                name,
             )
         except ValueError:  # a name the client refuses to put in a path
             return None
@@ -150,6 +162,7 @@ class KubeApi:
         writer came first) the object is read again and ``change`` called anew. Whether
         it was written (False: the TrainingJob is gone, nothing to write, or every one of
         :data:`STATUS_WRITE_ATTEMPTS` attempts lost its race, which is logged)."""
+        namespace, name = self.locate(job)
         for _ in range(STATUS_WRITE_ATTEMPTS):
             training_job = await self.training_job(job)
             if training_job is None:
@@ -165,9 +178,9 @@ class KubeApi:
                     self.custom.patch_namespaced_custom_object_status,
                     CRD_GROUP,
                     CRD_VERSION,
-                    self.namespace,
+                    namespace,
                     CRD_PLURAL,
-                    job,
+                    name,
                     body,
                     _content_type=MERGE_PATCH,
                 )

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from resurge.cluster.kubernetes.api import MERGE_PATCH, KubeApi, api_client, conflict, json_of
 from resurge.cluster.kubernetes.controller import Controller
+from resurge.cluster.kubernetes.identity import parse_namespaces
 from resurge.cluster.kubernetes.informer import Informer, informer
 from resurge.cluster.kubernetes.leader import LeaderElector, leading_gauge
 from resurge.cluster.kubernetes.node_lease import (
@@ -123,7 +124,8 @@ class KubernetesBackend:
                 f"RESURGE_CLUSTER=kubernetes: no cluster to talk to ({error}); run inside a "
                 "pod with a service account, or set KUBECONFIG"
             ) from error
-        kube = KubeApi(api, settings.kube_namespace)
+        served = parse_namespaces(settings.kube_namespaces)
+        kube = KubeApi(api, settings.kube_namespace, served)
         return cls(bus, await LocalBackend.open(bus), kube, settings)
 
     # -- nodes ----------------------------------------------------------------------------
@@ -358,12 +360,12 @@ class KubernetesBackend:
     # -- worker groups (records; the controller makes them pods) ------------------------
 
     def worker_domain(self, job: TrainingJob) -> str | None:
-        """The job's Service domain in this namespace, where its pods are on the pod
+        """The job's Service domain in its namespace, where its pods are on the pod
         network (:func:`~.objects.host_network` of its template and the settings); None
         on the host network, where a group is reached at its node's address."""
         if host_network(job.spec.template, self.settings.kube_host_network):
             return None
-        return worker_domain(job.name, self.namespace)
+        return worker_domain(job.name, job.metadata.namespace)
 
     async def list_worker_groups(self, job: str | None = None) -> list[WorkerGroupSpec]:
         """Every worker group record, or only ``job``'s."""
@@ -400,12 +402,13 @@ class KubernetesBackend:
         if not await self.kube.update_training_job_status(job, change):
             return
         training_job, update = tried[-1]
+        namespace = self.kube.locate(job)[0]
         for event in event_manifests(training_job, update.before, update.after):
             with contextlib.suppress(BackendError):  # an Event is a courtesy, not state
                 await self.kube.call(
                     f"record an Event on {job}",
                     self.kube.core.create_namespaced_event,
-                    self.namespace,
+                    namespace,
                     event,
                     _preload_content=False,
                 )
@@ -415,7 +418,7 @@ class KubernetesBackend:
         return await self.records.read_job_status(job)
 
     async def training_job(self, job: str) -> dict[str, Any] | None:
-        """The TrainingJob named ``job`` in the backend's namespace; None if none is."""
+        """The TrainingJob whose bus name is ``job`` (:mod:`.identity`); None if none is."""
         return await self.kube.training_job(job)
 
     # -- changes ------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 Run by the scaler (:meth:`~.backend.KubernetesBackend.reconcile`) until cancelled; three loops,
 each over a watch that resumes and relists (:mod:`.watch`):
 
-- **TrainingJobs** of the backend's namespace become job submissions and deletions on
-  the bus (:mod:`.jobs`).
+- **TrainingJobs** of the served namespaces (:mod:`.scope`: every one, or those of
+  ``RESURGE_KUBE_NAMESPACES``) become job submissions and deletions on the bus
+  (:mod:`.jobs`); a job's pods and Service are made in its TrainingJob's namespace.
 - **Pods** are kept in line with the worker-group records: each record has exactly one
   pod carrying its spec (:func:`~.objects.pod_manifest`); a pod whose spec
   is not its record's (a new incarnation, another node) or whose record is gone is
@@ -28,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 from kubernetes.client.exceptions import ApiException
 
 from resurge.cluster.kubernetes.api import KubeApi, conflict
+from resurge.cluster.kubernetes.identity import local_name
 from resurge.cluster.kubernetes.informer import informer
-from resurge.cluster.kubernetes.jobs import TrainingJobs, name_of
+from resurge.cluster.kubernetes.jobs import TrainingJobs, name_of, namespace_of
 from resurge.cluster.kubernetes.objects import (
     JOB_LABEL,
     group_of_pod,
@@ -39,7 +41,8 @@ from resurge.cluster.kubernetes.objects import (
     pod_manifest,
     pod_name,
 )
-from resurge.cluster.kubernetes.watch import SYNCED, drain, follow, raise_if_cancelled
+from resurge.cluster.kubernetes.scope import Served
+from resurge.cluster.kubernetes.watch import SYNCED, drain, raise_if_cancelled
 from resurge.cluster.local.watch import watch_changes
 from resurge.cluster.names import service_name
 from resurge.cluster.protocol import BackendError, WorkerGroupSpec
@@ -61,6 +64,8 @@ KUEUE_GATE_PREFIX = "kueue.x-k8s.io/"
 
 # A group's key: (job, replica).
 Key = tuple[str, int]
+# A pod's key: (namespace, name).
+PodKey = tuple[str, str]
 
 # A refused pod is tried again after this long, doubled each time up to the most.
 _RETRY_FIRST_SECONDS = 1.0
@@ -100,12 +105,12 @@ class Controller:
         self.bus = bus
         self.records = records
         self.settings = settings
-        self.namespace = kube.namespace
         self.desired: dict[Key, WorkerGroupSpec] = {}
-        self.pods: dict[str, tuple[Key, WorkerGroupSpec, dict[str, Any]]] = {}
-        self.deleting: set[str] = set()
+        self.pods: dict[PodKey, tuple[Key, WorkerGroupSpec, dict[str, Any]]] = {}
+        self.deleting: set[PodKey] = set()
         self.services: set[str] = set()
         self.jobs = TrainingJobs(kube, bus, records)
+        self.served = Served(kube)
         self.gated: set[str] = set()  # jobs with a pod Kueue has not admitted yet
         self._backoff: dict[Key, float] = {}  # seconds before a refused pod is tried again
         self._queue: asyncio.Queue[tuple[str, Any]] | None = None
@@ -138,15 +143,12 @@ class Controller:
         synced = asyncio.Event()
 
         async def pods() -> None:
-            async for kind, obj in follow(
-                self.kube.core.list_namespaced_pod,
-                namespace=self.namespace,
-                label_selector=JOB_LABEL,
-            ):
-                if kind == SYNCED:
-                    synced.set()
-                else:
-                    await queue.put((kind, obj))
+            async with contextlib.aclosing(self.served.pods(JOB_LABEL)) as changes:
+                async for kind, obj in changes:
+                    if kind == SYNCED:
+                        synced.set()
+                    else:
+                        await queue.put((kind, obj))
 
         async def groups() -> None:
             await synced.wait()
@@ -183,7 +185,7 @@ class Controller:
             elif item.worker_group is not None:
                 self.desired[key] = item.worker_group
             return [key]
-        name = _name(item)
+        name = (namespace_of(item), _name(item))
         spec = group_of_pod(item)
         if kind == "DELETED":
             self.deleting.discard(name)
@@ -229,11 +231,15 @@ class Controller:
             if name not in self.deleting:
                 self.deleting.add(name)
                 await self._delete_pod(name)
-        if wanted is not None and not keep and pod_name(wanted) not in self.pods:
+        if wanted is not None and not keep and self._pod_key(wanted) not in self.pods:
             await self._create_pod(wanted)
         job = key[0]
         if not any(k[0] == job for k in self.desired) and job in self.services:
             await self._delete_service(job)
+
+    def _pod_key(self, spec: WorkerGroupSpec) -> PodKey:
+        """Where the pod of ``spec`` is: its TrainingJob's namespace, and its name."""
+        return self.kube.locate(spec.job)[0], pod_name(spec)
 
     async def _create_pod(self, spec: WorkerGroupSpec) -> None:
         """The pod of ``spec`` (and its job's Service), only ever with its TrainingJob as
@@ -286,7 +292,8 @@ class Controller:
             await self._create(
                 "Service",
                 self.kube.core.create_namespaced_service,
-                job_service(spec.job, training_job),
+                job_service(local_name(spec.job), training_job),
+                namespace_of(training_job),
             )
             self.services.add(spec.job)
         agent_env = {
@@ -302,7 +309,9 @@ class Controller:
             settings.kube_image,
             agent_secret=settings.kube_agent_secret,
         )
-        created = await self._create("Pod", self.kube.core.create_namespaced_pod, manifest)
+        created = await self._create(
+            "Pod", self.kube.core.create_namespaced_pod, manifest, namespace_of(training_job)
+        )
         log.info(
             "%s pod %s for %s replica %d on %s",
             "created" if created else "found existing",
@@ -313,14 +322,14 @@ class Controller:
             extra={"job": spec.job},
         )
 
-    async def _create(self, what: str, fn: Any, body: dict[str, Any]) -> bool:
-        """Create ``body``; False if it already existed (409), which is not an error;
-        :class:`Refused` where the API refuses it (any other 4xx)."""
+    async def _create(self, what: str, fn: Any, body: dict[str, Any], namespace: str) -> bool:
+        """Create ``body`` in ``namespace``; False if it already existed (409), which is
+        not an error; :class:`Refused` where the API refuses it (any other 4xx)."""
         try:
             await self.kube.call(
-                f"create {what} {body['metadata']['name']}",
+                f"create {what} {namespace}/{body['metadata']['name']}",
                 fn,
-                self.namespace,
+                namespace,
                 body,
                 _preload_content=False,
             )
@@ -333,16 +342,21 @@ class Controller:
             return False
         return True
 
-    async def _delete_pod(self, name: str) -> None:
+    async def _delete_pod(self, pod: PodKey) -> None:
+        namespace, name = pod
         await self.kube.delete(
-            f"delete pod {name}", self.kube.core.delete_namespaced_pod, name, self.namespace
+            f"delete pod {namespace}/{name}", self.kube.core.delete_namespaced_pod, name, namespace
         )
 
     async def _delete_service(self, job: str) -> None:
         self.services.discard(job)
-        name = service_name(job)
+        namespace, local = self.kube.locate(job)
+        name = service_name(local)
         await self.kube.delete(
-            f"delete Service {name}", self.kube.core.delete_namespaced_service, name, self.namespace
+            f"delete Service {namespace}/{name}",
+            self.kube.core.delete_namespaced_service,
+            name,
+            namespace,
         )
 
     # -- nodes ----------------------------------------------------------------------------

@@ -1,5 +1,8 @@
-"""The controller's TrainingJob loop: TrainingJobs of one namespace in, job submissions
-and deletions out, and nothing of a deleted one left behind.
+"""The controller's TrainingJob loop: TrainingJobs of the served namespaces in
+(:mod:`.scope`), job submissions and deletions out, and nothing of a deleted one left
+behind. A TrainingJob is its bus name on the bus and here (:mod:`.identity`:
+``team-b/llama`` outside the install's namespace); its pods, Services and Events are in
+its own namespace.
 
 - **Finalizer.** Every TrainingJob seen gets the finalizer ``resurge.dev/cleanup``
   (a merge patch preconditioned on its resourceVersion), so its deletion waits for the
@@ -49,15 +52,15 @@ from resurge.cluster.kubernetes.api import (
     MERGE_PATCH,
     KubeApi,
     conflict,
-    json_of,
 )
 from resurge.cluster.kubernetes.conditions import condition, with_condition
+from resurge.cluster.kubernetes.identity import bus_name
 from resurge.cluster.kubernetes.objects import JOB_LABEL
+from resurge.cluster.kubernetes.scope import Served
 from resurge.cluster.kubernetes.watch import (
     SYNCED,
     Change,
     drain,
-    follow,
     raise_if_cancelled,
 )
 from resurge.cluster.protocol import BackendError
@@ -69,7 +72,14 @@ if TYPE_CHECKING:
     from resurge.cluster.local.backend import LocalBackend
     from resurge.runtime.bus import Bus
 
-__all__ = ["FINALIZER", "PODS_REFUSED", "TrainingJobs", "name_of", "rejected_status"]
+__all__ = [
+    "FINALIZER",
+    "PODS_REFUSED",
+    "TrainingJobs",
+    "name_of",
+    "namespace_of",
+    "rejected_status",
+]
 
 log = logging.getLogger("resurge.cluster.kubernetes")
 
@@ -85,6 +95,12 @@ def name_of(obj: dict[str, Any]) -> str:
     """An object's ``metadata.name`` ("" where it has none)."""
     meta = obj.get("metadata")
     return str(meta.get("name") or "") if isinstance(meta, dict) else ""
+
+
+def namespace_of(obj: dict[str, Any]) -> str:
+    """An object's ``metadata.namespace`` ("" where it has none)."""
+    meta = obj.get("metadata")
+    return str(meta.get("namespace") or "") if isinstance(meta, dict) else ""
 
 
 def _meta(obj: dict[str, Any]) -> dict[str, Any]:
@@ -130,13 +146,13 @@ def rejected_status(before: dict[str, Any], generation: int, message: str) -> di
 
 class TrainingJobs:
     """The TrainingJob loop (module docstring); ``known`` holds each TrainingJob as last
-    seen, ``gone`` the names of those deleted."""
+    seen, ``gone`` the bus names of those deleted."""
 
     def __init__(self, kube: KubeApi, bus: Bus, records: LocalBackend) -> None:
         self.kube = kube
         self.bus = bus
         self.records = records
-        self.namespace = kube.namespace
+        self.served = Served(kube)
         self.known: dict[str, dict[str, Any]] = {}
         self.gone: set[str] = set()
         self._cleaned: set[str] = set()  # uids whose deletion was acted on
@@ -156,24 +172,19 @@ class TrainingJobs:
         delays: dict[str, float] = {}
 
         async def watch() -> None:
-            async for change in follow(
-                self.kube.custom.list_namespaced_custom_object,
-                group=CRD_GROUP,
-                version=CRD_VERSION,
-                namespace=self.namespace,
-                plural=CRD_PLURAL,
-            ):
-                await queue.put(change)
+            async with contextlib.aclosing(self.served.training_jobs()) as changes:
+                async for change in changes:
+                    await queue.put(change)
 
         def retry(obj: dict[str, Any]) -> None:
-            name = name_of(obj)
+            name = self.job_of(obj)
             delay = min(_RETRY_MAX_SECONDS, delays.get(name, _RETRY_FIRST_SECONDS / 2) * 2)
             delays[name] = delay
             asyncio.get_running_loop().call_later(delay, queue.put_nowait, (_RETRY, obj))
 
         async with contextlib.aclosing(drain(queue, [watch()])) as changes:
             async for kind, obj in changes:
-                name = name_of(obj)
+                name = self.job_of(obj) if kind != SYNCED else ""
                 if kind == SYNCED:
                     await self._sweep_once(listed)
                 elif kind == _RETRY and self.known.get(name) is not obj:
@@ -197,13 +208,17 @@ class TrainingJobs:
         try:
             await self.on_event(kind, obj)
         except Exception:  # one job's trouble never stops the others'
-            log.exception("could not act on TrainingJob %s; trying again", name_of(obj))
+            log.exception("could not act on TrainingJob %s; trying again", self.job_of(obj))
             return False
         return True
 
+    def job_of(self, obj: dict[str, Any]) -> str:
+        """The bus name of TrainingJob ``obj`` (:mod:`.identity`)."""
+        return bus_name(namespace_of(obj) or self.kube.namespace, name_of(obj), self.kube.namespace)
+
     async def on_event(self, kind: str, obj: dict[str, Any]) -> None:
         """Act on one watch event of a TrainingJob (the module docstring)."""
-        name = name_of(obj)
+        name = self.job_of(obj)
         meta = _meta(obj)
         if kind == "DELETED":
             self.known.pop(name, None)
@@ -225,16 +240,17 @@ class TrainingJobs:
 
     # -- finalizer and deletion -----------------------------------------------------------
 
-    async def _patch(self, name: str, body: dict[str, Any]) -> dict[str, Any] | None:
-        """Merge-patch the TrainingJob itself; None on 409 (its resourceVersion moved on)
-        or 404."""
+    async def _patch(self, job: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Merge-patch the TrainingJob (bus name ``job``) itself; None on 409 (its
+        resourceVersion moved on) or 404."""
+        namespace, name = self.kube.locate(job)
         try:
             return await self.kube.read(
-                f"patch TrainingJob {name}",
+                f"patch TrainingJob {job}",
                 self.kube.custom.patch_namespaced_custom_object,
                 CRD_GROUP,
                 CRD_VERSION,
-                self.namespace,
+                namespace,
                 CRD_PLURAL,
                 name,
                 body,
@@ -249,12 +265,12 @@ class TrainingJobs:
         meta = _meta(obj)
         finalizers = [*(meta.get("finalizers") or []), FINALIZER]
         body = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"]}}
-        return await self._patch(name_of(obj), body)
+        return await self._patch(self.job_of(obj), body)
 
     async def _deleting(self, obj: dict[str, Any]) -> None:
         """A TrainingJob being deleted: JobDeleted, its pods and Services deleted, then
         the finalizer removed (where it is still there)."""
-        name, meta = name_of(obj), _meta(obj)
+        name, meta = self.job_of(obj), _meta(obj)
         uid = str(meta.get("uid") or "")
         if FINALIZER not in (meta.get("finalizers") or []):
             return  # done already; it goes with the others' finalizers
@@ -288,51 +304,41 @@ class TrainingJobs:
         except (BackendError, ApiException) as error:
             log.warning("could not delete the pods and Services of %s: %r", name, error)
 
-    async def _labelled(self, what: str, selector: str) -> list[dict[str, Any]]:
-        """The pods or Services (``what``) labelled by ``selector``."""
-        fn = (
-            self.kube.core.list_namespaced_pod
-            if what == "pods"
-            else self.kube.core.list_namespaced_service
-        )
-        listed = await self.kube.call(
-            f"list {what} of {selector}",
-            fn,
-            self.namespace,
-            label_selector=selector,
-            _preload_content=False,
-        )
-        return list(json_of(listed).get("items") or [])
-
     async def _delete_dependents(self, job: str, uid: str) -> None:
-        """Delete ``job``'s pods and Services that the TrainingJob ``uid`` owns, or no
-        TrainingJob does."""
+        """Delete the pods and Services of ``job`` (in its namespace) that the
+        TrainingJob ``uid`` owns, or no TrainingJob does."""
+        namespace, name = self.kube.locate(job)
         for what in ("pods", "services"):
-            for obj in await self._labelled(what, f"{JOB_LABEL}={job}"):
+            for obj in await self.served.labelled_in(what, namespace, f"{JOB_LABEL}={name}"):
                 owners = _owners(obj)
                 if not owners or uid in owners:
-                    await self._delete(what, name_of(obj))
+                    await self._delete(what, obj)
 
-    async def _delete(self, what: str, name: str) -> None:
+    async def _delete(self, what: str, obj: dict[str, Any]) -> None:
         fn = (
             self.kube.core.delete_namespaced_pod
             if what == "pods"
             else self.kube.core.delete_namespaced_service
         )
-        await self.kube.delete(f"delete {what} {name}", fn, name, self.namespace)
+        name = name_of(obj)
+        namespace = namespace_of(obj) or self.kube.namespace
+        await self.kube.delete(f"delete {what} {namespace}/{name}", fn, name, namespace)
 
     async def sweep(self, listed: dict[str, str]) -> None:
-        """What TrainingJobs deleted while no controller ran left (``listed``: name ->
-        uid of each TrainingJob there is): their pods and Services deleted, their jobs'
-        records told deleted."""
+        """What TrainingJobs deleted while no controller ran left (``listed``: bus name
+        -> uid of each TrainingJob there is): their pods and Services deleted, their
+        jobs' records told deleted."""
+        home = self.kube.namespace
         for what in ("pods", "services"):
-            for obj in await self._labelled(what, JOB_LABEL):
-                job = str(_meta(obj).get("labels", {}).get(JOB_LABEL) or "")
+            for obj in await self.served.labelled(what, JOB_LABEL):
+                label = str(_meta(obj).get("labels", {}).get(JOB_LABEL) or "")
+                job = bus_name(namespace_of(obj) or home, label, home)
                 owners = _owners(obj)
                 if job not in listed or (owners and listed[job] not in owners):
                     log.info("deleting %s %s: its TrainingJob is gone", what, name_of(obj))
-                    await self._delete(what, name_of(obj))
-        for job in sorted({g.job for g in await self.records.list_worker_groups()} - set(listed)):
+                    await self._delete(what, obj)
+        jobs = {g.job for g in await self.records.list_worker_groups()} - set(listed)
+        for job in sorted(j for j in jobs if self.served.serves(self.kube.locate(j)[0])):
             await self.no_training_job(job)
 
     async def no_training_job(self, job: str) -> None:
@@ -401,14 +407,14 @@ class TrainingJobs:
             "kind": obj.get("kind"),
             "metadata": {
                 "name": name_of(obj),
-                "namespace": meta.get("namespace") or self.namespace,
+                "namespace": meta.get("namespace") or self.kube.namespace,
                 "labels": meta.get("labels") or {},
             },
             "spec": obj.get("spec"),
         }
 
     async def _submit(self, obj: dict[str, Any]) -> None:
-        name = name_of(obj)
+        name = self.job_of(obj)
         uid = str(_meta(obj).get("uid") or "")
         generation = generation_of(obj)
         submitted = self._last_submitted(obj, uid)
@@ -461,7 +467,7 @@ class TrainingJobs:
         """The API refused to create a ``what`` (Pod, Service) of the job: a Warning
         Event ``FailedCreate<what>`` and the ``PodsRefused`` condition, both carrying the
         API's message."""
-        name = name_of(training_job)
+        name = self.job_of(training_job)
         log.warning("%s of %s refused: %s", what, name, message, extra={"job": name})
         await self.event(training_job, f"FailedCreate{what}", message)
         refused = condition(PODS_REFUSED, True, f"FailedCreate{what}", message, 0)
@@ -475,7 +481,9 @@ class TrainingJobs:
             for c in conditions
         ):
             return
-        await self._set(name_of(training_job), condition(PODS_REFUSED, False, "PodCreated", "", 0))
+        await self._set(
+            self.job_of(training_job), condition(PODS_REFUSED, False, "PodCreated", "", 0)
+        )
 
     async def _set(self, name: str, new: dict[str, Any]) -> None:
         def change(training_job: dict[str, Any]) -> dict[str, Any] | None:
@@ -494,9 +502,9 @@ class TrainingJobs:
 
         try:
             await self.kube.call(
-                f"record an Event on {name_of(training_job)}",
+                f"record an Event on {self.job_of(training_job)}",
                 self.kube.core.create_namespaced_event,
-                self.namespace,
+                namespace_of(training_job) or self.kube.namespace,
                 event(training_job, reason, message, warning=warning),
                 _preload_content=False,
             )

@@ -19,7 +19,9 @@
 - A worker group is a pod pinned to its node by required node affinity, requesting
   ``nproc`` of its job's accelerator (:mod:`resurge.jobspec.accelerator`: none for a
   CPU-only job), whose container runs ``resurge-node-agent launch`` with the group's spec in
-  ``RESURGE_WORKER_GROUP``; labels ``resurge.dev/job`` and ``resurge.dev/replica``;
+  ``RESURGE_WORKER_GROUP`` (its job's bus name, :mod:`.identity`); labels
+  ``resurge.dev/job`` (the TrainingJob's name in its namespace, as is the pod's name)
+  and ``resurge.dev/replica``;
   owned by the TrainingJob when there is one, which also gives the image, the pod
   template, the Kueue queue and the PriorityClass.
 - A job has a headless Service selecting its pods (publishing not-ready ones), named
@@ -45,6 +47,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from resurge.cluster.kubernetes.identity import local_name
 from resurge.cluster.kubernetes.times import parse_time
 from resurge.cluster.names import group_digest, service_name, worker_hostname
 from resurge.cluster.protocol import WORKER_GROUP_ENV, NodeInfo, WorkerGroupSpec
@@ -296,7 +299,7 @@ def resurge_cordon(node: dict[str, Any]) -> bool:
 def pod_name(spec: WorkerGroupSpec) -> str:
     """``<job>-<replica>-<hash of node and incarnation>``: a recreated or moved group
     gets a new pod, never one that clashes with its predecessor while that one ends."""
-    return f"{spec.job[:230]}-{spec.replica}-{group_digest(spec)}"
+    return f"{local_name(spec.job)[:230]}-{spec.replica}-{group_digest(spec)}"
 
 
 def host_network(template: dict[str, Any] | None, default: bool) -> bool:
@@ -352,7 +355,7 @@ def pod_manifest(
     meta = template.get("metadata") or {}
     pod_spec = template.get("spec") or {}
     labels = dict(meta.get("labels") or {})
-    labels.update({JOB_LABEL: spec.job, REPLICA_LABEL: str(spec.replica)})
+    labels.update({JOB_LABEL: local_name(spec.job), REPLICA_LABEL: str(spec.replica)})
     if job_spec.get("queue"):
         labels[QUEUE_LABEL] = str(job_spec["queue"])
     annotations = dict(meta.get("annotations") or {})
@@ -443,7 +446,7 @@ def _network(pod_spec: dict[str, Any], spec: WorkerGroupSpec) -> None:
     else:
         pod_spec.pop("hostNetwork", None)  # at most false: the job got a domain for it
         pod_spec["hostname"] = worker_hostname(spec)
-        pod_spec["subdomain"] = service_name(spec.job)
+        pod_spec["subdomain"] = service_name(local_name(spec.job))
 
 
 def group_of_pod(pod: dict[str, Any]) -> WorkerGroupSpec | None:

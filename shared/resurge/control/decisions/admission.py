@@ -46,12 +46,13 @@ __all__ = [
 ]
 
 
-def new_record(job: TrainingJob, previous: JobRecord | None) -> JobRecord:
-    """A Pending record of ``job``, one generation past ``previous`` (a finished job
-    of that name), if any."""
+def new_record(job: TrainingJob, previous: JobRecord | None, name: str | None = None) -> JobRecord:
+    """A Pending record of ``job`` named ``name`` (else ``job.name``; on Kubernetes a
+    TrainingJob's bus name), one generation past ``previous`` (a finished job of that
+    name), if any."""
     generation = 0 if previous is None else previous.generation + 1
     return JobRecord(
-        name=job.name,
+        name=job.name if name is None else name,
         spec=job,
         phase=JobPhase.PENDING,
         generation=generation,
