@@ -550,3 +550,15 @@ def test_shell_launchers_taken_off(script: str, expected: str) -> None:
     container = document["spec"]["replicaSpecs"][0]["template"]["spec"]["containers"][0]
     container["command"] = ["/bin/sh", "-c", script]
     assert convert_hyperpod(document).job.spec.command == ["/bin/sh", "-c", expected]
+
+
+def test_warnings_shown_in_coming_from_hyperpod_are_what_convert_says() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "coming-from-hyperpod.md").read_text()
+    block = re.search(r"## Converting a manifest\n.*?```text\n(.*?)```", doc, re.DOTALL)
+    assert block is not None, "docs/coming-from-hyperpod.md lost its resurge convert warnings"
+    said = {
+        f"resurge convert: warning: {note}"
+        for note in convert_hyperpod_yaml(PRETRAIN.read_text()).notes
+    }
+    shown = block.group(1).splitlines()
+    assert shown and set(shown) <= said
