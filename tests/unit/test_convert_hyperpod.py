@@ -543,6 +543,10 @@ def test_a_shell_launcher_resurge_cannot_take_off_is_an_error() -> None:
             "hyperpodrun --tee 3 \\\n  'my script.py' a | tee log",
             "python 'my script.py' a | tee log",
         ),
+        (
+            "# torchrun starts the workers\n  torchrun --nproc-per-node=2 t.py\n",
+            "# torchrun starts the workers\n  python t.py\n",
+        ),
     ],
 )
 def test_shell_launchers_taken_off(script: str, expected: str) -> None:

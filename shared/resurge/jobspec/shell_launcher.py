@@ -10,7 +10,7 @@ command (at the start of a line or after ``;``, ``&&``, ``||``, ``|``, ``(``, ``
 script as written. It reads the launcher's options as shell words: quotes, backslash
 escapes, line continuations and ``$(...)``/``${...}`` inside a word; the words end at a
 newline, a comment or an operator. A launcher named anywhere else in the script (a
-variable, an ``echo``) is reported as left, for the caller to refuse.
+variable, an ``echo``; comment lines aside) is reported as left, for the caller to refuse.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ _AT_COMMAND = re.compile(
     re.MULTILINE,
 )
 _NAMED = re.compile(r"\b(?:hyperpodrun|torchrun|torch\.distributed\.(?:run|launch))\b")
+_COMMENT_LINE = re.compile(r"^[ \t]*#.*$", re.MULTILINE)
 _ENDS_WORDS = frozenset(";&|<>()\n")
 _PAIRS = {"(": ")", "{": "}"}
 
@@ -154,5 +155,6 @@ def take_off_launchers(script: str) -> ShellLaunchers:
         script, one = done
         launched.append(one)
         searched_to = match.start("launcher")
-    left = tuple(dict.fromkeys(found.group(0) for found in _NAMED.finditer(script)))
+    code = _COMMENT_LINE.sub("", script)
+    left = tuple(dict.fromkeys(found.group(0) for found in _NAMED.finditer(code)))
     return ShellLaunchers(script=script, launched=tuple(launched), left=left)
