@@ -27,6 +27,7 @@ from resurge_node_agent.monitor.gpus import (
     GpuErrorReport,
     NvmlGpus,
     SimulatedGpus,
+    monitoring,
     select_gpus,
 )
 from tests.collect import Events
@@ -250,6 +251,17 @@ def test_select_gpus_simulates_only_where_nvml_has_none(monkeypatch: pytest.Monk
     real.close()
     monkeypatch.setenv(SIMULATE_GPUS, "1")
     assert isinstance(select_gpus(2, "n1", nvml=FakePynvml(1)), SimulatedGpus)
+
+
+def test_a_monitor_says_how_it_watches_the_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the fake pynvml: NVML's GPUs, simulated ones (asked for with --gpus), or none
+    (no NVML and no --gpus, the DaemonSet's default: nothing simulated)."""
+    monkeypatch.delenv(SIMULATE_GPUS, raising=False)
+    real = select_gpus(0, "n1", nvml=FakePynvml(2))
+    assert monitoring(real) == "nvml"
+    real.close()
+    assert monitoring(select_gpus(2, "n1", nvml=FakePynvml(init_fails=True))) == "simulated"
+    assert monitoring(select_gpus(0, "n1", nvml=FakePynvml(init_fails=True))) == "none"
 
 
 # SimulatedGpus

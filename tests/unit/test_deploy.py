@@ -265,11 +265,14 @@ def test_services_run_their_own_command(name: str, scratch: Path) -> None:
         workload["metadata"]["name"]: container["command"]
         for workload, container in resurge_containers(build(name, scratch))
     }
+    monitor = ["resurge-node-agent", "monitor", "--node", "$(NODE_NAME)"]
+    if name.startswith("dev"):  # kind's nodes have no NVML: two simulated GPUs each
+        monitor += ["--gpus", "2"]
     assert commands == {
         "resurge-detector": ["resurge-detector"],
         "resurge-restarter": ["resurge-restarter"],
         "resurge-scaler": ["resurge-scaler"],
-        "resurge-node-monitor": ["resurge-node-agent", "monitor", "--node", "$(NODE_NAME)"],
+        "resurge-node-monitor": monitor,
     }
 
 
@@ -368,6 +371,11 @@ def test_node_monitor_daemonset(scratch: Path) -> None:
     resources = container.get("resources", {})
     for amounts in (resources.get("requests", {}), resources.get("limits", {})):
         assert "nvidia.com/gpu" not in amounts, "the GPUs are the training pods'"
+    # Without a request, the NVIDIA container runtime still exposes every GPU and NVML.
+    assert env["NVIDIA_VISIBLE_DEVICES"] == {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}
+    assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
+    # The default command simulates nothing: no --gpus.
+    assert "--gpus" not in container["command"]
 
 
 # RBAC
@@ -431,6 +439,8 @@ def test_each_role_grants_what_its_service_needs_and_no_more(scratch: Path) -> N
     assert roles["resurge-node-monitor"] == {
         ("", "nodes", "get"),
         ("", "nodes", "patch"),
+        ("", "nodes/status", "patch"),  # its GPU condition
+        ("", "events", "create"),  # an Event where the condition changes
         ("coordination.k8s.io", "leases", "get"),
         ("coordination.k8s.io", "leases", "create"),
         ("coordination.k8s.io", "leases", "update"),

@@ -82,7 +82,13 @@ def _parser() -> argparse.ArgumentParser:
         help="node name (default: $NODE_NAME or the host name)",
     )
     monitor.add_argument(
-        "--gpus", type=int, default=1, help="GPUs (simulated slots in local mode) on the node"
+        "--gpus",
+        type=int,
+        default=None,
+        help="slots the node offers, as GPUs simulated where NVML finds none (a local "
+        "virtual node; kind). Default: the GPUs NVML finds, none simulated. On Kubernetes "
+        "a node's allocatable accelerator (RESURGE_KUBE_ACCELERATOR) decides its slots "
+        "wherever a device plugin advertises it",
     )
     monitor.add_argument(
         "--address", default="127.0.0.1", help="address other nodes reach this one at"
@@ -122,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _monitor(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    if args.gpus < 0:
+    if args.gpus is not None and args.gpus < 0:
         parser.error("--gpus must be >= 0")
     labels: dict[str, str] = {}
     for text in args.label:

@@ -67,6 +67,12 @@ class NodeInfo(BaseModel):
     heartbeat: datetime = Field(
         default_factory=lambda: datetime.now(UTC), description="When its monitor last wrote."
     )
+    gpu_monitoring: Literal["nvml", "simulated", "none"] | None = Field(
+        default=None,
+        description="How its monitor watches its GPUs: 'nvml' (real ones), 'simulated' "
+        "(made-up ones, which take injected XIDs), 'none' (no NVML: no XID or GPU health "
+        "is watched); None where no monitor said (a node as the cluster lists it).",
+    )
 
     def alive(self, now: datetime, timeout_seconds: float) -> bool:
         """Whether its monitor wrote within ``timeout_seconds`` of ``now``."""

@@ -16,7 +16,8 @@ operator's ``resurge node uncordon``).
 - :class:`SimulatedGpus` makes up plausible readings for a local virtual node;
   :meth:`SimulatedGpus.inject_xid` raises an XID through the same callback.
 
-:func:`select_gpus` picks one for a monitor started with ``--gpus M``.
+:func:`select_gpus` picks one for a monitor started with ``--gpus M``; :func:`monitoring`
+says which it is, as the node's report carries it.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "GpuSource",
     "NvmlGpus",
     "SimulatedGpus",
+    "monitoring",
     "select_gpus",
 ]
 
@@ -504,3 +506,11 @@ def select_gpus(requested: int, node: str | None = None, *, nvml: Any | None = N
     real.close()
     log.info("simulating %d GPUs", requested)
     return SimulatedGpus(requested, seed=node)
+
+
+def monitoring(source: GpuSource) -> Literal["nvml", "simulated", "none"]:
+    """How ``source`` watches the node's GPUs: simulated ones, real ones through NVML, or
+    none (NVML found no GPU: no XID and no GPU health is watched)."""
+    if source.simulated:
+        return "simulated"
+    return "nvml" if source.count else "none"

@@ -4,7 +4,12 @@
   NVML has none (no driver, as on a laptop or CI) and ``--gpus M`` is above 0, ``M``
   simulated GPUs (:class:`~resurge_node_agent.monitor.gpus.SimulatedGpus`), which is what the local
   cluster's virtual nodes get. ``RESURGE_SIMULATE_GPUS=1`` simulates even where NVML
-  finds GPUs. The node offers ``--gpus`` slots either way.
+  finds GPUs. The node offers ``--gpus`` slots where given, else the GPUs NVML found
+  (none simulated: a monitor without NVML and without ``--gpus`` watches no GPU). On
+  Kubernetes the node's allocatable accelerator decides its slots
+  (:func:`resurge.cluster.kubernetes.objects.node_info`), and how the GPUs are watched
+  (NVML, simulated, not at all) is reported with every report (``gpu_monitoring``),
+  which the backend shows on the Node as a condition and Events.
 - Every heartbeat (and whenever a worker group or a GPU's health changes) it reports the
   node to the cluster backend (``healthy`` false while a GPU is unhealthy; the
   ``--label`` labels as the node's labels), and publishes a NodeReport on
@@ -47,7 +52,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, Literal
 
 from resurge.cluster import open_backend
 from resurge.cluster.protocol import ClusterBackend, ClusterChange, NodeInfo, WorkerGroupSpec
@@ -66,7 +71,13 @@ from resurge.runtime.bus import PermanentError
 from resurge.runtime.outbox import Outbox
 from resurge.runtime.service import ServiceContext
 from resurge_node_agent.launch.group_spec import spec_environment
-from resurge_node_agent.monitor.gpus import GpuErrorReport, GpuSource, SimulatedGpus, select_gpus
+from resurge_node_agent.monitor.gpus import (
+    GpuErrorReport,
+    GpuSource,
+    SimulatedGpus,
+    monitoring,
+    select_gpus,
+)
 
 __all__ = ["MonitorConfig", "NodeMonitor"]
 
@@ -84,7 +95,7 @@ class MonitorConfig:
     its labels."""
 
     node: str
-    slots: int
+    slots: int | None  # --gpus; None: the GPUs NVML finds
     address: str
     log_dir: Path | None
     labels: dict[str, str] = field(default_factory=dict)
@@ -115,10 +126,22 @@ class NodeMonitor:
         self.outbox = Outbox(ctx.bus, ctx.registry)
 
     @property
+    def slots(self) -> int:
+        """The slots the node offers: ``--gpus``, else its GPUs."""
+        if self.config.slots is not None:
+            return self.config.slots
+        return 0 if self.gpus is None else self.gpus.count
+
+    @property
+    def gpu_monitoring(self) -> Literal["nvml", "simulated", "none"] | None:
+        """How the GPUs are watched (None before they are opened)."""
+        return None if self.gpus is None else monitoring(self.gpus)
+
+    @property
     def free_slots(self) -> int:
         """Slots no running worker group takes."""
         used = sum(r.spec.nproc for r in self.groups.values() if not r.stopping)
-        return max(0, self.config.slots - used)
+        return max(0, self.slots - used)
 
     @property
     def unhealthy_gpus(self) -> list[int]:
@@ -134,7 +157,9 @@ class NodeMonitor:
         self.ctx.exit_stack.push_async_callback(self.outbox.close)
         self.ctx.exit_stack.push_async_callback(self._shutdown)
         if self.gpus is None:
-            self.gpus = await asyncio.to_thread(select_gpus, self.config.slots, self.config.node)
+            self.gpus = await asyncio.to_thread(
+                select_gpus, self.config.slots or 0, self.config.node
+            )
         gpus = self.gpus
 
         async def close_gpus() -> None:
@@ -177,18 +202,19 @@ class NodeMonitor:
         healthy = not unhealthy
         info = NodeInfo(
             name=node,
-            slots=self.config.slots,
+            slots=self.slots,
             healthy=healthy,
             address=self.config.address,
             labels=self.config.labels,
             heartbeat=datetime.now(UTC),
+            gpu_monitoring=self.gpu_monitoring,
         )
         await self.backend.report_node(info)
         free = self.free_slots
         report = NodeReport(
             source=bus.source,
             node=node,
-            slots_total=self.config.slots,
+            slots_total=self.slots,
             slots_free=free,
             healthy=healthy,
             unhealthy_gpus=unhealthy,

@@ -34,6 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 from resurge.cluster.kubernetes.api import MERGE_PATCH, KubeApi, api_client, conflict, json_of
 from resurge.cluster.kubernetes.controller import Controller
+from resurge.cluster.kubernetes.gpu_health import (
+    GpuCondition,
+    condition_patch,
+    gpu_condition,
+    node_condition,
+    node_event,
+)
 from resurge.cluster.kubernetes.identity import parse_namespaces
 from resurge.cluster.kubernetes.informer import Informer, informer
 from resurge.cluster.kubernetes.leader import LeaderElector, leading_gauge
@@ -105,6 +112,7 @@ class KubernetesBackend:
         self._reported: dict[str, NodeInfo] = {}  # the last report written, by node
         self._renewed: dict[str, datetime] = {}  # the heartbeat of the last renewal
         self._leases: dict[str, dict[str, Any]] = {}  # each node's Lease as last written
+        self._gpu_said: dict[str, GpuCondition] = {}  # the GPU condition written, by node
         # The informers, once this backend reads through them (a monitor never does: it
         # writes its own Node and Lease and watches nothing).
         self._nodes: Informer | None = None
@@ -210,6 +218,39 @@ class KubernetesBackend:
         ):
             await self._renew_lease(info.name, info.heartbeat)
             self._renewed[info.name] = info.heartbeat
+        if info.gpu_monitoring is not None:
+            await self._say_gpu_health(info)
+
+    async def _say_gpu_health(self, info: NodeInfo) -> None:
+        """Set the Node's ``ResurgeGPUHealth`` condition where it changes, with an Event
+        where its status or reason does (:mod:`.gpu_health`); nothing where the Node
+        says it already (a restarted monitor)."""
+        assert info.gpu_monitoring is not None
+        wanted = gpu_condition(info.gpu_monitoring, info.healthy, info.slots)
+        said = self._gpu_said.get(info.name)
+        if said is None:
+            said = node_condition(await self._node(info.name))
+        if said == wanted:
+            self._gpu_said[info.name] = wanted
+            return
+        await self.kube.call(
+            f"set the GPU condition of node {info.name}",
+            self.kube.core.patch_node_status,
+            info.name,
+            condition_patch(wanted),
+            _preload_content=False,
+        )
+        self._gpu_said[info.name] = wanted
+        if said is not None and said.key == wanted.key:
+            return  # the same state in other words (another GPU count)
+        with contextlib.suppress(BackendError):  # an Event is a courtesy, not state
+            await self.kube.call(
+                f"record an Event on node {info.name}",
+                self.kube.core.create_namespaced_event,
+                self.namespace,
+                node_event(info.name, self.namespace, wanted),
+                _preload_content=False,
+            )
 
     async def _write_report(self, info: NodeInfo, last: NodeInfo | None) -> None:
         """Patch the report into the Node's annotation (read first when this process has
