@@ -72,6 +72,7 @@ from chaos_invariants import (
     census,
 )
 from nats.js.api import DiscardPolicy
+from nats.js.errors import ServiceUnavailableError
 from tcp_proxy import Proxy
 
 from resurge.control.effects.client import delete_job, inject_fault, inject_xid, submit_job
@@ -95,6 +96,8 @@ STEADY_SECONDS = 3.0  # a breaking fault waits for the trainer to run this long
 BREAKING = ("kill_rank", "stop_rank", "log", "kill_agent", "xid", "hang_kill_detector")
 ALONE = (*BREAKING, "remove_node")  # not while a breaking fault waits for its recovery
 ELASTIC = "elastic"
+# Longer than the longest publish_fail (10 s): how long a batch submission is retried.
+SUBMIT_RETRY_SECONDS = 15.0
 OVERLAPPING = ("kill_service", "remove_node", "partition", "delay", "reset", "publish_fail")
 STREAMS = ("fault", "cmd", "job", "action")
 CUDA_LINE = "RuntimeError: CUDA error: an illegal memory access was encountered"
@@ -302,8 +305,20 @@ class Bench:
         self.batches += 1
         name = f"batch-{self.batches}"
         steps = int(self.rng.uniform(20, 40) / STEP_SECONDS)
-        await submit_job(bus, _job(name, steps, 2, self.folder, priority=1))
-        self.say(f"submitted {name}: 2 replicas, {steps * STEP_SECONDS:.0f} s of steps")
+        job, waited = _job(name, steps, 2, self.folder, priority=1), 0.0
+        # The bench's own submission meets its own publish_fail on the job stream now and
+        # then: submitted again, as a user would, once the stream takes messages.
+        while True:
+            try:
+                await submit_job(bus, job)
+                break
+            except ServiceUnavailableError:
+                if waited >= SUBMIT_RETRY_SECONDS:
+                    raise
+                await asyncio.sleep(0.5)
+                waited += 0.5
+        again = f" (the job stream refused it for {waited:.1f} s)" if waited else ""
+        self.say(f"submitted {name}: 2 replicas, {steps * STEP_SECONDS:.0f} s of steps{again}")
 
     def _watch_trainer(self, records: list[JobRecord]) -> None:
         """Count the trainer's phase, and note since when it runs its generation."""
