@@ -111,7 +111,7 @@ def test_an_accelerator_that_cannot_be_is_an_error_naming_the_field(
 
 def test_the_same_accelerator_in_both_places_is_fine() -> None:
     template = with_resources(limits={"nvidia.com/gpu": 8})
-    job = parse_job(document(accelerator="nvidia.com/gpu", template=template))
+    job = parse_job(document(accelerator="nvidia.com/gpu", template=template, nprocPerNode=8))
     assert job.spec.accelerator == "nvidia.com/gpu"
 
 
@@ -141,3 +141,36 @@ def test_a_nodes_slots_count_the_installations_accelerator() -> None:
     assert node_info(trn, accelerator="aws.amazon.com/neuron").slots == 16
     mig = node({"nvidia.com/mig-1g.10gb": "7", "nvidia.com/gpu": "0"}, 1)
     assert node_info(mig, accelerator="nvidia.com/mig-1g.10gb").slots == 7
+
+
+def test_a_count_not_one_device_per_worker_is_an_error_naming_both_fields() -> None:
+    """Trainium: 16 aws.amazon.com/neuron devices hold 32 cores, one per process. Before,
+    the pods asked for 32 devices, which no node has: Pending for ever."""
+    template = with_resources(limits={"aws.amazon.com/neuron": 16})
+    with pytest.raises(JobSpecError) as caught:
+        parse_job(document(template=template, nprocPerNode=32))
+    assert (
+        "spec.template.spec.containers[0].resources.limits[aws.amazon.com/neuron] is 16 "
+        "but nprocPerNode is 32" in str(caught.value)
+    )
+    assert "aws.amazon.com/neuroncore" in str(caught.value)
+    cores = with_resources(limits={"aws.amazon.com/neuroncore": 32})
+    assert parse_job(document(template=cores, nprocPerNode=32)).spec.nproc_per_node == 32
+
+
+def test_a_template_asking_for_0_asks_for_none_and_a_placeholder_is_replaced() -> None:
+    """HyperPod's task-governance example asks for ``nvidia.com/gpu: "0"``: its pods keep
+    that 0. An envsubst placeholder left in (``$GPU_PER_NODE``) is no count: replaced."""
+    zero = with_resources(limits={"nvidia.com/gpu": "0"}, requests={"nvidia.com/gpu": "0"})
+    assert parse_job(document(template=zero, nprocPerNode=4)).spec.nproc_per_node == 4
+    assert job_accelerator({"template": zero}) is None
+    assert resources(training_job(template=zero)) == {
+        "limits": {"nvidia.com/gpu": "0"},
+        "requests": {"nvidia.com/gpu": "0"},
+    }
+    placeholder = with_resources(requests={"nvidia.com/gpu": "$GPU_PER_NODE"})
+    assert parse_job(document(template=placeholder, nprocPerNode=8))
+    assert resources(training_job(template=placeholder)) == {
+        "limits": {"nvidia.com/gpu": "4"},
+        "requests": {"nvidia.com/gpu": "4"},
+    }

@@ -13,9 +13,14 @@ in this order:
   no accelerator;
 - else none: a CPU-only job, whose pods request no accelerator.
 
-resurge sets the count itself (``nprocPerNode`` per pod, requests and limits alike);
-what the template wrote as the count is replaced. A template naming two accelerators,
-or one other than ``spec.accelerator``, is an error (:func:`accelerator_problem`).
+resurge sets the count itself (``nprocPerNode`` per pod, requests and limits alike):
+a template's count other than a whole number (an unexpanded ``$GPU_PER_NODE``) is
+replaced; a whole number must be ``nprocPerNode``, or 0, which asks for none (the pods
+keep the template's 0, as a CPU-only job's). A template naming two accelerators, one
+other than ``spec.accelerator``, or a count of devices that is not one per worker
+process (Trainium's ``aws.amazon.com/neuron: 16`` for 32 processes: one device holds two
+cores, and ``aws.amazon.com/neuroncore`` counts one per process) is an error
+(:func:`accelerator_problem`).
 """
 
 from __future__ import annotations
@@ -91,9 +96,26 @@ def template_accelerators(template: object) -> list[str]:
     return sorted(named)
 
 
-def accelerator_problem(accelerator: str | None, template: object) -> str | None:
-    """What is wrong with a job's ``spec.accelerator`` and ``spec.template`` together, in
-    a sentence naming the fields; None where nothing is."""
+def _counts(template: object, resource: str) -> dict[str, int]:
+    """The whole-number counts of ``resource`` the template's first container gives, by
+    ``limits``/``requests`` (another value, such as ``$GPU_PER_NODE``, is left out)."""
+    containers = _mapping(_mapping(template).get("spec")).get("containers")
+    first = containers[0] if isinstance(containers, list) and containers else {}
+    resources = _mapping(_mapping(first).get("resources"))
+    counts = {}
+    for kind in ("limits", "requests"):
+        value = _mapping(resources.get(kind)).get(resource)
+        if isinstance(value, int | str) and str(value).isdigit():
+            counts[kind] = int(value)
+    return counts
+
+
+def accelerator_problem(
+    accelerator: str | None, template: object, nproc: int | None = None
+) -> str | None:
+    """What is wrong with a job's ``spec.accelerator``, ``spec.template`` and
+    ``nprocPerNode`` (``nproc``) together, in a sentence naming the fields; None where
+    nothing is."""
     if accelerator is not None and not _extended(accelerator):
         return (
             f"spec.accelerator {accelerator!r} is not an extended resource name "
@@ -112,6 +134,13 @@ def accelerator_problem(accelerator: str | None, template: object) -> str | None
             f"spec.accelerator is {accelerator} but {where} names {named[0]}: give one, "
             "or the same in both"
         )
+    for kind, count in (_counts(template, named[0]) if named and nproc else {}).items():
+        if count not in (0, nproc):
+            return (
+                f"{where}.{kind}[{named[0]}] is {count} but nprocPerNode is {nproc}: each "
+                "worker process takes one device, so they must be equal (on Trainium, "
+                "aws.amazon.com/neuroncore counts one per process), or 0 for none"
+            )
     return None
 
 
@@ -122,5 +151,9 @@ def job_accelerator(spec: object) -> str | None:
     chosen = spec.get("accelerator")
     if isinstance(chosen, str) and chosen:
         return chosen
-    named = template_accelerators(spec.get("template"))
-    return named[0] if named else None
+    template = spec.get("template")
+    named = template_accelerators(template)
+    if not named:
+        return None
+    counts = _counts(template, named[0]).values()
+    return None if counts and not any(counts) else named[0]  # 0: it asks for none

@@ -144,7 +144,7 @@ class TrainingJobSpec(SpecModel):
 
     @model_validator(mode="after")
     def _one_accelerator(self) -> TrainingJobSpec:
-        problem = accelerator_problem(self.accelerator, self.template)
+        problem = accelerator_problem(self.accelerator, self.template, self.nproc_per_node)
         if problem is not None:
             raise ValueError(problem)
         return self
