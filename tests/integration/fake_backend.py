@@ -11,7 +11,7 @@ fail a given call, as an unreachable cluster would, to stop a dispatcher part-wa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -61,6 +61,8 @@ class FakeBackend:
         self.nodes = {n.name: n.model_copy() for n in nodes}
         self.groups = {(g.node, g.job, g.replica): g for g in groups}
         self.statuses: dict[str, dict[str, object]] = {}
+        # The nodes each job may not use, with why (what unfit_nodes answers).
+        self.unfit: dict[str, dict[str, str]] = {}
         self.calls: list[Call] = []
         self._failures: dict[str, int] = {}
         self._down: set[str] = set()
@@ -127,6 +129,11 @@ class FakeBackend:
     def worker_domain(self, job: TrainingJob) -> None:
         """None: groups are reached at their node's address, as on a local cluster."""
         return None
+
+    def unfit_nodes(self, job: TrainingJob, nodes: Iterable[NodeInfo]) -> dict[str, str]:
+        """The nodes of ``nodes`` that :attr:`unfit` names for ``job``, with its words."""
+        unfit = self.unfit.get(job.name, {})
+        return {n.name: unfit[n.name] for n in nodes if n.name in unfit}
 
     async def list_nodes(self) -> list[NodeInfo]:
         """Every node, cordons applied."""

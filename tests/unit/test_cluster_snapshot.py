@@ -121,3 +121,34 @@ def test_one_replica_counts_once_however_many_sources_name_it() -> None:
     spare = build_snapshot(nodes("n0", "n1"), [running("s", ["n0"], spares=["n1"])])
     assert spare.used() == {"n0": 4, "n1": 4}
     assert spare.jobs_on("n1") == [], "a spare held is slots in use, not a job running"
+
+
+def test_other_pods_and_the_templates_nodes_shape_every_placement() -> None:
+    """What other pods hold of a node is in use for every decision (and no job's), and
+    a job's moves and grows go only to the nodes it may use (``unfit``: on Kubernetes,
+    those its template keeps its pods off)."""
+    held = [*nodes("n0", "n1", "n2"), NodeInfo(name="n3", slots=4, in_use_elsewhere=4)]
+    a = running("a", ["n0", "n1"])
+    unfit = {"a": {"n2": "nodeSelector pool=train (node has pool=serve)"}}
+    groups = [group("a", 0, "n0"), group("a", 1, "n1")]
+    snapshot = build_snapshot(held, [a], groups, unfit=unfit)
+    assert snapshot.used(exclude_job="a") == {"n3": 4}
+    assert snapshot.reserved() == {"n3": 4}
+    assert snapshot.jobs_on("n3") == [], "other pods are no job of resurge's"
+    assert [n.name for n in snapshot.nodes_for("a")] == ["n0", "n1", "n3"]
+    assert [n.name for n in snapshot.nodes_for("b")] == ["n0", "n1", "n2", "n3"]
+    # n3 is full and n2 refuses a's pods: the XID on n0 finds no node to move to.
+    apply_fault(a, xid_on("n0"), now=NOW, cluster=move_view(snapshot, "a"))
+    assert a.pending_recovery is not None
+    assert [m.to_node for m in a.pending_recovery.moves] == []
+    # Nor does a grow of an elastic job go there: b grows onto n0 or n2 where it may use
+    # them, and not at all where it may use neither.
+    b = running("b", ["n1"])
+
+    def grows(unfit: dict[str, set[str]]) -> list[tuple[str, ...]]:
+        now = NOW.timestamp()
+        cluster, shapes = shapes_from([b], held, now, reserved={"n3": 4}, unfit=unfit)
+        return [r.add for r in plan(cluster, shapes, now).resizes if r.add]
+
+    assert grows({}) != []
+    assert grows({"b": {"n0", "n2"}}) == []

@@ -445,13 +445,15 @@ def test_each_role_grants_what_its_service_needs_and_no_more(scratch: Path) -> N
         ("coordination.k8s.io", "leases", "create"),
         ("coordination.k8s.io", "leases", "update"),
     }
-    # The restarter cordons (from its cache of the nodes and their Leases); it makes no
-    # pods (the scaler's controller does).
+    # The restarter cordons (from its cache of the nodes and their Leases); it reads the
+    # pods (what other pods take of a node) and makes none (the scaler's controller does).
     assert roles["resurge-restarter"] == {
         ("", "nodes", "get"),
         ("", "nodes", "list"),
         ("", "nodes", "watch"),
         ("", "nodes", "patch"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
         ("coordination.k8s.io", "leases", "list"),
         ("coordination.k8s.io", "leases", "watch"),
     }

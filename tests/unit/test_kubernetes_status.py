@@ -271,3 +271,25 @@ def test_events_come_from_the_status_read_not_the_view() -> None:
     stored = training_job(first.after)
     second = status_update({**view, "message": "step 200"}, stored, LATER)
     assert event_manifests(stored, second.before, second.after) == []
+
+
+def test_why_a_pending_job_waits_is_an_event_once_per_reason() -> None:
+    """A job that fits nowhere says so where `kubectl describe` looks: a Warning Event
+    (as kube-scheduler's FailedScheduling), again only when the reason's first clause
+    changes, not each time a node's free count in it does."""
+    record = record_in(JobPhase.PENDING, False)
+    record.message = (
+        "waiting for capacity: needs 1 node(s) with 2 free slot(s); gpu-a has 1 of 4 free"
+    )
+    obj = training_job()
+    first = status_update(status_view(record), obj, NOW)
+    [waiting] = event_manifests(obj, first.before, first.after)
+    assert (waiting["reason"], waiting["type"]) == ("Waiting", "Warning")
+    assert waiting["message"] == record.message
+    stored = training_job(first.after)
+    record.message = record.message.replace("1 of 4", "0 of 4")
+    second = status_update(status_view(record), stored, LATER)
+    assert event_manifests(stored, second.before, second.after) == []
+    record.message = "no node of this cluster can hold it: no node lets its pods on (...)"
+    third = status_update(status_view(record), stored, LATER)
+    assert [e["reason"] for e in event_manifests(stored, third.before, third.after)] == ["Waiting"]

@@ -60,7 +60,10 @@ class MovePlacer:
     def __init__(self, bus: Bus, backend: ClusterBackend, store: JobStore, me: str) -> None:
         self.bus = bus
         self.reads = ClusterReads(
-            backend.list_nodes, backend.live_nodes, backend.list_worker_groups
+            backend.list_nodes,
+            backend.live_nodes,
+            backend.list_worker_groups,
+            backend.unfit_nodes,
         )
         self.store = store
         self.me = me

@@ -51,7 +51,8 @@ class ScalerMetrics:
         )
         self.in_use = Gauge(
             "resurge_gpus_in_use",
-            "GPU slots of healthy live nodes in use (replicas, held spares, placements).",
+            "GPU slots of healthy live nodes in use (replicas, held spares, placements, "
+            "other pods).",
             registry=registry,
         )
         self.idle = Gauge(
@@ -82,7 +83,8 @@ class ScalerMetrics:
 
     def gpus(self, snapshot: ClusterSnapshot) -> None:
         """Set the GPU gauges from the cluster snapshot: slots of its healthy live nodes
-        in use (by replicas, held spares, worker groups and claims) and free."""
+        in use (by replicas, held spares, worker groups, claims and pods resurge did not
+        create) and free."""
         slots = {node.name: node.slots for node in snapshot.nodes if node.healthy}
         used = snapshot.used()
         in_use = sum(min(used.get(name, 0), total) for name, total in slots.items())

@@ -93,7 +93,10 @@ class Resizer:
         self.store = store
         self.backend = backend
         self.reads = ClusterReads(
-            backend.list_nodes, backend.live_nodes, backend.list_worker_groups
+            backend.list_nodes,
+            backend.live_nodes,
+            backend.list_worker_groups,
+            backend.unfit_nodes,
         )
         self.lost: dict[str, float] = {}
         self.ready: dict[str, float | None] | None = None
@@ -147,6 +150,7 @@ class Resizer:
             lost=self.lost,
             ready=self.ready,
             reserved=snapshot.reserved(),
+            unfit=snapshot.unfit,
         )
         # A resize in flight here or at another scaler (its slots claimed) is busy.
         busy = self.in_flight | snapshot.claimed_jobs()

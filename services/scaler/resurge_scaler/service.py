@@ -89,7 +89,10 @@ class Scaler:
         self.store = store
         self.backend = backend
         self.reads = ClusterReads(
-            backend.list_nodes, backend.live_nodes, backend.list_worker_groups
+            backend.list_nodes,
+            backend.live_nodes,
+            backend.list_worker_groups,
+            backend.unfit_nodes,
         )
         self.metrics = ScalerMetrics(ctx.registry)
         self._allocations: Allocations | None = None
@@ -158,10 +161,20 @@ class Scaler:
         for record in pending:
             before = dict(used)
             need = needed_replicas(record, now)
-            fit = place(record.spec, nodes, used, record.avoid_nodes, need)
+            unfit = snapshot.unfit.get(record.name, {})
+            fit = place(
+                record.spec, snapshot.nodes_for(record.name), used, record.avoid_nodes, need
+            )
             if fit is None:
                 why = why_waiting(
-                    record.spec, nodes, before, record.avoid_nodes, need, local=local, silent=silent
+                    record.spec,
+                    nodes,
+                    before,
+                    record.avoid_nodes,
+                    need,
+                    local=local,
+                    silent=silent,
+                    unfit=unfit,
                 )
                 fits.append((record, why))
                 continue

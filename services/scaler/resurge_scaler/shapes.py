@@ -88,9 +88,14 @@ def _phase(record: JobRecord) -> tuple[Phase, bool]:
 
 
 def shape_of(
-    record: JobRecord, now: float, resized_at: float | None, lost: Mapping[str, float]
+    record: JobRecord,
+    now: float,
+    resized_at: float | None,
+    lost: Mapping[str, float],
+    unfit: Iterable[str] = (),
 ) -> JobShape:
-    """The :class:`JobShape` of one unfinished record."""
+    """The :class:`JobShape` of one unfinished record; ``unfit``: nodes it may not use
+    (avoided as the nodes it faulted on are)."""
     spec = record.spec.spec
     phase, busy = _phase(record)
     nodes = tuple(p.node for p in sorted(record.placements, key=lambda p: p.replica))
@@ -106,7 +111,7 @@ def shape_of(
         nodes=nodes,
         resized_at=resized_at,
         restarted_at=record.history[-1].time.timestamp() if record.history else None,
-        avoid=frozenset(record.avoid_nodes),
+        avoid=frozenset(record.avoid_nodes).union(unfit),
         lost={node: lost.get(node, now) for node in nodes if node in lost},
         spares=tuple(record.spare_nodes) if phase is Phase.RUNNING else (),
         busy=busy,
@@ -126,6 +131,7 @@ def shapes_from(
     topology_keys: tuple[str, ...] = (ZONE_LABEL,),
     ready: Mapping[str, float | None] | None = None,
     reserved: Mapping[str, int] | None = None,
+    unfit: Mapping[str, Iterable[str]] | None = None,
 ) -> tuple[Cluster, list[JobShape]]:
     """The cluster and the shapes of the unfinished ``records``, ready for ``decide``.
 
@@ -133,11 +139,14 @@ def shapes_from(
     it was first seen gone (:func:`lost_since`); ``ready`` maps a node to when it was
     first seen schedulable (:func:`ready_since`); ``reserved``: the snapshot's slots in
     use that no record names
-    (:meth:`~resurge.control.views.cluster_snapshot.ClusterSnapshot.reserved`).
+    (:meth:`~resurge.control.views.cluster_snapshot.ClusterSnapshot.reserved`);
+    ``unfit``: the nodes each job may not use
+    (:attr:`~resurge.control.views.cluster_snapshot.ClusterSnapshot.unfit`).
     """
     resized = resized_at or {}
+    unfit = unfit or {}
     shapes = [
-        shape_of(record, now, resized.get(record.name), lost or {})
+        shape_of(record, now, resized.get(record.name), lost or {}, unfit.get(record.name, ()))
         for record in records
         if not record.phase.finished
     ]

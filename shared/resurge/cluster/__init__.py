@@ -11,6 +11,7 @@ from resurge.cluster.protocol import (
     ClusterBackend,
     ClusterChange,
     NodeInfo,
+    Taint,
     UnknownNodeError,
     WorkerGroupSpec,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "ClusterBackend",
     "ClusterChange",
     "NodeInfo",
+    "Taint",
     "UnknownNodeError",
     "WorkerGroupSpec",
     "open_backend",

@@ -14,7 +14,7 @@ library's own error) from any method; callers retry as they retry a bus call.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
@@ -29,6 +29,7 @@ __all__ = [
     "ClusterBackend",
     "ClusterChange",
     "NodeInfo",
+    "Taint",
     "UnknownNodeError",
     "WorkerGroupSpec",
 ]
@@ -52,6 +53,16 @@ class UnknownNodeError(BackendError, LookupError):
     """No node by that name; the message lists the nodes the backend knows."""
 
 
+class Taint(BaseModel):
+    """A node taint (Kubernetes): pods that do not tolerate it are not placed there."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str = Field(description="Taint key.")
+    value: str = Field(default="", description="Taint value.")
+    effect: str = Field(description="NoSchedule, PreferNoSchedule or NoExecute.")
+
+
 class NodeInfo(BaseModel):
     """A node as its monitor agent (or kubelet) reports it, cordons applied."""
 
@@ -64,6 +75,15 @@ class NodeInfo(BaseModel):
     cordon_reason: str = Field(default="", description="Why it was cordoned, in words.")
     address: str = Field(default="127.0.0.1", description="Address workers on it are reached at.")
     labels: dict[str, str] = Field(default_factory=dict, description="Node labels.")
+    taints: list[Taint] = Field(
+        default_factory=list, description="Node taints (Kubernetes; none locally)."
+    )
+    in_use_elsewhere: int = Field(
+        default=0,
+        ge=0,
+        description="Slots taken by pods resurge did not create (Kubernetes: what other "
+        "pods bound to the node request of the accelerator resource); never offered.",
+    )
     heartbeat: datetime = Field(
         default_factory=lambda: datetime.now(UTC), description="When its monitor last wrote."
     )
@@ -211,6 +231,14 @@ class ClusterBackend(Protocol):
 
     async def read_job_status(self, job: str) -> dict[str, object] | None:
         """The status last written for ``job``; None if none was. Read-only."""
+        ...
+
+    def unfit_nodes(self, job: TrainingJob, nodes: Iterable[NodeInfo]) -> dict[str, str]:
+        """The nodes of ``nodes`` where ``job``'s worker groups may not be placed, each
+        with why in words: Kubernetes: those its template's ``nodeSelector``, required
+        node affinity or tolerations keep its pods from
+        (:func:`resurge.cluster.kubernetes.scheduling.unfit_reason`); local: none (a
+        template is Kubernetes-only). Pure: no I/O."""
         ...
 
     def watch(self, node: str | None = None) -> AsyncIterator[ClusterChange]:

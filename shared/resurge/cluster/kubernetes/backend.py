@@ -5,9 +5,14 @@ through the official ``kubernetes`` client; worker groups realised as pods.
   cache per process (:mod:`.informer`: one list, then one watch, shared with the
   controller's Node loop); a node is live while its kubelet says Ready and its resurge
   monitor renewed the node's Lease (:mod:`.node_lease`, also cached) within
-  ``NODE_TIMEOUT_SECONDS``. :meth:`report_node` renews that Lease every few seconds
-  and writes the monitor's report to the Node's annotation only when it changes; on a
-  cluster where no kubelet registered the node (an emulator) it registers it.
+  ``NODE_TIMEOUT_SECONDS``. What the cluster's other pods (any namespace, not finished,
+  bound to the node) request of the accelerator is the node's ``in_use_elsewhere``
+  (:func:`~.scheduling.in_use`, from a cache of those pods), never offered to a job;
+  :meth:`unfit_nodes` are the nodes a job's template keeps its pods from
+  (:func:`~.scheduling.unfit_reason`). :meth:`report_node` renews that Lease every few
+  seconds and writes the monitor's report to the Node's annotation only when it
+  changes; on a cluster where no kubelet registered the node (an emulator) it
+  registers it.
 - :meth:`cordon` sets ``spec.unschedulable``, the ``resurge.dev/unhealthy=true:
   NoSchedule`` taint and the reason; :meth:`uncordon` removes what resurge added (the
   unschedulable flag only where resurge set it). Both patch the node as read, with its
@@ -19,7 +24,8 @@ through the official ``kubernetes`` client; worker groups realised as pods.
   each group into a pod and follows TrainingJobs into job submissions. A job's status is
   also written into its TrainingJob's status subresource (read, merge-patched with the
   resourceVersion as a precondition, read again on a conflict: :mod:`.status`), and each
-  recovery and resize becomes a Kubernetes Event on it.
+  recovery and resize becomes a Kubernetes Event on it. A job whose TrainingJob asks for
+  demand pods has them while it waits for room (:mod:`.demand`).
 - The client is synchronous; every call runs in a worker thread.
 """
 
@@ -28,12 +34,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from resurge.cluster.kubernetes.api import MERGE_PATCH, KubeApi, api_client, conflict, json_of
 from resurge.cluster.kubernetes.controller import Controller
+from resurge.cluster.kubernetes.demand import demand_pods, waits_for_room, wants_demand_pods
 from resurge.cluster.kubernetes.gpu_health import (
     GpuCondition,
     condition_patch,
@@ -53,6 +60,8 @@ from resurge.cluster.kubernetes.node_lease import (
     renewed_at,
 )
 from resurge.cluster.kubernetes.objects import (
+    DEMAND_LABEL,
+    JOB_LABEL,
     MONITOR_ANNOTATION,
     UNHEALTHY_TAINT,
     MonitorReport,
@@ -62,11 +71,13 @@ from resurge.cluster.kubernetes.objects import (
     node_info,
     node_manifest,
     node_ready,
+    owner_reference,
     report_patch,
     resurge_cordon,
     uncordon_patch,
     worker_domain,
 )
+from resurge.cluster.kubernetes.scheduling import in_use, unfit_reason
 from resurge.cluster.kubernetes.status import StatusUpdate, event_manifests, status_update
 from resurge.cluster.kubernetes.times import parse_time
 from resurge.cluster.kubernetes.watch import SYNCED, drain
@@ -95,6 +106,9 @@ log = logging.getLogger("resurge.cluster.kubernetes")
 _HEARTBEAT_WRITE_SECONDS = NODE_TIMEOUT_SECONDS / 3
 # A write refused as stale (409) is made again from a fresh read at most this many times.
 _WRITE_TRIES = 8
+# The pods whose requests count against their node: those not finished (the field
+# selector of kube-scheduler's own pod informer).
+_UNFINISHED_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 class KubernetesBackend:
@@ -117,6 +131,10 @@ class KubernetesBackend:
         # writes its own Node and Lease and watches nothing).
         self._nodes: Informer | None = None
         self._node_leases: Informer | None = None
+        # What other pods take of each node, with the pod cache's state it is from.
+        self._in_use: tuple[tuple[int, int], dict[str, int]] | None = None
+        # Whether each job's demand pods are there, as this process last made them.
+        self._demand: dict[str, bool] = {}
         # Each node's NodeInfo as last read, with the Node's resourceVersion and the
         # Lease's renewal it was read from: read again only when either changed.
         self._infos_read: dict[str, tuple[str, datetime | None, NodeInfo]] = {}
@@ -153,6 +171,24 @@ class KubernetesBackend:
         )
         return self._node_leases
 
+    def _pod_informer(self) -> Informer:
+        """This process's one cache of the cluster's unfinished pods, anyone's."""
+        return informer(
+            self.kube,
+            self.kube.core.list_pod_for_all_namespaces,
+            field_selector=_UNFINISHED_PODS,
+        )
+
+    async def _in_use_elsewhere(self) -> dict[str, int]:
+        """What pods resurge did not create take of each node's accelerator (worked out
+        again only when the pod cache changed)."""
+        informer_ = self._pod_informer()
+        pods = await informer_.objects()
+        if self._in_use is None or self._in_use[0] != (id(informer_), informer_.changes_seen):
+            found = in_use(pods, self.settings.kube_accelerator)
+            self._in_use = ((id(informer_), informer_.changes_seen), found)
+        return self._in_use[1]
+
     def _wrote_node(self, node: dict[str, Any]) -> None:
         """Show a Node as a write returned it to this backend's reads (if it has read)."""
         if self._nodes is not None:
@@ -183,7 +219,13 @@ class KubernetesBackend:
             if version and (when is not None or parse_time(meta.get("creationTimestamp"))):
                 self._infos_read[name] = (version, when, info)
             infos.append((node, info))
-        return infos
+        taken = await self._in_use_elsewhere()
+        return [
+            (node, info.model_copy(update={"in_use_elsewhere": taken[info.name]}))
+            if taken.get(info.name)
+            else (node, info)
+            for node, info in infos
+        ]
 
     async def _node(self, name: str) -> dict[str, Any] | None:
         return await self.kube.read(f"read node {name}", self.kube.core.read_node, name)
@@ -408,6 +450,27 @@ class KubernetesBackend:
             return None
         return worker_domain(job.name, job.metadata.namespace)
 
+    def unfit_nodes(self, job: TrainingJob, nodes: Iterable[NodeInfo]) -> dict[str, str]:
+        """The nodes ``job``'s pods may not go to, each with why: its template's
+        ``nodeSelector`` or required node affinity does not match the node, or the node
+        has a taint the template does not tolerate (:func:`~.scheduling.unfit_reason`)."""
+        template = job.spec.template
+        spec = (template or {}).get("spec") or {}
+        selects = bool(spec.get("nodeSelector")) or bool(
+            ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+                "requiredDuringSchedulingIgnoredDuringExecution"
+            )
+        )
+        unfit = {}
+        for node in nodes:
+            if not selects and not node.taints:
+                continue  # nothing to match: every such node may take its pods
+            taints = [t.model_dump() for t in node.taints]
+            why = unfit_reason(template, node.name, node.labels, taints)
+            if why is not None:
+                unfit[node.name] = why
+        return unfit
+
     async def list_worker_groups(self, job: str | None = None) -> list[WorkerGroupSpec]:
         """Every worker group record, or only ``job``'s."""
         return await self.records.list_worker_groups(job)
@@ -440,7 +503,11 @@ class KubernetesBackend:
             tried.append((training_job, update))
             return None if update.patch is None else update.patch["status"]
 
-        if not await self.kube.update_training_job_status(job, change):
+        written = await self.kube.update_training_job_status(job, change)
+        if tried:
+            with contextlib.suppress(BackendError):  # shown again at the next write
+                await self._show_demand(job, tried[-1][0], status)
+        if not written:
             return
         training_job, update = tried[-1]
         namespace = self.kube.locate(job)[0]
@@ -453,6 +520,57 @@ class KubernetesBackend:
                     event,
                     _preload_content=False,
                 )
+
+    async def _show_demand(
+        self, job: str, training_job: dict[str, Any], status: dict[str, object]
+    ) -> None:
+        """Keep ``job``'s demand pods (:mod:`.demand`): there while its TrainingJob asks
+        for them and it waits for room, gone as soon as it does not (read from the API
+        once per job and process, then known)."""
+        wanted = wants_demand_pods(training_job) and waits_for_room(status)
+        known = self._demand.get(job)
+        if known == wanted or (
+            known is None and not wanted and not wants_demand_pods(training_job)
+        ):
+            return
+        meta = training_job.get("metadata") or {}
+        namespace, name = str(meta.get("namespace") or self.namespace), str(meta.get("name"))
+        if wanted:
+            avoid = status.get("avoidNodes")
+            pods = demand_pods(
+                training_job,
+                {JOB_LABEL: name},
+                owner_reference(training_job),
+                self.settings.kube_image,
+                [str(n) for n in avoid] if isinstance(avoid, list) else [],
+            )
+            for pod in pods:
+                try:
+                    await self.kube.call(
+                        f"create demand pod {pod['metadata']['name']}",
+                        self.kube.core.create_namespaced_pod,
+                        namespace,
+                        pod,
+                        _preload_content=False,
+                    )
+                except BackendError as error:
+                    if not conflict(error):  # there already: fine
+                        raise
+        else:
+            listed = await self.kube.read(
+                f"list the demand pods of {job}",
+                self.kube.core.list_namespaced_pod,
+                namespace,
+                label_selector=f"{JOB_LABEL}={name},{DEMAND_LABEL}",
+            )
+            for pod in (listed or {}).get("items") or []:
+                await self.kube.read(
+                    f"delete demand pod {pod['metadata']['name']}",
+                    self.kube.core.delete_namespaced_pod,
+                    pod["metadata"]["name"],
+                    namespace,
+                )
+        self._demand[job] = wanted
 
     async def read_job_status(self, job: str) -> dict[str, object] | None:
         """The status last written for ``job``."""

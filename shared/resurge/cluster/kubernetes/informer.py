@@ -8,7 +8,8 @@ cache. It runs until its event loop shuts down its asynchronous generators (as
 none is left reading when the interpreter exits.
 
 - :meth:`Informer.objects` and :meth:`Informer.get` read the cache (waiting for the first
-  list once); they never call the API.
+  list once); they never call the API. :attr:`Informer.changes_seen` counts the cache's
+  changes, so what a reader works out from it is worked out again only after one.
 - :meth:`Informer.changes` hands a subscriber the cache as it is (``ADDED`` each), one
   ``SYNCED`` once the first list is in, then every change, in the order the server made
   them.
@@ -63,6 +64,9 @@ class Informer:
         self.list_fn = list_fn
         self.kwargs = kwargs
         self.cache: dict[Key, dict[str, Any]] = {}
+        # Bumped at each change of the cache: what a reader derives from the cache is
+        # still true while it is unchanged.
+        self.changes_seen = 0
         # The last revision seen of each key, deletions included: a stale copy of an
         # object (an older write's answer, a late watch event) never replaces a newer one.
         self._revisions: dict[Key, int] = {}
@@ -118,10 +122,12 @@ class Informer:
             self._revisions[key] = revision
         if kind == "DELETED":
             if self.cache.pop(key, None) is not None:
+                self.changes_seen += 1
                 self._tell((kind, obj))
             return
         kind = "MODIFIED" if key in self.cache else "ADDED"
         self.cache[key] = obj
+        self.changes_seen += 1
         self._tell((kind, obj))
 
     def _tell(self, change: Change) -> None:
@@ -134,6 +140,7 @@ class Informer:
             failed, self._failed = self._failed, None
             self._synced = asyncio.Event()
             self.cache.clear()
+            self.changes_seen += 1
             self._revisions.clear()
             raise failed
         await self._start()

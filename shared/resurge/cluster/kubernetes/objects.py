@@ -50,12 +50,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from resurge.cluster.kubernetes.identity import local_name
 from resurge.cluster.kubernetes.times import parse_time
 from resurge.cluster.names import group_digest, service_name, worker_hostname
-from resurge.cluster.protocol import WORKER_GROUP_ENV, NodeInfo, WorkerGroupSpec
+from resurge.cluster.protocol import WORKER_GROUP_ENV, NodeInfo, Taint, WorkerGroupSpec
 from resurge.jobspec.accelerator import job_accelerator
 
 __all__ = [
     "CORDON_REASON_ANNOTATION",
     "CORDON_UNSCHEDULABLE_ANNOTATION",
+    "DEMAND_LABEL",
     "GROUP_ANNOTATION",
     "JOB_LABEL",
     "MONITOR_ANNOTATION",
@@ -74,6 +75,7 @@ __all__ = [
     "pod_name",
     "resurge_cordon",
     "uncordon_patch",
+    "with_required",
     "worker_domain",
 ]
 
@@ -86,6 +88,8 @@ CORDON_REASON_ANNOTATION = f"{GROUP}/cordon-reason"
 CORDON_UNSCHEDULABLE_ANNOTATION = f"{GROUP}/cordon-unschedulable"
 MONITOR_ANNOTATION = f"{GROUP}/monitor"
 GROUP_ANNOTATION = f"{GROUP}/worker-group"
+# The label of a job's demand pods (:mod:`.demand`).
+DEMAND_LABEL = f"{GROUP}/demand"
 # The accelerator resource a node's slots count unless the installation names another
 # (the kube_accelerator setting).
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -187,6 +191,11 @@ def node_info(
             for key, value in _mapping(meta.get("labels")).items()
             if isinstance(value, str)
         },
+        taints=[
+            Taint(key=t["key"], value=str(t.get("value") or ""), effect=t["effect"])
+            for t in _taints(node)
+            if isinstance(t.get("key"), str) and isinstance(t.get("effect"), str)
+        ],
         heartbeat=heartbeat,
     )
 
@@ -380,7 +389,7 @@ def pod_manifest(
             "containers": [container, *containers[1:]],
             "restartPolicy": "OnFailure",
             "terminationGracePeriodSeconds": int(spec.stop_grace_seconds) + 5,
-            "affinity": {**(pod_spec.get("affinity") or {}), "nodeAffinity": _on_node(spec.node)},
+            "affinity": _pinned(_mapping(pod_spec.get("affinity")), spec.node),
         }
     )
     _network(pod_spec, spec)
@@ -431,10 +440,30 @@ def _with_accelerator(
     return resources
 
 
-def _on_node(node: str) -> dict[str, Any]:
-    """The node affinity that pins a pod to Node ``node``."""
-    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-    return {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+def _pinned(affinity: dict[str, Any], node: str) -> dict[str, Any]:
+    """The template's ``affinity`` with the pin to Node ``node`` ANDed into each of its
+    required node affinity's terms (:func:`with_required`): every term it had still
+    holds on the chosen node."""
+    return with_required(affinity, [{"key": "metadata.name", "operator": "In", "values": [node]}])
+
+
+def with_required(affinity: dict[str, Any], fields: list[dict[str, Any]]) -> dict[str, Any]:
+    """A copy of ``affinity`` (a pod's) whose required node affinity also holds
+    ``fields`` (``matchFields`` requirements): they are ANDed into each of its
+    ``nodeSelectorTerms`` (which stay ORed); with none, they are the one term.
+    Everything else (preferred terms, pod affinity) is kept as written."""
+    affinity = copy.deepcopy(affinity)
+    node_affinity = _mapping(affinity.get("nodeAffinity"))
+    required = _mapping(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
+    terms = _objects(required.get("nodeSelectorTerms")) or [{}]
+    merged = [
+        {**term, "matchFields": [*_objects(term.get("matchFields")), *fields]} for term in terms
+    ]
+    affinity["nodeAffinity"] = {
+        **node_affinity,
+        "requiredDuringSchedulingIgnoredDuringExecution": {**required, "nodeSelectorTerms": merged},
+    }
+    return affinity
 
 
 def _network(pod_spec: dict[str, Any], spec: WorkerGroupSpec) -> None:

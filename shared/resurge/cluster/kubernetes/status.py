@@ -23,7 +23,10 @@ own (``submittedGeneration``) is left as it is.
 
 :func:`event_manifests` gives the Events of what a new status shows for the first time:
 a recovery (``Recovered``, or ``Recovering`` as it starts), a resize (``Resized``), the
-job ending (``Succeeded``/``Failed``). Computed from the status read and the one written
+job ending (``Succeeded``/``Failed``), and why a Pending job waits (``Waiting``, a
+Warning, as kube-scheduler's ``FailedScheduling``: recorded when the reason's first
+clause changes, not each time a node's free count in it does; a new job's bare
+"waiting for capacity" is none). Computed from the status read and the one written
 over it with its precondition, each is recorded by the one writer whose write won.
 """
 
@@ -252,8 +255,22 @@ def event_manifests(
             )
         )
     phase = after.get("phase")
+    waiting = _waiting(after)
+    if waiting is not None and waiting != _waiting(before):
+        events.append(event(training_job, "Waiting", str(after.get("message")), warning=True))
     if phase in ("Succeeded", "Failed") and before.get("phase") != phase:
         events.append(
             event(training_job, str(phase), str(after.get("message") or ""), phase == "Failed")
         )
     return events
+
+
+def _waiting(status: dict[str, Any]) -> str | None:
+    """The first clause of why a Pending job waits (past an earlier step's words, which
+    come before a ``|``); None when the job is not Pending or gives no reason (a new
+    job's bare "waiting for capacity", before the scaler looked)."""
+    message = status.get("message")
+    if status.get("phase") != "Pending" or not isinstance(message, str):
+        return None
+    clause = message.rsplit(" | ", 1)[-1].split(";", 1)[0]
+    return clause if ":" in clause else None

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -138,6 +138,11 @@ class LocalBackend:
     def worker_domain(self, job: TrainingJob) -> None:
         """None: a local worker group is reached at its node's address."""
         return None
+
+    def unfit_nodes(self, job: TrainingJob, nodes: Iterable[NodeInfo]) -> dict[str, str]:
+        """No node: a job's pod template (its only placement constraints) is
+        Kubernetes-only; every node may take its worker groups."""
+        return {}
 
     async def list_nodes(self) -> list[NodeInfo]:
         """Every node as its monitor last wrote it, with the control plane's cordons

@@ -17,11 +17,14 @@ A job that no node of the cluster could hold even with every job gone
 (:func:`cannot_hold`: no node has ``nprocPerNode`` slots, or all of them together hold
 fewer than ``min`` replicas) is still accepted, since nodes can be added; its wait
 reason and the CLI's warning at submit say so, naming what it needs and what the
-cluster has.
+cluster has. Nodes the job may not use (``unfit``: on Kubernetes, its template's
+selector, affinity or tolerations keep its pods off them) count for nothing, and its
+wait reason names each with why.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 
 from resurge.cluster import NodeInfo
@@ -150,6 +153,9 @@ def _extra(
     ]
 
 
+# At most this many nodes are named in a wait reason's list of nodes a job may not use.
+_SHOWN = 5
+
 UNHOLDABLE = "no node of this cluster can hold it"
 """How a wait reason from :func:`cannot_hold` begins."""
 
@@ -193,13 +199,24 @@ def why_waiting(
     *,
     local: bool = False,
     silent: list[str] | tuple[str, ...] = (),
+    unfit: Mapping[str, str] | None = None,
 ) -> str:
     """Why ``job`` does not fit now, in words (for a Pending job's status): that no node
     could ever hold it (:func:`cannot_hold`), or else node by node, ``silent`` (known
-    nodes not reporting) included, each with the command that brings it back."""
+    nodes not reporting) included, each with the command that brings it back;
+    ``unfit``: the nodes the job may not use, with why."""
+    unfit = unfit or {}
+    fit = [n for n in nodes if n.name not in unfit]
+    if nodes and not fit:
+        shown = "; ".join(f"{name}: {why}" for name, why in sorted(unfit.items())[:_SHOWN])
+        more = f"; and {len(unfit) - _SHOWN} more" if len(unfit) > _SHOWN else ""
+        return (
+            f"{UNHOLDABLE}: no node lets its pods on (its template's nodeSelector, node "
+            f"affinity and tolerations): {shown}{more}"
+        )
     # A known node not reporting may come back: only with every node reporting is "no
     # node can hold it" known.
-    never = None if silent else cannot_hold(job, nodes, local=local)
+    never = None if silent else cannot_hold(job, fit, local=local)
     if never is not None:
         return never
     nproc = job.spec.nproc_per_node
@@ -213,7 +230,10 @@ def why_waiting(
         )
     if job.spec.recovery.spares:
         needs += f" and {job.spec.recovery.spares} spare(s)"
-    notes = _node_notes(nodes, used, nproc, avoid)
+    notes = _node_notes(fit, used, nproc, avoid)
+    if unfit:
+        shown = ", ".join(sorted(unfit)[:_SHOWN]) + (" ..." if len(unfit) > _SHOWN else "")
+        notes.append(f"{len(unfit)} node(s) its template keeps its pods off ({shown})")
     for name in sorted(silent):
         back = f" (`resurge node up {name}` if it was powered off)" if local else ""
         notes.append(f"{name} not reporting{back}")

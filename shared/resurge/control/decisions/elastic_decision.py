@@ -611,7 +611,9 @@ def _why_waiting(state: _State, work: _Work) -> str:
         f"{len(placed)} fit in free slots"
     )
     if shape.avoid:
-        reason += f" (avoiding {', '.join(sorted(shape.avoid))})"
+        avoided = sorted(shape.avoid)
+        more = f" and {len(avoided) - 5} more" if len(avoided) > 5 else ""
+        reason += f" (avoiding {', '.join(avoided[:5])}{more})"
     if _victims(state, work):
         return reason + "; shrinking and suspending lower-priority jobs would not make room"
     return reason + "; no lower-priority job to make room"

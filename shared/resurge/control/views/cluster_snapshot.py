@@ -15,7 +15,15 @@ A node's slots are in use by, each counted once however many of these name it:
   names it, a finished job's group not yet deleted, a moved replica's old group);
 - a live claim of the allocation ledger (:mod:`resurge.control.state.allocations`): a
   placement decided and not yet written into its record (an admission, a grow in
-  flight, a move).
+  flight, a move);
+- what pods resurge did not create take there (:attr:`NodeInfo.in_use_elsewhere`:
+  on Kubernetes, other teams' pods), the use ``(ELSEWHERE, None, node)``.
+
+Besides the slots, a job may use only the nodes its backend lets its worker groups
+onto: :attr:`ClusterSnapshot.unfit` holds, for each unfinished job, the nodes it may
+not use and why (:meth:`~resurge.cluster.ClusterBackend.unfit_nodes`: on Kubernetes,
+its template's ``nodeSelector``, required node affinity and tolerations), and
+:meth:`ClusterSnapshot.nodes_for` the live nodes it may.
 
 A replica is the key ``(job, replica, node)``, a spare ``(job, node)``: a claim, the
 worker group and the record placement of one replica are one use of the node.
@@ -23,7 +31,7 @@ worker group and the record placement of one replica are one use of the node.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -32,8 +40,10 @@ from resurge.control.decisions.recovery_policy import ClusterView
 from resurge.control.state.allocations import Allocations, Claim
 from resurge.control.state.records import JobRecord
 from resurge.events import JobPhase
+from resurge.jobspec import TrainingJob
 
 __all__ = [
+    "ELSEWHERE",
     "ClusterReads",
     "ClusterSnapshot",
     "RecordSource",
@@ -46,6 +56,9 @@ __all__ = [
 Use = tuple[str, int | None, str]
 """One use of a node: (job, replica or None for a held spare, node)."""
 
+ELSEWHERE = ""
+"""The job of a use by pods resurge did not create (no job is named so)."""
+
 
 @dataclass(frozen=True)
 class ClusterSnapshot:
@@ -56,7 +69,8 @@ class ClusterSnapshot:
     ``from_records`` holds the uses a job record names (its placements and spares).
     ``claims``: the ledger's live claims the snapshot counted, and ``revision``: the
     ledger revision it read (a placement is written against it). ``records``: the job
-    records it was built from.
+    records it was built from. ``unfit``: for each unfinished job, the nodes it may not
+    use, each with why.
     """
 
     nodes: list[NodeInfo] = field(default_factory=list)
@@ -66,6 +80,12 @@ class ClusterSnapshot:
     claims: tuple[Claim, ...] = ()
     revision: int = 0
     records: tuple[JobRecord, ...] = ()
+    unfit: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    def nodes_for(self, job: str) -> list[NodeInfo]:
+        """The live nodes ``job`` may use (those :attr:`unfit` for it left out)."""
+        unfit = self.unfit.get(job)
+        return [n for n in self.nodes if n.name not in unfit] if unfit else list(self.nodes)
 
     def used(self, exclude_job: str | None = None) -> dict[str, int]:
         """Slots in use on each node (``exclude_job``'s uses left out)."""
@@ -112,11 +132,16 @@ def build_snapshot(
     *,
     known: Sequence[NodeInfo] | None = None,
     revision: int = 0,
+    unfit: Mapping[str, Mapping[str, str]] | None = None,
 ) -> ClusterSnapshot:
-    """The snapshot of live ``nodes`` with the uses of ``records``, ``groups`` and
-    ``claims`` (the module's list). ``known``: every listed node (default ``nodes``)."""
+    """The snapshot of live ``nodes`` with the uses of ``records``, ``groups``,
+    ``claims`` and other pods (the module's list). ``known``: every listed node
+    (default ``nodes``); ``unfit``: the nodes each job may not use, with why."""
     records = tuple(records)
     uses: dict[Use, int] = {}
+    for info in nodes if known is None else known:
+        if info.in_use_elsewhere:
+            uses[(ELSEWHERE, None, info.name)] = info.in_use_elsewhere
     named: set[Use] = set()
     for record in records:
         if not _holds_slots(record):
@@ -141,24 +166,29 @@ def build_snapshot(
         claims=kept,
         revision=revision,
         records=records,
+        unfit=dict(unfit or {}),
     )
 
 
 @dataclass(frozen=True)
 class ClusterReads:
     """The backend reads a snapshot takes, as bound methods. A service passes its own
-    backend's (``ClusterReads(b.list_nodes, b.live_nodes, b.list_worker_groups)``), so
+    backend's (``ClusterReads(b.list_nodes, b.live_nodes, b.list_worker_groups,
+    b.unfit_nodes)``), so
     what it reads of a cluster shows in its own code, where the RBAC scan of the
     Kubernetes permissions looks."""
 
     list_nodes: Callable[[], Awaitable[list[NodeInfo]]]
     live_nodes: Callable[[], Awaitable[list[NodeInfo]]]
     list_worker_groups: Callable[[], Awaitable[list[WorkerGroupSpec]]]
+    unfit_nodes: Callable[[TrainingJob, Iterable[NodeInfo]], dict[str, str]]
 
     @classmethod
     def of(cls, backend: ClusterBackend) -> ClusterReads:
         """The reads of ``backend``."""
-        return cls(backend.list_nodes, backend.live_nodes, backend.list_worker_groups)
+        return cls(
+            backend.list_nodes, backend.live_nodes, backend.list_worker_groups, backend.unfit_nodes
+        )
 
 
 class RecordSource(Protocol):
@@ -182,10 +212,17 @@ async def read_snapshot(
     groups = await reads.list_worker_groups()
     live = await reads.live_nodes()
     known = await reads.list_nodes()
-    return build_snapshot(live, records, groups, claims, known=known, revision=revision)
+    unfit = {
+        record.name: found
+        for record in records
+        if not record.phase.finished and (found := reads.unfit_nodes(record.spec, known))
+    }
+    return build_snapshot(
+        live, records, groups, claims, known=known, revision=revision, unfit=unfit
+    )
 
 
 def move_view(snapshot: ClusterSnapshot, job: str) -> ClusterView:
-    """What a node recovery of ``job`` may move a replica to: the live nodes and the
-    slots every other job uses or holds (its spares, its claims) on each."""
-    return ClusterView(nodes=list(snapshot.nodes), used=snapshot.used(exclude_job=job))
+    """What a node recovery of ``job`` may move a replica to: the live nodes it may use
+    and the slots every other job (and other pods) uses or holds on each."""
+    return ClusterView(nodes=snapshot.nodes_for(job), used=snapshot.used(exclude_job=job))
