@@ -220,7 +220,9 @@ def feasibility(
 
 def unschedulable_message(nodes: int, reasons: Iterable[list[str]]) -> str:
     """kube-scheduler's FailedScheduling message: ``0/3 nodes are available: 1 Insufficient
-    nvidia.com/gpu, 2 node(s) didn't match Pod's node affinity/selector.``"""
+    nvidia.com/gpu, 2 node(s) didn't match Pod's node affinity/selector.``, each reason
+    with its count, the "count reason" strings sorted (its ``FitError.Error``); the
+    preemption part that follows is left out."""
     counts = Counter(reason for node in reasons for reason in node)
-    words = ", ".join(f"{count} {reason}" for reason, count in sorted(counts.items()))
+    words = ", ".join(sorted(f"{count} {reason}" for reason, count in counts.items()))
     return f"0/{nodes} nodes are available: {words}."

@@ -245,8 +245,8 @@ def test_selector_affinity_and_taints_decide_where_a_pod_is_bound(
         lambda: _unschedulable_message(kube_api_thread, "intolerant"), 20, "intolerant waits"
     )
     assert message == (
-        "0/3 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, "
-        "1 node(s) had untolerated taint {team: vision}."
+        "0/3 nodes are available: 1 node(s) had untolerated taint {team: vision}, "
+        "2 node(s) didn't match Pod's node affinity/selector."
     )
     selected = pinned_pod("selected", "x", "exit 0", nodeSelector={"pool": "serve"})
     del selected["spec"]["affinity"]

@@ -12,7 +12,9 @@ from typing import Any
 
 from resurge.cluster import NodeInfo
 from resurge.cluster.kubernetes.backend import KubernetesBackend
+from resurge.cluster.kubernetes.demand import wants_demand_pods
 from resurge.control.decisions.admission import new_record, place, why_waiting
+from resurge.control.decisions.worker_groups import worker_groups
 from resurge.control.state.records import JobRecord
 from resurge.control.views.cluster_snapshot import ClusterReads, read_snapshot
 from resurge.jobspec import parse_job
@@ -120,8 +122,6 @@ async def test_a_job_is_placed_around_other_pods_and_off_nodes_its_template_excl
     # The pod made for the placement keeps the template's terms, and kube-scheduler's
     # filters (the stand-in's) accept it on that node.
     record.placements = fit[0]
-    from resurge.control.decisions.worker_groups import worker_groups
-
     [group] = worker_groups(record)
     await backend.create_worker_group(group)
     [pod] = await until("the worker group's pod", lambda: pods_of(api, "llama"))
@@ -219,3 +219,12 @@ async def test_a_job_that_fits_nowhere_shows_an_autoscaler_its_demand_until_it_r
         "llama", {"name": "llama", "phase": "Running", "message": "running"}
     )
     await until("the demand pods gone", lambda: not demand_of(api, "llama"))
+
+
+def test_demand_pods_are_asked_for_and_never_for_a_queued_job() -> None:
+    asked = helpers.training_job("llama")
+    asked["metadata"]["annotations"] = {"resurge.dev/demand-pods": "true"}
+    assert wants_demand_pods(asked)
+    assert not wants_demand_pods(helpers.training_job("llama"))
+    queued = {**asked, "spec": {**asked["spec"], "queue": "team-queue"}}
+    assert not wants_demand_pods(queued), "Kueue gates a queued job's pods and shows its demand"

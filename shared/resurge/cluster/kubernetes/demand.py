@@ -8,7 +8,8 @@ nodes for Pending pods, see no demand. A TrainingJob annotated
 until a node that fits one is added, each shaped as one of the job's worker groups (its
 template's nodeSelector, node affinity, tolerations and priority class; ``nprocPerNode``
 of its accelerator; the nodes the job avoids as a ``NotIn`` term) and doing nothing
-(``sleep infinity`` in the job's image). They are labelled ``resurge.dev/job`` and
+(``sleep infinity`` in the job's image). A job in a Kueue queue gets none: its demand
+is Kueue's to show. They are labelled ``resurge.dev/job`` and
 ``resurge.dev/demand``, owned by the TrainingJob, never counted as using a node
 (:func:`~.scheduling.in_use`), and deleted as soon as the job is no longer Pending,
 before its own pods need their room.
@@ -40,9 +41,12 @@ def _mapping(value: object) -> dict[str, Any]:
 
 
 def wants_demand_pods(training_job: dict[str, Any]) -> bool:
-    """Whether the TrainingJob asks for demand pods (its annotation is ``"true"``)."""
+    """Whether the TrainingJob asks for demand pods (its annotation is ``"true"``) and
+    may have them: not a job in a Kueue queue (``spec.queue``), whose demand is Kueue's
+    to show (its ProvisioningRequest admission check) and whose pods Kueue gates."""
     annotations = _mapping(_mapping(training_job.get("metadata")).get("annotations"))
-    return str(annotations.get(DEMAND_ANNOTATION, "")).lower() == "true"
+    queued = bool(_mapping(training_job.get("spec")).get("queue"))
+    return str(annotations.get(DEMAND_ANNOTATION, "")).lower() == "true" and not queued
 
 
 def waits_for_room(status: dict[str, object]) -> bool:
