@@ -29,6 +29,7 @@ from resurge.events import (
     Event,
     FaultDetected,
     JobDeleted,
+    LogLine,
     NodeReport,
     ProcessExited,
     ReplicaSlot,
@@ -42,6 +43,8 @@ from resurge.runtime.settings import Settings
 
 NAMESPACE = "tauth"
 NODES = ["node-0", "node-1"]
+# The job whose launch agents on node-0 have a user of their own.
+LAUNCHED = "team-a"
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Loc
     state_dir = tmp_path_factory.mktemp("auth")
     access = LocalAccess(state_dir, Settings(namespace=NAMESPACE).subjects)
     access.prepare(NODES)
+    access.add_job_agent("node-0", LAUNCHED)
     config = access.write_config(NODES)
+    access.job_agent_ready("node-0", LAUNCHED)
     with NatsServer(state_dir / "nats", config=config) as server:
         yield server.url, access
 
@@ -165,6 +170,8 @@ def test_credentials_are_private(cluster: tuple[str, LocalAccess], tmp_path: Pat
         "viewer.json",
         "agent-node-0.json",
         "agent-node-1.json",
+        "job-agents.json",
+        access.job_agent_path("node-0", LAUNCHED).name,
     }
     for path in files:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
@@ -256,6 +263,61 @@ async def test_agent_reads_commands_but_no_other_stream_nor_others_inboxes(
         await asyncio.wait_for(came.wait(), 10)
         await inbox.close()
     assert got[0].generation == 1
+
+
+async def test_a_launch_agent_says_only_its_jobs_raw_events_on_its_node_and_reads_its_commands(
+    cluster: tuple[str, LocalAccess], streams: None
+) -> None:
+    """A worker that steals its launch agent's credentials can lie about its own job on
+    its own node, and nothing else: not another job (on the same node), not the node
+    (an XID), not another node."""
+    url, access = cluster
+    settings = Settings(
+        nats_url=url,
+        namespace=NAMESPACE,
+        nats_credentials=access.job_agent_path("node-0", LAUNCHED),
+        connect_timeout_seconds=5,
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        bus = await Bus.connect(settings, "node-agent")
+        stack.push_async_callback(bus.close)
+        s = bus.subjects
+        line = LogLine(
+            source=bus.source, job=LAUNCHED, replica=0, node="node-0", rank=0,
+            local_rank=0, stream="stdout", line="step 1",
+        )  # fmt: skip
+        await bus.publish(s.raw(LAUNCHED, "log_line", "node-0"), line)  # stored: acked
+        client = await _Client().open(settings)
+        stack.push_async_callback(client.nc.close)
+        assert await client.publish_denied(s.raw("team-b", "process_exited", "node-0"))
+        assert await client.publish_denied(s.raw(LAUNCHED, "progress", "node-1"))
+        assert await client.publish_denied(s.raw("_", "gpu_error", "node-0"))
+        assert await client.publish_denied(s.raw("_", "node_report", "node-0"))
+        assert await client.publish_denied(s.raw(LAUNCHED, "gpu_error", "node-0"))
+        assert await client.publish_denied(s.cmd(LAUNCHED, 0))
+        assert await client.publish_denied(f"$KV.{s.kv_bucket('nodes')}.node-0")
+        assert await client.subscribe_denied(s.cmd("team-b", 0))
+        positions = s.kv_bucket("agent_positions")
+        assert await client.publish_denied(f"$KV.{positions}.node-0.team-b.0.0")
+        got: asyncio.Queue[Assign] = asyncio.Queue()
+
+        async def on_command(command: Assign) -> None:
+            await got.put(command)
+
+        inbox = CommandInbox(
+            bus, s.cmd(LAUNCHED, 0), on_command, expects=(Assign,),
+            position_key=position_key("node-0", LAUNCHED, 0, 0),
+        )  # fmt: skip
+        await inbox.start()
+        stack.push_async_callback(inbox.close)
+        async with _bus(cluster, "restarter") as restarter:
+            assign = Assign(
+                source=restarter.source, job=LAUNCHED, replica=0, generation=1,
+                rank_table=[ReplicaSlot(replica=0, node="node-0", nproc=1, first_rank=0)],
+                world_size=1, master_addr="127.0.0.1", master_port=29500,
+            )  # fmt: skip
+            await restarter.publish(restarter.subjects.cmd(LAUNCHED, 0), assign)
+        assert (await asyncio.wait_for(got.get(), 10)).generation == 1
 
 
 async def test_agent_writes_only_its_own_node_record(

@@ -2,9 +2,12 @@
 
 Roles (docs/security.md has the table and the reasons):
 
-- ``agent``: node agents (monitor and launch). A local node's agents share one user,
+- ``agent``: node agents (monitor and launch). A local node's monitor has one user,
   ``agent-<node>``, that publishes only raw subjects ending in its node; on Kubernetes
-  one ``agent`` user serves every node (any node token).
+  one ``agent`` user serves every node (any node token). A launch agent of a local
+  cluster has a user of its job on its node (:func:`job_agent_user`): it publishes only
+  its job's raw kinds on its node, reads only its job's commands and writes only its
+  own command positions, so a worker that steals them can lie about nothing else.
 - ``detector``, ``restarter``, ``scaler``: the services; only restarter and scaler
   publish commands.
 - ``viewer``: reads only (``resurge status``, ``events``, ``node list``).
@@ -25,6 +28,7 @@ permissions are :mod:`resurge.access.server_config`'s.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 from resurge.cluster.local.keys import (
@@ -34,7 +38,7 @@ from resurge.cluster.local.keys import (
     WORKER_GROUPS_BUCKET,
     node_key,
 )
-from resurge.contract.families import STREAM_NAMES
+from resurge.contract.families import RAW_JOB_KINDS, STREAM_NAMES
 from resurge.contract.subjects import Subjects, escape_token
 from resurge.contract.subscriptions import Reader, Scope, of_role
 from resurge.runtime.bus import AGENT_POSITIONS_BUCKET, ALLOCATIONS_BUCKET, JOBS_BUCKET
@@ -46,6 +50,7 @@ __all__ = [
     "Permissions",
     "agent_user",
     "covers",
+    "job_agent_user",
     "role_permissions",
 ]
 
@@ -131,16 +136,18 @@ class _Namespace:
             f"$JS.ACK.{stream}.>",
         )
 
-    def commands(self, g: _Grants, node: str | None) -> None:
-        """Read command subjects: live (core subscription) and stored (direct gets of
-        the ``cmd`` stream: the newest on a command subject, or the next one after a
-        sequence); keep a position per agent under ``node``'s keys (any node's for
-        None) in ``agent_positions``."""
+    def commands(self, g: _Grants, node: str | None, job: str | None = None) -> None:
+        """Read command subjects (``job``'s only, if given): live (core subscription)
+        and stored (direct gets of the ``cmd`` stream: the newest on a command subject,
+        or the next one after a sequence); keep a position per agent under ``node``'s
+        keys (any node's for None; ``job``'s under them, if given) in ``agent_positions``."""
         stream = self.stream("cmd")
-        g.sub(self.s.cmd(None, None))
-        g.pub(f"{_API}.DIRECT.GET.{stream}", f"{_API}.DIRECT.GET.{stream}.{self.s.cmd(None, None)}")
+        g.sub(self.s.cmd(job, None))
+        g.pub(f"{_API}.DIRECT.GET.{stream}", f"{_API}.DIRECT.GET.{stream}.{self.s.cmd(job, None)}")
         bucket = self.s.kv_bucket(AGENT_POSITIONS_BUCKET)
         own = f"{'*' if node is None else escape_token(node)}.>"
+        if job is not None:
+            own = f"{'*' if node is None else escape_token(node)}.{escape_token(job)}.>"
         g.pub(
             f"{_API}.DIRECT.GET.{self.kv_stream(AGENT_POSITIONS_BUCKET)}.$KV.{bucket}.{own}",
             f"$KV.{bucket}.{own}",
@@ -219,6 +226,23 @@ def _subscriptions(ns: _Namespace, g: _Grants, role: str, node: str | None) -> N
 def agent_user(node: str | None) -> str:
     """The user of ``node``'s agents (``agent-<node>``), or ``agent`` for every node."""
     return "agent" if node is None else f"agent-{escape_token(node)}"
+
+
+def job_agent_user(node: str, job: str) -> str:
+    """The user of ``job``'s launch agents on ``node``: ``agent-job-`` and a digest of
+    both names (a NATS user name is short; job and node names need not be)."""
+    digest = hashlib.sha256(f"{node}\0{job}".encode()).hexdigest()[:24]
+    return f"agent-job-{digest}"
+
+
+def _job_agent(ns: _Namespace, g: _Grants, node: str, job: str) -> None:
+    """A launch agent of ``job`` on ``node``: its job's raw kinds on its node, its
+    commands and positions, the buckets an agent reads; no node-level kind."""
+    g.pub(*(ns.s.raw(job, kind, node) for kind in RAW_JOB_KINDS))
+    ns.dead_letters(g, "node-agent")
+    ns.commands(g, node, job)
+    for bucket in (NODES_BUCKET, CORDONS_BUCKET, WORKER_GROUPS_BUCKET):
+        ns.kv_read(g, bucket)
 
 
 def _agent(ns: _Namespace, g: _Grants, node: str | None) -> None:
@@ -301,15 +325,25 @@ _ROLE_GRANTS = {
 }
 
 
-def role_permissions(role: str, subjects: Subjects, node: str | None = None) -> Permissions:
+def role_permissions(
+    role: str, subjects: Subjects, node: str | None = None, job: str | None = None
+) -> Permissions:
     """What ``role`` may publish and subscribe to under ``subjects``' namespace;
-    ``node`` narrows an agent to one node's raw subjects and record (None: any node)."""
+    ``node`` narrows an agent to one node's raw subjects and record (None: any node);
+    ``node`` and ``job`` make it the launch agents' user of that job on that node."""
     if role not in _ROLE_GRANTS:
         raise ValueError(f"no role {role!r} (roles: {', '.join(ROLES)})")
+    if job is not None and (role != "agent" or node is None):
+        raise ValueError("only an agent of one node has a user of one job")
     user = agent_user(node) if role == "agent" else role
+    if job is not None and node is not None:
+        user = job_agent_user(node, job)
     ns = _Namespace(subjects)
     g = _Grants()
     g.sub(f"{inbox_prefix(user)}.>")
     ns.info(g)
-    _ROLE_GRANTS[role](ns, g, node)
+    if job is not None and node is not None:
+        _job_agent(ns, g, node, job)
+    else:
+        _ROLE_GRANTS[role](ns, g, node)
     return Permissions(tuple(g.publish), tuple(g.subscribe))

@@ -53,12 +53,14 @@ from resurge.cluster.local.backend import LocalBackend
 from resurge.contract.subjects import Subjects
 from resurge.contract.subscriptions import DETECTOR_RAW, RESTARTER_FAULTS, SCALER_JOBS, Scope
 from resurge.local.access import LocalAccess
+from resurge.local.job_users import PlacementWatch
 from resurge.local.nats_server import NatsServer, cluster_of
 from resurge.local.node_set import NodeEntry, NodeSet, editing, plan
 from resurge.local.restore import restore
 from resurge.local.state import ClusterState, StateLock
 from resurge.runtime.bus import Bus
 from resurge.runtime.logs import configure_logging
+from resurge.runtime.nats_auth import JOB_CREDENTIALS_DIR
 from resurge.runtime.settings import Settings
 
 __all__ = ["Supervisor"]
@@ -121,6 +123,7 @@ class Supervisor:
     _server_next_start: dict[int, float] = field(default_factory=dict)
     _stopping: bool = False
     _powering: threading.Lock = field(default_factory=threading.Lock)
+    _placements: PlacementWatch | None = None  # where launch agents need users of their own
 
     @property
     def node_names(self) -> list[str]:
@@ -164,6 +167,8 @@ class Supervisor:
         env = {"RESURGE_NATS_TLS_CA": str(self.tls_ca)} if self.tls_ca else {}
         if self.access is not None:
             env["RESURGE_NATS_CREDENTIALS"] = str(self.access.path(role, node))
+            if role == "agent":  # where its launch agents' users of their job appear
+                env[JOB_CREDENTIALS_DIR] = str(self.access.folder)
         return env
 
     def settings(self, role: str = "admin") -> Settings:
@@ -228,6 +233,9 @@ class Supervisor:
         if self.nats_url is None:
             self._start_server()
         asyncio.run(self._restore())
+        if self.access is not None:
+            self._placements = PlacementWatch(self.settings())
+            self._placements.start()
         self.children.update(self._services())
         for node in self.node_set.nodes:
             self.children[node.name] = self._monitor(node)
@@ -332,6 +340,7 @@ class Supervisor:
         if self._stopping:
             return False
         self._check_server()
+        self._add_job_users()
         changed = self._reconcile_nodes()
         now = time.monotonic()
         for child in self.children.values():
@@ -489,6 +498,24 @@ class Supervisor:
         asyncio.run(self._wait_user(new[-1]))
         log.info("NATS users added for %s", ", ".join(new))
 
+    def _add_job_users(self) -> None:
+        """Give each (node, job) newly placed a user of its own for its launch agents:
+        the server takes it in (a config reload) before its credentials file appears,
+        which the node's monitor waits for (:mod:`resurge.local.job_users`)."""
+        if self._placements is None or self.access is None or self.node_set is None:
+            return
+        pairs = self._placements.new()
+        new = [pair for pair in pairs if self.access.add_job_agent(*pair)]
+        if new:
+            self.access.write_config(self.node_set.names, self._tls_config())
+            for server in self.servers:
+                server.reload()
+            for node, job in new:
+                asyncio.run(self._wait_user(node, job=job))
+            log.info("NATS users added for %s", ", ".join(f"{j} on {n}" for n, j in new))
+        for node, job in pairs:
+            self.access.job_agent_ready(node, job)
+
     def _tls_config(self) -> str:
         ours = Settings()
         if self.tls_ca is None and (ours.nats_tls_cert is None or ours.nats_tls_key is None):
@@ -496,12 +523,18 @@ class Supervisor:
         assert ours.nats_tls_cert is not None and ours.nats_tls_key is not None
         return tls_block(ours.nats_tls_cert, ours.nats_tls_key, None)
 
-    async def _wait_user(self, node: str, wait_seconds: float = 10.0) -> None:
-        """Return once ``node``'s agent user may connect (the reload took), or after
-        ``wait_seconds`` (its monitor then retries as any client would)."""
-        settings = self.settings("agent").model_copy(
-            update={"nats_credentials": self.access.path("agent", node) if self.access else None}
-        )
+    async def _wait_user(
+        self, node: str, wait_seconds: float = 10.0, job: str | None = None
+    ) -> None:
+        """Return once ``node``'s agent user (``job``'s on it, if given) may connect (the
+        reload took), or after ``wait_seconds`` (its agent then retries as any client
+        would)."""
+        path = None
+        if self.access is not None:
+            path = self.access.path("agent", node)
+            if job is not None:
+                path = self.access.job_agent_file(node, job)
+        settings = self.settings("agent").model_copy(update={"nats_credentials": path})
         deadline = time.monotonic() + wait_seconds
         while time.monotonic() < deadline:
             try:
@@ -543,6 +576,8 @@ class Supervisor:
         """Stop the nodes first (they stop their workers), then the services, then NATS;
         a :meth:`check` running meanwhile (another thread's) starts nothing again."""
         self._stopping = True
+        if self._placements is not None:
+            self._placements.stop()
         nodes = [c for c in self.children.values() if c.node is not None]
         services = [c for c in self.children.values() if c.node is None]
         for group in (nodes, services):

@@ -26,6 +26,7 @@ from typing import Any
 from resurge.runtime.settings import Settings
 
 __all__ = [
+    "JOB_CREDENTIALS_DIR",
     "Credentials",
     "CredentialsError",
     "connect_options",
@@ -35,6 +36,9 @@ __all__ = [
     "write_credentials",
 ]
 
+# A local node monitor's: the folder where the credentials of each job's launch agents
+# on its node appear (resurge.local.access); a RESURGE_NATS_ name, so no worker gets it.
+JOB_CREDENTIALS_DIR = "RESURGE_NATS_JOB_CREDENTIALS_DIR"
 # User names are one subject token, as they name the user's inbox prefix.
 _USER = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 # Bits of a credentials file's mode nobody but its owner may have.

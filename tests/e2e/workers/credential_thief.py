@@ -8,7 +8,9 @@ credentials file one of them names. It prints one line, ``THIEF {json}``, with w
 found (and, forging, what the server said to each publish), then exits 0.
 
 FILE holds a JSON list of ``{"subject": ..., "body": ...}``; the server's address comes
-from what it found or from ``--url``.
+from what it found or from ``--url``. ``--credentials PATH``: the credentials file to use
+when it found none (what a worker running as root could read: its agent's own).
+``--report PATH`` writes the line's JSON there too, and after each publish what it has.
 """
 
 from __future__ import annotations
@@ -70,7 +72,19 @@ def look() -> dict[str, Any]:
     return found
 
 
-async def forge(found: dict[str, Any], messages: list[dict[str, Any]], url: str) -> list[str]:
+def report(found: dict[str, Any], path: Path | None) -> None:
+    """Write ``found`` to ``path`` whole (a reader never sees half of it)."""
+    if path is not None:
+        partial = path.with_name(f".{path.name}.tmp")
+        partial.write_text(json.dumps(found))
+        partial.replace(path)
+
+
+async def forge(
+    found: dict[str, Any], messages: list[dict[str, Any]], url: str, path: Path | None
+) -> list[str]:
+    """Publish each message, saying after each what the server said (a forgery that
+    works may have this worker killed before the next)."""
     import nats
 
     errors: list[str] = []
@@ -87,13 +101,15 @@ async def forge(found: dict[str, Any], messages: list[dict[str, Any]], url: str)
         allow_reconnect=False,
         connect_timeout=5,
     )
-    outcomes = []
+    outcomes: list[str] = []
+    found["published"] = outcomes
     for message in messages:
         before = len(errors)
         await client.publish(message["subject"], json.dumps(message["body"]).encode())
         await client.flush(timeout=5)
         await asyncio.sleep(0.2)  # a permissions violation comes back asynchronously
         outcomes.append("; ".join(errors[before:]) or "sent")
+        report(found, path)
     await client.close()
     return outcomes
 
@@ -102,16 +118,22 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--forge", type=Path, default=None)
     parser.add_argument("--url", default=None)
+    parser.add_argument("--credentials", type=Path, default=None)
+    parser.add_argument("--report", type=Path, default=None)
     args = parser.parse_args()
     found = look()
+    if "credentials" not in found and args.credentials is not None:
+        found["credentials"] = json.loads(args.credentials.read_text())
+        found["credentials_given"] = str(args.credentials)
     if args.forge is not None:
         url = found.get("url") or args.url
         messages = json.loads(args.forge.read_text())
         try:
-            found["published"] = asyncio.run(forge(found, messages, url))
+            found["published"] = asyncio.run(forge(found, messages, url, args.report))
         except Exception as error:  # refused at connect: no credentials
             found["published"] = f"{type(error).__name__}: {error}"
     print("THIEF " + json.dumps(found), flush=True)
+    report(found, args.report)
     return 0
 
 

@@ -78,6 +78,7 @@ from resurge_node_agent.monitor.gpus import (
     monitoring,
     select_gpus,
 )
+from resurge_node_agent.monitor.job_credentials import launch_credentials
 
 __all__ = ["MonitorConfig", "NodeMonitor"]
 
@@ -327,7 +328,11 @@ class NodeMonitor:
         try:
             process = await asyncio.create_subprocess_exec(
                 *argv,
-                env={**os.environ, **spec_environment(spec)},
+                env={
+                    **os.environ,
+                    **spec_environment(spec),
+                    **await launch_credentials(os.environ, self.config.node, spec.job),
+                },
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=output,
                 stderr=asyncio.subprocess.STDOUT,
