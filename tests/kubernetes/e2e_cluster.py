@@ -134,15 +134,26 @@ class ControlPlane:
         self.wait_ready(timeout)
         return self
 
-    def add_node(self, node: str, gpus: int = 2, wait: bool = True, timeout: float = 60) -> None:
+    def add_node(
+        self,
+        node: str,
+        gpus: int = 2,
+        wait: bool = True,
+        timeout: float = 60,
+        simulate: bool = True,
+    ) -> None:
         """A fake node: its Node (as its kubelet would register it), the process kubelet
-        serving it, and its resurge monitor; with ``wait``, return once the monitor has
+        serving it, and its resurge monitor, simulating ``gpus`` GPUs (``--gpus``) or,
+        without ``simulate``, run as the DaemonSet runs it (no ``--gpus``: this machine
+        has no NVML, so it watches no GPU); with ``wait``, return once the monitor has
         reported it."""
         self.api.add_node(node, gpus=gpus)
         assert self.kubelet is not None
         self.kubelet.serve(node)
         self.gpus[node] = gpus
-        argv = [str(BIN / "resurge-node-agent"), "monitor", "--node", node, "--gpus", str(gpus)]
+        argv = [str(BIN / "resurge-node-agent"), "monitor", "--node", node]
+        if simulate:
+            argv += ["--gpus", str(gpus)]
         self._spawn(f"monitor-{node}", argv)
         if wait:
             eventually(lambda: self.reported(node), timeout, self._why(f"{node} reported"))
