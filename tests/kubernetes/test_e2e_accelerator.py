@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,17 @@ def phase(plane: ControlPlane, job: str) -> str | None:
     return (plane.training_job(job).get("status") or {}).get("phase")
 
 
+def finished(plane: ControlPlane, job: str) -> str | None:
+    """The job's phase once it is Succeeded or Failed, else None."""
+    now = phase(plane, job)
+    return now if now in ("Succeeded", "Failed") else None
+
+
+def what(plane: ControlPlane, job: str) -> str:
+    pods = [p.get("status") for p in plane.pods(job)]
+    return f"{job} finished; phase {phase(plane, job)}, pods {pods}"
+
+
 async def test_jobs_of_two_gpus_each_run_on_a_node_whose_monitor_has_no_nvml(
     plane: ControlPlane, tmp_path: Path
 ) -> None:
@@ -91,12 +103,7 @@ async def test_jobs_of_two_gpus_each_run_on_a_node_whose_monitor_has_no_nvml(
         plane.api.create("trainingjobs", gpu_job(name, command, tmp_path))
     for name in jobs:
         done = await eventually_async(
-            lambda name=name: phase(plane, name) in ("Succeeded", "Failed") and phase(plane, name),
-            180,
-            lambda name=name: (
-                f"{name} finished; phase {phase(plane, name)}, "
-                f"pods {[p.get('status') for p in plane.pods(name)]}"
-            ),
+            partial(finished, plane, name), 180, partial(what, plane, name)
         )
         assert done == "Succeeded", name
         # The pod as the kubelet ran it (a finished job's pods are deleted).
