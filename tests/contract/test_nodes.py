@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from resurge.cluster import NODE_TIMEOUT_SECONDS, ClusterBackend
+from resurge.local.job_factory import job
 from tests.contract.helpers import node
 
 
@@ -39,3 +40,17 @@ async def test_live_nodes_drops_a_node_whose_heartbeat_is_old(backend: ClusterBa
     assert {n.name for n in await backend.list_nodes()} == {"fresh", "stale"}
     await backend.report_node(node("stale"))  # its monitor writes again
     assert {n.name for n in await backend.live_nodes()} == {"fresh", "stale"}
+
+
+async def test_a_job_without_placement_constraints_may_use_every_node(
+    backend: ClusterBackend,
+) -> None:
+    """unfit_nodes: a job whose spec constrains nothing (no template: local has none,
+    and on Kubernetes no selector, affinity or toleration is needed on untainted
+    nodes) may use every node, whatever its labels; and nothing else holds slots of a
+    node the backend's records do not (no other pods)."""
+    await backend.report_node(node("gpu-1", slots=4, labels={"zone": "a"}))
+    await backend.report_node(node("gpu-2", slots=4))
+    nodes = await backend.list_nodes()
+    assert backend.unfit_nodes(job("llama"), nodes) == {}
+    assert [n.in_use_elsewhere for n in nodes] == [0, 0]
