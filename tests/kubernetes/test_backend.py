@@ -21,10 +21,8 @@ from tests.kubernetes.helpers import Running, pods_of, until
 
 
 def training_job(name: str, **spec: Any) -> dict[str, Any]:
-    """Two replicas in a Kueue queue."""
-    return helpers.training_job(
-        name, **{"replicas": {"min": 2, "max": 2}, "queue": "team-queue", **spec}
-    )
+    """Two replicas."""
+    return helpers.training_job(name, **{"replicas": {"min": 2, "max": 2}, **spec})
 
 
 def group(job: str, replica: int, node: str, incarnation: int = 0) -> WorkerGroupSpec:
@@ -106,7 +104,6 @@ async def test_worker_groups_become_pods_that_come_back_and_go(
     )
     by_replica = {p["metadata"]["labels"]["resurge.dev/replica"]: p for p in pods}
     first = by_replica["0"]
-    assert first["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-queue"
     assert first["metadata"]["ownerReferences"][0]["uid"] == tj["metadata"]["uid"]
     container = first["spec"]["containers"][0]
     assert container["image"] == "registry/train:1"
@@ -284,7 +281,6 @@ async def test_kueue_admission_is_read_back_from_the_scheduling_gate(
     await backend.create_worker_group(group("llama", 0, "n1"))
     [pod] = await until("its pod", lambda: pods_of(kube_api_thread, "llama"))
     name = pod["metadata"]["name"]
-    assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-queue"
     core = k8s.CoreV1Api(kube_api_thread.api_client())
     merge = "application/merge-patch+json"
 

@@ -467,6 +467,8 @@ def test_each_role_grants_what_its_service_needs_and_no_more(scratch: Path) -> N
         "events",
         "trainingjobs",
         "trainingjobs/status",
+        "workloads",  # a queued job's Kueue Workload
+        "workloads/status",
     }
     scaler = roles["resurge-scaler"] | in_jobs_namespaces
     # The scaler reads nodes, never writes them; only it makes pods and Services.

@@ -193,8 +193,7 @@ def test_a_worker_groups_pod_is_pinned_labelled_owned_and_runs_the_agent() -> No
         "team": "nlp",
         "resurge.dev/job": "llama",
         "resurge.dev/replica": "2",
-        "kueue.x-k8s.io/queue-name": "team-queue",
-    }
+    }  # no queue label: the job is one Kueue workload, not one per pod (.queueing)
     assert meta["ownerReferences"] == [
         {
             "apiVersion": "resurge.dev/v1alpha1",

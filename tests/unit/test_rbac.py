@@ -82,6 +82,8 @@ class ClientCall:
     method: str
     followed: bool  # passed to follow(): listed, then watched
     where: str
+    # A custom-object call's (group, plural) where it is not the TrainingJobs'.
+    custom: tuple[str, str] | None = None
 
 
 @dataclass
@@ -182,6 +184,14 @@ def _string_constants(modules: dict[Path, ast.Module]) -> dict[str, str]:
     }
 
 
+# The constants of shared/resurge/cluster/kubernetes/queueing.py naming Kueue's plurals.
+KUEUE_PLURALS = {
+    "WORKLOADS": "workloads",
+    "RESOURCE_FLAVORS": "resourceflavors",
+    "PRIORITY_CLASSES": "workloadpriorityclasses",
+}
+
+
 # Functions whose list-function argument is listed, then watched (an informer's is its
 # second argument, after the KubeApi).
 FOLLOWERS = {"follow": 0, "informer": 1}
@@ -242,15 +252,30 @@ def scan() -> Scan:
                     and (held is not None or _self_attr(owner.value) in types)
                 ):
                     api = apis[owner.attr]
+                    custom = None
                     if api == "CustomObjectsApi":
-                        # Every custom-object call names the TrainingJobs' plural.
+                        # Every custom-object call names the TrainingJobs' plural, or one
+                        # of Kueue's (KUEUE_PLURALS, with KUEUE_GROUP).
                         call = given_to.get(id(node))
-                        assert call is not None and any(
-                            isinstance(n, ast.Name) and n.id == "CRD_PLURAL" for n in ast.walk(call)
-                        ), f"{class_name}.{method_name}: {node.attr} not on CRD_PLURAL"
+                        names = (
+                            {n.id for n in ast.walk(call) if isinstance(n, ast.Name)}
+                            if call
+                            else set()
+                        )
+                        kueue = names & set(KUEUE_PLURALS)
+                        assert "CRD_PLURAL" in names or (kueue and "KUEUE_GROUP" in names), (
+                            f"{class_name}.{method_name}: {node.attr} not on CRD_PLURAL"
+                        )
+                        if kueue:
+                            [plural] = kueue
+                            custom = (constants["KUEUE_GROUP"], KUEUE_PLURALS[plural])
                     calls.append(
                         ClientCall(
-                            api, node.attr, id(node) in followed, f"{class_name}.{method_name}"
+                            api,
+                            node.attr,
+                            id(node) in followed,
+                            f"{class_name}.{method_name}",
+                            custom,
                         )
                     )
                 elif (attr := _self_attr(node)) is not None and attr in methods:
@@ -297,7 +322,7 @@ def permissions(call: ClientCall, crd_group: str, crd_plural: str) -> set[Permis
     rest = rest.removesuffix(sub) if sub else rest
     if call.api == "CustomObjectsApi":
         assert rest in ("custom_object", "cluster_custom_object"), call
-        group, resource = crd_group, crd_plural
+        group, resource = call.custom or (crd_group, crd_plural)
     else:
         group, resource = API_GROUPS[call.api], _plural(rest)
     resource += sub.replace("_", "/", 1)

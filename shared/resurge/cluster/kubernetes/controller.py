@@ -41,6 +41,7 @@ from resurge.cluster.kubernetes.objects import (
     pod_manifest,
     pod_name,
 )
+from resurge.cluster.kubernetes.queueing import NoKueue, Queueing
 from resurge.cluster.kubernetes.scope import Served
 from resurge.cluster.kubernetes.watch import SYNCED, drain, raise_if_cancelled
 from resurge.cluster.local.watch import watch_changes
@@ -112,14 +113,26 @@ class Controller:
         self.jobs = TrainingJobs(kube, bus, records)
         self.served = Served(kube)
         self.gated: set[str] = set()  # jobs with a pod Kueue has not admitted yet
+        self.kueue = Queueing(kube, self.jobs, self._on_admission)
         self._backoff: dict[Key, float] = {}  # seconds before a refused pod is tried again
         self._queue: asyncio.Queue[tuple[str, Any]] | None = None
 
     async def run(self) -> None:
         """All three loops until cancelled."""
-        async with asyncio.TaskGroup() as loops:  # cancelled, it waits for all three
-            for loop in (self.follow_jobs(), self.follow_pods(), self.follow_nodes()):
-                loops.create_task(loop)
+        if self.kueue.on_training_job not in self.jobs.observers:
+            self.jobs.observers.append(self.kueue.on_training_job)
+        try:
+            async with asyncio.TaskGroup() as loops:  # cancelled, it waits for all three
+                for loop in (self.follow_jobs(), self.follow_pods(), self.follow_nodes()):
+                    loops.create_task(loop)
+        finally:
+            await self.kueue.stop()
+
+    async def _on_admission(self, job: str) -> None:
+        """Kueue's admission of ``job`` changed: reconcile its pods (on the pod loop)."""
+        if self._queue is not None:
+            for key in [k for k in self.desired if k[0] == job]:
+                self._queue.put_nowait(("retry", key))
 
     # -- TrainingJobs: :mod:`.jobs` ------------------------------------------------------
 
@@ -262,7 +275,8 @@ class Controller:
             return
         key = (spec.job, spec.replica)
         try:
-            await self._make_pod(spec, training_job)
+            if not await self._make_pod(spec, training_job):
+                return  # Kueue has not admitted it: the admission reconciles it again
         except Refused as refusal:
             await self.jobs.refused(training_job, refusal.what, refusal.message)
             self._retry_later(key)
@@ -277,7 +291,9 @@ class Controller:
         if self._queue is not None:
             asyncio.get_running_loop().call_later(delay, self._queue.put_nowait, ("retry", key))
 
-    async def _make_pod(self, spec: WorkerGroupSpec, training_job: dict[str, Any]) -> None:
+    async def _make_pod(self, spec: WorkerGroupSpec, training_job: dict[str, Any]) -> bool:
+        """Create the pod of ``spec`` (and its job's Service); False where the job is
+        queued and Kueue has not admitted the replica (:mod:`.queueing`)."""
         settings = self.settings
         accelerator = job_accelerator(training_job.get("spec"))
         if accelerator is not None and accelerator != settings.kube_accelerator:
@@ -288,6 +304,26 @@ class Controller:
                 "spec.accelerator or template), but this installation counts nodes' slots "
                 f"in {settings.kube_accelerator} (RESURGE_KUBE_ACCELERATOR)",
             )
+        agent_env = {
+            "RESURGE_NATS_URL": settings.nats_url,
+            "RESURGE_NAMESPACE": settings.namespace,
+            "RESURGE_CLUSTER": "kubernetes",
+            "RESURGE_LOG_FORMAT": settings.log_format,
+        }
+
+        def manifest_of(job: dict[str, Any]) -> dict[str, Any]:
+            secret = settings.kube_agent_secret
+            return pod_manifest(spec, job, agent_env, settings.kube_image, agent_secret=secret)
+
+        manifest = manifest_of(training_job)
+        if self.kueue.queued(training_job):
+            try:
+                admitted = await self.kueue.admitted_job(spec, training_job, manifest)
+            except NoKueue as error:
+                raise Refused("Workload", str(error)) from error
+            if admitted is None:
+                return False
+            manifest = manifest_of(admitted)
         if spec.job not in self.services:
             await self._create(
                 "Service",
@@ -296,19 +332,6 @@ class Controller:
                 namespace_of(training_job),
             )
             self.services.add(spec.job)
-        agent_env = {
-            "RESURGE_NATS_URL": settings.nats_url,
-            "RESURGE_NAMESPACE": settings.namespace,
-            "RESURGE_CLUSTER": "kubernetes",
-            "RESURGE_LOG_FORMAT": settings.log_format,
-        }
-        manifest = pod_manifest(
-            spec,
-            training_job,
-            agent_env,
-            settings.kube_image,
-            agent_secret=settings.kube_agent_secret,
-        )
         created = await self._create(
             "Pod", self.kube.core.create_namespaced_pod, manifest, namespace_of(training_job)
         )
@@ -321,6 +344,7 @@ class Controller:
             spec.node,
             extra={"job": spec.job},
         )
+        return True
 
     async def _create(self, what: str, fn: Any, body: dict[str, Any], namespace: str) -> bool:
         """Create ``body`` in ``namespace``; False if it already existed (409), which is

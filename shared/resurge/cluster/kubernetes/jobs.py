@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
@@ -161,6 +162,8 @@ class TrainingJobs:
         # uid -> the generation this process submitted: a watch event may carry the
         # object as it was before the status that records it.
         self._submitted: dict[str, int] = {}
+        # Called with each TrainingJob as seen (not deleted): the controller's Kueue side.
+        self.observers: list[Callable[[dict[str, Any]], Awaitable[None]]] = []
 
     async def follow(self) -> None:
         """Act on every TrainingJob and each change (module docstring), until cancelled;
@@ -228,6 +231,8 @@ class TrainingJobs:
         self.known[name] = obj
         self.gone.discard(name)
         self._ownerless.discard(name)
+        for observe in self.observers:
+            await observe(obj)
         if meta.get("deletionTimestamp"):
             await self._deleting(obj)
             return

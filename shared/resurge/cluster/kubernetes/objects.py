@@ -365,8 +365,9 @@ def pod_manifest(
     pod_spec = template.get("spec") or {}
     labels = dict(meta.get("labels") or {})
     labels.update({JOB_LABEL: local_name(spec.job), REPLICA_LABEL: str(spec.replica)})
-    if job_spec.get("queue"):
-        labels[QUEUE_LABEL] = str(job_spec["queue"])
+    # A queued job is one Kueue workload (.queueing); a pod with the queue label would be
+    # one more, of its own, to Kueue's pod integration.
+    labels.pop(QUEUE_LABEL, None)
     annotations = dict(meta.get("annotations") or {})
     annotations[GROUP_ANNOTATION] = spec.model_dump_json()
     containers = list(pod_spec.get("containers") or [{}])

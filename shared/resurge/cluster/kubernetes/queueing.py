@@ -1,0 +1,304 @@
+"""The controller's side of Kueue: a queued TrainingJob (:func:`.kueue.queue_of`) is one
+Kueue workload, and gets no pod before Kueue admits it.
+
+- **Workload.** Before the first pod of a queued job, :meth:`Queueing.admitted_job`
+  creates its ``Workload`` (:func:`.kueue.workload_manifest`: one pod set of the job's
+  replicas with the pod's requests; its WorkloadPriorityClass and that class's value),
+  owned by the TrainingJob, so it goes with it.
+- **No pod before admission.** A replica gets its pod only while the Workload is
+  admitted and the replica is within the count admitted; then the pod is made from the
+  TrainingJob with the admitted ResourceFlavors' ``nodeLabels`` in its template's
+  ``nodeSelector``. The first wait is a ``WaitingForKueue`` Event on the TrainingJob,
+  the admission an ``AdmittedByKueue`` one.
+- **Admission followed.** Workloads are watched (from the first queued job on, so an
+  install without Kueue never asks for them); a change of a job's admission calls
+  ``on_admission(job)``, which reconciles that job's pods.
+- **Finished.** A queued job whose TrainingJob reaches Succeeded or Failed marks its
+  Workload ``Finished`` (as Kueue's job framework does), which releases its quota.
+
+Not done: acting on Kueue's preemption (``Evicted``): a job evicted keeps its pods
+running; see docs/kubernetes.md, "Kueue".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from resurge.cluster.kubernetes.api import MERGE_PATCH, KubeApi, conflict
+from resurge.cluster.kubernetes.identity import bus_name
+from resurge.cluster.kubernetes.jobs import name_of, namespace_of
+from resurge.cluster.kubernetes.kueue import (
+    FINISHED,
+    KUEUE_GROUP,
+    KUEUE_VERSION,
+    Admission,
+    admission_of,
+    finished_condition,
+    flavor_node_labels,
+    priority_class_of,
+    queue_of,
+    with_node_labels,
+    workload_manifest,
+    workload_name,
+)
+from resurge.cluster.kubernetes.times import now_time
+from resurge.cluster.kubernetes.watch import SYNCED, follow
+from resurge.cluster.protocol import BackendError, WorkerGroupSpec
+
+if TYPE_CHECKING:
+    from resurge.cluster.kubernetes.jobs import TrainingJobs
+
+__all__ = ["NoKueue", "Queueing", "replica_count"]
+
+log = logging.getLogger("resurge.cluster.kubernetes")
+
+_FINISHED_PHASES = ("Succeeded", "Failed")
+WORKLOADS = "workloads"
+RESOURCE_FLAVORS = "resourceflavors"
+PRIORITY_CLASSES = "workloadpriorityclasses"
+
+
+class NoKueue(Exception):
+    """A queued job's Workload cannot be created: the API has no Kueue Workloads."""
+
+
+def replica_count(training_job: dict[str, Any]) -> int:
+    """The replicas a TrainingJob asks for at most (``spec.replicas.max``, else ``min``)."""
+    replicas = (training_job.get("spec") or {}).get("replicas") or {}
+    return int(replicas.get("max") or replicas.get("min") or 1)
+
+
+class Queueing:
+    """The module docstring's Kueue side, for the controller's ``kube`` and ``jobs``."""
+
+    def __init__(
+        self,
+        kube: KubeApi,
+        jobs: TrainingJobs,
+        on_admission: Callable[[str], Awaitable[None]],
+    ) -> None:
+        self.kube = kube
+        self.jobs = jobs
+        self.on_admission = on_admission
+        self.workloads: dict[str, dict[str, Any]] = {}  # bus name -> Workload as last seen
+        self._told: dict[str, bool] = {}  # bus name -> admitted, as last told in an Event
+        self._watch: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def queued(training_job: dict[str, Any]) -> bool:
+        """Whether ``training_job`` goes through Kueue (it has a queue)."""
+        return queue_of(training_job) is not None
+
+    # -- the gate -------------------------------------------------------------------------
+
+    async def admitted_job(
+        self, spec: WorkerGroupSpec, training_job: dict[str, Any], pod: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """The TrainingJob to make the pod of ``spec`` from (with the admitted flavors'
+        node labels), or None: Kueue has not admitted it (yet). ``pod`` is the pod as it
+        would be made, whose requests the Workload asks for, where there is none yet."""
+        self._start_watch()
+        job = spec.job
+        workload = self.workloads.get(job) or await self._ensure_workload(training_job, pod)
+        admission = admission_of(workload)
+        admitted = admission.admitted and spec.replica < admission.count
+        await self._tell(training_job, job, admitted)
+        if not admitted:
+            log.info(
+                "no pod for %s replica %d: Kueue has not admitted its Workload %s",
+                job,
+                spec.replica,
+                name_of(workload),
+                extra={"job": job},
+            )
+            return None
+        labels = flavor_node_labels(await self._flavors(admission))
+        return with_node_labels(training_job, labels)
+
+    async def _tell(self, training_job: dict[str, Any], job: str, admitted: bool) -> None:
+        if self._told.get(job) == admitted or (job not in self._told and admitted):
+            self._told[job] = admitted
+            return
+        self._told[job] = admitted
+        if admitted:
+            reason, message = "AdmittedByKueue", "Kueue admitted the workload; pods are made"
+        else:
+            reason = "WaitingForKueue"
+            message = f"no pod until Kueue admits the Workload {workload_name(training_job)}"
+        await self.jobs.event(training_job, reason, message, warning=False)
+
+    async def _ensure_workload(
+        self, training_job: dict[str, Any], pod: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The job's Workload as read, created first where there is none."""
+        namespace, name = namespace_of(training_job), workload_name(training_job)
+        found = await self._read_workload(namespace, name)
+        if found is not None:
+            return found
+        priority = await self._priority(training_job)
+        manifest = workload_manifest(training_job, pod, replica_count(training_job), priority)
+        try:
+            created = await self.kube.read(
+                f"create Workload {namespace}/{name}",
+                self.kube.custom.create_namespaced_custom_object,
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                namespace,
+                WORKLOADS,
+                manifest,
+            )
+        except BackendError as error:
+            if not conflict(error):
+                raise
+            created = await self._read_workload(namespace, name)
+        if created is None:  # 404: no such resource
+            raise NoKueue(
+                f"the job is queued ({queue_of(training_job)}) but this cluster has no Kueue "
+                f"Workloads ({KUEUE_GROUP}/{KUEUE_VERSION}): install Kueue, or remove the "
+                "queue (the label kueue.x-k8s.io/queue-name, spec.queue)"
+            )
+        log.info(
+            "created the Kueue Workload %s/%s of %s",
+            namespace,
+            name,
+            self.jobs.job_of(training_job),
+        )
+        return created
+
+    async def _read_workload(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return await self.kube.read(
+            f"read Workload {namespace}/{name}",
+            self.kube.custom.get_namespaced_custom_object,
+            KUEUE_GROUP,
+            KUEUE_VERSION,
+            namespace,
+            WORKLOADS,
+            name,
+        )
+
+    async def _priority(self, training_job: dict[str, Any]) -> int | None:
+        """The value of the job's WorkloadPriorityClass; None where it names none, or
+        one that does not exist (logged: the Workload then has Kueue's default)."""
+        name = priority_class_of(training_job)
+        if name is None:
+            return None
+        found = await self.kube.read(
+            f"read WorkloadPriorityClass {name}",
+            self.kube.custom.get_cluster_custom_object,
+            KUEUE_GROUP,
+            KUEUE_VERSION,
+            PRIORITY_CLASSES,
+            name,
+        )
+        if found is None:
+            log.warning("WorkloadPriorityClass %s does not exist: the job has none", name)
+            return None
+        return int(found.get("value") or 0)
+
+    async def _flavors(self, admission: Admission) -> list[dict[str, Any]]:
+        flavors = []
+        for name in admission.flavors:
+            flavor = await self.kube.read(
+                f"read ResourceFlavor {name}",
+                self.kube.custom.get_cluster_custom_object,
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                RESOURCE_FLAVORS,
+                name,
+            )
+            if flavor is not None:
+                flavors.append(flavor)
+        return flavors
+
+    # -- following admission --------------------------------------------------------------
+
+    def _start_watch(self) -> None:
+        if self._watch is None or self._watch.done():
+            self._watch = asyncio.get_running_loop().create_task(self._follow())
+
+    async def stop(self) -> None:
+        """Stop following Workloads."""
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+
+    async def _follow(self) -> None:
+        """Keep ``workloads`` current; a job whose admission changed is reconciled."""
+        changes = follow(
+            self.kube.custom.list_cluster_custom_object,
+            group=KUEUE_GROUP,
+            version=KUEUE_VERSION,
+            plural=WORKLOADS,
+        )
+        async with contextlib.aclosing(changes) as stream:
+            async for kind, workload in stream:
+                if kind == SYNCED:
+                    continue
+                job = self._job_of(workload)
+                if job is None:
+                    continue
+                before = self.workloads.get(job)
+                if kind == "DELETED":
+                    self.workloads.pop(job, None)
+                else:
+                    self.workloads[job] = workload
+                was = admission_of(before) if before is not None else None
+                now = admission_of(workload) if kind != "DELETED" else None
+                if was != now:
+                    try:
+                        await self.on_admission(job)
+                    except Exception:
+                        log.exception("could not act on the admission of %s", job)
+
+    def _job_of(self, workload: dict[str, Any]) -> str | None:
+        """The bus name of the TrainingJob that owns ``workload``; None: none does."""
+        for ref in (workload.get("metadata") or {}).get("ownerReferences") or []:
+            if isinstance(ref, dict) and ref.get("kind") == "TrainingJob":
+                namespace = namespace_of(workload) or self.kube.namespace
+                return bus_name(namespace, str(ref.get("name")), self.kube.namespace)
+        return None
+
+    # -- finishing ------------------------------------------------------------------------
+
+    async def on_training_job(self, training_job: dict[str, Any]) -> None:
+        """A TrainingJob as seen: if it is queued and has finished, its Workload is
+        marked ``Finished`` (its quota released)."""
+        phase = (training_job.get("status") or {}).get("phase")
+        if phase not in _FINISHED_PHASES or not self.queued(training_job):
+            return
+        namespace, name = namespace_of(training_job), workload_name(training_job)
+        for _ in range(5):
+            workload = await self._read_workload(namespace, name)
+            if workload is None or admission_of(workload).finished:
+                return
+            status = workload.get("status") or {}
+            kept = [c for c in status.get("conditions") or [] if c.get("type") != FINISHED]
+            message = str((training_job.get("status") or {}).get("message") or "")
+            done = finished_condition(str(phase), message, now_time())
+            body = {
+                "metadata": {"resourceVersion": workload["metadata"]["resourceVersion"]},
+                "status": {"conditions": [*kept, done]},
+            }
+            try:
+                await self.kube.read(
+                    f"finish Workload {namespace}/{name}",
+                    self.kube.custom.patch_namespaced_custom_object_status,
+                    KUEUE_GROUP,
+                    KUEUE_VERSION,
+                    namespace,
+                    WORKLOADS,
+                    name,
+                    body,
+                    _content_type=MERGE_PATCH,
+                )
+            except BackendError as error:
+                if conflict(error):
+                    continue
+                raise
+            log.info("Workload %s/%s finished: %s", namespace, name, phase)
+            return

@@ -1,0 +1,215 @@
+"""A queued TrainingJob is one Kueue workload: the controller creates its Workload and no
+pod until Kueue admits it; the pods land within the admitted flavor's node labels; a
+finished job's Workload is Finished, which lets the next one in. Against the API
+emulator with Kueue's CRDs and the admission stand-in of tests/kubernetes/kueue.py (the
+Workload lifecycle of https://kueue.sigs.k8s.io/docs/concepts/workload/), a real
+nats-server and the controller in this process; pods are created, never run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from resurge.cluster import ClusterBackend, WorkerGroupSpec
+from tests.kubernetes import helpers
+from tests.kubernetes.conftest import KubeApi
+from tests.kubernetes.helpers import Running, pods_of, until
+from tests.kubernetes.kueue import KueueStandIn, running_kueue
+
+GPU = "nvidia.com/gpu"
+
+
+@pytest.fixture
+def kueue(kube_api_thread: KubeApi) -> Iterator[KueueStandIn]:
+    with running_kueue(kube_api_thread) as stand_in:
+        yield stand_in
+
+
+def queue_objects(api: KubeApi, gpus: int) -> None:
+    """A ResourceFlavor ``a100`` (nodes labelled gpu=a100), a ClusterQueue with ``gpus``
+    of it, and the LocalQueue ``team-queue`` of the default namespace."""
+    api.create(
+        "resourceflavors",
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta1",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": "a100"},
+            "spec": {"nodeLabels": {"gpu": "a100"}},
+        },
+    )
+    api.create(
+        "clusterqueues",
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta1",
+            "kind": "ClusterQueue",
+            "metadata": {"name": "cluster"},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [
+                    {
+                        "coveredResources": [GPU],
+                        "flavors": [
+                            {"name": "a100", "resources": [{"name": GPU, "nominalQuota": gpus}]}
+                        ],
+                    }
+                ],
+            },
+        },
+    )
+    api.create(
+        "localqueues",
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta1",
+            "kind": "LocalQueue",
+            "metadata": {"name": "team-queue", "namespace": "default"},
+            "spec": {"clusterQueue": "cluster"},
+        },
+    )
+
+
+def queued_job(name: str, priority_class: str | None = None) -> dict[str, Any]:
+    """Two replicas of two GPU processes, labelled for the LocalQueue ``team-queue``."""
+    job = helpers.training_job(name, replicas={"min": 2, "max": 2}, accelerator=GPU)
+    job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "team-queue"
+    if priority_class is not None:
+        job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] = priority_class
+    return job
+
+
+def group(job: str, replica: int, node: str) -> WorkerGroupSpec:
+    return WorkerGroupSpec(job=job, replica=replica, node=node, nproc=2, command=["python"])
+
+
+def workloads(api: KubeApi) -> dict[str, dict[str, Any]]:
+    """The Workloads of the default namespace by the TrainingJob that owns each."""
+    return {
+        w["metadata"]["ownerReferences"][0]["name"]: w for w in api.objects("workloads", "default")
+    }
+
+
+def admitted(workload: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "Admitted" and c["status"] == "True"
+        for c in (workload.get("status") or {}).get("conditions") or []
+    )
+
+
+def test_the_stand_in_admits_by_quota_in_priority_order(
+    kube_api_thread: KubeApi, kueue: KueueStandIn
+) -> None:
+    """Kueue's documented lifecycle (https://kueue.sigs.k8s.io/docs/concepts/workload/,
+    .../cluster_queue/#resource-groups): a Workload is admitted when its pod sets'
+    requests fit the ClusterQueue's nominal quota, with status.admission and the
+    QuotaReserved and Admitted conditions; higher spec.priority first; a Finished one
+    holds no quota."""
+    queue_objects(kube_api_thread, gpus=4)
+
+    def workload(name: str, priority: int) -> dict[str, Any]:
+        template = {"spec": {"containers": [{"name": "c", "resources": {"requests": {GPU: "2"}}}]}}
+        return {
+            "apiVersion": "kueue.x-k8s.io/v1beta1",
+            "kind": "Workload",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "queueName": "team-queue",
+                "priority": priority,
+                "podSets": [{"name": "main", "count": 2, "template": template}],
+            },
+        }
+
+    def run(em: Any) -> list[str]:
+        em.create_object("workloads", workload("low", 1))
+        em.create_object("workloads", workload("high", 5))
+        kueue.schedule()
+        return sorted(kueue.admitted())
+
+    assert kube_api_thread.call(run) == ["high"]
+    high = kube_api_thread.get("workloads", "high")
+    [assignment] = high["status"]["admission"]["podSetAssignments"]
+    assert assignment == {
+        "name": "main",
+        "flavors": {GPU: "a100"},
+        "resourceUsage": {GPU: "4"},
+        "count": 2,
+    }
+    finished = {
+        "type": "Finished",
+        "status": "True",
+        "reason": "Succeeded",
+        "message": "done",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+    conditions = [*high["status"]["conditions"], finished]
+    kube_api_thread.patch_status("workloads", "high", {"conditions": conditions})
+    kube_api_thread.call(lambda _: kueue.schedule())
+    assert sorted(kube_api_thread.call(lambda _: list(kueue.admitted()))) == ["high", "low"]
+
+
+async def test_a_queued_job_is_one_workload_and_gets_no_pod_before_admission(
+    kube_api_thread: KubeApi,
+    kueue: KueueStandIn,
+    backend: ClusterBackend,
+    controller: Running,
+) -> None:
+    """Quota for one job of two: the second waits with no pod until the first finishes;
+    each job's Workload asks for its replicas' GPUs at its WorkloadPriorityClass's value,
+    and the admitted flavor's node labels are in its pods' nodeSelector."""
+    for name in ("n1", "n2", "n3", "n4"):
+        kube_api_thread.add_node(name, gpus=2, labels={"gpu": "a100"})
+    queue_objects(kube_api_thread, gpus=4)
+    kube_api_thread.create(
+        "workloadpriorityclasses",
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta1",
+            "kind": "WorkloadPriorityClass",
+            "metadata": {"name": "prod"},
+            "value": 1000,
+        },
+    )
+    first = kube_api_thread.create("trainingjobs", queued_job("first", priority_class="prod"))
+    await backend.create_worker_group(group("first", 0, "n1"))
+    await backend.create_worker_group(group("first", 1, "n2"))
+    pods = await until("first's two pods", lambda: len(pods_of(kube_api_thread, "first")) == 2)
+    assert pods
+    workload = workloads(kube_api_thread)["first"]
+    assert workload["metadata"]["ownerReferences"][0]["uid"] == first["metadata"]["uid"]
+    assert workload["spec"]["queueName"] == "team-queue"
+    assert (workload["spec"]["priorityClassName"], workload["spec"]["priority"]) == ("prod", 1000)
+    [podset] = workload["spec"]["podSets"]
+    assert podset["count"] == 2
+    assert podset["template"]["spec"]["containers"][0]["resources"]["requests"] == {GPU: "2"}
+    for pod in pods_of(kube_api_thread, "first"):
+        assert pod["spec"]["nodeSelector"] == {"gpu": "a100"}
+        # One workload for the job: no pod carries the queue label Kueue's pod
+        # integration would make a workload of its own.
+        assert "kueue.x-k8s.io/queue-name" not in pod["metadata"]["labels"]
+
+    kube_api_thread.create("trainingjobs", queued_job("second"))
+    await backend.create_worker_group(group("second", 0, "n3"))
+    await backend.create_worker_group(group("second", 1, "n4"))
+    waiting = await until("second's Workload", lambda: workloads(kube_api_thread).get("second"))
+    assert not admitted(waiting)
+    reasons = await until(
+        "WaitingForKueue",
+        lambda: [
+            e["reason"]
+            for e in kube_api_thread.objects("events", "default")
+            if e["involvedObject"]["name"] == "second" and e["reason"] == "WaitingForKueue"
+        ],
+    )
+    assert reasons == ["WaitingForKueue"]
+    assert pods_of(kube_api_thread, "second") == []
+
+    kube_api_thread.patch_status("trainingjobs", "first", {"phase": "Succeeded"})
+    await until("first's Workload Finished", lambda: _finished(workloads(kube_api_thread)["first"]))
+    await until("second's two pods", lambda: len(pods_of(kube_api_thread, "second")) == 2)
+    assert admitted(workloads(kube_api_thread)["second"])
+
+
+def _finished(workload: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "Finished" and c["status"] == "True"
+        for c in (workload.get("status") or {}).get("conditions") or []
+    )
