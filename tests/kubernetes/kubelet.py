@@ -15,7 +15,9 @@ a scheduler and a kubelet would:
   pod before the bind is seen. With no feasible node the pod stays Pending with
   ``PodScheduled`` False, reason ``Unschedulable`` and kube-scheduler's message
   (``0/3 nodes are available: 1 Insufficient nvidia.com/gpu, ...``), and is tried
-  again whenever the watch wakes. A pod feasible only on nodes it does not serve
+  again whenever the watch wakes. A pod with ``schedulingGates`` is not scheduled until
+  they are all removed (``PodScheduled`` False, ``SchedulingGated``), as "Pod
+  Scheduling Readiness" in the Kubernetes docs says. A pod feasible only on nodes it does not serve
   waits for their kubelet. A pod created bound (``spec.nodeName``) to a node it
   serves is admitted as a kubelet admits it: one that does not fit the node's
   resources fails (``OutOf<resource>``);
@@ -91,6 +93,8 @@ MERGE_PATCH = "application/merge-patch+json"
 _TEARDOWN_GRACE_SECONDS = 5.0
 _WATCH_SECONDS = 1
 _MAX_BACKOFF_SECONDS = 10.0
+# What kube-scheduler says of a pod it holds back for its scheduling gates.
+_GATED_MESSAGE = "Scheduling is blocked due to non-empty scheduling gates"
 
 
 def _now() -> str:
@@ -370,6 +374,9 @@ class ProcessKubelet:
                 self._reject(pod, node_obj, short[0].removeprefix("Insufficient "), pods)
                 return
             node = str(bound)
+        elif (pod.get("spec") or {}).get("schedulingGates"):
+            self._unschedulable(pod, _GATED_MESSAGE, reason="SchedulingGated")
+            return  # not scheduled until every gate is removed
         else:
             reasons = {n["metadata"]["name"]: feasibility(pod, n, pods) for n in nodes}
             with self._lock:
@@ -409,11 +416,13 @@ class ProcessKubelet:
         run.thread.daemon = True
         run.thread.start()
 
-    def _unschedulable(self, pod: dict[str, Any], message: str) -> None:
+    def _unschedulable(
+        self, pod: dict[str, Any], message: str, reason: str = "Unschedulable"
+    ) -> None:
         scheduled = {
             "type": "PodScheduled",
             "status": "False",
-            "reason": "Unschedulable",
+            "reason": reason,
             "message": message,
         }
         current = (pod.get("status") or {}).get("conditions") or []

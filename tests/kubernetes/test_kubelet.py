@@ -253,3 +253,27 @@ def test_selector_affinity_and_taints_decide_where_a_pod_is_bound(
     kube_api_thread.create("pods", selected)
     eventually(lambda: phase(kube_api_thread, "selected") == "Succeeded", 20, "selected ran")
     assert kube_api_thread.get("pods", "selected")["spec"]["nodeName"] == "cpu-c"
+
+
+def test_a_pod_with_scheduling_gates_waits_until_they_are_removed(
+    kube_api_thread: KubeApi, process_kubelet: ProcessKubelet
+) -> None:
+    """ "Pod Scheduling Readiness" (kubernetes.io/docs/concepts/scheduling-eviction/
+    pod-scheduling-readiness/): a pod with schedulingGates is not scheduled; it shows
+    PodScheduled False, reason SchedulingGated, until every gate is removed (Kueue's
+    pod integration holds a pod that way until its workload is admitted)."""
+    kube_api_thread.add_node("node-a")
+    process_kubelet.serve("node-a")
+    gate = [{"name": "kueue.x-k8s.io/admission"}]
+    kube_api_thread.create("pods", pinned_pod("gated", "node-a", "exit 0", schedulingGates=gate))
+    condition = eventually(
+        lambda: (c := _scheduled_condition(kube_api_thread, "gated")) and c.get("reason"),
+        20,
+        "pod gated held back",
+    )
+    assert condition == "SchedulingGated"
+    assert "nodeName" not in kube_api_thread.get("pods", "gated")["spec"]
+    kube_api_thread.call(
+        lambda em: em.patch_object("pods", "gated", {"spec": {"schedulingGates": None}})
+    )
+    eventually(lambda: phase(kube_api_thread, "gated") == "Succeeded", 20, "runs once ungated")
