@@ -228,3 +228,44 @@ def test_demand_pods_are_asked_for_and_never_for_a_queued_job() -> None:
     assert not wants_demand_pods(helpers.training_job("llama"))
     queued = {**asked, "spec": {**asked["spec"], "queue": "team-queue"}}
     assert not wants_demand_pods(queued), "Kueue gates a queued job's pods and shows its demand"
+
+
+async def test_a_pod_the_scheduler_cannot_place_is_an_event_on_its_training_job(
+    kube_api_thread: KubeApi,
+    backend: KubernetesBackend,
+    controller: Running,
+    process_kubelet: ProcessKubelet,
+) -> None:
+    """What resurge's placement does not weigh (here: cpu, which another team's pod
+    holds) leaves the pod Pending; the scheduler's words reach the TrainingJob as a
+    PodUnschedulable Warning Event, where `kubectl describe tj` shows them."""
+    api = kube_api_thread
+    api.add_node("node-a", gpus=4, labels=TRAIN)
+    process_kubelet.serve("node-a")
+    cpu_hog = other_teams_pod("theirs", "node-a", 0)
+    cpu_hog["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "16"}}
+    cpu_hog["spec"]["containers"][0]["command"] = ["sleep", "600"]
+    api.create("pods", cpu_hog, "vision")
+    template = {"spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "1"}}}]}}
+    document = helpers.training_job("llama", template=template)
+    api.create("trainingjobs", document)
+    record = new_record(parse_job(document), None)
+    fit = place(record.spec, [NodeInfo(name="node-a", slots=4)], {})
+    assert fit is not None
+    record.placements = fit[0]
+    [group] = worker_groups(record)
+    await backend.create_worker_group(group)
+
+    def unschedulable() -> list[dict[str, Any]]:
+        return [
+            e
+            for e in api.objects("events", "default")
+            if e["reason"] == "PodUnschedulable" and e["involvedObject"]["name"] == "llama"
+        ]
+
+    [event] = await until("a PodUnschedulable Event on llama", unschedulable)
+    assert event["type"] == "Warning"
+    assert (
+        "placed on node-a) cannot be scheduled: 0/1 nodes are available: 1 Insufficient cpu."
+        in (event["message"])
+    )

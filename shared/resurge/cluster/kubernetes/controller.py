@@ -12,7 +12,8 @@ each over a watch that resumes and relists (:mod:`.watch`):
   deleted, and a record without its pod gets one, so a pod deleted behind resurge's
   back, or evicted (phase Failed), comes back; but not when the job's TrainingJob is
   gone or going (its pods were garbage-collected with it, and the scaler is about to
-  delete the records). Each job with a record has its headless Service.
+  delete the records). Each job with a record has its headless Service. A pod the
+  scheduler cannot place is a ``PodUnschedulable`` Warning Event on its TrainingJob.
 - **Nodes**: a change of a Node's readiness, schedulability or slots is published as
   ``CapacityChanged``, as the node monitors publish theirs, so a node turning NotReady
   is acted on without waiting for its monitor to fall silent.
@@ -113,6 +114,7 @@ class Controller:
         self.jobs = TrainingJobs(kube, bus, records)
         self.served = Served(kube)
         self.gated: set[str] = set()  # jobs with a pod Kueue has not admitted yet
+        self.unschedulable: set[PodKey] = set()  # pods told to be unschedulable
         self.kueue = Queueing(kube, self.jobs, self._on_admission)
         self._backoff: dict[Key, float] = {}  # seconds before a refused pod is tried again
         self._queue: asyncio.Queue[tuple[str, Any]] | None = None
@@ -178,9 +180,13 @@ class Controller:
                 raise_if_cancelled()
 
     async def _on_change(self, kind: str, item: Any) -> None:
-        """One pod event or worker-group change: note Kueue's gate, then reconcile."""
+        """One pod event or worker-group change: note Kueue's gate and a pod the
+        scheduler cannot place, then reconcile."""
         if kind not in ("group", "DELETED", "retry"):
             await self._note_kueue(item)
+            await self._note_unschedulable(item)
+        elif kind == "DELETED":
+            self.unschedulable.discard((namespace_of(item), _name(item)))
         for key in self._apply(kind, item):
             try:
                 await self._reconcile(key)
@@ -209,6 +215,32 @@ class Controller:
         key = (spec.job, spec.replica)
         self.pods[name] = (key, spec, item)
         return [key]
+
+    async def _note_unschedulable(self, pod: dict[str, Any]) -> None:
+        """A worker-group pod the scheduler cannot place (``PodScheduled`` False,
+        ``Unschedulable``: what resurge's placement does not weigh, such as cpu, memory
+        or a required pod anti-affinity) is a ``PodUnschedulable`` Warning Event on its
+        TrainingJob with the scheduler's words, once each time it becomes so."""
+        spec = group_of_pod(pod)
+        if spec is None:
+            return
+        key = (namespace_of(pod), _name(pod))
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        scheduled = next((c for c in conditions if c.get("type") == "PodScheduled"), {})
+        if scheduled.get("status") != "False" or scheduled.get("reason") != "Unschedulable":
+            self.unschedulable.discard(key)
+            return
+        if key in self.unschedulable:
+            return
+        self.unschedulable.add(key)
+        training_job = self.jobs.known.get(spec.job)
+        message = (
+            f"pod {key[1]} (replica {spec.replica}, placed on {spec.node}) cannot be "
+            f"scheduled: {scheduled.get('message') or 'no reason given'}"
+        )
+        log.warning("%s: %s", spec.job, message, extra={"job": spec.job})
+        if training_job is not None:
+            await self._event(training_job, "PodUnschedulable", message)
 
     async def _note_kueue(self, pod: dict[str, Any]) -> None:
         """Read Kueue's admission back: a job's pods wait behind Kueue's scheduling gate
