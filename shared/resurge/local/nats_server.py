@@ -56,6 +56,15 @@ class ClusterMember:
     peers: tuple[int, ...]
     cluster_name: str = "resurge"
 
+    def config(self, host: str) -> str:
+        """The same as a config file's lines (a config reload reads the file alone)."""
+        routes = ", ".join(f'"nats://{host}:{port}"' for port in self.peers)
+        return (
+            f'server_name: "{self.name}"\n'
+            f'cluster {{\n  name: "{self.cluster_name}"\n  listen: "{host}:{self.port}"\n'
+            f"  routes: [{routes}]\n}}\n"
+        )
+
     def arguments(self, host: str) -> list[str]:
         """The nats-server flags that make it this member."""
         routes = ",".join(f"nats://{host}:{port}" for port in self.peers)
@@ -153,8 +162,8 @@ class NatsServer:
             str(ports_dir),
         ]
         if self.config is not None:  # users, permissions, TLS (resurge.access)
-            args += ["-c", str(self.config)]
-        if self.cluster is not None:
+            args += ["-c", str(self._config_file(self.config))]
+        elif self.cluster is not None:
             args += self.cluster.arguments(self.host)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
@@ -171,6 +180,19 @@ class NatsServer:
             time.sleep(0.02)
         self.stop()
         raise TimeoutError(f"nats-server did not start within {timeout} s; see {self.log_path}")
+
+    def _config_file(self, config: Path) -> Path:
+        """The file given to ``-c``: ``config`` itself, or for a cluster member a file of
+        its own with its name and cluster that includes ``config``. A config reload
+        (SIGHUP) reads the file alone, and a JetStream cluster member whose file does not
+        name it and its cluster refuses the reload, so a user added while it runs would
+        never be taken in."""
+        if self.cluster is None:
+            return config
+        own = self.state_dir / "server.conf"
+        shared = os.path.relpath(config.resolve(), own.parent.resolve())
+        own.write_text(f'{self.cluster.config(self.host)}include "{shared}"\n')
+        return own
 
     @staticmethod
     def _read_port(ports_dir: Path) -> int | None:
