@@ -22,12 +22,23 @@ their other fields, checks and CEL rules are as Kueue ships them.
 - admitted: ``status.admission`` (``clusterQueue``, per pod set ``flavors``,
   ``resourceUsage`` and ``count``) and the conditions ``QuotaReserved`` and ``Admitted``
   True (no admission checks);
-- a Workload ``Finished`` or deleted holds no quota, and the next ones are tried.
+- a ClusterQueue whose ``spec.stopPolicy`` is ``Hold`` or ``HoldAndDrain`` admits
+  nothing new (what it admitted stays: ``HoldAndDrain``'s eviction is not done);
+- a Workload ``Finished`` or deleted holds no quota, and the next ones are tried;
+- preemption within the ClusterQueue (``spec.preemption.withinClusterQueue:
+  LowerPriority``, https://kueue.sigs.k8s.io/docs/concepts/preemption/): a pending
+  Workload that does not fit evicts admitted ones of strictly lower priority, lowest
+  first, then the most recently admitted, until it would fit: each gets ``Evicted`` and
+  ``Preempted`` True (reason ``InClusterQueue``), ``QuotaReserved`` and ``Admitted``
+  False and no ``status.admission``, and waits to be admitted again like any other;
+  :meth:`KueueStandIn.evict` does the same to one Workload.
 
-It leaves out: cohorts and borrowing, fair sharing, preemption (so no ``Evicted``),
+It leaves out: cohorts and borrowing, fair sharing, preemption beyond the above (within
+a cohort, ``borrowWithinCohort``, ``LowerOrNewerEqualPriority``; and Kueue waits for an
+evicted job to stop before it releases the quota, which here is released at once),
 partial admission (``minCount``), admission checks, waitForPodsReady, requeueing
 backoff, StrictFIFO, LimitRanges and pod overhead, topology-aware scheduling,
-``spec.active``, ``namespaceSelector``, ``stopPolicy`` and resource flavors' taints.
+``spec.active``, ``namespaceSelector`` and resource flavors' taints.
 It runs on the emulator's event loop and writes through the emulator's own methods, so
 each admission is one atomic write, as the Workload status update of Kueue's scheduler.
 """
@@ -38,6 +49,7 @@ import asyncio
 import contextlib
 import datetime
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -61,6 +73,10 @@ _SUFFIXES = {
     "Gi": Decimal(2**30),
     "Ti": Decimal(2**40),
 }
+
+
+# A ClusterQueue's stopPolicy that admits nothing new.
+_STOPPED = ("Hold", "HoldAndDrain")
 
 
 def kueue_crds() -> list[dict[str, Any]]:
@@ -146,10 +162,17 @@ class KueueStandIn:
                 return str((queue.get("spec") or {}).get("clusterQueue") or "") or None
         return None
 
-    def _usage(self, cluster_queue: str) -> dict[tuple[str, str], Decimal]:
-        """(flavor, resource) -> what the admitted, unfinished Workloads there hold."""
+    def _usage(
+        self,
+        cluster_queue: str,
+        without: AbstractSet[str] = frozenset(),
+    ) -> dict[tuple[str, str], Decimal]:
+        """(flavor, resource) -> what the admitted, unfinished Workloads there hold
+        (but those whose uid is in ``without``)."""
         used: dict[tuple[str, str], Decimal] = {}
         for workload in self._workloads():
+            if workload["metadata"]["uid"] in without:
+                continue
             admission = (workload.get("status") or {}).get("admission") or {}
             if admission.get("clusterQueue") != cluster_queue or _true(workload, "Finished"):
                 continue
@@ -161,10 +184,14 @@ class KueueStandIn:
         return used
 
     def _assign(
-        self, cluster_queue: dict[str, Any], wanted: dict[str, Decimal]
+        self,
+        cluster_queue: dict[str, Any],
+        wanted: dict[str, Decimal],
+        without: AbstractSet[str] = frozenset(),
     ) -> dict[str, str] | None:
-        """resource -> flavor where ``wanted`` fits in ``cluster_queue`` now; None if not."""
-        used = self._usage(cluster_queue["metadata"]["name"])
+        """resource -> flavor where ``wanted`` fits in ``cluster_queue`` now (the
+        Workloads whose uid is in ``without`` gone); None if not."""
+        used = self._usage(cluster_queue["metadata"]["name"], without)
         chosen: dict[str, str] = {}
         groups = (cluster_queue.get("spec") or {}).get("resourceGroups") or []
         for name, amount in wanted.items():
@@ -205,15 +232,90 @@ class KueueStandIn:
                 continue
             with contextlib.suppress(Exception):
                 cluster_queue = self.emulator.get_object("clusterqueues", queue_name)
-                self._try_admit(workload, cluster_queue)
+                if (cluster_queue.get("spec") or {}).get("stopPolicy") in _STOPPED:
+                    continue
+                if not self._try_admit(workload, cluster_queue):
+                    self._preempt_for(workload, cluster_queue)
 
-    def _try_admit(self, workload: dict[str, Any], cluster_queue: dict[str, Any]) -> None:
+    def _preempt_for(self, workload: dict[str, Any], cluster_queue: dict[str, Any]) -> None:
+        """Evict lower-priority Workloads of ``cluster_queue`` until ``workload`` fits."""
+        policy = (cluster_queue.get("spec") or {}).get("preemption") or {}
+        if policy.get("withinClusterQueue") != "LowerPriority":
+            return
+        priority = int((workload.get("spec") or {}).get("priority") or 0)
+        name = cluster_queue["metadata"]["name"]
+        victims = [
+            w
+            for w in self._workloads()
+            if ((w.get("status") or {}).get("admission") or {}).get("clusterQueue") == name
+            and not _true(w, "Finished")
+            and int((w.get("spec") or {}).get("priority") or 0) < priority
+        ]
+        victims.sort(
+            key=lambda w: (
+                int((w.get("spec") or {}).get("priority") or 0),
+                -int(w["metadata"]["resourceVersion"]),
+            )
+        )
+        wanted = [_requests(p) for p in workload["spec"]["podSets"]]
+        chosen: list[dict[str, Any]] = []
+        for victim in victims:
+            chosen.append(victim)
+            freed = {v["metadata"]["uid"] for v in chosen}
+            if all(self._assign(cluster_queue, w, without=freed) is not None for w in wanted):
+                for evicted in chosen:
+                    self.evict(evicted["metadata"]["name"], evicted["metadata"]["namespace"])
+                return
+
+    def evict(self, name: str, namespace: str = "default", reason: str = "InClusterQueue") -> None:
+        """Evict Workload ``name`` as Kueue's preemption does (the module doc)."""
+        workload = self.emulator.get_object("workloads", name, namespace)
+        stamp = _now()
+        kept = [
+            c
+            for c in (workload.get("status") or {}).get("conditions") or []
+            if c.get("type") not in ("QuotaReserved", "Admitted", "Evicted", "Preempted")
+        ]
+        message = "Preempted to accommodate a workload of higher priority"
+
+        def condition(kind: str, status: str, why: str) -> dict[str, Any]:
+            return {
+                "type": kind,
+                "status": status,
+                "reason": why,
+                "message": message,
+                "lastTransitionTime": stamp,
+            }
+
+        status = {
+            "admission": None,
+            "conditions": [
+                *kept,
+                condition("Evicted", "True", "Preempted"),
+                condition("Preempted", "True", reason),
+                condition("QuotaReserved", "False", "Preempted"),
+                condition("Admitted", "False", "NoReservation"),
+            ],
+        }
+        self.emulator.patch_object(
+            "workloads",
+            name,
+            {
+                "metadata": {"resourceVersion": workload["metadata"]["resourceVersion"]},
+                "status": status,
+            },
+            namespace,
+            subresource="status",
+        )
+
+    def _try_admit(self, workload: dict[str, Any], cluster_queue: dict[str, Any]) -> bool:
+        """Admit ``workload`` where it fits now; whether it did."""
         assignments = []
         for podset in workload["spec"]["podSets"]:
             wanted = _requests(podset)
             flavors = self._assign(cluster_queue, wanted)
             if flavors is None:
-                return
+                return False
             assignments.append(
                 {
                     "name": podset["name"],
@@ -259,6 +361,7 @@ class KueueStandIn:
             workload["metadata"]["namespace"],
             subresource="status",
         )
+        return True
 
     def admitted(self) -> Iterator[str]:
         """The names of the Workloads admitted now."""

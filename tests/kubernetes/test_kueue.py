@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from resurge.cluster import ClusterBackend, WorkerGroupSpec
+from resurge.events import JobSubmitted
+from tests.collect import Events
 from tests.kubernetes import helpers
 from tests.kubernetes.conftest import KubeApi
 from tests.kubernetes.helpers import Running, pods_of, until
@@ -27,9 +29,10 @@ def kueue(kube_api_thread: KubeApi) -> Iterator[KueueStandIn]:
         yield stand_in
 
 
-def queue_objects(api: KubeApi, gpus: int) -> None:
+def queue_objects(api: KubeApi, gpus: int, preemption: bool = False, stop: str = "None") -> None:
     """A ResourceFlavor ``a100`` (nodes labelled gpu=a100), a ClusterQueue with ``gpus``
-    of it, and the LocalQueue ``team-queue`` of the default namespace."""
+    of it (lower priorities preempted within it where ``preemption``; its
+    ``stopPolicy``), and the LocalQueue ``team-queue`` of the default namespace."""
     api.create(
         "resourceflavors",
         {
@@ -47,6 +50,8 @@ def queue_objects(api: KubeApi, gpus: int) -> None:
             "metadata": {"name": "cluster"},
             "spec": {
                 "namespaceSelector": {},
+                "stopPolicy": stop,
+                "preemption": {"withinClusterQueue": "LowerPriority" if preemption else "Never"},
                 "resourceGroups": [
                     {
                         "coveredResources": [GPU],
@@ -213,3 +218,77 @@ def _finished(workload: dict[str, Any]) -> bool:
         c["type"] == "Finished" and c["status"] == "True"
         for c in (workload.get("status") or {}).get("conditions") or []
     )
+
+
+def test_the_stand_in_preempts_lower_priority_within_the_cluster_queue(
+    kube_api_thread: KubeApi, kueue: KueueStandIn
+) -> None:
+    """Kueue's preemption (https://kueue.sigs.k8s.io/docs/concepts/preemption/, with
+    withinClusterQueue: LowerPriority): a Workload that does not fit evicts admitted ones
+    of lower priority (Evicted and Preempted True, QuotaReserved and Admitted False, no
+    admission) and is admitted in their place; the evicted one waits to be admitted
+    again, which it is once the quota is free."""
+    queue_objects(kube_api_thread, gpus=4, preemption=True)
+
+    def workload(name: str, priority: int) -> dict[str, Any]:
+        template = {"spec": {"containers": [{"name": "c", "resources": {"requests": {GPU: "2"}}}]}}
+        return {
+            "apiVersion": "kueue.x-k8s.io/v1beta1",
+            "kind": "Workload",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "queueName": "team-queue",
+                "priority": priority,
+                "podSets": [{"name": "main", "count": 2, "template": template}],
+            },
+        }
+
+    def run(em: Any) -> list[str]:
+        em.create_object("workloads", workload("low", 1))
+        kueue.schedule()
+        em.create_object("workloads", workload("high", 5))
+        kueue.schedule()  # evicts low
+        kueue.schedule()  # admits high
+        return sorted(kueue.admitted())
+
+    assert kube_api_thread.call(run) == ["high"]
+    low = kube_api_thread.get("workloads", "low")
+    assert "admission" not in low["status"]
+    states = {c["type"]: (c["status"], c["reason"]) for c in low["status"]["conditions"]}
+    assert states["Evicted"] == ("True", "Preempted")
+    assert states["Preempted"] == ("True", "InClusterQueue")
+    assert states["QuotaReserved"][0] == states["Admitted"][0] == "False"
+    kube_api_thread.call(lambda em: em.delete_object("workloads", "high", "default"))
+    kube_api_thread.call(lambda _: kueue.schedule())
+    assert kube_api_thread.call(lambda _: sorted(kueue.admitted())) == ["low"]
+
+
+async def test_a_queued_job_is_held_until_admitted_and_again_when_evicted(
+    kube_api_thread: KubeApi,
+    kueue: KueueStandIn,
+    backend: ClusterBackend,
+    controller: Running,
+    jobs: Events,
+) -> None:
+    """The job is submitted held (spec.suspend) while its Workload waits, so the scaler
+    places nothing; admitted, it is submitted again unheld; evicted by Kueue's
+    preemption, held again (the scaler then checkpoints and suspends it), and unheld
+    when admitted again. The TrainingJob's own spec is never edited."""
+    queue_objects(kube_api_thread, gpus=4, stop="Hold")  # admits nothing new
+    kube_api_thread.create("trainingjobs", queued_job("llama"))
+
+    def held() -> list[bool]:
+        return [e.spec.spec.suspend for e in jobs.of(JobSubmitted)]
+
+    await jobs.wait_for(lambda _: held())
+    assert held() == [True]
+    assert jobs.of(JobSubmitted)[0].update is False
+    go = {"spec": {"stopPolicy": "None"}}
+    kube_api_thread.call(lambda em: em.patch_object("clusterqueues", "cluster", go))
+    await jobs.wait_for(lambda _: held() == [True, False])
+    assert jobs.of(JobSubmitted)[-1].update is True
+    name = workloads(kube_api_thread)["llama"]["metadata"]["name"]
+    kube_api_thread.call(lambda em: kueue.evict(name))
+    await jobs.wait_for(lambda _: held()[:3] == [True, False, True])
+    await jobs.wait_for(lambda _: held() == [True, False, True, False])  # admitted again
+    assert kube_api_thread.get("trainingjobs", "llama")["spec"]["suspend"] is False

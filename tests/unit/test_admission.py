@@ -88,6 +88,15 @@ def test_pending_jobs_are_admitted_by_priority_then_submission() -> None:
     assert [r.name for r in order] == ["c", "a", "b"]
 
 
+def test_a_held_job_is_never_admitted() -> None:
+    """spec.suspend (its owner's, or Kueue's hold on a queued job): not in the order."""
+    held, free = new_record(job("h"), None), new_record(job("f"), None)
+    held.spec = held.spec.model_copy(
+        update={"spec": held.spec.spec.model_copy(update={"suspend": True})}
+    )
+    assert [r.name for r in admission_order([held, free])] == ["f"]
+
+
 def phase(record: JobRecord) -> JobPhase:
     """The phase now: start and mark_replica_finished change the record in place."""
     return record.phase

@@ -47,6 +47,7 @@ EDITS: dict[str, Any] = {
     "spec.priority": 5,
     "spec.priorityClassName": "high",
     "spec.queue": "other-queue",
+    "spec.suspend": True,
     "spec.recovery": {"jobMaxRetryCount": 3},
     "spec.monitoring": {"heartbeatTimeoutSeconds": 120},
     "spec.checkpoint": {"dir": "/ckpt/llama"},

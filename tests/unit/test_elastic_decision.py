@@ -175,6 +175,24 @@ def test_a_job_above_a_lowered_max_shrinks_to_it_highest_index_first() -> None:
     assert decide(cluster(1, 1, 1, 1), [replace(running, busy=True)], NOW) == []
 
 
+def test_a_held_job_is_suspended_at_once_and_neither_admitted_nor_grown() -> None:
+    """``held`` (its spec.suspend, or Kueue's admission withdrawn): a Running job is
+    suspended whatever its priority and cool-down, never during a recovery; a held
+    Pending or Suspended job waits with the reason, and its slots go to others."""
+    running = job("j", (2, 4), nodes=("n0", "n1", "n2"), resized_at=NOW - 1, priority=9)
+    (resize,) = decide(cluster(1, 1, 1), [replace(running, held=True)], NOW)
+    assert (resize.kind, resize.to_replicas) == (Kind.SUSPEND, 0)
+    assert "held" in resize.why
+    assert decide(cluster(1, 1, 1), [replace(running, held=True, busy=True)], NOW) == []
+    suspended = replace(job("s", (1,), priority=9), phase=Phase.SUSPENDED, held=True)
+    other = job("o", (1,))
+    result = plan(cluster(1), [suspended, other], NOW)
+    assert [(r.job, r.kind) for r in result.resizes] == [("o", Kind.ADMIT)]
+    assert "held" in result.waiting["s"]
+    (resumed,) = decide(cluster(1), [replace(suspended, held=False)], NOW)
+    assert resumed.kind is Kind.RESUME
+
+
 def test_cooldown_blocks_every_resize_until_it_ends() -> None:
     running = job("r", (1, 2, 3), nodes=("n0",), resized_at=NOW - 30.0, cooldown=60.0)
     assert decide(cluster(1, 1, 1), [running], NOW) == []
@@ -381,6 +399,15 @@ def test_no_flapping_at_most_one_resize_per_job_per_cooldown(seed: int) -> None:
 
 
 # From records and nodes: what the service will call.
+
+
+def test_a_suspended_spec_is_a_held_shape() -> None:
+    now = datetime.fromtimestamp(NOW, UTC)
+    running = record("r", JobPhase.RUNNING, ["a"], suspend=True)
+    [shape] = shapes_from([running], [NodeInfo(name="a", slots=4)], now.timestamp())[1]
+    assert shape.held
+    (resize,) = decide(*shapes_from([running], [NodeInfo(name="a", slots=4)], NOW), NOW)
+    assert resize.kind is Kind.SUSPEND
 
 
 def record(name: str, phase: JobPhase, nodes: list[str], **spec: Any) -> JobRecord:

@@ -232,8 +232,8 @@ class Scaler:
 
     async def on_submitted(self, event: JobSubmitted) -> None:
         """A new job (or a finished one's name again) becomes Pending and is admitted if it
-        fits; a running job submitted again takes its new monitoring settings and
-        replicas.max. An edit
+        fits; a running job submitted again takes its new monitoring settings,
+        replicas.max and suspend, acted on at once. An edit
         (``update``) never starts a job: one that finished, or has no record, is left."""
         job = event.spec
         # The name it was submitted under: on Kubernetes the TrainingJob's bus name
@@ -251,10 +251,12 @@ class Scaler:
         if found is not None and not found[0].phase.finished:
             await self.store.mutate(name, partial(update_live, job=job))
             self.ctx.log.info(
-                "%s is already %s: monitoring settings and replicas.max taken, the rest kept",
+                "%s is already %s: monitoring settings, replicas.max and suspend taken, the "
+                "rest kept",
                 name,
                 found[0].phase.value,
             )
+            await self.settle()
             return
         # The run is named by the submission that started it: `resurge status JOB --uid`
         # finds it in the job stream after its record is gone.

@@ -115,6 +115,7 @@ def shape_of(
         lost={node: lost.get(node, now) for node in nodes if node in lost},
         spares=tuple(record.spare_nodes) if phase is Phase.RUNNING else (),
         busy=busy,
+        held=spec.suspend,
         cooldown=spec.elastic.cooldown_seconds,
         snooze=spec.elastic.scale_up_snooze_seconds,
         faulty_timeout=spec.recovery.faulty_scale_down_timeout_seconds,

@@ -127,6 +127,12 @@ class TrainingJobSpec(SpecModel):
         default=None,
         description="Kueue LocalQueue to submit to, where Kueue is installed (Kubernetes only).",
     )
+    suspend: bool = Field(
+        default=False,
+        description="Hold the job: no replica runs. Set on a running job, it checkpoints and "
+        "is suspended (back to Pending with its checkpoint); cleared, it resumes from it. A "
+        "job with a Kueue queue is also held while Kueue has not admitted it (Kubernetes).",
+    )
     recovery: RecoverySpec = Field(
         default_factory=RecoverySpec, description="Recovery ladder and limits."
     )

@@ -28,7 +28,7 @@ from typing import Any
 __all__ = ["MUTABLE", "immutable_fields", "immutable_rule"]
 
 # Dotted camelCase paths from the TrainingJob's root.
-MUTABLE: frozenset[str] = frozenset({"spec.monitoring", "spec.replicas.max"})
+MUTABLE: frozenset[str] = frozenset({"spec.monitoring", "spec.replicas.max", "spec.suspend"})
 
 
 def immutable_rule(where: str, name: str) -> dict[str, str]:

@@ -115,7 +115,8 @@ class Controller:
         self.served = Served(kube)
         self.gated: set[str] = set()  # jobs with a pod Kueue has not admitted yet
         self.unschedulable: set[PodKey] = set()  # pods told to be unschedulable
-        self.kueue = Queueing(kube, self.jobs, self._on_admission)
+        self.kueue = Queueing(kube, self.jobs, self._on_admission, self._template_pod)
+        self.jobs.held = self.kueue.held
         self._backoff: dict[Key, float] = {}  # seconds before a refused pod is tried again
         self._queue: asyncio.Queue[tuple[str, Any]] | None = None
 
@@ -131,10 +132,25 @@ class Controller:
             await self.kueue.stop()
 
     async def _on_admission(self, job: str) -> None:
-        """Kueue's admission of ``job`` changed: reconcile its pods (on the pod loop)."""
+        """Kueue's admission of ``job`` changed: submit it again (held or not, the
+        scaler suspends or resumes it) and reconcile its pods (on the pod loop)."""
+        await self.jobs.resubmit(job)
         if self._queue is not None:
             for key in [k for k in self.desired if k[0] == job]:
                 self._queue.put_nowait(("retry", key))
+
+    def _template_pod(self, training_job: dict[str, Any]) -> dict[str, Any]:
+        """A pod of ``training_job`` as its replicas' would be, but on no node: what its
+        Kueue Workload asks for."""
+        spec = training_job.get("spec") or {}
+        group = WorkerGroupSpec(
+            job=self.jobs.job_of(training_job),
+            replica=0,
+            node="",
+            nproc=int(spec.get("nprocPerNode") or 1),
+            command=[str(c) for c in spec.get("command") or ["-"]],
+        )
+        return pod_manifest(group, training_job, {}, self.settings.kube_image)
 
     # -- TrainingJobs: :mod:`.jobs` ------------------------------------------------------
 

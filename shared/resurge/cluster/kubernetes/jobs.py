@@ -30,6 +30,11 @@ its own namespace.
   are deleted, and each job with worker-group records but no TrainingJob is
   ``JobDeleted``: on Kubernetes a job is a TrainingJob, and a pod is never made
   without one (its owner, its image, its template).
+- **Held by Kueue.** A job that ``held`` says Kueue has not admitted (:mod:`.queueing`)
+  is submitted with ``spec.suspend`` true, as Kueue suspends the jobs it manages, and
+  :meth:`TrainingJobs.resubmit` submits it again (an ``update``) when its admission
+  changes, so the scaler suspends it (after a checkpoint) or resumes it; the
+  TrainingJob itself is not edited.
 - **Refused pods.** :meth:`TrainingJobs.refused` and :meth:`TrainingJobs.admitted` keep
   the ``PodsRefused`` condition (True with the API's message while the API refuses a
   pod or Service of the job; False again once one is created), with a Warning Event per
@@ -164,6 +169,8 @@ class TrainingJobs:
         self._submitted: dict[str, int] = {}
         # Called with each TrainingJob as seen (not deleted): the controller's Kueue side.
         self.observers: list[Callable[[dict[str, Any]], Awaitable[None]]] = []
+        # Whether Kueue holds a TrainingJob (queued, not admitted): it is submitted held.
+        self.held: Callable[[dict[str, Any]], bool] = lambda _: False
 
     async def follow(self) -> None:
         """Act on every TrainingJob and each change (module docstring), until cancelled;
@@ -405,8 +412,12 @@ class TrainingJobs:
         return True
 
     def _document(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """The job document TrainingJob ``obj`` submits (its spec, name and labels)."""
+        """The job document TrainingJob ``obj`` submits (its spec, name and labels;
+        ``spec.suspend`` true where Kueue holds it)."""
         meta = _meta(obj)
+        spec = obj.get("spec")
+        if isinstance(spec, dict) and self.held(obj):
+            spec = {**spec, "suspend": True}
         return {
             "apiVersion": obj.get("apiVersion"),
             "kind": obj.get("kind"),
@@ -415,7 +426,7 @@ class TrainingJobs:
                 "namespace": meta.get("namespace") or self.kube.namespace,
                 "labels": meta.get("labels") or {},
             },
-            "spec": obj.get("spec"),
+            "spec": spec,
         }
 
     async def _submit(self, obj: dict[str, Any]) -> None:
@@ -460,6 +471,30 @@ class TrainingJobs:
             name, lambda _: {"submittedGeneration": generation}
         )
         log.info("TrainingJob %s submitted (generation %d)", name, generation, extra={"job": name})
+
+    async def resubmit(self, name: str) -> None:
+        """Submit job ``name`` again as an ``update`` (its TrainingJob as last seen), where
+        it was submitted and has not finished: Kueue's hold on it changed."""
+        obj = self.known.get(name)
+        if obj is None or _meta(obj).get("deletionTimestamp"):
+            return
+        uid = str(_meta(obj).get("uid") or "")
+        if self._last_submitted(obj, uid) is None or await self._finished(name, obj):
+            return  # its first submission carries the hold; a finished job stays so
+        try:
+            job = parse_job(self._document(obj))
+        except JobSpecError:
+            return  # refused when submitted: nothing runs
+        await self.bus.publish(
+            self.bus.subjects.job(name),
+            JobSubmitted(source=self.bus.source, job=name, spec=job, update=True),
+        )
+        log.info(
+            "TrainingJob %s submitted again: %s",
+            name,
+            "held (Kueue has not admitted it)" if job.spec.suspend else "admitted by Kueue",
+            extra={"job": name},
+        )
 
     async def _reject(self, name: str, generation: int, message: str) -> None:
         await self.kube.update_training_job_status(

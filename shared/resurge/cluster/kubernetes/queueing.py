@@ -1,10 +1,16 @@
 """The controller's side of Kueue: a queued TrainingJob (:func:`.kueue.queue_of`) is one
 Kueue workload, and gets no pod before Kueue admits it.
 
-- **Workload.** Before the first pod of a queued job, :meth:`Queueing.admitted_job`
-  creates its ``Workload`` (:func:`.kueue.workload_manifest`: one pod set of the job's
-  replicas with the pod's requests; its WorkloadPriorityClass and that class's value),
-  owned by the TrainingJob, so it goes with it.
+- **Workload.** A queued TrainingJob, when seen and before it is submitted, gets its
+  ``Workload`` (:func:`.kueue.workload_manifest`: one pod set of the job's replicas
+  with its pods' requests; its WorkloadPriorityClass and that class's value), owned by
+  the TrainingJob, so it goes with it.
+- **Held until admitted.** While the Workload is not admitted the job is submitted
+  held (``spec.suspend``, :meth:`Queueing.held`): the scaler places nothing. When
+  Kueue admits it, it is submitted again unheld and starts (or resumes from its
+  checkpoint); when Kueue evicts it (preemption: ``Evicted``, its admission taken
+  back), it is submitted again held, and the scaler checkpoints and suspends it
+  (back to Pending), until it is admitted again.
 - **No pod before admission.** A replica gets its pod only while the Workload is
   admitted and the replica is within the count admitted; then the pod is made from the
   TrainingJob with the admitted ResourceFlavors' ``nodeLabels`` in its template's
@@ -12,12 +18,13 @@ Kueue workload, and gets no pod before Kueue admits it.
   the admission an ``AdmittedByKueue`` one.
 - **Admission followed.** Workloads are watched (from the first queued job on, so an
   install without Kueue never asks for them); a change of a job's admission calls
-  ``on_admission(job)``, which reconciles that job's pods.
+  ``on_admission(job)``, which submits it again and reconciles its pods.
 - **Finished.** A queued job whose TrainingJob reaches Succeeded or Failed marks its
   Workload ``Finished`` (as Kueue's job framework does), which releases its quota.
 
-Not done: acting on Kueue's preemption (``Evicted``): a job evicted keeps its pods
-running; see docs/kubernetes.md, "Kueue".
+Not done: partial admission and workload slices. An elastic job is one Workload of its
+``replicas.max`` pods: Kueue admits it whole or not at all, and its preemption suspends
+it whole rather than shrinking it.
 """
 
 from __future__ import annotations
@@ -80,10 +87,12 @@ class Queueing:
         kube: KubeApi,
         jobs: TrainingJobs,
         on_admission: Callable[[str], Awaitable[None]],
+        pod_of: Callable[[dict[str, Any]], dict[str, Any]],
     ) -> None:
         self.kube = kube
         self.jobs = jobs
         self.on_admission = on_admission
+        self.pod_of = pod_of  # a pod of the TrainingJob, for its requests
         self.workloads: dict[str, dict[str, Any]] = {}  # bus name -> Workload as last seen
         self._told: dict[str, bool] = {}  # bus name -> admitted, as last told in an Event
         self._watch: asyncio.Task[None] | None = None
@@ -92,6 +101,14 @@ class Queueing:
     def queued(training_job: dict[str, Any]) -> bool:
         """Whether ``training_job`` goes through Kueue (it has a queue)."""
         return queue_of(training_job) is not None
+
+    def held(self, training_job: dict[str, Any]) -> bool:
+        """Whether Kueue holds ``training_job``: it is queued and its Workload, as last
+        seen, is not admitted."""
+        if not self.queued(training_job):
+            return False
+        workload = self.workloads.get(self.jobs.job_of(training_job))
+        return workload is None or not admission_of(workload).admitted
 
     # -- the gate -------------------------------------------------------------------------
 
@@ -104,6 +121,7 @@ class Queueing:
         self._start_watch()
         job = spec.job
         workload = self.workloads.get(job) or await self._ensure_workload(training_job, pod)
+        self.workloads.setdefault(job, workload)
         admission = admission_of(workload)
         admitted = admission.admitted and spec.replica < admission.count
         await self._tell(training_job, job, admitted)
@@ -266,10 +284,20 @@ class Queueing:
     # -- finishing ------------------------------------------------------------------------
 
     async def on_training_job(self, training_job: dict[str, Any]) -> None:
-        """A TrainingJob as seen: if it is queued and has finished, its Workload is
-        marked ``Finished`` (its quota released)."""
+        """A TrainingJob as seen: if it is queued, its Workload is made where there is
+        none; if it has finished, its Workload is marked ``Finished`` (its quota
+        released)."""
+        if not self.queued(training_job):
+            return
         phase = (training_job.get("status") or {}).get("phase")
-        if phase not in _FINISHED_PHASES or not self.queued(training_job):
+        if phase not in _FINISHED_PHASES:
+            job = self.jobs.job_of(training_job)
+            if job not in self.workloads and not (training_job.get("metadata") or {}).get(
+                "deletionTimestamp"
+            ):
+                self._start_watch()
+                made = await self._ensure_workload(training_job, self.pod_of(training_job))
+                self.workloads.setdefault(job, made)
             return
         namespace, name = namespace_of(training_job), workload_name(training_job)
         for _ in range(5):

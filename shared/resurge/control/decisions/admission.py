@@ -64,8 +64,10 @@ def new_record(job: TrainingJob, previous: JobRecord | None, name: str | None = 
 
 
 def admission_order(records: list[JobRecord]) -> list[JobRecord]:
-    """The Pending records, highest priority first, then oldest submission, then name."""
-    pending = [r for r in records if r.phase is JobPhase.PENDING]
+    """The Pending records, highest priority first, then oldest submission, then name;
+    none that is held (``spec.suspend``: by its owner, or while Kueue has not admitted
+    it)."""
+    pending = [r for r in records if r.phase is JobPhase.PENDING and not r.spec.spec.suspend]
     return sorted(
         pending, key=lambda r: (-getattr(r.spec.spec, "priority", 0), r.submitted, r.name)
     )
@@ -315,12 +317,19 @@ def mark_replica_finished(record: JobRecord, replica: int, generation: int) -> b
 def update_live(record: JobRecord, job: TrainingJob) -> bool:
     """A running job submitted again: take what may change while it runs
     (:data:`~resurge.jobspec.mutability.MUTABLE`): its ``monitoring`` settings, which
-    detectors read live, and ``replicas.max``, which the scaler's next decision reads (a
-    lower max shrinks the job to it, a higher one lets it grow); keep everything else.
+    detectors read live, ``replicas.max``, which the scaler's next decision reads (a
+    lower max shrinks the job to it, a higher one lets it grow), and ``suspend`` (the
+    next decision suspends a held job, or lets it resume); keep everything else.
     Whether anything changed."""
     old = record.spec.spec
     replicas = old.replicas.model_copy(update={"max": job.spec.replicas.max})
-    spec = old.model_copy(update={"monitoring": job.spec.monitoring, "replicas": replicas})
+    spec = old.model_copy(
+        update={
+            "monitoring": job.spec.monitoring,
+            "replicas": replicas,
+            "suspend": job.spec.suspend,
+        }
+    )
     if spec == old:
         return False
     record.spec = record.spec.model_copy(update={"spec": spec})

@@ -20,9 +20,11 @@ nothing; a job's replica on one of them is *lost*.
 The policy, in passes over the jobs in priority order (higher ``priority`` first,
 then earlier ``submitted``, then name):
 
-0. Above ``max``. A Running job holding more replicas than its largest allowed size
-   (its ``replicas.max`` lowered by an edit) shrinks to that size, highest index
-   first, unless busy: no cool-down holds back what its owner asked for.
+0. Above ``max``, or held. A Running job holding more replicas than its largest
+   allowed size (its ``replicas.max`` lowered by an edit) shrinks to that size,
+   highest index first, unless busy: no cool-down holds back what its owner asked for.
+   A Running job that is ``held`` (its ``spec.suspend``, or Kueue's admission withdrawn)
+   is suspended the same way; a held job is never admitted nor grown.
 1. Lost capacity. A Running job whose lost replicas outnumber its usable spares (spares
    on schedulable nodes, which the restarter moves replicas onto) shrinks once a lost
    node has been gone ``faulty_timeout`` seconds: the overdue lost replicas go, then
@@ -152,7 +154,8 @@ class JobShape:
     ``sizes`` are the allowed replica counts, smallest first (``min`` to ``max``).
     ``lost`` maps a node to when it was first seen gone or unschedulable; a replica on
     such a node not listed counts as lost since ``now``. ``busy``: a recovery or resize
-    is under way; the job keeps its slots and is left alone.
+    is under way; the job keeps its slots and is left alone. ``held``: it may hold no
+    replica (suspended by its owner, or not admitted by Kueue).
     """
 
     name: str
@@ -168,6 +171,7 @@ class JobShape:
     lost: Mapping[str, float] = field(default_factory=dict)
     spares: tuple[str, ...] = ()
     busy: bool = False
+    held: bool = False
     cooldown: float = 60.0
     snooze: float = 60.0
     faulty_timeout: float = 60.0
@@ -436,7 +440,13 @@ def _unsuspend(state: _State, work: _Work, count: int) -> None:
 def _drop_above_max(state: _State, work: _Work) -> None:
     """Pass 0: shrink a job holding more replicas than its largest allowed size."""
     shape = work.shape
-    if shape.busy or work.size <= shape.max:
+    if shape.busy or work.size == 0:
+        return
+    if shape.held:
+        _suspend(state, work)
+        work.notes.append("held: suspended by its spec.suspend, or not admitted by Kueue")
+        return
+    if work.size <= shape.max:
         return
     _drop(state, work, work.size - shape.max)
     work.notes.append(f"above its max of {shape.max} replicas")
@@ -489,6 +499,9 @@ def _admit(state: _State, work: _Work) -> None:
     """Pass 2: give a waiting job its ``min``, making room from lower priorities."""
     shape = work.shape
     if shape.phase is Phase.RUNNING or shape.busy:
+        return
+    if shape.held:
+        state.waiting[shape.name] = "held: suspended by its spec.suspend, or not admitted by Kueue"
         return
     left = work.cooling(state.now)
     if left > 0:
@@ -621,7 +634,7 @@ def _why_waiting(state: _State, work: _Work) -> str:
 
 def _may_grow(state: _State, work: _Work) -> bool:
     shape = work.shape
-    if work.size == 0 or work.size >= shape.max or shape.busy or work.dropped:
+    if work.size == 0 or work.size >= shape.max or shape.busy or work.dropped or shape.held:
         return False
     if work.lost_since:  # waiting for its lost node, or just shrunk without it
         return False
