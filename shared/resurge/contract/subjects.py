@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 __all__ = [
     "NODE_LEVEL_JOB",
@@ -102,11 +103,16 @@ def raw_subject_mismatch(subject: str, job: str | None, node: str | None) -> str
     if job_token == NODE_LEVEL_JOB:
         if job not in (None, NODE_LEVEL_JOB):
             return f"the body names job {job!r}; the subject is node-level (job token '_')"
-    elif job is None or escape_token(job) != job_token:
+    elif job is None or _escaped(job) != job_token:
         return f"the body names job {job!r}; the subject's job is {_name(job_token)!r}"
-    if node is None or escape_token(node) != node_token:
+    if node is None or _escaped(node) != node_token:
         return f"the body names node {node!r}; the subject's node is {_name(node_token)!r}"
     return None
+
+
+# Every raw event a reader takes is checked: the few job and node names of a cluster are
+# escaped once each (escaping char by char cost more than decoding the event).
+_escaped = lru_cache(maxsize=4096)(escape_token)
 
 
 def _name(token: str) -> str:
