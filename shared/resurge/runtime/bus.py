@@ -396,7 +396,11 @@ class Bus:
     async def _add_or_update(self, config: StreamConfig) -> None:
         try:
             await self.js.add_stream(config)
-        except nats.js.errors.BadRequestError:
+        except nats.js.errors.BadRequestError as error:
+            # Only "exists with another configuration" is a stream to update; another
+            # 400 (no peers for its copies yet, while a cluster forms) is raised as it is.
+            if error.err_code != _STREAM_EXISTS_OTHERWISE:
+                raise
             await self.js.update_stream(config)
 
     async def create_bucket(self, name: str, history: int = 1, **options: Any) -> KeyValue:
@@ -789,6 +793,9 @@ async def until_jetstream(
                 raise
             await asyncio.sleep(0.25)  # a leader election: nothing to await but the retry
 
+
+# JetStream's answer to adding a stream that exists with another configuration.
+_STREAM_EXISTS_OTHERWISE = 10058
 
 # JetStream's answers while a cluster forms or elects: no peers for a replicated
 # stream yet (10005), no leader yet (503).
