@@ -8,7 +8,7 @@ nats-server and the controller in this process; pods are created, never run."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -21,6 +21,7 @@ from tests.kubernetes.helpers import Running, pods_of, until
 from tests.kubernetes.kueue import KueueStandIn, running_kueue
 
 GPU = "nvidia.com/gpu"
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -213,6 +214,11 @@ async def test_a_queued_job_is_one_workload_and_gets_no_pod_before_admission(
     assert admitted(workloads(kube_api_thread)["second"])
 
 
+def changes(values: list[T]) -> list[T]:
+    """``values`` without repeats of the one before."""
+    return [v for i, v in enumerate(values) if i == 0 or values[i - 1] != v]
+
+
 def _finished(workload: dict[str, Any]) -> bool:
     return any(
         c["type"] == "Finished" and c["status"] == "True"
@@ -278,7 +284,8 @@ async def test_a_queued_job_is_held_until_admitted_and_again_when_evicted(
     kube_api_thread.create("trainingjobs", queued_job("llama"))
 
     def held() -> list[bool]:
-        return [e.spec.spec.suspend for e in jobs.of(JobSubmitted)]
+        """Each change of the hold submitted (a submission may repeat the last one)."""
+        return changes([e.spec.spec.suspend for e in jobs.of(JobSubmitted)])
 
     await jobs.wait_for(lambda _: held())
     assert held() == [True]
@@ -292,3 +299,68 @@ async def test_a_queued_job_is_held_until_admitted_and_again_when_evicted(
     await jobs.wait_for(lambda _: held()[:3] == [True, False, True])
     await jobs.wait_for(lambda _: held() == [True, False, True, False])  # admitted again
     assert kube_api_thread.get("trainingjobs", "llama")["spec"]["suspend"] is False
+
+
+async def test_an_elastic_jobs_elastic_part_is_its_own_workload_preempted_first(
+    kube_api_thread: KubeApi,
+    kueue: KueueStandIn,
+    backend: ClusterBackend,
+    controller: Running,
+    jobs: Events,
+) -> None:
+    """An elastic job (1 to 3 replicas) is a base Workload of 1 replica and, once that
+    is admitted, an elastic one of 2: submitted held (unless the base is admitted by
+    then), then at most 1 replica, then as written (3). A job of higher priority that
+    needs the elastic part's quota preempts it (the more recently admitted of the
+    job's, at one priority), not the base: the job is submitted again at most 1 replica
+    (the scaler shrinks it), and back up to 3 once the preemptor has finished."""
+    queue_objects(kube_api_thread, gpus=6, preemption=True)
+    for name, value in (("low", 10), ("high", 1000)):
+        kube_api_thread.create(
+            "workloadpriorityclasses",
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta1",
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": name},
+                "value": value,
+            },
+        )
+    elastic = queued_job("elastic", priority_class="low")
+    elastic["spec"]["replicas"] = {"min": 1, "max": 3}
+    kube_api_thread.create("trainingjobs", elastic)
+
+    def sizes(job: str) -> list[int]:
+        """Each change of the size submitted (0: held); a submission may repeat one."""
+        return changes(
+            [
+                0 if e.spec.spec.suspend else e.spec.spec.replicas.upper
+                for e in jobs.of(JobSubmitted)
+                if e.job == job
+            ]
+        )
+
+    await jobs.wait_for(lambda _: sizes("elastic")[-1:] == [3])
+    # The stand-in may admit the base before the first submission: [1, 3].
+    assert sizes("elastic") in ([0, 1, 3], [1, 3])
+    before = sizes("elastic")
+    parts = {
+        w["metadata"]["labels"]["resurge.dev/kueue-part"]: w["spec"]["podSets"][0]["count"]
+        for w in kube_api_thread.objects("workloads", "default")
+    }
+    assert parts == {"base": 1, "elastic": 2}
+
+    urgent = queued_job("urgent", priority_class="high")
+    urgent["spec"]["replicas"] = {"min": 1, "max": 1}
+    kube_api_thread.create("trainingjobs", urgent)
+    await jobs.wait_for(lambda _: sizes("elastic")[-1:] == [1])
+    await jobs.wait_for(lambda _: sizes("urgent")[-1:] == [1])
+    base = next(
+        w
+        for w in kube_api_thread.objects("workloads", "default")
+        if w["metadata"]["labels"]["resurge.dev/kueue-part"] == "base"
+        and w["metadata"]["ownerReferences"][0]["name"] == "elastic"
+    )
+    assert admitted(base), "the base of the preempted job stays admitted"
+    kube_api_thread.patch_status("trainingjobs", "urgent", {"phase": "Succeeded"})
+    await jobs.wait_for(lambda _: sizes("elastic")[-1:] == [3])
+    assert sizes("elastic")[len(before) :] == [1, 3]

@@ -130,3 +130,20 @@ def test_the_flavors_node_labels_join_the_templates_selector() -> None:
     assert TRAINING_JOB["spec"]["template"]["spec"]["nodeSelector"] == {"zone": "a"}
     bare = with_node_labels({"metadata": {}, "spec": {}}, {"gpu": "a100"})
     assert bare["spec"]["template"] == {"spec": {"nodeSelector": {"gpu": "a100"}}}
+
+
+def test_an_elastic_jobs_parts_and_the_replicas_they_allow() -> None:
+    from resurge.cluster.kubernetes.kueue import Admission, allowed_replicas, part_of
+
+    elastic = workload_manifest(TRAINING_JOB, POD, count=2, part="elastic")
+    assert elastic["metadata"]["name"] == "trainingjob-llama-01234-elastic"
+    assert part_of(elastic) == "elastic"
+    assert part_of(workload_manifest(TRAINING_JOB, POD, count=1)) == "base"
+    assert part_of({"metadata": {}}) == "base"
+    yes = Admission(admitted=True, count=2, flavors=(), evicted=False, finished=False)
+    no = Admission(admitted=False, count=0, flavors=(), evicted=True, finished=False)
+    assert allowed_replicas(None, None, (1, 3)) == 0
+    assert allowed_replicas(no, yes, (1, 3)) == 0  # no base, no job
+    assert allowed_replicas(yes, None, (1, 3)) == 1
+    assert allowed_replicas(yes, no, (1, 3)) == 1  # the elastic part preempted
+    assert allowed_replicas(yes, yes, (1, 3)) == 3

@@ -116,7 +116,7 @@ class Controller:
         self.gated: set[str] = set()  # jobs with a pod Kueue has not admitted yet
         self.unschedulable: set[PodKey] = set()  # pods told to be unschedulable
         self.kueue = Queueing(kube, self.jobs, self._on_admission, self._template_pod)
-        self.jobs.held = self.kueue.held
+        self.jobs.effective_spec = self.kueue.effective_spec
         self._backoff: dict[Key, float] = {}  # seconds before a refused pod is tried again
         self._queue: asyncio.Queue[tuple[str, Any]] | None = None
 

@@ -30,10 +30,11 @@ its own namespace.
   are deleted, and each job with worker-group records but no TrainingJob is
   ``JobDeleted``: on Kubernetes a job is a TrainingJob, and a pod is never made
   without one (its owner, its image, its template).
-- **Held by Kueue.** A job that ``held`` says Kueue has not admitted (:mod:`.queueing`)
-  is submitted with ``spec.suspend`` true, as Kueue suspends the jobs it manages, and
-  :meth:`TrainingJobs.resubmit` submits it again (an ``update``) when its admission
-  changes, so the scaler suspends it (after a checkpoint) or resumes it; the
+- **As Kueue admits it.** A queued job is submitted with the spec
+  ``effective_spec`` gives (:mod:`.queueing`: ``spec.suspend`` true while Kueue admits
+  none of it, as Kueue suspends the jobs it manages; ``replicas.max`` at most what it
+  admits), and :meth:`TrainingJobs.resubmit` submits it again (an ``update``) when its
+  admission changes, so the scaler suspends, shrinks, resumes or grows it; the
   TrainingJob itself is not edited.
 - **Refused pods.** :meth:`TrainingJobs.refused` and :meth:`TrainingJobs.admitted` keep
   the ``PodsRefused`` condition (True with the API's message while the API refuses a
@@ -169,8 +170,8 @@ class TrainingJobs:
         self._submitted: dict[str, int] = {}
         # Called with each TrainingJob as seen (not deleted): the controller's Kueue side.
         self.observers: list[Callable[[dict[str, Any]], Awaitable[None]]] = []
-        # Whether Kueue holds a TrainingJob (queued, not admitted): it is submitted held.
-        self.held: Callable[[dict[str, Any]], bool] = lambda _: False
+        # The spec a TrainingJob is submitted with: as Kueue admits it, where queued.
+        self.effective_spec: Callable[[dict[str, Any]], Any] = lambda obj: obj.get("spec")
 
     async def follow(self) -> None:
         """Act on every TrainingJob and each change (module docstring), until cancelled;
@@ -412,12 +413,10 @@ class TrainingJobs:
         return True
 
     def _document(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """The job document TrainingJob ``obj`` submits (its spec, name and labels;
-        ``spec.suspend`` true where Kueue holds it)."""
+        """The job document TrainingJob ``obj`` submits (its spec as Kueue admits it,
+        ``effective_spec``; its name and labels)."""
         meta = _meta(obj)
-        spec = obj.get("spec")
-        if isinstance(spec, dict) and self.held(obj):
-            spec = {**spec, "suspend": True}
+        spec = self.effective_spec(obj) if isinstance(obj.get("spec"), dict) else obj.get("spec")
         return {
             "apiVersion": obj.get("apiVersion"),
             "kind": obj.get("kind"),
@@ -442,8 +441,9 @@ class TrainingJobs:
         # An edit of a job submitted before is not run once the job has finished.
         if before and await self._holds_finished(name, obj, generation):
             return
+        document = self._document(obj)
         try:
-            job = parse_job(self._document(obj))
+            job = parse_job(document)
         except JobSpecError as error:
             self._submitted[uid] = generation
             if before:  # a running job keeps running as it was: only the edit is refused
@@ -471,6 +471,8 @@ class TrainingJobs:
             name, lambda _: {"submittedGeneration": generation}
         )
         log.info("TrainingJob %s submitted (generation %d)", name, generation, extra={"job": name})
+        if self._document(obj)["spec"] != document["spec"]:
+            await self.resubmit(name)  # Kueue's admission changed while it was submitted
 
     async def resubmit(self, name: str) -> None:
         """Submit job ``name`` again as an ``update`` (its TrainingJob as last seen), where
@@ -490,9 +492,9 @@ class TrainingJobs:
             JobSubmitted(source=self.bus.source, job=name, spec=job, update=True),
         )
         log.info(
-            "TrainingJob %s submitted again: %s",
+            "TrainingJob %s submitted again as Kueue admits it: %s",
             name,
-            "held (Kueue has not admitted it)" if job.spec.suspend else "admitted by Kueue",
+            "held" if job.spec.suspend else f"at most {job.spec.replicas.upper} replicas",
             extra={"job": name},
         )
 

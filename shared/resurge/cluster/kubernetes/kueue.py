@@ -16,6 +16,13 @@ what it holds and waits to be admitted again. A finished job marks its Workload
 A TrainingJob is queued when it has a queue: the label ``kueue.x-k8s.io/queue-name``
 (as on every job Kueue manages) or ``spec.queue``. Its priority is the
 WorkloadPriorityClass its label ``kueue.x-k8s.io/priority-class`` names.
+
+An elastic job (``replicas.max`` above ``min``) is two Workloads, told apart by the
+label ``resurge.dev/kueue-part``: the ``base`` one of its ``min`` replicas, and the
+``elastic`` one of the rest, which resurge creates once the base is admitted. Kueue
+admits and preempts each whole, so preempting the elastic one (admitted later, it is
+the first of the job's to go among equal priorities) shrinks the job to ``min``, and
+admitting it again lets it grow back (:func:`allowed_replicas`).
 """
 
 from __future__ import annotations
@@ -28,10 +35,13 @@ from resurge.cluster.kubernetes.objects import QUEUE_LABEL, owner_reference
 
 __all__ = [
     "ADMITTED",
+    "BASE",
+    "ELASTIC",
     "EVICTED",
     "FINISHED",
     "KUEUE_GROUP",
     "KUEUE_VERSION",
+    "PART_LABEL",
     "PODSET",
     "PRIORITY_CLASS_LABEL",
     "QUEUE_LABEL",
@@ -39,10 +49,13 @@ __all__ = [
     "WORKLOAD_PRIORITY_CLASS_SOURCE",
     "Admission",
     "admission_of",
+    "allowed_replicas",
     "finished_condition",
     "flavor_node_labels",
+    "part_of",
     "priority_class_of",
     "queue_of",
+    "replica_bounds",
     "with_node_labels",
     "workload_manifest",
     "workload_name",
@@ -57,8 +70,12 @@ ADMITTED = "Admitted"
 QUOTA_RESERVED = "QuotaReserved"
 EVICTED = "Evicted"
 FINISHED = "Finished"
-# The one pod set of a TrainingJob: its replicas' pods.
+# The one pod set of a TrainingJob's Workload: its replicas' pods.
 PODSET = "workers"
+# Which of an elastic job's Workloads one is: its min replicas', or the rest's.
+PART_LABEL = "resurge.dev/kueue-part"
+BASE = "base"
+ELASTIC = "elastic"
 
 _NAME_MAX = 63
 
@@ -89,14 +106,28 @@ def priority_class_of(training_job: dict[str, Any]) -> str | None:
     return _labels(training_job).get(PRIORITY_CLASS_LABEL) or None
 
 
-def workload_name(training_job: dict[str, Any]) -> str:
-    """The name of a TrainingJob's Workload: ``trainingjob-<name>-<uid's first 5>``, cut
-    to 63 characters as Kueue cuts the names of the Workloads it makes, so a new
-    TrainingJob of the same name never takes its predecessor's Workload."""
+def workload_name(training_job: dict[str, Any], part: str = BASE) -> str:
+    """The name of a TrainingJob's Workload: ``trainingjob-<name>-<uid's first 5>``
+    (``-elastic`` after it for the elastic part), cut to 63 characters as Kueue cuts the
+    names of the Workloads it makes, so a new TrainingJob of the same name never takes
+    its predecessor's Workload."""
     meta = _mapping(training_job.get("metadata"))
-    uid = str(meta.get("uid") or "")[:5]
-    prefix = f"trainingjob-{meta.get('name')}"[: _NAME_MAX - len(uid) - 1].rstrip("-.")
-    return f"{prefix}-{uid}" if uid else prefix
+    tail = str(meta.get("uid") or "")[:5] + ("-elastic" if part == ELASTIC else "")
+    prefix = f"trainingjob-{meta.get('name')}"[: _NAME_MAX - len(tail) - 1].rstrip("-.")
+    return f"{prefix}-{tail}" if tail else prefix
+
+
+def replica_bounds(training_job: dict[str, Any]) -> tuple[int, int]:
+    """A TrainingJob's ``replicas.min`` and ``replicas.max`` (``min`` where unset)."""
+    replicas = _mapping(_mapping(training_job.get("spec")).get("replicas"))
+    low = int(replicas.get("min") or 1)
+    return low, max(low, int(replicas.get("max") or low))
+
+
+def part_of(workload: dict[str, Any]) -> str:
+    """Which part of its job ``workload`` is (:data:`BASE` where unlabelled)."""
+    labels = _mapping(_mapping(workload.get("metadata")).get("labels"))
+    return ELASTIC if labels.get(PART_LABEL) == ELASTIC else BASE
 
 
 def _pod_template(pod: dict[str, Any]) -> dict[str, Any]:
@@ -124,9 +155,10 @@ def workload_manifest(
     pod: dict[str, Any],
     count: int,
     priority: int | None = None,
+    part: str = BASE,
 ) -> dict[str, Any]:
-    """The Workload of a queued TrainingJob: one pod set of ``count`` pods (its
-    replicas) whose template holds ``pod``'s requests, node selector and tolerations;
+    """A Workload of a queued TrainingJob (its ``part``): one pod set of ``count`` pods
+    (replicas) whose template holds ``pod``'s requests, node selector and tolerations;
     the job's LocalQueue; its WorkloadPriorityClass and that class's ``priority`` value
     (Kueue's schema wants both or neither); the TrainingJob as controlling owner, so the
     Workload goes with it."""
@@ -144,9 +176,9 @@ def workload_manifest(
         "apiVersion": f"{KUEUE_GROUP}/{KUEUE_VERSION}",
         "kind": "Workload",
         "metadata": {
-            "name": workload_name(training_job),
+            "name": workload_name(training_job, part),
             "namespace": meta.get("namespace"),
-            "labels": {QUEUE_LABEL: spec["queueName"]},
+            "labels": {QUEUE_LABEL: spec["queueName"], PART_LABEL: part},
             "ownerReferences": [owner_reference(training_job)],
         },
         "spec": spec,
@@ -192,6 +224,19 @@ def admission_of(workload: dict[str, Any]) -> Admission:
         evicted=_condition(workload, EVICTED),
         finished=_condition(workload, FINISHED),
     )
+
+
+def allowed_replicas(
+    base: Admission | None, elastic: Admission | None, bounds: tuple[int, int]
+) -> int:
+    """How many replicas Kueue lets a job of ``bounds`` (min, max) run: none while its
+    base Workload is not admitted; ``min`` with it; up to ``max`` with the elastic part
+    (the count admitted of it) too."""
+    low, high = bounds
+    if base is None or not base.admitted:
+        return 0
+    extra = elastic.count if elastic is not None and elastic.admitted else 0
+    return min(high, low + extra)
 
 
 def flavor_node_labels(flavors: list[dict[str, Any]]) -> dict[str, str]:

@@ -1,30 +1,34 @@
 """The controller's side of Kueue: a queued TrainingJob (:func:`.kueue.queue_of`) is one
 Kueue workload, and gets no pod before Kueue admits it.
 
-- **Workload.** A queued TrainingJob, when seen and before it is submitted, gets its
-  ``Workload`` (:func:`.kueue.workload_manifest`: one pod set of the job's replicas
-  with its pods' requests; its WorkloadPriorityClass and that class's value), owned by
-  the TrainingJob, so it goes with it.
-- **Held until admitted.** While the Workload is not admitted the job is submitted
-  held (``spec.suspend``, :meth:`Queueing.held`): the scaler places nothing. When
-  Kueue admits it, it is submitted again unheld and starts (or resumes from its
-  checkpoint); when Kueue evicts it (preemption: ``Evicted``, its admission taken
-  back), it is submitted again held, and the scaler checkpoints and suspends it
-  (back to Pending), until it is admitted again.
-- **No pod before admission.** A replica gets its pod only while the Workload is
-  admitted and the replica is within the count admitted; then the pod is made from the
-  TrainingJob with the admitted ResourceFlavors' ``nodeLabels`` in its template's
-  ``nodeSelector``. The first wait is a ``WaitingForKueue`` Event on the TrainingJob,
-  the admission an ``AdmittedByKueue`` one.
+- **Workloads.** A queued TrainingJob, when seen and before it is submitted, gets its
+  base ``Workload`` (:func:`.kueue.workload_manifest`: one pod set of its ``min``
+  replicas with its pods' requests; its WorkloadPriorityClass and that class's value),
+  owned by the TrainingJob, so it goes with it. An elastic one gets its elastic
+  Workload (the other ``max - min`` replicas) once the base is admitted
+  (:mod:`.kueue`).
+- **Run as admitted.** The job is submitted as Kueue admits it
+  (:meth:`Queueing.effective_spec`): held (``spec.suspend``) while its base Workload
+  is not admitted, so the scaler places nothing; else with ``replicas.max`` at most
+  what is admitted (:func:`.kueue.allowed_replicas`). Each change of that is submitted
+  again (an ``update``; the TrainingJob is not edited): admitted, the job starts (or
+  resumes from its checkpoint); its base evicted (Kueue's preemption: ``Evicted``, the
+  admission taken back), the scaler checkpoints and suspends it (back to Pending) until
+  it is admitted again; its elastic part evicted, the scaler shrinks it to ``min``
+  (checkpoint first), and grows it back once that is admitted again.
+- **No pod before admission.** A replica gets its pod only while it is within the
+  replicas admitted; then the pod is made from the TrainingJob with the admitted
+  ResourceFlavors' ``nodeLabels`` in its template's ``nodeSelector``. The first wait
+  is a ``WaitingForKueue`` Event on the TrainingJob, the admission an
+  ``AdmittedByKueue`` one.
 - **Admission followed.** Workloads are watched (from the first queued job on, so an
   install without Kueue never asks for them); a change of a job's admission calls
   ``on_admission(job)``, which submits it again and reconciles its pods.
 - **Finished.** A queued job whose TrainingJob reaches Succeeded or Failed marks its
-  Workload ``Finished`` (as Kueue's job framework does), which releases its quota.
+  Workloads ``Finished`` (as Kueue's job framework does), which releases its quota.
 
-Not done: partial admission and workload slices. An elastic job is one Workload of its
-``replicas.max`` pods: Kueue admits it whole or not at all, and its preemption suspends
-it whole rather than shrinking it.
+Not done: partial admission (``minCount``) and workload slices: the elastic part is
+admitted, and preempted, whole.
 """
 
 from __future__ import annotations
@@ -37,17 +41,22 @@ from typing import TYPE_CHECKING, Any
 
 from resurge.cluster.kubernetes.api import MERGE_PATCH, KubeApi, conflict
 from resurge.cluster.kubernetes.identity import bus_name
-from resurge.cluster.kubernetes.jobs import name_of, namespace_of
+from resurge.cluster.kubernetes.jobs import namespace_of
 from resurge.cluster.kubernetes.kueue import (
+    BASE,
+    ELASTIC,
     FINISHED,
     KUEUE_GROUP,
     KUEUE_VERSION,
     Admission,
     admission_of,
+    allowed_replicas,
     finished_condition,
     flavor_node_labels,
+    part_of,
     priority_class_of,
     queue_of,
+    replica_bounds,
     with_node_labels,
     workload_manifest,
     workload_name,
@@ -59,7 +68,7 @@ from resurge.cluster.protocol import BackendError, WorkerGroupSpec
 if TYPE_CHECKING:
     from resurge.cluster.kubernetes.jobs import TrainingJobs
 
-__all__ = ["NoKueue", "Queueing", "replica_count"]
+__all__ = ["NoKueue", "Queueing"]
 
 log = logging.getLogger("resurge.cluster.kubernetes")
 
@@ -71,12 +80,6 @@ PRIORITY_CLASSES = "workloadpriorityclasses"
 
 class NoKueue(Exception):
     """A queued job's Workload cannot be created: the API has no Kueue Workloads."""
-
-
-def replica_count(training_job: dict[str, Any]) -> int:
-    """The replicas a TrainingJob asks for at most (``spec.replicas.max``, else ``min``)."""
-    replicas = (training_job.get("spec") or {}).get("replicas") or {}
-    return int(replicas.get("max") or replicas.get("min") or 1)
 
 
 class Queueing:
@@ -93,7 +96,8 @@ class Queueing:
         self.jobs = jobs
         self.on_admission = on_admission
         self.pod_of = pod_of  # a pod of the TrainingJob, for its requests
-        self.workloads: dict[str, dict[str, Any]] = {}  # bus name -> Workload as last seen
+        # bus name -> part (BASE, ELASTIC) -> its Workload as last seen
+        self.workloads: dict[str, dict[str, dict[str, Any]]] = {}
         self._told: dict[str, bool] = {}  # bus name -> admitted, as last told in an Event
         self._watch: asyncio.Task[None] | None = None
 
@@ -102,13 +106,34 @@ class Queueing:
         """Whether ``training_job`` goes through Kueue (it has a queue)."""
         return queue_of(training_job) is not None
 
-    def held(self, training_job: dict[str, Any]) -> bool:
-        """Whether Kueue holds ``training_job``: it is queued and its Workload, as last
-        seen, is not admitted."""
+    def allowed(self, training_job: dict[str, Any]) -> int:
+        """How many replicas Kueue lets queued ``training_job`` run, by its Workloads as
+        last seen (:func:`.kueue.allowed_replicas`)."""
+        parts = self.workloads.get(self.jobs.job_of(training_job)) or {}
+        base, elastic = (parts.get(p) for p in (BASE, ELASTIC))
+        return allowed_replicas(
+            admission_of(base) if base is not None else None,
+            admission_of(elastic) if elastic is not None else None,
+            replica_bounds(training_job),
+        )
+
+    def effective_spec(self, training_job: dict[str, Any]) -> dict[str, Any]:
+        """The spec ``training_job`` is submitted with: as written, or, where it is
+        queued, held while Kueue admits none of it, else with ``replicas.max`` (and any
+        ``discrete`` sizes) at most what Kueue admits (the module docstring)."""
+        spec = dict(training_job.get("spec") or {})
         if not self.queued(training_job):
-            return False
-        workload = self.workloads.get(self.jobs.job_of(training_job))
-        return workload is None or not admission_of(workload).admitted
+            return spec
+        allowed = self.allowed(training_job)
+        if allowed == 0:
+            return {**spec, "suspend": True}
+        low, high = replica_bounds(training_job)
+        if allowed >= high:
+            return spec
+        replicas = {**(spec.get("replicas") or {}), "max": max(low, allowed)}
+        if isinstance(replicas.get("discrete"), list):
+            replicas["discrete"] = [n for n in replicas["discrete"] if n <= replicas["max"]]
+        return {**spec, "replicas": replicas}
 
     # -- the gate -------------------------------------------------------------------------
 
@@ -120,21 +145,22 @@ class Queueing:
         would be made, whose requests the Workload asks for, where there is none yet."""
         self._start_watch()
         job = spec.job
-        workload = self.workloads.get(job) or await self._ensure_workload(training_job, pod)
-        self.workloads.setdefault(job, workload)
-        admission = admission_of(workload)
-        admitted = admission.admitted and spec.replica < admission.count
+        parts = self.workloads.setdefault(job, {})
+        if BASE not in parts:
+            parts[BASE] = await self._ensure_workload(training_job, pod, BASE)
+        admitted = spec.replica < self.allowed(training_job)
         await self._tell(training_job, job, admitted)
         if not admitted:
             log.info(
-                "no pod for %s replica %d: Kueue has not admitted its Workload %s",
+                "no pod for %s replica %d: Kueue has not admitted it",
                 job,
                 spec.replica,
-                name_of(workload),
                 extra={"job": job},
             )
             return None
-        labels = flavor_node_labels(await self._flavors(admission))
+        low = replica_bounds(training_job)[0]
+        workload = parts[BASE] if spec.replica < low else parts[ELASTIC]
+        labels = flavor_node_labels(await self._flavors(admission_of(workload)))
         return with_node_labels(training_job, labels)
 
     async def _tell(self, training_job: dict[str, Any], job: str, admitted: bool) -> None:
@@ -150,15 +176,17 @@ class Queueing:
         await self.jobs.event(training_job, reason, message, warning=False)
 
     async def _ensure_workload(
-        self, training_job: dict[str, Any], pod: dict[str, Any]
+        self, training_job: dict[str, Any], pod: dict[str, Any], part: str
     ) -> dict[str, Any]:
-        """The job's Workload as read, created first where there is none."""
-        namespace, name = namespace_of(training_job), workload_name(training_job)
+        """The job's Workload ``part`` as read, created first where there is none."""
+        namespace, name = namespace_of(training_job), workload_name(training_job, part)
         found = await self._read_workload(namespace, name)
         if found is not None:
             return found
         priority = await self._priority(training_job)
-        manifest = workload_manifest(training_job, pod, replica_count(training_job), priority)
+        low, high = replica_bounds(training_job)
+        count = low if part == BASE else high - low
+        manifest = workload_manifest(training_job, pod, count, priority, part)
         try:
             created = await self.kube.read(
                 f"create Workload {namespace}/{name}",
@@ -260,18 +288,33 @@ class Queueing:
                 job = self._job_of(workload)
                 if job is None:
                     continue
-                before = self.workloads.get(job)
+                parts = self.workloads.setdefault(job, {})
+                part = part_of(workload)
+                before = parts.get(part)
                 if kind == "DELETED":
-                    self.workloads.pop(job, None)
+                    parts.pop(part, None)
                 else:
-                    self.workloads[job] = workload
+                    parts[part] = workload
                 was = admission_of(before) if before is not None else None
                 now = admission_of(workload) if kind != "DELETED" else None
-                if was != now:
-                    try:
-                        await self.on_admission(job)
-                    except Exception:
-                        log.exception("could not act on the admission of %s", job)
+                if was == now:
+                    continue
+                try:
+                    await self._elastic_part(job)
+                    await self.on_admission(job)
+                except Exception:
+                    log.exception("could not act on the admission of %s", job)
+
+    async def _elastic_part(self, job: str) -> None:
+        """Create the elastic Workload of elastic ``job`` once its base is admitted."""
+        training_job = self.jobs.known.get(job)
+        parts = self.workloads.get(job) or {}
+        if training_job is None or ELASTIC in parts or BASE not in parts:
+            return
+        low, high = replica_bounds(training_job)
+        if high > low and admission_of(parts[BASE]).admitted:
+            made = await self._ensure_workload(training_job, self.pod_of(training_job), ELASTIC)
+            parts.setdefault(ELASTIC, made)
 
     def _job_of(self, workload: dict[str, Any]) -> str | None:
         """The bus name of the TrainingJob that owns ``workload``; None: none does."""
@@ -292,14 +335,21 @@ class Queueing:
         phase = (training_job.get("status") or {}).get("phase")
         if phase not in _FINISHED_PHASES:
             job = self.jobs.job_of(training_job)
-            if job not in self.workloads and not (training_job.get("metadata") or {}).get(
+            parts = self.workloads.setdefault(job, {})
+            if BASE not in parts and not (training_job.get("metadata") or {}).get(
                 "deletionTimestamp"
             ):
                 self._start_watch()
-                made = await self._ensure_workload(training_job, self.pod_of(training_job))
-                self.workloads.setdefault(job, made)
+                pod = self.pod_of(training_job)
+                parts.setdefault(BASE, await self._ensure_workload(training_job, pod, BASE))
+                await self._elastic_part(job)
             return
-        namespace, name = namespace_of(training_job), workload_name(training_job)
+        for part in (BASE, ELASTIC):
+            await self._finish(training_job, str(phase), part)
+
+    async def _finish(self, training_job: dict[str, Any], phase: str, part: str) -> None:
+        """Mark the job's Workload ``part`` ``Finished`` (where it exists)."""
+        namespace, name = namespace_of(training_job), workload_name(training_job, part)
         for _ in range(5):
             workload = await self._read_workload(namespace, name)
             if workload is None or admission_of(workload).finished:
@@ -307,7 +357,7 @@ class Queueing:
             status = workload.get("status") or {}
             kept = [c for c in status.get("conditions") or [] if c.get("type") != FINISHED]
             message = str((training_job.get("status") or {}).get("message") or "")
-            done = finished_condition(str(phase), message, now_time())
+            done = finished_condition(phase, message, now_time())
             body = {
                 "metadata": {"resourceVersion": workload["metadata"]["resourceVersion"]},
                 "status": {"conditions": [*kept, done]},
