@@ -1,7 +1,12 @@
-"""End to end with Kueue: a LocalQueue whose ClusterQueue has quota for one job, and two
-jobs in it. The first trains to Succeeded; the second waits, with a Kueue Workload and
-no pod, until the first has finished (its Workload Finished releases the quota), then
-trains to Succeeded too.
+"""End to end with Kueue: a LocalQueue whose ClusterQueue has 2 cpus of quota.
+
+- Two jobs of one pod asking for 2 cpus each: the first trains to Succeeded; the second
+  waits, with a Kueue Workload and no pod, until the first has finished (its Workload
+  Finished releases the quota), then trains to Succeeded too.
+- A low-priority elastic job of 1 to 2 pods of 1 cpu runs at 2; a high-priority job of
+  one such pod comes: Kueue preempts the elastic part of the first (its own Workload),
+  which shrinks to 1 replica after a checkpoint, the second trains to Succeeded, and
+  the first grows back to 2 replicas.
 
 Real parts and stand-ins as in tests/kubernetes/test_e2e.py (real nats-server, services,
 monitors, node agents and torch workers; the API emulator and the process kubelet), with
@@ -20,12 +25,12 @@ from typing import Any
 
 import pytest
 
-from resurge.events import ProcessStarted
+from resurge.events import Assign, ProcessStarted, ScaleDecided
 from tests.collect import Events
 from tests.kubernetes.conftest import KubeApi
 from tests.kubernetes.e2e_cluster import ControlPlane, eventually_async
 from tests.kubernetes.kueue import running_kueue
-from tests.kubernetes.test_e2e import PLAIN_SCRIPT, ddp_job, events  # noqa: F401
+from tests.kubernetes.test_e2e import PLAIN_SCRIPT, ddp_job, events, steps_of  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -37,7 +42,8 @@ def plane(
     kube_api_module: KubeApi, nats_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControlPlane]:
     """A control plane of its own (tests/kubernetes/e2e_cluster.py), Kueue's stand-in
-    running, a ClusterQueue with 1 cpu of quota and the LocalQueue ``team-queue``."""
+    running, a ClusterQueue with 2 cpus of quota (lower priorities preempted within it),
+    the LocalQueue ``team-queue`` and the WorkloadPriorityClasses ``low`` and ``high``."""
     with running_kueue(kube_api_module):
         plane = ControlPlane(kube_api_module, nats_url, tmp_path_factory.mktemp("k8s-kueue"))
         _queues(kube_api_module)
@@ -69,13 +75,14 @@ def _queues(api: KubeApi) -> None:
             "metadata": {"name": "cluster"},
             "spec": {
                 "namespaceSelector": {},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
                 "resourceGroups": [
                     {
                         "coveredResources": ["cpu"],
                         "flavors": [
                             {
                                 "name": "default-flavor",
-                                "resources": [{"name": "cpu", "nominalQuota": 1}],
+                                "resources": [{"name": "cpu", "nominalQuota": 2}],
                             }
                         ],
                     }
@@ -92,22 +99,46 @@ def _queues(api: KubeApi) -> None:
             "spec": {"clusterQueue": "cluster"},
         },
     )
+    for name, value in (("low", 10), ("high", 1000)):
+        api.create(
+            "workloadpriorityclasses",
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta1",
+                "kind": "WorkloadPriorityClass",
+                "metadata": {"name": name},
+                "value": value,
+            },
+        )
 
 
-def queued(name: str, tmp_path: Path, plain: bool) -> dict[str, Any]:
-    """One pod of one rank asking for 1 cpu (the ClusterQueue's whole quota), 60 short
-    steps, in the LocalQueue ``team-queue``."""
-    body = ddp_job(name, tmp_path / name, 60, nproc=1, replicas={"min": 1, "max": 1})
-    body["metadata"].setdefault("labels", {})["kueue.x-k8s.io/queue-name"] = "team-queue"
+def queued(
+    name: str,
+    tmp_path: Path,
+    plain: bool,
+    cpus: int = 2,
+    steps: int = 60,
+    replicas: dict[str, int] | None = None,
+    priority: str | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    """Pods of one rank asking for ``cpus`` each (2: the ClusterQueue's whole quota),
+    ``steps`` short steps, in the LocalQueue ``team-queue`` at WorkloadPriorityClass
+    ``priority``; one replica unless ``replicas`` says."""
+    replicas = replicas or {"min": 1, "max": 1}
+    body = ddp_job(name, tmp_path / name, steps, nproc=1, replicas=replicas, **spec)
+    labels = body["metadata"].setdefault("labels", {})
+    labels["kueue.x-k8s.io/queue-name"] = "team-queue"
+    if priority is not None:
+        labels["kueue.x-k8s.io/priority-class"] = priority
     body["spec"]["template"] = {
         "spec": {
             "hostNetwork": True,
-            "containers": [{"name": "trainer", "resources": {"requests": {"cpu": "1"}}}],
+            "containers": [{"name": "trainer", "resources": {"requests": {"cpu": str(cpus)}}}],
         }
     }
     if plain:
         body["spec"]["command"] = [
-            "python", str(PLAIN_SCRIPT), "--steps", "60", "--step-seconds", "0.05",
+            "python", str(PLAIN_SCRIPT), "--steps", str(steps), "--step-seconds", "0.05",
         ]  # fmt: skip
     return body
 
@@ -170,4 +201,74 @@ async def test_the_second_job_waits_without_pods_until_the_first_finishes(
                 plane.api.delete("trainingjobs", job)
         await eventually_async(
             lambda: not (plane.pods("first") or plane.pods("second")), 60, "pods left"
+        )
+
+
+def scale(items: list[Any], job: str, resize: str) -> list[ScaleDecided]:
+    return [e for e in items if isinstance(e, ScaleDecided) and e.job == job and e.resize == resize]
+
+
+def world(items: list[Any], job: str, size: int) -> Assign | None:
+    """The last Assign of ``job`` to a world of ``size`` ranks."""
+    found = [e for e in items if isinstance(e, Assign) and e.job == job and e.world_size == size]
+    return found[-1] if found else None
+
+
+async def test_kueue_preempts_the_elastic_part_of_a_low_priority_job_which_grows_back(
+    plane: ControlPlane,
+    events: Events,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    low = queued(
+        "low", tmp_path, plain=False, cpus=1, steps=4000, replicas={"min": 1, "max": 2},
+        priority="low", elastic={"cooldownSeconds": 1, "scaleUpSnoozeSeconds": 0},
+    )  # fmt: skip
+    plane.api.create("trainingjobs", low)
+    try:
+        await events.wait_for(lambda items: world(items, "low", 2), 120)
+        await events.wait_for(lambda items: steps_of(items, "low") > 0, 120)
+        high = queued("high", tmp_path, plain=True, cpus=1, priority="high")
+        plane.api.create("trainingjobs", high)
+        [shrink] = await events.wait_for(lambda items: scale(items, "low", "shrink"), 120)
+        assert (shrink.from_replicas, shrink.to_replicas) == (2, 1), shrink
+        await events.wait_for(
+            lambda items: any(
+                isinstance(e, Assign) and e.job == "low" and e.generation >= shrink.to_generation
+                and e.world_size == 1
+                for e in items
+            ),
+            120,
+        )  # fmt: skip
+        final = await eventually_async(
+            lambda: (
+                phase(plane, "high") if phase(plane, "high") in ("Succeeded", "Failed") else None
+            ),
+            120,
+            lambda: f"high finished; status {plane.training_job('high').get('status')}",
+        )
+        assert final == "Succeeded"
+        [grow] = await events.wait_for(
+            lambda items: [
+                e for e in scale(items, "low", "grow") if e.from_generation >= shrink.to_generation
+            ][:1],
+            120,
+        )
+        assert (grow.from_replicas, grow.to_replicas) == (1, 2), grow
+        await events.wait_for(
+            lambda items: (
+                (a := world(items, "low", 2)) is not None and a.generation >= grow.to_generation
+            ),
+            120,
+        )
+        base = [
+            w for w in plane.api.objects("workloads", "default")
+            if w["metadata"]["ownerReferences"][0]["name"] == "low"
+        ]  # fmt: skip
+        assert len(base) == 2, "low is a base and an elastic Workload"
+    finally:
+        for job in ("low", "high"):
+            with contextlib.suppress(Exception):
+                plane.api.delete("trainingjobs", job)
+        await eventually_async(
+            lambda: not (plane.pods("low") or plane.pods("high")), 60, "pods left"
         )

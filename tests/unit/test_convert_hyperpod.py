@@ -455,14 +455,14 @@ def test_nnodes_of_an_elastic_job_is_warned_about() -> None:
     assert "NNODES" in said and "GROUP_WORLD_SIZE" in said
 
 
-def test_kueue_priority_class_label_is_taken_off_and_said() -> None:
+def test_kueue_priority_class_label_stays_as_the_workloads_priority() -> None:
+    """The job is one Kueue workload (docs/kubernetes.md, Kueue): the label is the
+    priority of its Workload, as under HyperPod, and nothing is said of it."""
     conversion = convert_hyperpod_yaml(GOVERNANCE.read_text())
     job = conversion.job
-    assert job.metadata.labels == {}
+    assert job.metadata.labels == {"kueue.x-k8s.io/priority-class": "training-priority"}
     assert job.spec.queue == "hyperpod-ns-team-a-localqueue"
-    said = notes_by_path(conversion)['metadata.labels["kueue.x-k8s.io/priority-class"]']
-    assert said.startswith("dropped") and "training-priority" in said
-    assert "spec.priority" in said
+    assert 'metadata.labels["kueue.x-k8s.io/priority-class"]' not in notes_by_path(conversion)
 
 
 def test_a_second_replica_spec_with_another_priority_is_said() -> None:

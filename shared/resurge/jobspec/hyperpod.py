@@ -49,7 +49,6 @@ __all__ = [
 HYPERPOD_API_VERSION = "sagemaker.amazonaws.com/v1"
 HYPERPOD_KIND = "HyperPodPyTorchJob"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 NNODES = "NNODES"
 """What HyperPod sets in every pod: the job's replica count."""
 
@@ -132,17 +131,11 @@ class _Converter:
             if key in ("name", "namespace"):
                 converted[key] = value
             elif key == "labels" and isinstance(value, Mapping):
-                labels = {k: v for k, v in value.items() if k not in (QUEUE_LABEL, PRIORITY_LABEL)}
+                # Kueue's priority-class label stays: it is the priority of the job's
+                # Kueue Workload (resurge.cluster.kubernetes.kueue), as under HyperPod.
+                labels = {k: v for k, v in value.items() if k != QUEUE_LABEL}
                 if QUEUE_LABEL in value:
                     self.spec["queue"] = value[QUEUE_LABEL]
-                if PRIORITY_LABEL in value:
-                    self.note(
-                        f'metadata.labels["{PRIORITY_LABEL}"]',
-                        f"dropped: Kueue's WorkloadPriorityClass {value[PRIORITY_LABEL]!r} "
-                        "has no effect on a TrainingJob (resurge does not hand the job to "
-                        "Kueue as one workload); resurge ranks jobs by spec.priority, an "
-                        "integer: set it to that class's value",
-                    )
                 if labels:
                     converted["labels"] = labels
             elif key == "annotations":

@@ -366,7 +366,9 @@ class Controller:
         manifest = manifest_of(training_job)
         if self.kueue.queued(training_job):
             try:
-                admitted = await self.kueue.admitted_job(spec, training_job, manifest)
+                replicas = sorted(r for j, r in self.desired if j == spec.job)
+                rank = replicas.index(spec.replica) if spec.replica in replicas else 0
+                admitted = await self.kueue.admitted_job(spec, training_job, manifest, rank)
             except NoKueue as error:
                 raise Refused("Workload", str(error)) from error
             if admitted is None:

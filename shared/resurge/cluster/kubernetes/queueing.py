@@ -138,17 +138,23 @@ class Queueing:
     # -- the gate -------------------------------------------------------------------------
 
     async def admitted_job(
-        self, spec: WorkerGroupSpec, training_job: dict[str, Any], pod: dict[str, Any]
+        self,
+        spec: WorkerGroupSpec,
+        training_job: dict[str, Any],
+        pod: dict[str, Any],
+        rank: int,
     ) -> dict[str, Any] | None:
         """The TrainingJob to make the pod of ``spec`` from (with the admitted flavors'
         node labels), or None: Kueue has not admitted it (yet). ``pod`` is the pod as it
-        would be made, whose requests the Workload asks for, where there is none yet."""
+        would be made, whose requests the Workload asks for, where there is none yet;
+        ``rank`` the place of ``spec.replica`` among the job's replicas (their indexes
+        need not be 0 to n-1 after a resize)."""
         self._start_watch()
         job = spec.job
         parts = self.workloads.setdefault(job, {})
         if BASE not in parts:
             parts[BASE] = await self._ensure_workload(training_job, pod, BASE)
-        admitted = spec.replica < self.allowed(training_job)
+        admitted = rank < self.allowed(training_job)
         await self._tell(training_job, job, admitted)
         if not admitted:
             log.info(
@@ -159,7 +165,7 @@ class Queueing:
             )
             return None
         low = replica_bounds(training_job)[0]
-        workload = parts[BASE] if spec.replica < low else parts[ELASTIC]
+        workload = parts[BASE] if rank < low else parts[ELASTIC]
         labels = flavor_node_labels(await self._flavors(admission_of(workload)))
         return with_node_labels(training_job, labels)
 
