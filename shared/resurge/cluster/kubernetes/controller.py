@@ -242,7 +242,9 @@ class Controller:
             return
         key = (namespace_of(pod), _name(pod))
         conditions = (pod.get("status") or {}).get("conditions") or []
-        scheduled = next((c for c in conditions if c.get("type") == "PodScheduled"), {})
+        scheduled: dict[str, Any] = next(
+            (c for c in conditions if c.get("type") == "PodScheduled"), {}
+        )
         if scheduled.get("status") != "False" or scheduled.get("reason") != "Unschedulable":
             self.unschedulable.discard(key)
             return
