@@ -7,6 +7,8 @@
   one such pod comes: Kueue preempts the elastic part of the first (its own Workload),
   which shrinks to 1 replica after a checkpoint, the second trains to Succeeded, and
   the first grows back to 2 replicas.
+- A low-priority fixed-size job holding the whole quota is preempted by a high-priority
+  one: it checkpoints and is suspended, and resumes from its checkpoint afterwards.
 
 Real parts and stand-ins as in tests/kubernetes/test_e2e.py (real nats-server, services,
 monitors, node agents and torch workers; the API emulator and the process kubelet), with
@@ -25,12 +27,18 @@ from typing import Any
 
 import pytest
 
-from resurge.events import Assign, ProcessStarted, ScaleDecided
+from resurge.events import Assign, ProcessStarted, Progress, ScaleDecided
 from tests.collect import Events
 from tests.kubernetes.conftest import KubeApi
 from tests.kubernetes.e2e_cluster import ControlPlane, eventually_async
 from tests.kubernetes.kueue import running_kueue
-from tests.kubernetes.test_e2e import PLAIN_SCRIPT, ddp_job, events, steps_of  # noqa: F401
+from tests.kubernetes.test_e2e import (  # noqa: F401
+    EVERY,
+    PLAIN_SCRIPT,
+    ddp_job,
+    events,
+    steps_of,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -271,4 +279,61 @@ async def test_kueue_preempts_the_elastic_part_of_a_low_priority_job_which_grows
                 plane.api.delete("trainingjobs", job)
         await eventually_async(
             lambda: not (plane.pods("low") or plane.pods("high")), 60, "pods left"
+        )
+
+
+async def test_kueue_preempts_a_fixed_size_job_which_is_suspended_and_resumed(
+    plane: ControlPlane,
+    events: Events,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """A low-priority fixed-size job holding the whole quota is preempted by a
+    high-priority one: it checkpoints and is suspended (its pod deleted, the
+    TrainingJob's Suspended condition), the high-priority job trains to Succeeded, and
+    the first is resumed from its checkpoint once Kueue admits it again."""
+    fixed = queued("fixed", tmp_path, plain=False, steps=4000, priority="low")
+    plane.api.create("trainingjobs", fixed)
+    try:
+        await events.wait_for(lambda items: steps_of(items, "fixed") > 2 * EVERY, 120)
+        plane.api.create("trainingjobs", queued("urgent", tmp_path, plain=True, priority="high"))
+        [suspend] = await events.wait_for(lambda items: scale(items, "fixed", "suspend"), 120)
+        assert (suspend.from_replicas, suspend.to_replicas) == (1, 0), suspend
+        suspended = await eventually_async(
+            lambda: [
+                c
+                for c in (plane.training_job("fixed").get("status") or {}).get("conditions") or []
+                if c["type"] == "Suspended" and c["status"] == "True"
+            ],
+            60,
+            lambda: f"fixed Suspended; status {plane.training_job('fixed').get('status')}",
+        )
+        assert suspended
+        await eventually_async(lambda: not plane.pods("fixed"), 60, "fixed's pod deleted")
+        final = await eventually_async(
+            lambda: (
+                phase(plane, "urgent")
+                if phase(plane, "urgent") in ("Succeeded", "Failed")
+                else None
+            ),
+            120,
+            lambda: f"urgent finished; status {plane.training_job('urgent').get('status')}",
+        )
+        assert final == "Succeeded"
+        resumed = await events.wait_for(
+            lambda items: [
+                e
+                for e in items
+                if isinstance(e, Progress)
+                and e.job == "fixed"
+                and e.generation >= suspend.to_generation
+            ][:1],
+            120,
+        )
+        assert resumed[0].step > EVERY, f"resumed from its checkpoint, not step 0: {resumed}"
+    finally:
+        for job in ("fixed", "urgent"):
+            with contextlib.suppress(Exception):
+                plane.api.delete("trainingjobs", job)
+        await eventually_async(
+            lambda: not (plane.pods("fixed") or plane.pods("urgent")), 60, "pods left"
         )
