@@ -46,9 +46,10 @@ JOB = "j.inproc"
 WAIT = 60.0
 
 # Trains forever (the test stops it): DDP over gloo, one progress report per step,
-# starting after the step the generation resumes from.
+# starting after the step the generation resumes from, with the rendezvous attempt its
+# process group met under (torch's store prefix /worker/attempt_<N>).
 TRAIN = """
-import gc, time
+import gc, os, time
 from datetime import timedelta
 import torch, torch.distributed as dist
 from resurge import worker
@@ -61,7 +62,7 @@ def train(run):
     while step < 100_000:
         step += 1
         model(torch.ones(2, 4)).sum().backward()
-        run.progress(step)
+        run.progress(step, attempt=float(os.environ["TORCHELASTIC_RESTART_COUNT"]))
         time.sleep(0.02)
     del model
     gc.collect()
@@ -236,6 +237,11 @@ async def test_a_worker_that_cannot_rejoin_makes_the_agent_restart_the_processes
     new = {e.local_rank: e.pid for e in raw_events.of(ProcessStarted) if e.generation == 1}
     assert sorted(new) == [0, 1] and not set(new.values()) & set(old.values())
     assert {e.pid for e in raw_events.of(ProcessExited) if e.expected} == set(old.values())
+    # Rank 0 had rejoined generation 1's rendezvous in-process, leaving its address
+    # under torch's attempt prefix; the new processes meet under the next attempt's,
+    # or rank 1 read the address of a rank 0 now gone (it failed, now and then).
+    attempts = {e.metrics.get("attempt") for e in raw_events.of(Progress) if e.generation == 1}
+    assert attempts == {2.0}, attempts
     await stop_final(bus, agent, 1)
 
 

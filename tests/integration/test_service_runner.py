@@ -93,7 +93,8 @@ def test_a_service_whose_loops_all_run_is_healthy(settings: Settings, service: s
 
 
 def test_sigquit_prints_every_threads_stack_and_the_service_runs_on(settings: Settings) -> None:
-    """What a stuck service is doing, without stopping it: its stacks on stderr."""
+    """What a stuck service is doing, without stopping it: its threads' stacks and its
+    asyncio tasks' on stderr."""
     port = free_port()
     proc = start(settings, "resurge_detector", port)
     try:
@@ -106,6 +107,14 @@ def test_sigquit_prints_every_threads_stack_and_the_service_runs_on(settings: Se
             if line.rstrip().endswith(" in run_service"):  # the main thread's outermost frame
                 break
         assert any(line.startswith(("Current thread", "Thread 0x")) for line in dump), dump
+        # then, from the event loop, where each task waits (an idle loop's threads show
+        # only its select())
+        tasks = []
+        for line in proc.stderr:
+            tasks.append(line)
+            if "ServiceContext.spawn" in line or "_serve" in line:
+                break
+        assert any(line.endswith("asyncio tasks:\n") for line in tasks), tasks
         assert get(f"http://127.0.0.1:{port}/livez") == (200, "ok\n")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0

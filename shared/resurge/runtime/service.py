@@ -30,6 +30,7 @@ import faulthandler
 import gc
 import logging
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -125,6 +126,12 @@ async def _serve(
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, ctx.stopping.set)
+            # SIGQUIT: every thread's stack at once (faulthandler, even while the loop is
+            # blocked), then, from the loop, where each of its tasks waits: an idle loop
+            # whose work is stuck shows only a select() in the threads' stacks.
+            faulthandler.unregister(signal.SIGQUIT)  # re-registered in front of the loop's
+            loop.add_signal_handler(signal.SIGQUIT, _print_tasks)
+            faulthandler.register(signal.SIGQUIT, all_threads=True, chain=True)
             await setup(ctx)
             # What start-up built (modules, models, schemas, clients) lives as long as the
             # process: frozen out of the collector, whose every full pass would otherwise
@@ -145,6 +152,15 @@ async def _serve(
             "the connection broke while stopping", exc_info=True
         )
     return 0
+
+
+def _print_tasks() -> None:
+    tasks = asyncio.all_tasks()
+    print(f"{len(tasks)} asyncio tasks:", file=sys.stderr)
+    for task in tasks:
+        print(f"- {task.get_name()}: {task.get_coro()!r}", file=sys.stderr)
+        task.print_stack(file=sys.stderr)
+    sys.stderr.flush()
 
 
 async def _cancel_all(tasks: set[asyncio.Task[None]]) -> None:

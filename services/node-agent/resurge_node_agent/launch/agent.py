@@ -507,6 +507,7 @@ class LaunchAgent:
             why = f"escalated to a process restart: in-process restart failed ({failure})"
             self.ctx.log.warning("generation %d: %s", assign.generation, why)
             await self._state(AgentState.STOPPING, why)
+            assign = _past_the_failed_attempt(assign, self.spec.nproc)
         await self._stop_workers(f"generation {assign.generation} assigned")
         self.generation = assign.generation
         self.assign = assign
@@ -768,3 +769,19 @@ class LaunchAgent:
         """Queue ``event`` on its raw subject, behind what is queued; it never waits for
         the bus (the outbox sends it, see the module docstring)."""
         self.outbox.put(self.bus.subjects.raw(self.spec.job, event.kind, self.spec.node), event)
+
+
+def _past_the_failed_attempt(assign: Assign, nproc: int) -> Assign:
+    """The Assign the processes of a failed in-process restart are started again with.
+
+    Ranks that rejoined before the attempt failed left their addresses in the
+    generation's store under torch's ``/worker/attempt_<TORCHELASTIC_RESTART_COUNT>``
+    prefix; new processes under the same prefix read those of processes now gone and
+    fail to connect. Where this agent runs every rank of the generation, its processes
+    meet under the next attempt's prefix, where nothing stale is. Where other replicas
+    run ranks too, they wait under the Assign's own prefix, so it is kept: the new
+    processes fail fast on what is stale there, and the fault they report is recovered
+    by the restarter with a new generation."""
+    if assign.world_size != nproc:
+        return assign
+    return assign.model_copy(update={"restart_count": assign.restart_count + 1})
