@@ -18,9 +18,10 @@ Kueue workload, and gets no pod before Kueue admits it.
   (checkpoint first), and grows it back once that is admitted again.
 - **No pod before admission.** A replica gets its pod only while it is within the
   replicas admitted; then the pod is made from the TrainingJob with the admitted
-  ResourceFlavors' ``nodeLabels`` in its template's ``nodeSelector``. The first wait
-  is a ``WaitingForKueue`` Event on the TrainingJob, the admission an
-  ``AdmittedByKueue`` one.
+  ResourceFlavors' ``nodeLabels`` in its template's ``nodeSelector``.
+- **Events.** A job first seen not admitted is a ``WaitingForKueue`` Event on its
+  TrainingJob; each change between none of it admitted and some is an
+  ``AdmittedByKueue`` or ``WaitingForKueue`` one.
 - **Admission followed.** Workloads are watched (from the first queued job on, so an
   install without Kueue never asks for them); a change of a job's admission calls
   ``on_admission(job)``, which submits it again and reconciles its pods.
@@ -307,6 +308,9 @@ class Queueing:
                     continue
                 try:
                     await self._elastic_part(job)
+                    training_job = self.jobs.known.get(job)
+                    if training_job is not None:
+                        await self._tell(training_job, job, self.allowed(training_job) > 0)
                     await self.on_admission(job)
                 except Exception:
                     log.exception("could not act on the admission of %s", job)
@@ -349,6 +353,7 @@ class Queueing:
                 pod = self.pod_of(training_job)
                 parts.setdefault(BASE, await self._ensure_workload(training_job, pod, BASE))
                 await self._elastic_part(job)
+                await self._tell(training_job, job, self.allowed(training_job) > 0)
             return
         for part in (BASE, ELASTIC):
             await self._finish(training_job, str(phase), part)
