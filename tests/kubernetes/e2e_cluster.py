@@ -17,13 +17,14 @@ Node. :func:`eventually` is the bounded poll the tests wait with.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -227,6 +228,19 @@ class ControlPlane:
                     await asyncio.sleep(_POLL_SECONDS)  # another process binds it
         finally:
             await bus.close()
+
+    @contextlib.contextmanager
+    def running(self, nodes: dict[str, int]) -> Iterator[ControlPlane]:
+        """Started with ``nodes`` (:meth:`start`) for the block, stopped after it; a block
+        that ended normally is then checked to have left no pod process behind and to
+        have run into no kubelet error."""
+        try:
+            yield self.start(nodes)
+        finally:
+            self.stop()
+        assert self.kubelet is not None
+        assert not self.kubelet.all_pids(), "pod processes outlived the kubelet"
+        assert not self.kubelet.errors, f"the kubelet ran into: {self.kubelet.errors}"
 
     def stop(self) -> None:
         """Stop the kubelet's pods, then every service and monitor (SIGTERM; SIGKILL after

@@ -71,14 +71,8 @@ def plane(
     """The module's control plane (tests/kubernetes/e2e_cluster.py), ready; stopped after,
     and checked to have left no pod process behind."""
     plane = ControlPlane(kube_api_module, nats_url, tmp_path_factory.mktemp("k8s-e2e"))
-    try:
-        plane.start(NODES)
+    with plane.running(NODES):
         yield plane
-    finally:
-        plane.stop()
-    assert plane.kubelet is not None
-    assert not plane.kubelet.all_pids(), "pod processes outlived the kubelet"
-    assert not plane.kubelet.errors, f"the kubelet ran into: {plane.kubelet.errors}"
 
 
 @pytest.fixture

@@ -46,14 +46,9 @@ def plane(
     kube_api_module: KubeApi, nats_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControlPlane]:
     plane = ControlPlane(kube_api_module, nats_url, tmp_path_factory.mktemp("k8s-accel"))
-    try:
-        plane.start({})
+    with plane.running({}):
         plane.add_node(NODE, gpus=4, simulate=False)
         yield plane
-    finally:
-        plane.stop()
-    assert plane.kubelet is not None
-    assert not plane.kubelet.all_pids(), "pod processes outlived the kubelet"
 
 
 def gpu_job(name: str, command: list[str], tmp_path: Path) -> dict[str, Any]:

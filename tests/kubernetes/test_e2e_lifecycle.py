@@ -45,13 +45,8 @@ def plane(
 ) -> Iterator[ControlPlane]:
     """The module's control plane, ready; stopped after, with no pod process left."""
     plane = ControlPlane(kube_api_module, nats_url, tmp_path_factory.mktemp("k8s-life"))
-    try:
-        plane.start(NODES)
+    with plane.running(NODES):
         yield plane
-    finally:
-        plane.stop()
-    assert plane.kubelet is not None
-    assert not plane.kubelet.all_pids(), "pod processes outlived the kubelet"
 
 
 # test_e2e.py's fixtures, on this module's control plane (``plane`` above).

@@ -35,14 +35,8 @@ def plane(
     """A control plane of its own (tests/kubernetes/e2e_cluster.py) whose install's
     namespace is ``default``."""
     plane = ControlPlane(kube_api_module, nats_url, tmp_path_factory.mktemp("k8s-ns"))
-    try:
-        plane.start(NODES)
+    with plane.running(NODES):
         yield plane
-    finally:
-        plane.stop()
-    assert plane.kubelet is not None
-    assert not plane.kubelet.all_pids(), "pod processes outlived the kubelet"
-    assert not plane.kubelet.errors, f"the kubelet ran into: {plane.kubelet.errors}"
 
 
 def team_job(team: str, tmp_path: Path) -> dict[str, Any]:

@@ -41,19 +41,13 @@ def plane(
     """A control plane on three labelled nodes and another team's pod holding 3 of
     pl-0's GPUs (in its own namespace, bound by the cluster's scheduler, running)."""
     plane = ControlPlane(kube_api_module, nats_url, tmp_path_factory.mktemp("k8s-place"))
-    try:
-        plane.start({})
+    with plane.running({}):
         for name, (gpus, labels) in NODES.items():
             plane.add_node(name, gpus, wait=False)
             label(plane.api, name, labels)
         plane.wait_ready(90)
         plane.api.create("pods", other_teams_pod(), "vision")
         yield plane
-    finally:
-        plane.stop()
-    assert plane.kubelet is not None
-    assert not plane.kubelet.all_pids(), "pod processes outlived the kubelet"
-    assert not plane.kubelet.errors, f"the kubelet ran into: {plane.kubelet.errors}"
 
 
 def label(api: KubeApi, node: str, labels: dict[str, str]) -> None:
