@@ -155,8 +155,9 @@ class Queueing:
         parts = self.workloads.setdefault(job, {})
         if BASE not in parts:
             parts[BASE] = await self._ensure_workload(training_job, pod, BASE)
-        admitted = rank < self.allowed(training_job)
-        await self._tell(training_job, job, admitted)
+        allowed = self.allowed(training_job)
+        admitted = rank < allowed
+        await self._tell(training_job, job, allowed > 0)
         if not admitted:
             log.info(
                 "no pod for %s replica %d: Kueue has not admitted it",
@@ -166,7 +167,7 @@ class Queueing:
             )
             return None
         low = replica_bounds(training_job)[0]
-        workload = parts[BASE] if rank < low else parts[ELASTIC]
+        workload = parts[BASE] if rank < low else parts.get(ELASTIC, parts[BASE])
         labels = flavor_node_labels(await self._flavors(admission_of(workload)))
         return with_node_labels(training_job, labels)
 
