@@ -55,14 +55,8 @@ def plane(
     with running_kueue(kube_api_module):
         plane = ControlPlane(kube_api_module, nats_url, tmp_path_factory.mktemp("k8s-kueue"))
         _queues(kube_api_module)
-        try:
-            plane.start(NODES)
+        with plane.running(NODES):
             yield plane
-        finally:
-            plane.stop()
-        assert plane.kubelet is not None
-        assert not plane.kubelet.all_pids(), "pod processes outlived the kubelet"
-        assert not plane.kubelet.errors, f"the kubelet ran into: {plane.kubelet.errors}"
 
 
 def _queues(api: KubeApi) -> None:
