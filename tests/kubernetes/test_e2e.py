@@ -202,7 +202,8 @@ def pods_of(plane: ControlPlane, job: str, phase: str | None = "Running") -> lis
 
 async def delete_job(plane: ControlPlane, job: str) -> list[dict[str, Any]]:
     """Delete TrainingJob ``job``; return its pods as they were, once every one is gone
-    from the emulator and every process of theirs has ended."""
+    from the emulator, every process of theirs has ended and the TrainingJob is gone too
+    (its finalizer removed: a test's teardown must not find it still being deleted)."""
     before = plane.pods(job)
     plane.api.delete("trainingjobs", job)
     await eventually_async(
@@ -219,6 +220,12 @@ async def delete_job(plane: ControlPlane, job: str) -> list[dict[str, Any]]:
         lambda: not any(r.pids() for r in runs),
         60,
         lambda: f"processes of {job}'s pods left: {[r.pids() for r in runs]}",
+    )
+    # and the TrainingJob itself, once the controller removed its finalizer
+    await eventually_async(
+        lambda: not any(t["metadata"]["name"] == job for t in plane.api.objects("trainingjobs")),
+        60,
+        lambda: f"TrainingJob {job} still there: the controller did not remove its finalizer",
     )
     return before
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from functools import partial
@@ -53,6 +53,7 @@ from resurge.events import (
     RecoveryLevel,
     Source,
 )
+from resurge.jobspec import TrainingJob
 from resurge.local import job_factory
 from resurge.runtime.service import ServiceContext
 from resurge.runtime.settings import Settings
@@ -151,6 +152,10 @@ class Cluster:
 
     def _nodes(self) -> list[NodeInfo]:
         return [NodeInfo(name=n, slots=SLOTS, address=n) for n in NODES]
+
+    def unfit_nodes(self, job: TrainingJob, nodes: Iterable[NodeInfo]) -> dict[str, str]:
+        """As the local backend: no pod template, every node may take any job."""
+        return {}
 
     async def list_nodes(self) -> list[NodeInfo]:
         await self.gate.point()

@@ -69,7 +69,8 @@ def replaced(document: Any, path: tuple[str | int, ...], value: Any) -> Any:
 
 def test_the_well_formed_node_reads_as_expected() -> None:
     info = node_info(NODE)
-    assert (info.name, info.slots, info.healthy, info.address) == ("gpu-1", 4, True, "10.0.0.1")
+    # Slots are the node's allocatable accelerators (8), whatever its monitor counts (4).
+    assert (info.name, info.slots, info.healthy, info.address) == ("gpu-1", 8, True, "10.0.0.1")
 
 
 @given(json_objects)

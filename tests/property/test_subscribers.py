@@ -26,7 +26,12 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from resurge.contract import subscriptions as declared
-from resurge.contract.subjects import RAW_KIND_TOKEN, Subjects
+from resurge.contract.subjects import (
+    NODE_LEVEL_JOB,
+    RAW_KIND_TOKEN,
+    Subjects,
+    raw_subject_mismatch,
+)
 from resurge.contract.subscriptions import SUBSCRIPTIONS, Reader, Scope, Subscription
 from resurge.events import (
     EVENT_KINDS,
@@ -147,10 +152,23 @@ def expected_reason(body: bytes, consumer: Consumer, subject: str) -> DeadLetter
         event = decode_event(body)
     except DecodeError as error:
         return error.reason
+    if raw_subject_mismatch(subject, event.job, event.node) is not None:
+        return DeadLetterReason.SUBJECT_MISMATCH
     if consumer.batches:
         token = subject.split(".")[RAW_KIND_TOKEN]
         return None if event.kind == token else DeadLetterReason.UNEXPECTED_KIND
     return None if isinstance(event, consumer.expects) else DeadLetterReason.UNEXPECTED_KIND
+
+
+def on_its_subject(event: Envelope, subject: str) -> Envelope:
+    """``event`` naming the job and node of ``subject`` where it is a raw subject (a
+    raw event naming others is dead-lettered): its job (none on a node-level subject)
+    and node; ``event`` itself on any other subject."""
+    tokens = subject.split(".")
+    if raw_subject_mismatch(subject, event.job, event.node) is None:
+        return event
+    job = None if tokens[3] == NODE_LEVEL_JOB else JOB
+    return event.model_copy(update={"job": job, "node": NODE})
 
 
 def truncated(event: Envelope, share: float) -> bytes:
@@ -241,7 +259,7 @@ async def check_consumer(
 ) -> None:
     subject = consumer.publish_on(bus.subjects)
     bad = [body for body in bad if expected_reason(body, consumer, subject) is not None]
-    good = data.draw(event_of(consumer.expects[0]))
+    good = on_its_subject(data.draw(event_of(consumer.expects[0])), subject)
     wanted = Counter(str(expected_reason(body, consumer, subject)) for body in bad)
     if not consumer.dead_letters:  # left to another reader of the same messages
         wanted = Counter()
@@ -262,7 +280,7 @@ async def check_consumer(
         inboxes.append(inbox)
         await inbox.start()
         # One handled first: the catch-up at start is over, the bad ones come live.
-        first = data.draw(event_of(consumer.expects[0]))
+        first = on_its_subject(data.draw(event_of(consumer.expects[0])), subject)
         await bus.js.publish(subject, encode_event(first), headers={"Nats-Msg-Id": first.id})
         assert await asyncio.wait_for(seen.handled.get(), WAIT) == first
     else:
