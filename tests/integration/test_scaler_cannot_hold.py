@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -35,16 +37,29 @@ def environment(settings: Settings) -> dict[str, str]:
 
 
 @pytest.fixture
-def scaler(settings: Settings) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "resurge_scaler"],
-        env=environment(settings),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+def scaler(settings: Settings, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A scaler process; SIGTERMed after the test, which it must obey within 20 s (if
+    not, its log ends with where each of its threads and tasks waits: SIGQUIT)."""
+    log = tmp_path / "scaler.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "resurge_scaler"],
+            env=environment(settings),
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+        )
     yield proc
     proc.terminate()
-    proc.wait(timeout=20)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGQUIT)
+        time.sleep(1)  # the dump is written from the process's own loop; nothing to await
+        proc.kill()
+        proc.wait()
+        raise AssertionError(
+            f"the scaler ignored SIGTERM for 20 s:\n{log.read_text()[-6000:]}"
+        ) from None
 
 
 async def add_node(bus: Bus, backend: ClusterBackend, name: str, slots: int) -> None:
