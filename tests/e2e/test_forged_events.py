@@ -15,10 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -40,29 +36,13 @@ from resurge.local.job_factory import python_job
 from resurge.local.state import ClusterState, credentials_path
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
+from tests.e2e.local_cli import REPO, resurge, wait_until
 
-BIN = Path(sys.executable).parent
-REPO = Path(__file__).resolve().parents[2]
 THIEF = REPO / "tests" / "e2e" / "workers" / "credential_thief.py"
 NODE = "node-0"
 TEAM_A, TEAM_B = "team-a", "team-b"
 
 pytestmark = pytest.mark.e2e
-
-
-def resurge(state_dir: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RESURGE_")}
-    return subprocess.run(
-        [str(BIN / "resurge"), "--state-dir", str(state_dir), *args],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO,
-    )  # fmt: skip
-
-
-def wait_until(test: Callable[[], object], seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not test():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)  # another process's progress: polled, bounded
 
 
 @pytest.fixture

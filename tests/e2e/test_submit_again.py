@@ -6,38 +6,19 @@ for the one that reports steps (tests/e2e/workers/progress_worker.py)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from resurge.local.job_factory import python_job
+from tests.e2e.local_cli import REPO, resurge, wait_until
 
-BIN = Path(sys.executable).parent
-REPO = Path(__file__).resolve().parents[2]
 PROGRESS = REPO / "tests" / "e2e" / "workers" / "progress_worker.py"
 
 pytestmark = pytest.mark.e2e
-
-
-def resurge(state_dir: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RESURGE_")}
-    return subprocess.run(
-        [str(BIN / "resurge"), "--state-dir", str(state_dir), *args],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO,
-    )  # fmt: skip
-
-
-def wait_until(test: Callable[[], object], seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not test():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.2)  # another process's progress: polled, bounded
 
 
 @pytest.fixture
