@@ -29,6 +29,7 @@ from resurge.events import (
     InjectFault,
     ProcessExited,
     ProcessStarted,
+    ProcessStateChanged,
     Progress,
     RecoveryLevel,
     ReplicaSlot,
@@ -46,21 +47,37 @@ JOB = "j.inproc"
 WAIT = 60.0
 
 # Trains forever (the test stops it): DDP over gloo, one progress report per step,
-# starting after the step the generation resumes from, with the rendezvous attempt its
-# process group met under (torch's store prefix /worker/attempt_<N>).
+# starting after the step the generation resumes from, with the restart count its
+# process group met under (TORCHELASTIC_RESTART_COUNT). Once the file FREEZE exists
+# (all ranks agree on it through a collective, at the same step), a generation-0 rank 1
+# stops itself (SIGSTOP) and rank 0 waits in Python, where a restart reaches it.
 TRAIN = """
-import gc, os, time
+import gc, os, signal, time
 from datetime import timedelta
 import torch, torch.distributed as dist
 from resurge import worker
 
+def frozen():
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] != "0":
+        return False
+    flag = torch.tensor([float(os.path.exists(os.environ["FREEZE"]))])
+    dist.all_reduce(flag)
+    return flag.item() > 0
+
 @worker.restartable
 def train(run):
+    if os.environ["RANK"] == "0" and os.environ["TORCHELASTIC_RESTART_COUNT"] == "2":
+        time.sleep(1)  # a rank 0 slow to start again: rank 1 reads the store first
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
     step = run.resume_step or 0
     while step < 100_000:
         step += 1
+        if frozen():
+            if os.environ["RANK"] == "1":
+                os.kill(os.getpid(), signal.SIGSTOP)
+            while True:
+                time.sleep(0.01)
         model(torch.ones(2, 4)).sum().backward()
         run.progress(step, attempt=float(os.environ["TORCHELASTIC_RESTART_COUNT"]))
         time.sleep(0.02)
@@ -88,7 +105,7 @@ def agent(
         node="n1",
         nproc=2,
         command=[sys.executable, "-c", TRAIN],
-        env={"OMP_NUM_THREADS": "1"},
+        env={"OMP_NUM_THREADS": "1", "FREEZE": str(tmp_path / "freeze")},
         stop_grace_seconds=1,
         preload=["torch"],
     )
@@ -217,13 +234,16 @@ async def test_in_process_restart_keeps_every_worker_process(
 
 
 async def test_a_worker_that_cannot_rejoin_makes_the_agent_restart_the_processes(
-    bus: Bus, raw_events: Events, agent: subprocess.Popen[bytes]
+    bus: Bus, raw_events: Events, agent: subprocess.Popen[bytes], tmp_path: Path
 ) -> None:
     subject = bus.subjects.cmd(JOB, 0)
     await bus.publish(subject, assign(bus, 0))
     await raw_events.wait_for(progressed(0, steps=3), WAIT)
     old = {e.local_rank: e.pid for e in raw_events.of(ProcessStarted)}
-    os.kill(old[1], signal.SIGSTOP)  # frozen: it cannot answer the restart
+    (tmp_path / "freeze").touch()  # rank 1 stops itself: it cannot answer the restart
+    await raw_events.wait_for(
+        lambda items: any(isinstance(e, ProcessStateChanged) and e.stopped for e in items), WAIT
+    )
 
     await bus.publish(subject, assign(bus, 1, in_process=True, rejoin_timeout=2.0))
     await raw_events.wait_for(progressed(1), WAIT)
@@ -233,13 +253,17 @@ async def test_a_worker_that_cannot_rejoin_makes_the_agent_restart_the_processes
         for e in raw_events.of(AgentStateChanged)
         if e.state is AgentState.STOPPING and "escalated to a process restart" in e.detail
     ]
-    assert len(escalated) == 1 and "did not rejoin within 2 s" in escalated[0].detail
+    # rank 0 rejoined, rank 1 could not
+    assert (
+        len(escalated) == 1 and "(local ranks 1 did not rejoin within 2 s)" in escalated[0].detail
+    )
     new = {e.local_rank: e.pid for e in raw_events.of(ProcessStarted) if e.generation == 1}
     assert sorted(new) == [0, 1] and not set(new.values()) & set(old.values())
     assert {e.pid for e in raw_events.of(ProcessExited) if e.expected} == set(old.values())
-    # Rank 0 had rejoined generation 1's rendezvous in-process, leaving its address
-    # under torch's attempt prefix; the new processes meet under the next attempt's,
-    # or rank 1 read the address of a rank 0 now gone (it failed, now and then).
+    # Rank 0 had rejoined generation 1's rendezvous in-process, leaving its address in
+    # the store; the new processes meet in a new store, or rank 1, first there (the new
+    # rank 0 starts late, see TRAIN), reads the address of the killed rank 0 and fails
+    # to connect. They are one restart further on (TORCHELASTIC_RESTART_COUNT).
     attempts = {e.metrics.get("attempt") for e in raw_events.of(Progress) if e.generation == 1}
     assert attempts == {2.0}, attempts
     await stop_final(bus, agent, 1)

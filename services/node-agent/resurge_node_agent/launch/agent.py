@@ -35,7 +35,9 @@ workers of ``command`` with ``env`` in ``working_dir``, on ``node``.
   reports carry the generation their worker says it is in. Where a worker cannot
   restart in-process, or does not confirm in time, or exits meanwhile, the agent
   escalates by itself: it says so (AgentStateChanged ``stopping``, detail "escalated to
-  a process restart: ..."), stops the workers and starts new ones for the same Assign.
+  a process restart: ..."), stops the workers and starts new ones for the same Assign,
+  with a new rendezvous store where it hosts the store (ranks that rejoined left their
+  addresses in the old one).
 - An Assign that places this replica on another node (it moved) is ignored: the agent
   there runs it, and this one is being removed.
 - Stop(g): stops workers of generation g or older: SIGTERM, then SIGKILL after
@@ -508,6 +510,8 @@ class LaunchAgent:
             self.ctx.log.warning("generation %d: %s", assign.generation, why)
             await self._state(AgentState.STOPPING, why)
             assign = _past_the_failed_attempt(assign, self.spec.nproc)
+            if self.store is not None:
+                hosting, agent_store = await self._renew_store(assign), None
         await self._stop_workers(f"generation {assign.generation} assigned")
         self.generation = assign.generation
         self.assign = assign
@@ -528,6 +532,19 @@ class LaunchAgent:
         await self._state(AgentState.RUNNING, f"generation {assign.generation} running")
         self.ctx.spawn(self._await_idle(self.workers, running))
         self.ctx.spawn(self._watch_states(self.workers, running))
+
+    async def _renew_store(self, assign: Assign) -> asyncio.Task[HostedStore | None] | None:
+        """Close the store of a failed in-process restart and host a new one on the same
+        port, for the processes that replace it. Ranks that rejoined left their gloo/NCCL
+        addresses in the old store, and torch's clients of an agent's store read them
+        with no per-attempt prefix (torch's own agent makes a new store for every retry,
+        as this does); a new rank reading a killed one's address fails to connect.
+        Ranks of other replicas that rejoined lose the old store and fail fast: their
+        faults go to the restarter."""
+        stale, self.store = self.store, None
+        if stale is not None:
+            await stale.close()
+        return self._host_store(assign)
 
     async def _restart_in_process(self, assign: Assign, agent_store: bool) -> str | None:
         """Move the running workers to ``assign``'s generation in-process; None once every
@@ -774,14 +791,12 @@ class LaunchAgent:
 def _past_the_failed_attempt(assign: Assign, nproc: int) -> Assign:
     """The Assign the processes of a failed in-process restart are started again with.
 
-    Ranks that rejoined before the attempt failed left their addresses in the
-    generation's store under torch's ``/worker/attempt_<TORCHELASTIC_RESTART_COUNT>``
-    prefix; new processes under the same prefix read those of processes now gone and
-    fail to connect. Where this agent runs every rank of the generation, its processes
-    meet under the next attempt's prefix, where nothing stale is. Where other replicas
-    run ranks too, they wait under the Assign's own prefix, so it is kept: the new
-    processes fail fast on what is stale there, and the fault they report is recovered
-    by the restarter with a new generation."""
+    A process restart is one more restart: where this agent runs every rank of the
+    generation, its processes get ``TORCHELASTIC_RESTART_COUNT + 1`` (torch releases
+    that prefix an agent's store by ``/worker/attempt_<N>`` then meet under a prefix
+    where nothing stale is; newer ones do not prefix, and the agent's new store, see
+    :meth:`LaunchAgent._renew_store`, is what keeps stale addresses away). Where other
+    replicas run ranks too, they are still in the Assign's attempt, so it is kept."""
     if assign.world_size != nproc:
         return assign
     return assign.model_copy(update={"restart_count": assign.restart_count + 1})
