@@ -58,7 +58,8 @@ conversion; no server-side apply (415); no scheduler, kubelet or node controller
 where they were put, unscheduled pods stay Pending, and a pod is deleted at once instead of
 gracefully); no ``dryRun``; ``limit``/``continue`` are ignored (a list is always whole,
 which a real server may also do); namespaces are not objects (any namespace exists); no
-authentication or authorization.
+authentication or authorization; a Secret's ``stringData`` is not merged into ``data``
+(resurge writes ``data``).
 """
 
 from __future__ import annotations
@@ -194,6 +195,7 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
         shortnames=("cm",),
     ),
     Kind("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True, singular="lease"),
+    Kind("", "v1", "secrets", "Secret", namespaced=True, singular="secret"),
 )
 
 

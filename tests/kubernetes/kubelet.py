@@ -24,7 +24,9 @@ a scheduler and a kubelet would:
 - **runs** its first container's ``command`` + ``args`` as a local process in a session
   (process group) of its own, in the container's ``workingDir`` (else the kubelet's
   folder), with the test's environment, the pod's ``env`` on top (``value`` and the
-  usual ``fieldRef`` paths) and a marker variable naming the pod's uid. The marker is
+  usual ``fieldRef`` paths, ``secretKeyRef`` read from the Secret; while a Secret or
+  key is missing the container waits, ``CreateContainerConfigError``, as a kubelet's
+  does) and a marker variable naming the pod's uid. The marker is
   the container boundary a cgroup gives a real kubelet: whatever the pod started, in
   whichever session (resurge's fork server and workers start sessions of their own),
   is found by it and killed with the pod. The output of every run goes to
@@ -55,6 +57,7 @@ where they meet at the node's address.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
@@ -138,6 +141,10 @@ def _kill(pids: list[int], sig: signal.Signals) -> None:
 def _killpg(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
+
+
+class _MissingSecret(LookupError):
+    """A Secret, or its key, that a container's environment names is not there."""
 
 
 @dataclass
@@ -492,7 +499,9 @@ class ProcessKubelet:
         container = ((run.pod.get("spec") or {}).get("containers") or [{}])[0]
         policy = (run.pod.get("spec") or {}).get("restartPolicy") or "Always"
         argv = [*(container.get("command") or []), *(container.get("args") or [])]
-        env = self._environment(run, container, address)
+        env = self._environment_when_ready(run, container, address)
+        if env is None:
+            return
         cwd = container.get("workingDir") or str(self.log_dir)
         backoff = 1.0
         while True:
@@ -578,6 +587,47 @@ class ProcessKubelet:
             "state": state,
         }
 
+    def _environment_when_ready(
+        self, run: PodRun, container: dict[str, Any], address: str
+    ) -> dict[str, str] | None:
+        """The container's environment once every Secret it names has its key (None if
+        the pod is deleted first); meanwhile its status says why it waits."""
+        told = ""
+        while True:
+            try:
+                return self._environment(run, container, address)
+            except _MissingSecret as missing:
+                if str(missing) != told:
+                    told = str(missing)
+                    waiting = {"waiting": {"reason": "CreateContainerConfigError", "message": told}}
+                    status = {
+                        "containerStatuses": [self._container_status(run, container, waiting)]
+                    }
+                    self._patch_status(run.pod, status)
+            if run.deleted.wait(0.2):
+                return None
+
+    def _secret_value(self, namespace: str, ref: dict[str, Any]) -> str | None:
+        """A ``secretKeyRef``'s value; :class:`_MissingSecret` if the Secret or its key is
+        missing (None where the reference is ``optional``)."""
+        name, key = str(ref.get("name") or ""), str(ref.get("key") or "")
+        try:
+            secret = json_of(
+                self.core.read_namespaced_secret(name, namespace, _preload_content=False)
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            secret = None
+        data = (secret or {}).get("data") or {}
+        if key in data:
+            return base64.b64decode(data[key]).decode()
+        if ref.get("optional"):
+            return None
+        if secret is None:
+            raise _MissingSecret(f'secret "{name}" not found')
+        raise _MissingSecret(f"couldn't find key {key} in Secret {namespace}/{name}")
+
     def _environment(self, run: PodRun, container: dict[str, Any], address: str) -> dict[str, str]:
         fields = {
             "metadata.name": run.name,
@@ -595,6 +645,10 @@ class ProcessKubelet:
                 value = fields.get(ref["fieldPath"])
                 if value is not None:
                     env[item["name"]] = value
+            elif secret_ref := (item.get("valueFrom") or {}).get("secretKeyRef"):
+                secret_value = self._secret_value(run.namespace, secret_ref)
+                if secret_value is not None:
+                    env[item["name"]] = secret_value
         env[POD_MARKER] = run.uid
         return env
 

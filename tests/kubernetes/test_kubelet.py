@@ -4,6 +4,7 @@ them as their restartPolicy says and stops every process of a deleted pod."""
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 from typing import Any
 
@@ -277,3 +278,34 @@ def test_a_pod_with_scheduling_gates_waits_until_they_are_removed(
         lambda em: em.patch_object("pods", "gated", {"spec": {"schedulingGates": None}})
     )
     eventually(lambda: phase(kube_api_thread, "gated") == "Succeeded", 20, "runs once ungated")
+
+
+def test_a_secret_key_in_env_waits_for_its_secret_then_is_read(
+    kube_api_thread: KubeApi, process_kubelet: ProcessKubelet
+) -> None:
+    """As a kubelet does ("Secrets" in the Kubernetes docs: a container whose env names a
+    missing Secret does not start, CreateContainerConfigError, until the Secret exists)."""
+    kube_api_thread.add_node("node-a")
+    process_kubelet.serve("node-a")
+    pod = pinned_pod("secretive", "node-a", 'echo "token=$TOKEN"')
+    ref = {"secretKeyRef": {"name": "creds", "key": "token"}}
+    pod["spec"]["containers"][0]["env"].append({"name": "TOKEN", "valueFrom": ref})
+    kube_api_thread.create("pods", pod)
+
+    def waiting() -> str | None:
+        statuses = (kube_api_thread.get("pods", "secretive").get("status") or {}).get(
+            "containerStatuses"
+        ) or [{}]
+        return ((statuses[0].get("state") or {}).get("waiting") or {}).get("reason")
+
+    eventually(lambda: waiting() == "CreateContainerConfigError", 20, "waiting for its Secret")
+    assert process_kubelet.run_of("secretive").process is None  # type: ignore[union-attr]
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "creds"},
+        "data": {"token": base64.b64encode(b"s3cret").decode()},
+    }
+    kube_api_thread.create("secrets", secret)
+    eventually(lambda: phase(kube_api_thread, "secretive") == "Succeeded", 20, "pod Succeeded")
+    assert "token=s3cret" in (process_kubelet.log_dir / "secretive.log").read_text()
