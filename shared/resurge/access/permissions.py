@@ -52,6 +52,7 @@ __all__ = [
     "covers",
     "job_agent_user",
     "role_permissions",
+    "role_user",
 ]
 
 ROLES = ("agent", "detector", "restarter", "scaler", "viewer", "admin")
@@ -325,19 +326,25 @@ _ROLE_GRANTS = {
 }
 
 
+def role_user(role: str, node: str | None = None, job: str | None = None) -> str:
+    """The NATS user name of ``role`` (narrowed as :func:`role_permissions`' arguments):
+    the role's name, or an agent's (:func:`agent_user`, :func:`job_agent_user`)."""
+    if role not in _ROLE_GRANTS:
+        raise ValueError(f"no role {role!r} (roles: {', '.join(ROLES)})")
+    if job is not None and (role != "agent" or node is None):
+        raise ValueError("only an agent of one node has a user of one job")
+    if job is not None and node is not None:
+        return job_agent_user(node, job)
+    return agent_user(node) if role == "agent" else role
+
+
 def role_permissions(
     role: str, subjects: Subjects, node: str | None = None, job: str | None = None
 ) -> Permissions:
     """What ``role`` may publish and subscribe to under ``subjects``' namespace;
     ``node`` narrows an agent to one node's raw subjects and record (None: any node);
     ``node`` and ``job`` make it the launch agents' user of that job on that node."""
-    if role not in _ROLE_GRANTS:
-        raise ValueError(f"no role {role!r} (roles: {', '.join(ROLES)})")
-    if job is not None and (role != "agent" or node is None):
-        raise ValueError("only an agent of one node has a user of one job")
-    user = agent_user(node) if role == "agent" else role
-    if job is not None and node is not None:
-        user = job_agent_user(node, job)
+    user = role_user(role, node, job)
     ns = _Namespace(subjects)
     g = _Grants()
     g.sub(f"{inbox_prefix(user)}.>")

@@ -1,18 +1,34 @@
 """nats-server configs from the roles' permissions: the ``authorization`` block (a local
 cluster writes it with its users' passwords; the Kubernetes dev overlay's
-``deploy/overlays/dev/nats.conf`` reads each password from the server's environment)
-and the ``tls`` block."""
+``deploy/overlays/dev/nats.conf`` reads each password from the server's environment),
+the operator-mode block (:func:`operator_block`: users are JWTs, their permissions in
+them, :mod:`resurge.access.nats_jwt`) with the identities of an install
+(:class:`NatsIdentities`), and the ``tls`` block."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-from resurge.access.permissions import ROLES, Permissions, role_permissions
+from resurge.access.nats_jwt import NKey, account_jwt, creds, new_nkey, operator_jwt, user_jwt
+from resurge.access.permissions import ROLES, Permissions, role_permissions, role_user
 from resurge.contract.subjects import Subjects
 
-__all__ = ["authorization_block", "kubernetes_config", "tls_block"]
+__all__ = [
+    "MAX_CONTROL_LINE",
+    "NatsIdentities",
+    "UserIssuer",
+    "authorization_block",
+    "kubernetes_config",
+    "nats_identities",
+    "operator_block",
+    "tls_block",
+]
+
+# Bytes of a client's protocol line (its CONNECT: the user JWT) the server accepts.
+MAX_CONTROL_LINE = 65536
 
 
 def authorization_block(users: Iterable[tuple[str, str, Permissions]]) -> str:
@@ -58,3 +74,111 @@ def tls_block(cert: Path, key: Path, ca: Path | None) -> str:
     if ca is not None:
         config["ca_file"] = str(ca)
     return f"tls: {json.dumps(config, indent=2)}\n"
+
+
+def operator_block(operator: str, system_account: str, accounts: Mapping[str, str]) -> str:
+    """nats-server's operator mode: trust the ``operator`` JWT, whose system account is
+    ``system_account`` (public key), and know ``accounts`` (public key: JWT, the system
+    account's among them) from the config itself (``resolver: MEMORY``).
+
+    A client sends its user JWT in its CONNECT line, and a JWT holds the user's allow
+    lists (6.5 KB for ``admin``): the server's 4 KB line limit would refuse it, so the
+    block raises it (:data:`MAX_CONTROL_LINE`)."""
+    preload = "".join(f"  {key}: {json.dumps(jwt)}\n" for key, jwt in accounts.items())
+    return (
+        f"operator: {json.dumps(operator)}\n"
+        f"system_account: {system_account}\n"
+        "resolver: MEMORY\n"
+        f"max_control_line: {MAX_CONTROL_LINE}\n"
+        f"resolver_preload: {{\n{preload}}}\n"
+    )
+
+
+@dataclass(frozen=True)
+class UserIssuer:
+    """What signs the users of one account: a signing key of it (not the account's own
+    key, which need never leave where the account was made) and the account."""
+
+    signing_key: NKey
+    account: str
+
+    def creds(
+        self,
+        role: str,
+        subjects: Subjects,
+        node: str | None = None,
+        job: str | None = None,
+        expires: int | None = None,
+    ) -> str:
+        """The ``.creds`` text of a new user of ``role`` (narrowed as
+        :func:`~resurge.access.permissions.role_permissions`' arguments) valid until
+        ``expires`` (Unix seconds; None: no end). Its JWT's name is the resurge user
+        name, :func:`~resurge.access.permissions.role_user`."""
+        user = new_nkey("user")
+        jwt = user_jwt(
+            user.public,
+            role_user(role, node, job),
+            role_permissions(role, subjects, node=node, job=job),
+            self.signing_key,
+            issuer_account=self.account,
+            expires=expires,
+        )
+        return creds(jwt, user.seed)
+
+
+@dataclass(frozen=True)
+class NatsIdentities:
+    """The NATS identities of one install in operator mode: the operator, the system
+    account, the account every resurge party is a user of (JetStream enabled), the key
+    that signs its users, and a user's ``.creds`` text per role (the ``agent`` one any
+    node's, as the node monitors need)."""
+
+    operator: NKey
+    system_account: NKey
+    account: NKey
+    signing_key: NKey
+    operator_jwt: str
+    system_account_jwt: str
+    account_jwt: str
+    role_creds: Mapping[str, str]
+
+    @property
+    def issuer(self) -> UserIssuer:
+        """What signs more users of the account (per job and node, for instance)."""
+        return UserIssuer(self.signing_key, self.account.public)
+
+    def server_config(self) -> str:
+        """The operator-mode block of the server's config (:func:`operator_block`)."""
+        return operator_block(
+            self.operator_jwt,
+            self.system_account.public,
+            {
+                self.system_account.public: self.system_account_jwt,
+                self.account.public: self.account_jwt,
+            },
+        )
+
+    def __repr__(self) -> str:  # never print a seed
+        return f"NatsIdentities(operator={self.operator.public!r}, account={self.account.public!r})"
+
+
+def nats_identities(
+    subjects: Subjects, roles: Iterable[str] = ROLES, name: str = "resurge"
+) -> NatsIdentities:
+    """New identities for an install whose parties use ``subjects``: operator and
+    accounts named after ``name``, a user per role of ``roles`` that never expires."""
+    operator = new_nkey("operator")
+    system_account = new_nkey("account")
+    account = new_nkey("account")
+    signing_key = new_nkey("account")
+    issuer = UserIssuer(signing_key, account.public)
+    return NatsIdentities(
+        operator=operator,
+        system_account=system_account,
+        account=account,
+        signing_key=signing_key,
+        operator_jwt=operator_jwt(operator, name, system_account=system_account.public),
+        system_account_jwt=account_jwt(system_account.public, "SYS", operator, jetstream=False),
+        account_jwt=account_jwt(account.public, name, operator, signing_keys=(signing_key.public,)),
+        role_creds={role: issuer.creds(role, subjects) for role in roles},
+    )

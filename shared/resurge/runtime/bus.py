@@ -842,11 +842,17 @@ def _is_refusal(error: Exception) -> bool:
 
 def _who(options: dict[str, Any]) -> str:
     """Whom a refused connection tried to be, in words."""
+    if "user_credentials" in options:
+        named = str(options["inbox_prefix"]).removeprefix("_INBOX_")
+        return (
+            f"its user JWT (user {named!r}) was not accepted: expired, or not signed by a "
+            "key of an account the server trusts"
+        )
     user = options.get("user")
     if user is None:
         return (
-            "it needs a user (set RESURGE_NATS_CREDENTIALS, or RESURGE_NATS_USER and "
-            "RESURGE_NATS_PASSWORD)"
+            "it needs a user (set RESURGE_NATS_CREDENTIALS, RESURGE_NATS_CREDS, or "
+            "RESURGE_NATS_USER and RESURGE_NATS_PASSWORD)"
         )
     return f"user {user!r} and its password were not accepted"
 

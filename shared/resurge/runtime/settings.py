@@ -27,8 +27,14 @@ class Settings(BaseSettings):
     )
     nats_credentials: Path | None = Field(
         default=None,
-        description="A credentials file (JSON with 'user' and 'password', mode 0600) to "
-        "connect to NATS with; `resurge up` writes one per role into the state folder.",
+        description="A credentials file (mode 0600) to connect to NATS with: JSON with "
+        "'user' and 'password' (`resurge up` writes one per role into the state folder), "
+        "or a NATS user's decorated .creds file (user JWT and nkey seed).",
+    )
+    nats_creds: SecretStr | None = Field(
+        default=None,
+        description="A NATS user's decorated .creds text (user JWT and nkey seed) to "
+        "connect with, e.g. a Kubernetes Secret's key; before nats_credentials.",
     )
     nats_user: str | None = Field(
         default=None, description="NATS user (instead of a credentials file)."
