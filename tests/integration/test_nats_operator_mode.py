@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
-from resurge.access.server_config import NatsIdentities, nats_identities
+from resurge.access.nats_jwt import new_nkey
+from resurge.access.server_config import NatsIdentities, UserIssuer, nats_identities
 from resurge.contract.subjects import Subjects
 from resurge.events import NodeReport, ProcessExited
 from resurge.local.nats_server import NatsServer
@@ -159,13 +160,17 @@ async def test_an_expired_user_is_refused_at_connect(
         assert bus.connected
 
 
-async def test_a_user_of_another_operator_is_refused(
+async def test_a_user_of_another_operator_or_signer_is_refused(
     operator_server: tuple[str, NatsIdentities],
 ) -> None:
-    url, _ = operator_server
+    url, identities = operator_server
     stranger = nats_identities(Subjects(NAMESPACE), roles=("viewer",))
     with pytest.raises(ConnectionError, match="refused the connection"):
         await Bus.connect(_settings(url, creds=stranger.role_creds["viewer"]), "viewer")
+    # A key the account does not list as a signing key signs no user of it.
+    unlisted = UserIssuer(new_nkey("account"), identities.account.public)
+    with pytest.raises(ConnectionError, match="refused the connection"):
+        await Bus.connect(_settings(url, creds=unlisted.creds("viewer", SUBJECTS)), "viewer")
 
 
 async def test_the_creds_text_from_the_environment_connects(
