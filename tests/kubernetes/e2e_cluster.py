@@ -9,6 +9,13 @@ node, a Node object (``add_node``) and a real ``resurge-node-agent monitor --nod
 (:mod:`tests.kubernetes.kubelet`), which runs the pods the controller creates. Each
 service's output goes to ``<root>/logs/<name>.log``, each pod's to ``<root>/pods``.
 
+With ``identities`` (:class:`resurge.access.server_config.NatsIdentities`), the
+nats-server at ``nats_url`` runs in operator mode (:func:`operator_nats`) and every party
+is a user JWT of its role: each service its role's, each monitor its node's agent user,
+the tests and the CLI ``admin``; the scaler holds the account's signing key, so its
+controller gives every pod a user of its own (docs/security.md), and the kubelet's pods
+get no user but the one their Secret holds.
+
 Readiness is awaited, not slept on: every service's durable consumer bound on the bus,
 the controller's watches open on the emulator, and every node's monitor report on its
 Node. :func:`eventually` is the bounded poll the tests wait with.
@@ -31,7 +38,9 @@ from typing import Any, TypeVar
 
 import nats.js.errors
 
+from resurge.access.server_config import NatsIdentities, nats_identities
 from resurge.cluster.kubernetes.objects import monitor_report
+from resurge.local.nats_server import NatsServer
 from resurge.local.supervisor import READY_CONSUMERS
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
@@ -89,6 +98,16 @@ class ControlPlane:
     kubelet: ProcessKubelet | None = None
     scalers: int = 1  # the first is "scaler", the others "scaler-2", ... (one leads)
     extra_env: dict[str, str] = field(default_factory=dict)  # more settings, for all
+    identities: NatsIdentities | None = None  # operator-mode NATS (module docstring)
+    _creds: dict[tuple[str, str | None], str] = field(default_factory=dict)
+
+    def creds(self, role: str, node: str | None = None) -> str:
+        """The ``.creds`` text of this plane's user of ``role`` (an agent: of ``node``)."""
+        assert self.identities is not None, "a plane without operator-mode NATS has no users"
+        if (role, node) not in self._creds:
+            subjects = Settings(namespace=self.namespace).subjects
+            self._creds[role, node] = self.identities.issuer.creds(role, subjects, node=node)
+        return self._creds[role, node]
 
     @property
     def log_dir(self) -> Path:
@@ -100,6 +119,9 @@ class ControlPlane:
 
     @property
     def settings(self) -> Settings:
+        if self.identities is not None:
+            admin = self.creds("admin")
+            return Settings(nats_url=self.nats_url, namespace=self.namespace, nats_creds=admin)
         return Settings(nats_url=self.nats_url, namespace=self.namespace)
 
     def env(self) -> dict[str, str]:
@@ -115,8 +137,23 @@ class ControlPlane:
                 "RESURGE_LOG_LEVEL": "INFO",
                 "RESURGE_LOG_FORMAT": "text",
                 **self.extra_env,
+                **({"RESURGE_NATS_CREDS": self.creds("admin")} if self.identities else {}),
             }
         )
+
+    def role_env(self, name: str) -> dict[str, str]:
+        """What service or monitor ``name`` adds to :meth:`env`: its own NATS user, and
+        the scaler the account's signing key."""
+        if self.identities is None:
+            return {}
+        if name.startswith("monitor-"):
+            return {"RESURGE_NATS_CREDS": self.creds("agent", name.removeprefix("monitor-"))}
+        role = name.split("-")[0]
+        env = {"RESURGE_NATS_CREDS": self.creds(role)}
+        if role == "scaler":
+            env["RESURGE_KUBE_NATS_ACCOUNT"] = self.identities.account.public
+            env["RESURGE_KUBE_NATS_SIGNER"] = self.identities.signing_key.seed
+        return env
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -124,12 +161,18 @@ class ControlPlane:
         """Start the kubelet, the services and one monitor per node (name -> GPUs); return
         once everything is ready (see the module docstring)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.kubelet = ProcessKubelet(self.api.kubeconfig, self.env(), self.pod_dir)
+        # A pod's only NATS user is the one its Secret holds.
+        pod_env = {k: v for k, v in self.env().items() if k != "RESURGE_NATS_CREDS"}
+        self.kubelet = ProcessKubelet(self.api.kubeconfig, pod_env, self.pod_dir)
         self.kubelet.start()
         for name in SERVICES:
             self._spawn(name, [str(BIN / f"resurge-{name}")])
         for n in range(2, self.scalers + 1):
             self._spawn(f"scaler-{n}", [str(BIN / "resurge-scaler")])
+        if self.identities is not None:
+            # An agent's user may not create the buckets the services make (a DaemonSet's
+            # monitor started first fails and is started again); here, they come first.
+            asyncio.run(self._consumers_bound(timeout))
         for node, gpus in nodes.items():
             self.add_node(node, gpus, wait=False)
         self.wait_ready(timeout)
@@ -163,7 +206,11 @@ class ControlPlane:
         with (self.log_dir / f"{name}.log").open("ab") as out:
             self.processes[name] = subprocess.Popen(
                 argv,
-                env={**self.env(), "HOSTNAME": name},  # a pod's hostname is its name
+                env={
+                    **self.env(),
+                    **self.role_env(name),
+                    "HOSTNAME": name,
+                },  # a pod's hostname is its name
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -304,3 +351,15 @@ async def _has_consumer(bus: Bus, stream: str, name: str) -> bool:
     except nats.js.errors.NotFoundError:
         return False
     return True
+
+
+@contextlib.contextmanager
+def operator_nats(root: Path) -> Iterator[tuple[str, NatsIdentities]]:
+    """A nats-server with JetStream in operator mode, trusting a new install's operator
+    and account (its URL, and the identities that sign its users)."""
+    identities = nats_identities(Settings().subjects)
+    root.mkdir(parents=True, exist_ok=True)
+    config = root / "nats.conf"
+    config.write_text(identities.server_config())
+    with NatsServer(root / "nats", config=config) as server:
+        yield server.url, identities

@@ -469,6 +469,7 @@ def test_each_role_grants_what_its_service_needs_and_no_more(scratch: Path) -> N
         "trainingjobs/status",
         "workloads",  # a queued job's Kueue Workload
         "workloads/status",
+        "secrets",  # each pod's own NATS user, NATS in operator mode
     }
     scaler = roles["resurge-scaler"] | in_jobs_namespaces
     # The scaler reads nodes, never writes them; only it makes pods and Services.
@@ -483,7 +484,14 @@ def test_each_role_grants_what_its_service_needs_and_no_more(scratch: Path) -> N
         r == "trainingjobs" and v not in {"get", "list", "watch", "patch"} for _, r, v in scaler
     )
     everything = set().union(*roles.values())
-    assert not any(resource in {"secrets", "configmaps"} for _, resource, _ in everything)
+    # No role reads ConfigMaps; Secrets only the scaler, in the jobs' namespaces, for the
+    # pods' own NATS users it makes: by name, never listed or watched (it cannot browse
+    # a namespace's Secrets).
+    assert not any(resource == "configmaps" for _, resource, _ in everything)
+    secrets = {
+        (name, verb) for name, role in roles.items() for _, r, verb in role if r == "secrets"
+    }
+    assert secrets == {("resurge-scaler-jobs", v) for v in ("create", "get", "update", "delete")}
 
 
 def test_the_detector_has_no_role_and_no_token(scratch: Path) -> None:

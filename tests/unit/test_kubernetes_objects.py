@@ -255,6 +255,25 @@ def test_the_agent_gets_its_nats_user_from_a_secret_reference_only() -> None:
     assert not any(e["name"] == "RESURGE_NATS_USER" for e in plain["spec"]["containers"][0]["env"])
 
 
+def test_a_pods_own_user_comes_from_its_secret_and_no_template_user_is_kept() -> None:
+    template_env = [
+        {"name": "RESURGE_NATS_USER", "value": "someone"},
+        {"name": "RESURGE_NATS_CREDENTIALS", "value": "/mnt/other.creds"},
+        {"name": "NCCL_DEBUG", "value": "INFO"},
+    ]
+    job = {**TRAINING_JOB, "spec": {"template": {"spec": {"containers": [{"env": template_env}]}}}}
+    pod = pod_manifest(GROUP, job, AGENT_ENV, "resurge:latest", creds_secret="pod-0-nats")
+    env = pod["spec"]["containers"][0]["env"]
+    by_name = {e["name"]: e for e in env}
+    assert by_name["RESURGE_NATS_CREDS"] == {
+        "name": "RESURGE_NATS_CREDS",
+        "valueFrom": {"secretKeyRef": {"name": "pod-0-nats", "key": "creds"}},
+    }
+    # The template's own user settings would win over (or stand beside) the pod's.
+    assert not {"RESURGE_NATS_USER", "RESURGE_NATS_CREDENTIALS"} & set(by_name)
+    assert by_name["NCCL_DEBUG"]["value"] == "INFO"
+
+
 def test_a_recreated_or_moved_group_gets_a_pod_of_another_name() -> None:
     names = {
         pod_name(GROUP),

@@ -27,6 +27,7 @@ from collections.abc import Awaitable
 from datetime import UTC, datetime
 from functools import partial
 
+from resurge.access.pod_users import PodIssuer
 from resurge.cluster import ClusterBackend, open_backend
 from resurge.contract.subscriptions import SCALER_ACTIONS, SCALER_CAPACITY, SCALER_JOBS
 from resurge.control.decisions.admission import (
@@ -103,7 +104,8 @@ class Scaler:
     async def open(cls, ctx: ServiceContext) -> Scaler:
         """A scaler on ``ctx``'s bus with the backend its settings choose."""
         store = JobStore(await ctx.bus.jobs_bucket())
-        return cls(ctx, store, await open_backend(ctx.bus, ctx.settings))
+        pod_users = PodIssuer.from_settings(ctx.settings)  # None unless NATS signs users
+        return cls(ctx, store, await open_backend(ctx.bus, ctx.settings, pod_users))
 
     async def start(self) -> None:
         """Reconcile and write job statuses in the background (both single writers: on

@@ -196,6 +196,8 @@ def user_jwt(
         "data": NO_LIMIT,
         "payload": NO_LIMIT,
     }
+    if permissions.responses:  # one answer per request received, the server's default time
+        nats["resp"] = {"max": 1, "ttl": 0}
     if issuer_account is not None:
         nats["issuer_account"] = issuer_account
     if tags:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from resurge.cluster.local.keys import (
     CORDONS_BUCKET,
@@ -79,17 +80,23 @@ class Permissions:
 
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
+    # May answer the requests it receives (publish once to each one's reply subject).
+    responses: bool = False
 
-    def as_config(self) -> dict[str, dict[str, list[str]]]:
+    def as_config(self) -> dict[str, Any]:
         """The ``permissions`` object of a nats-server user."""
-        return {
+        config: dict[str, Any] = {
             "publish": {"allow": list(self.publish)},
             "subscribe": {"allow": list(self.subscribe)},
         }
+        if self.responses:
+            config["allow_responses"] = True
+        return config
 
 
 @dataclass
 class _Grants:
+    responses: bool = False
     publish: list[str] = field(default_factory=list)
     subscribe: list[str] = field(default_factory=list)
 
@@ -240,6 +247,7 @@ def _job_agent(ns: _Namespace, g: _Grants, node: str, job: str) -> None:
     """A launch agent of ``job`` on ``node``: its job's raw kinds on its node, its
     commands and positions, the buckets an agent reads; no node-level kind."""
     g.pub(*(ns.s.raw(job, kind, node) for kind in RAW_JOB_KINDS))
+    g.pub(ns.s.access_renew())  # a Kubernetes pod's user asks for a new JWT
     ns.dead_letters(g, "node-agent")
     ns.commands(g, node, job)
     for bucket in (NODES_BUCKET, CORDONS_BUCKET, WORKER_GROUPS_BUCKET):
@@ -291,6 +299,12 @@ def _restarter(ns: _Namespace, g: _Grants, node: str | None) -> None:
 
 def _scaler(ns: _Namespace, g: _Grants, node: str | None) -> None:
     _control(ns, g, "scaler")
+    # On Kubernetes its controller submits and deletes the jobs of TrainingJobs.
+    ns.events(g, "job")
+    # Its Kubernetes controller answers pods' requests for a new user JWT (core
+    # request-reply, not a declared event subscription).
+    g.sub(ns.s.access_renew())
+    g.responses = True
     _subscriptions(ns, g, "scaler", node)  # jobs, actions, capacity; agents during a grow
 
 
@@ -353,4 +367,4 @@ def role_permissions(
         _job_agent(ns, g, node, job)
     else:
         _ROLE_GRANTS[role](ns, g, node)
-    return Permissions(tuple(g.publish), tuple(g.subscribe))
+    return Permissions(tuple(g.publish), tuple(g.subscribe), g.responses)

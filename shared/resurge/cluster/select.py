@@ -6,23 +6,31 @@ Services, the CLI and the local cluster call it and then speak only
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from resurge.cluster.local.backend import LocalBackend
 from resurge.cluster.protocol import ClusterBackend
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 
+if TYPE_CHECKING:
+    from resurge.cluster.kubernetes.pod_credentials import PodUsers
+
 __all__ = ["open_backend"]
 
 
-async def open_backend(bus: Bus, settings: Settings) -> ClusterBackend:
+async def open_backend(
+    bus: Bus, settings: Settings, pod_users: PodUsers | None = None
+) -> ClusterBackend:
     """The backend ``settings.cluster`` names, ready to use over ``bus``.
 
     ``local`` keeps its records on ``bus``'s NATS server. ``kubernetes`` talks to the
     cluster it runs in (or ``$KUBECONFIG``'s) and raises :class:`BackendError` where it
-    finds none.
+    finds none; its controller (the scaler's) gives each pod a NATS user of its own
+    made by ``pod_users``, where given.
     """
     if settings.cluster == "local":
         return await LocalBackend.open(bus)
     from resurge.cluster.kubernetes.backend import KubernetesBackend  # the client loads slowly
 
-    return await KubernetesBackend.open(bus, settings)
+    return await KubernetesBackend.open(bus, settings, pod_users)

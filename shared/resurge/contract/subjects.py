@@ -179,6 +179,11 @@ class Subjects:
         """Messages ``service`` could not decode or handle, dead-lettered."""
         return f"{self.root}.dlq.{_token_or_wildcard(service)}"
 
+    def access_renew(self) -> str:
+        """Requests of a Kubernetes pod's agent for a new user JWT (core request-reply,
+        no stream; docs/security.md, Credentials)."""
+        return f"{self.root}.access.renew"
+
     def all(self, family: str) -> str:
         """Every subject of one family (``raw``, ``fault``, ...): ``<root>.<family>.>``."""
         return f"{self.root}.{family}.>"

@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+from collections import UserString
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
@@ -81,6 +82,7 @@ from resurge.runtime.dead_letters import DeadLetterOffice
 from resurge.runtime.logs import RateLimitedLog
 from resurge.runtime.nats_auth import CredentialsError, connect_options
 from resurge.runtime.settings import Settings
+from resurge.runtime.user_renewal import keep_user_fresh
 
 __all__ = [
     "AGENT_POSITIONS_BUCKET",
@@ -276,6 +278,7 @@ class Bus:
         )
         self._subscriptions: list[Any] = []
         self._listeners: list[Callable[[bool], None]] = []
+        self._renewal: asyncio.Task[None] | None = None  # of an expiring user JWT
 
     def on_connection_change(self, listener: Callable[[bool], None]) -> None:
         """Call ``listener(False)`` whenever the connection goes down and
@@ -340,6 +343,10 @@ class Bus:
         )
         if await _connected(connecting, refused, connect_timeout):
             bus = changes.bus = cls(nc, settings, service, registry or CollectorRegistry())
+            credentials = auth.get("user_credentials")
+            if isinstance(credentials, UserString):  # a .creds text: its JWT may expire
+                renewal = keep_user_fresh(nc, bus.subjects, credentials)
+                bus._renewal = asyncio.create_task(renewal, name="user-jwt-renewal")
             return bus
         await nc.close()
         if refused.is_set():
@@ -713,6 +720,8 @@ class Bus:
         """Drain subscriptions and pending publishes, then close; a connection that is
         reconnecting (its server gone) has nothing to drain into, and is just closed, as is
         one the server resets while it drains (what was pending is lost, and logged)."""
+        if self._renewal is not None:
+            self._renewal.cancel()
         if self.nc.is_closed:
             return
         already = (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError)

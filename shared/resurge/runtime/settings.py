@@ -120,6 +120,25 @@ class Settings(BaseSettings):
         "keys are the agent role's NATS user; a job's pods get them as RESURGE_NATS_USER "
         "and RESURGE_NATS_PASSWORD. Unset: the pods connect without a user.",
     )
+    kube_nats_account: str | None = Field(
+        default=None,
+        description="Kubernetes, NATS in operator mode: the public key (A...) of "
+        "resurge's NATS account. With kube_nats_signer, the controller gives every pod it "
+        "creates a NATS user of its own (docs/security.md, Credentials), and "
+        "kube_agent_secret is not used.",
+    )
+    kube_nats_signer: SecretStr | None = Field(
+        default=None,
+        description="Kubernetes, NATS in operator mode: the seed (SA...) of a signing key of "
+        "kube_nats_account, with which the controller signs each pod's user JWT: allowed "
+        "only its job's events on its node and its job's commands.",
+    )
+    kube_nats_credentials_seconds: int = Field(
+        default=3600,
+        ge=10,
+        description="Kubernetes, NATS in operator mode: how long a pod's user JWT is valid. "
+        "Its agent asks the controller for a new one when half of it is left.",
+    )
     kube_lease_name: str = Field(
         default="resurge-controller",
         description="Kubernetes: the coordination.k8s.io Lease (in kube_namespace) that "

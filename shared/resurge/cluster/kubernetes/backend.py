@@ -96,6 +96,7 @@ from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 
 if TYPE_CHECKING:
+    from resurge.cluster.kubernetes.pod_credentials import PodUsers
     from resurge.jobspec import TrainingJob
 
 __all__ = ["KubernetesBackend"]
@@ -123,6 +124,7 @@ class KubernetesBackend:
         self.kube = kube
         self.settings = settings
         self.namespace = kube.namespace
+        self.pod_users: PodUsers | None = None  # (.pod_credentials), set by open
         self._reported: dict[str, NodeInfo] = {}  # the last report written, by node
         self._renewed: dict[str, datetime] = {}  # the heartbeat of the last renewal
         self._leases: dict[str, dict[str, Any]] = {}  # each node's Lease as last written
@@ -140,9 +142,13 @@ class KubernetesBackend:
         self._infos_read: dict[str, tuple[str, datetime | None, NodeInfo]] = {}
 
     @classmethod
-    async def open(cls, bus: Bus, settings: Settings) -> KubernetesBackend:
+    async def open(
+        cls, bus: Bus, settings: Settings, pod_users: PodUsers | None = None
+    ) -> KubernetesBackend:
         """The backend of the cluster :func:`api_client` finds, keeping its records on
-        ``bus``'s server. Raises :class:`BackendError` when no cluster is configured."""
+        ``bus``'s server; its controller gives pods users of ``pod_users``
+        (:mod:`.pod_credentials`), if given. Raises :class:`BackendError` when no cluster
+        is configured."""
         try:
             api = await asyncio.to_thread(api_client)
         except Exception as error:  # no service account, no kubeconfig
@@ -152,7 +158,9 @@ class KubernetesBackend:
             ) from error
         served = parse_namespaces(settings.kube_namespaces)
         kube = KubeApi(api, settings.kube_namespace, served)
-        return cls(bus, await LocalBackend.open(bus), kube, settings)
+        backend = cls(bus, await LocalBackend.open(bus), kube, settings)
+        backend.pod_users = pod_users
+        return backend
 
     # -- nodes ----------------------------------------------------------------------------
 
@@ -617,7 +625,10 @@ class KubernetesBackend:
         settings = self.settings
 
         def lead() -> Awaitable[None]:  # a new controller each time
-            return _together(Controller(self.kube, self.bus, self.records, settings).run, *also)
+            users = self.pod_users
+            return _together(
+                Controller(self.kube, self.bus, self.records, settings, users).run, *also
+            )
 
         await LeaderElector(
             self.kube,

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
@@ -42,7 +43,15 @@ from resurge.cluster.kubernetes.objects import (
     pod_manifest,
     pod_name,
 )
+from resurge.cluster.kubernetes.pod_credentials import (
+    PodUsers,
+    issued_of,
+    secret_manifest,
+    secret_name,
+    stale,
+)
 from resurge.cluster.kubernetes.queueing import NoKueue, Queueing
+from resurge.cluster.kubernetes.renewal import serve_renewals, sweep_seconds
 from resurge.cluster.kubernetes.scope import Served
 from resurge.cluster.kubernetes.watch import SYNCED, drain, raise_if_cancelled
 from resurge.cluster.local.watch import watch_changes
@@ -102,7 +111,14 @@ class Controller:
     """The three loops of the module docstring: the cluster through ``kube``, the
     worker-group records in ``records``, submissions and capacity on ``bus``."""
 
-    def __init__(self, kube: KubeApi, bus: Bus, records: LocalBackend, settings: Settings) -> None:
+    def __init__(
+        self,
+        kube: KubeApi,
+        bus: Bus,
+        records: LocalBackend,
+        settings: Settings,
+        pod_users: PodUsers | None = None,
+    ) -> None:
         self.kube = kube
         self.bus = bus
         self.records = records
@@ -117,6 +133,7 @@ class Controller:
         self.unschedulable: set[PodKey] = set()  # pods told to be unschedulable
         self.kueue = Queueing(kube, self.jobs, self._on_admission, self._template_pod)
         self.jobs.effective_spec = self.kueue.effective_spec
+        self.issuer = pod_users  # each pod's own NATS user (.pod_credentials), if given
         self._backoff: dict[Key, float] = {}  # seconds before a refused pod is tried again
         self._queue: asyncio.Queue[tuple[str, Any]] | None = None
 
@@ -126,7 +143,12 @@ class Controller:
             self.jobs.observers.append(self.kueue.on_training_job)
         try:
             async with asyncio.TaskGroup() as loops:  # cancelled, it waits for all three
-                for loop in (self.follow_jobs(), self.follow_pods(), self.follow_nodes()):
+                for loop in (
+                    self.follow_jobs(),
+                    self.follow_pods(),
+                    self.follow_nodes(),
+                    self.keep_credentials(),
+                ):
                     loops.create_task(loop)
         finally:
             await self.kueue.stop()
@@ -361,7 +383,13 @@ class Controller:
             "RESURGE_LOG_FORMAT": settings.log_format,
         }
 
+        pod = self._pod_key(spec)
+
         def manifest_of(job: dict[str, Any]) -> dict[str, Any]:
+            if self.issuer is not None:
+                return pod_manifest(
+                    spec, job, agent_env, settings.kube_image, creds_secret=secret_name(pod[1])
+                )
             secret = settings.kube_agent_secret
             return pod_manifest(spec, job, agent_env, settings.kube_image, agent_secret=secret)
 
@@ -384,6 +412,9 @@ class Controller:
                 namespace_of(training_job),
             )
             self.services.add(spec.job)
+        if self.issuer is not None:
+            user = self.issuer.issue(spec, *pod)
+            await self._put_secret(secret_manifest(*pod, user, training_job), pod[0])
         created = await self._create(
             "Pod", self.kube.core.create_namespaced_pod, manifest, namespace_of(training_job)
         )
@@ -397,6 +428,72 @@ class Controller:
             extra={"job": spec.job},
         )
         return True
+
+    async def _put_secret(self, secret: dict[str, Any], namespace: str) -> None:
+        """Create ``secret``, or replace the one of that name (a pod made again)."""
+        assert self.issuer is not None
+        if await self._create("Secret", self.kube.core.create_namespaced_secret, secret, namespace):
+            return
+        name = secret["metadata"]["name"]
+        await self.kube.call(
+            f"replace Secret {namespace}/{name}",
+            self.kube.core.replace_namespaced_secret,
+            name,
+            namespace,
+            secret,
+            _preload_content=False,
+        )
+
+    async def keep_credentials(self) -> None:
+        """Where it issues pods' users: answer their agents' renewals and sweep their
+        Secrets (:mod:`.renewal`) until cancelled."""
+        if self.issuer is None:
+            return
+        subscription = await serve_renewals(self)
+        try:
+            while True:
+                try:
+                    await self.refresh_credentials()
+                except Exception:
+                    log.exception("renewing pods' NATS users failed; tried again")
+                await asyncio.sleep(sweep_seconds(self.issuer.seconds))
+        finally:
+            await subscription.unsubscribe()
+
+    async def refresh_credentials(self) -> None:
+        """Give each pod's Secret a new JWT (same user key) where less than half of its
+        time is left (:mod:`.pod_credentials`), so a container started again reads a
+        valid one."""
+        if self.issuer is None:
+            return
+        for (namespace, name), (_, spec, _) in list(self.pods.items()):
+            if (namespace, name) not in self.deleting:
+                await self.fresh_credentials(namespace, name, spec)
+
+    async def fresh_credentials(
+        self, namespace: str, pod: str, spec: WorkerGroupSpec
+    ) -> tuple[str, str] | None:
+        """(JWT, user public key) of pod ``namespace/pod``'s Secret, renewed first where
+        it is stale; None where the pod has no readable Secret."""
+        assert self.issuer is not None
+        try:
+            secret = await self.kube.read(
+                f"read Secret {namespace}/{secret_name(pod)}",
+                self.kube.core.read_namespaced_secret,
+                secret_name(pod),
+                namespace,
+            )
+        except BackendError as error:
+            log.warning("cannot read the NATS user of pod %s/%s: %s", namespace, pod, error)
+            return None
+        user = None if secret is None else issued_of(secret)
+        if user is None:
+            return None
+        if stale(user, self.issuer.seconds, time.time()):
+            user = self.issuer.issue(spec, namespace, pod, seed=user.seed)
+            training_job = await self.kube.training_job(spec.job)
+            await self._put_secret(secret_manifest(namespace, pod, user, training_job), namespace)
+        return user.jwt, user.user
 
     async def _create(self, what: str, fn: Any, body: dict[str, Any], namespace: str) -> bool:
         """Create ``body`` in ``namespace``; False if it already existed (409), which is
@@ -423,6 +520,14 @@ class Controller:
         await self.kube.delete(
             f"delete pod {namespace}/{name}", self.kube.core.delete_namespaced_pod, name, namespace
         )
+        if self.issuer is not None:
+            secret = secret_name(name)
+            await self.kube.delete(
+                f"delete Secret {namespace}/{secret}",
+                self.kube.core.delete_namespaced_secret,
+                secret,
+                namespace,
+            )
 
     async def _delete_service(self, job: str) -> None:
         self.services.discard(job)

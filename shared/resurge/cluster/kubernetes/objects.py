@@ -341,6 +341,8 @@ def owner_reference(training_job: dict[str, Any]) -> dict[str, Any]:
 # The agent's NATS user, from a Secret (resurge.runtime.settings: nats_user, nats_password).
 _NATS_USER = "RESURGE_NATS_USER"
 _NATS_PASSWORD = "RESURGE_NATS_PASSWORD"
+_NATS_CREDS = "RESURGE_NATS_CREDS"
+_NATS_USER_SETTINGS = (_NATS_USER, _NATS_PASSWORD, _NATS_CREDS, "RESURGE_NATS_CREDENTIALS")
 
 
 def pod_manifest(
@@ -349,6 +351,7 @@ def pod_manifest(
     agent_env: dict[str, str],
     default_image: str,
     agent_secret: str | None = None,
+    creds_secret: str | None = None,
 ) -> dict[str, Any]:
     """The pod of worker group ``spec``.
 
@@ -358,7 +361,8 @@ def pod_manifest(
     module docstring: the group's ``domain`` decides). ``agent_env`` is the
     agent's connection settings; ``agent_secret`` names the Secret whose ``user`` and
     ``password`` keys are the agent role's NATS user (``RESURGE_NATS_USER`` and
-    ``RESURGE_NATS_PASSWORD``)."""
+    ``RESURGE_NATS_PASSWORD``); ``creds_secret`` instead names the Secret whose ``creds``
+    key is the pod's own user (``RESURGE_NATS_CREDS``, :mod:`.pod_credentials`)."""
     job_spec = (training_job or {}).get("spec") or {}
     template = copy.deepcopy(job_spec.get("template") or {})
     meta = template.get("metadata") or {}
@@ -378,7 +382,9 @@ def pod_manifest(
             "name": container.get("name") or CONTAINER,
             "image": image,
             "command": ["resurge-node-agent", "launch"],
-            "env": _agent_env(container.get("env") or [], spec, agent_env, agent_secret),
+            "env": _agent_env(
+                container.get("env") or [], spec, agent_env, agent_secret, creds_secret
+            ),
             "resources": _with_accelerator(
                 container.get("resources") or {}, job_accelerator(job_spec), spec.nproc
             ),
@@ -411,18 +417,27 @@ def _agent_env(
     spec: WorkerGroupSpec,
     agent_env: dict[str, str],
     agent_secret: str | None,
+    creds_secret: str | None,
 ) -> list[dict[str, Any]]:
     """The template container's ``env`` with the agent's over it: its connection
-    settings, its NATS user from ``agent_secret`` (if any) and its worker group."""
+    settings, its NATS user from ``creds_secret`` or ``agent_secret`` (if any) and its
+    worker group."""
     env = [e for e in env if e.get("name") not in agent_env]
     env += [{"name": k, "value": v} for k, v in sorted(agent_env.items())]
-    if agent_secret:
-        secret_env = {_NATS_USER: "user", _NATS_PASSWORD: "password"}
-        env = [e for e in env if e.get("name") not in secret_env]
-        env += [
-            {"name": name, "valueFrom": {"secretKeyRef": {"name": agent_secret, "key": key}}}
-            for name, key in secret_env.items()
-        ]
+    secret_env: dict[str, tuple[str, str]] = {}
+    if creds_secret:
+        secret_env = {_NATS_CREDS: (creds_secret, "creds")}
+    elif agent_secret:
+        secret_env = {
+            _NATS_USER: (agent_secret, "user"),
+            _NATS_PASSWORD: (agent_secret, "password"),
+        }
+    if secret_env:  # the template's own user settings would win over the Secret's
+        env = [e for e in env if e.get("name") not in _NATS_USER_SETTINGS]
+    env += [
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+        for name, (secret, key) in secret_env.items()
+    ]
     env = [e for e in env if e.get("name") != WORKER_GROUP_ENV]
     env.append({"name": WORKER_GROUP_ENV, "value": spec.model_dump_json()})
     return env
