@@ -12,6 +12,7 @@ from resurge.cli.commands import (
     down,
     events,
     inject,
+    nats_identities,
     node,
     report,
     schema,
@@ -30,6 +31,7 @@ __all__ = [
     "down",
     "events",
     "inject",
+    "nats_identities",
     "node",
     "report",
     "schema",
@@ -40,4 +42,4 @@ __all__ = [
 ]
 
 COMMANDS = (up, down, submit, delete, status, events, inject, demo, node, schema, report)
-WITHOUT_STATE = (convert, simulate)
+WITHOUT_STATE = (convert, simulate, nats_identities)
