@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from resurge.control.effects.client import submit_job
+from resurge.control.views.history import read_history
 from resurge.events import (
     AgentState,
     AgentStateChanged,
@@ -215,6 +216,7 @@ async def run_job(
             if recorder.done.is_set():
                 with contextlib.suppress(TimeoutError):
                     await watch.wait_for(lambda seen: _all_exited(seen, job.name), 20)
+            await _backfill(bus, job.name, watch)
             alive = supervisor.alive()
         finally:
             await bus.close()
@@ -252,6 +254,17 @@ class _Recorder:
             if self.phase is None:
                 self.phase = event.phase
             self.done.set()
+
+
+async def _backfill(bus: Bus, job: str, watch: Watch) -> None:
+    """Add what the durable streams hold of ``job``'s faults, actions and life that the
+    live subscriptions did not deliver. Under load a nats-server now and then delivered
+    nothing to a core subscription made after its publisher had connected (seen by a
+    ">" watcher on a third connection; cf. nats-io/nats-server#2150): a story then
+    missed a recovery the job went through."""
+    stored = await read_history(bus, job=job, families=("fault", "action", "job"))
+    for item in stored.events:  # the watch keeps one of each event id
+        await watch.add(Observed(subject=item.subject, event=item.event))
 
 
 async def _subscribe(bus: Bus, job: str, recorder: _Recorder) -> None:
