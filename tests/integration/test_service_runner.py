@@ -109,12 +109,18 @@ def test_sigquit_prints_every_threads_stack_and_the_service_runs_on(settings: Se
         assert any(line.startswith(("Current thread", "Thread 0x")) for line in dump), dump
         # then, from the event loop, where each task waits (an idle loop's threads show
         # only its select())
-        tasks = []
+        tasks: list[str] = []
         for line in proc.stderr:
             tasks.append(line)
-            if "ServiceContext.spawn" in line or "_serve" in line:
+            seen = "".join(tasks)
+            if ("in _serve" in seen and "in _supervise" in seen) or len(tasks) > 400:
                 break
         assert any(line.endswith("asyncio tasks:\n") for line in tasks), tasks
+        # each task's whole await chain, not only its outermost frame: a supervised loop
+        # shows the loop it runs under its supervisor
+        chain = [line.strip() for line in tasks]
+        supervised = [i for i, line in enumerate(chain) if line.endswith("in _supervise")]
+        assert supervised and chain[supervised[0] + 1].startswith("/"), tasks
         assert get(f"http://127.0.0.1:{port}/livez") == (200, "ok\n")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0

@@ -360,7 +360,10 @@ def _serve_in_thread(path: Path) -> Iterator[KubeApi]:
     finally:
         assert stop is not None
         loop.call_soon_threadsafe(stop.set)
-        thread.join(timeout=30)
+        # The HTTP server waits up to 60 s for requests still being handled (aiohttp's
+        # shutdown timeout); a 30 s join once left the loop running (seen in CI).
+        thread.join(timeout=90)
+        assert not thread.is_alive(), "the API emulator did not stop within 90 s"
         loop.close()
 
 

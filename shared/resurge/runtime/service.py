@@ -158,9 +158,33 @@ def _print_tasks() -> None:
     tasks = asyncio.all_tasks()
     print(f"{len(tasks)} asyncio tasks:", file=sys.stderr)
     for task in tasks:
-        print(f"- {task.get_name()}: {task.get_coro()!r}", file=sys.stderr)
-        task.print_stack(file=sys.stderr)
+        print(f"- {task.get_name()} ({task!r}), awaiting:", file=sys.stderr)
+        for line in _await_chain(task.get_coro()):
+            print(f"    {line}", file=sys.stderr)
     sys.stderr.flush()
+
+
+def _await_chain(awaitable: object) -> list[str]:
+    """Where a coroutine waits, each coroutine or async generator it awaits down to the
+    innermost (a task's own stack shows only its outermost frame), then what that
+    awaits (a future, a queue's getter)."""
+    lines: list[str] = []
+    for _ in range(64):  # a chain is short; a cycle is not followed
+        frame = getattr(awaitable, "cr_frame", None) or getattr(awaitable, "ag_frame", None)
+        frame = frame or getattr(awaitable, "gi_frame", None)
+        if frame is None:
+            lines.append(repr(awaitable)[:300])
+            break
+        code = frame.f_code
+        lines.append(f"{code.co_filename}:{frame.f_lineno} in {code.co_name}")
+        awaitable = (
+            getattr(awaitable, "cr_await", None)
+            or getattr(awaitable, "ag_await", None)
+            or getattr(awaitable, "gi_yieldfrom", None)
+        )
+        if awaitable is None:
+            break
+    return lines
 
 
 async def _cancel_all(tasks: set[asyncio.Task[None]]) -> None:
