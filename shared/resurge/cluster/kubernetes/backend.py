@@ -94,6 +94,7 @@ from resurge.cluster.protocol import (
 )
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
+from resurge.runtime.together import together
 
 if TYPE_CHECKING:
     from resurge.cluster.kubernetes.pod_credentials import PodUsers
@@ -626,7 +627,7 @@ class KubernetesBackend:
 
         def lead() -> Awaitable[None]:  # a new controller each time
             users = self.pod_users
-            return _together(
+            return together(
                 Controller(self.kube, self.bus, self.records, settings, users).run, *also
             )
 
@@ -636,17 +637,6 @@ class KubernetesBackend:
             settings.kube_lease_seconds,
             on_change=leading_gauge(self.bus.registry, settings.kube_lease_name),
         ).run(lead)
-
-
-async def _together(*parts: Callable[[], Awaitable[None]]) -> None:
-    """Run each of ``parts`` until all end; one that raises cancels the others."""
-    async with asyncio.TaskGroup() as running:
-        for part in parts:
-            running.create_task(_awaited(part))
-
-
-async def _awaited(part: Callable[[], Awaitable[None]]) -> None:
-    await part()
 
 
 def _report(info: NodeInfo | MonitorReport) -> tuple[object, ...]:

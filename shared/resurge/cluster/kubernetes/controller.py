@@ -59,6 +59,7 @@ from resurge.cluster.names import service_name
 from resurge.cluster.protocol import BackendError, WorkerGroupSpec
 from resurge.events import CapacityChanged
 from resurge.jobspec.accelerator import job_accelerator
+from resurge.runtime.together import together
 
 if TYPE_CHECKING:
     from resurge.cluster.local.backend import LocalBackend
@@ -142,14 +143,10 @@ class Controller:
         if self.kueue.on_training_job not in self.jobs.observers:
             self.jobs.observers.append(self.kueue.on_training_job)
         try:
-            async with asyncio.TaskGroup() as loops:  # cancelled, it waits for all three
-                for loop in (
-                    self.follow_jobs(),
-                    self.follow_pods(),
-                    self.follow_nodes(),
-                    self.keep_credentials(),
-                ):
-                    loops.create_task(loop)
+            # cancelled, it stops every loop before it ends
+            await together(
+                self.follow_jobs, self.follow_pods, self.follow_nodes, self.keep_credentials
+            )
         finally:
             await self.kueue.stop()
 

@@ -48,6 +48,7 @@ from resurge.cluster.protocol import (
 from resurge.contract.subjects import escape_token
 from resurge.runtime.bus import Bus
 from resurge.runtime.kv_keys import bucket_keys
+from resurge.runtime.together import together
 
 if TYPE_CHECKING:
     from resurge.jobspec import TrainingJob
@@ -234,14 +235,7 @@ class LocalBackend:
     async def reconcile(self, *also: Callable[[], Awaitable[None]]) -> None:
         """Nothing to do until cancelled but run ``also``: each node's monitor turns its
         worker groups into processes."""
-        async with asyncio.TaskGroup() as parts:
-            for part in also:
-                parts.create_task(_run(part))
-            parts.create_task(asyncio.Event().wait())
-
-
-async def _run(part: Callable[[], Awaitable[None]]) -> None:
-    await part()
+        await together(*also, asyncio.Event().wait)
 
 
 # mypy fails here when LocalBackend drifts from the protocol.
