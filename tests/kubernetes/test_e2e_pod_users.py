@@ -140,10 +140,24 @@ async def test_each_pod_has_its_own_renewed_user_that_cannot_speak_for_another_j
         await e2e.delete_job(plane, job)
 
 
-async def forge(plane: ControlPlane, creds: str, own: str, other: str) -> list[str]:
-    """With the user of ``creds`` (a pod of job ``own``), publish an exit of job
-    ``other``'s rank 0 and a node-level XID 79, then a line of its own job; return the
-    server's refusals once the line was seen, having checked that neither forgery was."""
+FORGED_PID = 999_999
+
+
+async def forge(
+    plane: ControlPlane,
+    creds: str,
+    own: str,
+    other: str,
+    node: str = NODE,
+    other_pod: tuple[str, str] | None = None,
+) -> list[str]:
+    """With the user of ``creds`` (a pod of job ``own`` on ``node``), publish an exit of
+    job ``other``'s rank 0 and a node-level XID 79, then a line of its own job; return
+    the server's refusals once the line was seen, having checked that neither forgery
+    was, and that the controller refuses a forged renewal naming ``other_pod``
+    (namespace, name; default: ``other``'s pod in ``default``)."""
+    if other_pod is None:
+        other_pod = ("default", plane.pods(other)[0]["metadata"]["name"])
     watch = Events()  # every raw event, as the control plane would take them
     bus = await Bus.connect(plane.settings, "e2e-watch")
     thief = Thief()
@@ -152,34 +166,32 @@ async def forge(plane: ControlPlane, creds: str, own: str, other: str) -> list[s
         await bus.nc.flush()
         await thief.connect(plane.nats_url, creds, str(jwt_claims(read_creds(creds)[0])["name"]))
         subjects = plane.settings.subjects
-        source = Source(service="node-agent", instance=f"{NODE}:1")
+        source = Source(service="node-agent", instance=f"{node}:1")
         kill = ProcessExited(
-            source=source, job=other, replica=0, node=NODE, generation=0, rank=0, pid=999_999,
+            source=source, job=other, replica=0, node=node, generation=0, rank=0, pid=FORGED_PID,
             local_rank=0, local_world_size=2, exit_code=None, signal="SIGKILL",
         )  # fmt: skip
-        xid = GpuError(source=source, node=NODE, gpu=0, error="xid", xid=79, message="forged")
+        xid = GpuError(source=source, node=node, gpu=0, error="xid", xid=79, message="forged")
         marker = LogLine(
-            source=source, job=own, replica=0, node=NODE, generation=0, local_rank=0,
+            source=source, job=own, replica=0, node=node, generation=0, local_rank=0,
             stream="stdout", line="the thief's own line",
         )  # fmt: skip
-        await thief.nc.publish(subjects.raw(other, "process_exited", NODE), encode_event(kill))
-        await thief.nc.publish(subjects.raw("_", "gpu_error", NODE), encode_event(xid))
+        await thief.nc.publish(subjects.raw(other, "process_exited", node), encode_event(kill))
+        await thief.nc.publish(subjects.raw("_", "gpu_error", node), encode_event(xid))
         # Last, what it may say: once seen, whatever the server let through before was too.
-        await thief.nc.publish(subjects.raw(own, "log_line", NODE), encode_event(marker))
+        await thief.nc.publish(subjects.raw(own, "log_line", node), encode_event(marker))
         await thief.nc.flush()
         await watch.wait_for(
             lambda items: [e for e in items if isinstance(e, LogLine) and e.line == marker.line],
             30,
         )
-        assert not [e for e in watch.items if isinstance(e, ProcessExited) and e.pid == 999_999]
+        assert not [e for e in watch.items if isinstance(e, ProcessExited) and e.pid == FORGED_PID]
         assert not [e for e in watch.items if isinstance(e, GpuError) and e.message == "forged"]
         # Nor does the controller renew a JWT it did not sign, whichever pod it names.
-        pod = plane.pods(other)[0]["metadata"]["name"]
         stranger = new_nkey("account")
         wide = Permissions((">",), (">",))
-        forged_jwt = user_jwt(
-            new_nkey("user").public, "x", wide, stranger, tags=(f"resurge-pod:default/{pod}",)
-        )
+        tag = "resurge-pod:{}/{}".format(*other_pod)
+        forged_jwt = user_jwt(new_nkey("user").public, "x", wide, stranger, tags=(tag,))
         request = json.dumps({"jwt": forged_jwt}).encode()
         reply = await thief.nc.request(subjects.access_renew(), request, timeout=10)
         answer = json.loads(reply.data)

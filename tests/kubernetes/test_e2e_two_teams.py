@@ -25,42 +25,33 @@ job needs its progress reported).
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from resurge.access.nats_jwt import new_nkey, user_jwt
-from resurge.access.permissions import Permissions
-from resurge.cluster.kubernetes.pod_credentials import issued_of, read_creds, secret_name
+from resurge.cluster.kubernetes.pod_credentials import issued_of, secret_name
 from resurge.events import (
     Assign,
     GpuError,
-    LogLine,
     ProcessExited,
     ProcessStarted,
     RecoveryStarted,
-    Source,
-    encode_event,
 )
-from resurge.runtime.bus import Bus
-from resurge.runtime.nats_auth import jwt_claims
 from tests.collect import Events
 from tests.kubernetes.conftest import KubeApi
 from tests.kubernetes.e2e_cluster import ControlPlane, eventually_async, operator_nats
 from tests.kubernetes.kueue import running_kueue
 from tests.kubernetes.test_e2e import events, steps_of  # noqa: F401
 from tests.kubernetes.test_e2e_kueue import _queues, queued, scale, world
-from tests.kubernetes.test_e2e_pod_users import Thief
+from tests.kubernetes.test_e2e_pod_users import FORGED_PID, forge
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 NODES = {"kt-0": 2, "kt-1": 2}
 TEAM_A, TEAM_B = "team-a", "team-b"
 LOW, HIGH = f"{TEAM_A}/low", f"{TEAM_B}/high"  # their bus names
-FORGED_PID = 999_999
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +154,14 @@ async def test_two_teams_share_a_kueue_queue_preempt_elastically_and_cannot_forg
         assert user_a is not None
 
         # Team A's root worker, with its pod's user, speaks for team B's job and the node.
-        refusals = await forge(plane, user_a.creds, pod_a, pod_b)
+        refusals = await forge(
+            plane,
+            user_a.creds,
+            LOW,
+            HIGH,
+            node=pod_a["spec"]["nodeName"],
+            other_pod=(TEAM_B, pod_b["metadata"]["name"]),
+        )
         assert len(refusals) == 2, refusals
         assert phase_in(plane, TEAM_B, "high") not in ("Succeeded", "Failed"), (
             "high finished before the forgeries: they were not tried while both ran"
@@ -211,56 +209,3 @@ async def test_two_teams_share_a_kueue_queue_preempt_elastically_and_cannot_forg
             60,
             "pods left",
         )
-
-
-async def forge(
-    plane: ControlPlane, creds: str, own: dict[str, Any], other: dict[str, Any]
-) -> list[str]:
-    """With the user of ``creds`` (that of pod ``own``, of ``low``), publish an exit of
-    pod ``other``'s job's rank 0 and a node-level XID 79 of its own node, then a line of
-    its own job; return the server's refusals once the line was seen, having checked that
-    neither forgery was. A forged renewal naming ``other`` is refused by the controller.
-    (tests/kubernetes/test_e2e_pod_users.py's ``forge``, for pods outside ``default``.)"""
-    node = own["spec"]["nodeName"]
-    watch = Events()  # every raw event, as the control plane would take them
-    bus = await Bus.connect(plane.settings, "e2e-watch")
-    thief = Thief()
-    try:
-        await bus.subscribe(bus.subjects.all("raw"), watch.add)
-        await bus.nc.flush()
-        await thief.connect(plane.nats_url, creds, str(jwt_claims(read_creds(creds)[0])["name"]))
-        subjects = plane.settings.subjects
-        source = Source(service="node-agent", instance=f"{node}:1")
-        kill = ProcessExited(
-            source=source, job=HIGH, replica=0, node=node, generation=0, rank=0,
-            pid=FORGED_PID, local_rank=0, local_world_size=1, exit_code=None, signal="SIGKILL",
-        )  # fmt: skip
-        xid = GpuError(source=source, node=node, gpu=0, error="xid", xid=79, message="forged")
-        marker = LogLine(
-            source=source, job=LOW, replica=0, node=node, generation=0, local_rank=0,
-            stream="stdout", line="the thief's own line",
-        )  # fmt: skip
-        await thief.nc.publish(subjects.raw(HIGH, "process_exited", node), encode_event(kill))
-        await thief.nc.publish(subjects.raw("_", "gpu_error", node), encode_event(xid))
-        # Last, what it may say: once seen, whatever the server let through before was too.
-        await thief.nc.publish(subjects.raw(LOW, "log_line", node), encode_event(marker))
-        await thief.nc.flush()
-        await watch.wait_for(
-            lambda items: [e for e in items if isinstance(e, LogLine) and e.line == marker.line],
-            30,
-        )
-        assert not [e for e in watch.items if isinstance(e, ProcessExited) and e.pid == FORGED_PID]
-        assert not [e for e in watch.items if isinstance(e, GpuError) and e.message == "forged"]
-        # Nor does the controller renew a JWT it did not sign, naming team B's pod.
-        stranger = new_nkey("account")
-        wide = Permissions((">",), (">",))
-        tag = f"resurge-pod:{TEAM_B}/{other['metadata']['name']}"
-        forged_jwt = user_jwt(new_nkey("user").public, "x", wide, stranger, tags=(tag,))
-        request = json.dumps({"jwt": forged_jwt}).encode()
-        reply = await thief.nc.request(subjects.access_renew(), request, timeout=10)
-        answer = json.loads(reply.data)
-        assert "jwt" not in answer and "not a JWT signed by" in answer["error"], answer
-        return [e for e in thief.errors if "permissions violation" in e.lower()]
-    finally:
-        await thief.nc.close()
-        await bus.close()
