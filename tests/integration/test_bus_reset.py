@@ -43,3 +43,21 @@ async def test_a_connection_reset_while_draining_is_closed_not_raised(
         assert bus.nc.is_closed
     finally:
         await bus.nc.close()
+
+
+async def test_a_server_that_stops_answering_while_draining_is_closed_not_raised(
+    proxy: BlackholeProxy, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Seen in a local cluster's supervisor: its probe connection's drain ended in
+    # nats.py's FlushTimeoutError, which stopped the supervisor.
+    bus = await Bus.connect(Settings(nats_url=proxy.url, namespace=namespace), "test")
+    try:
+        await bus.nc.subscribe(f"{namespace}.test.blackhole")
+        proxy.blackhole()  # nothing answers the drain's UNSUB and flush now
+
+        await bus.close()
+
+        assert bus.nc.is_closed
+        assert "did not answer the drain's flush" in caplog.text
+    finally:
+        await bus.nc.close()

@@ -7,7 +7,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from resurge.local.supervisor import Supervisor, _Child
+import nats.errors
+import pytest
+
+from resurge.local.supervisor import Supervisor, _checked, _Child
 
 
 def test_two_restarters_and_two_scalers_share_their_roles(tmp_path: Path) -> None:
@@ -34,3 +37,19 @@ def test_a_child_gets_its_own_nats_url_and_the_others_the_common_one(tmp_path: P
         assert child.process.wait(timeout=30) == 0
     assert (supervisor.log_dir / "detector.log").read_text().strip() == own
     assert (supervisor.log_dir / "scaler.log").read_text().strip() == common
+
+
+def test_a_check_that_fails_is_logged_and_the_supervisor_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # In a fresh-clone CI run a check's probe connection ended in nats.py's
+    # FlushTimeoutError, and the supervisor, with the record commands find it by, was gone.
+    supervisor = Supervisor(tmp_path, nats_url="nats://127.0.0.1:4222")
+
+    def check() -> bool:
+        raise nats.errors.FlushTimeoutError
+
+    monkeypatch.setattr(supervisor, "check", check)
+
+    assert _checked(supervisor) is True  # the record is written again, as after a change
+    assert "a check of the local cluster failed; trying again" in caplog.text

@@ -506,15 +506,17 @@ class Supervisor:
             return
         pairs = self._placements.new()
         new = [pair for pair in pairs if self.access.add_job_agent(*pair)]
-        if new:
-            self.access.write_config(self.node_set.names, self._tls_config())
-            for server in self.servers:
-                server.reload()
-            for node, job in new:
-                asyncio.run(self._wait_user(node, job=job))
-            log.info("NATS users added for %s", ", ".join(f"{j} on {n}" for n, j in new))
-        for node, job in pairs:
-            self.access.job_agent_ready(node, job)
+        try:
+            if new:
+                self.access.write_config(self.node_set.names, self._tls_config())
+                for server in self.servers:
+                    server.reload()
+                for node, job in new:
+                    asyncio.run(self._wait_user(node, job=job))
+                log.info("NATS users added for %s", ", ".join(f"{j} on {n}" for n, j in new))
+        finally:  # placements are handed out once: a failed wait still leaves the files
+            for node, job in pairs:
+                self.access.job_agent_ready(node, job)
 
     def _tls_config(self) -> str:
         ours = Settings()
@@ -639,6 +641,17 @@ async def _has_consumer(bus: Bus, stream: str, name: str) -> bool:
     return True
 
 
+def _checked(supervisor: Supervisor) -> bool:
+    """:meth:`Supervisor.check`, whose failure is logged and tried again at the next
+    check (a NATS server that stopped answering for a moment, say): the supervisor, and
+    with it the record that commands find the cluster by, stays."""
+    try:
+        return supervisor.check()
+    except Exception:
+        log.exception("a check of the local cluster failed; trying again")
+        return True  # what changed before it failed is recorded
+
+
 def serve(supervisor: Supervisor, ready_fd: int | None) -> int:
     """Run until SIGTERM/SIGINT: start, report ready, keep children alive, stop."""
     lock = StateLock(supervisor.state_dir)
@@ -670,7 +683,7 @@ def serve(supervisor: Supervisor, ready_fd: int | None) -> int:
             os.write(ready_fd, b"ready\n")
             os.close(ready_fd)
         while not stopping:
-            if supervisor.check():
+            if _checked(supervisor):
                 supervisor.state().save(supervisor.state_dir)
             time.sleep(0.2)
         log.info("stopping the local cluster")

@@ -719,7 +719,8 @@ class Bus:
     async def close(self) -> None:
         """Drain subscriptions and pending publishes, then close; a connection that is
         reconnecting (its server gone) has nothing to drain into, and is just closed, as is
-        one the server resets while it drains (what was pending is lost, and logged)."""
+        one the server resets or stops answering while it drains (what was pending is
+        lost, and logged)."""
         if self._renewal is not None:
             self._renewal.cancel()
         if self.nc.is_closed:
@@ -732,6 +733,9 @@ class Bus:
             await self.nc.close()
         except ConnectionError as error:  # reset mid-drain: a stop is no start-up failure
             log.warning("the NATS connection broke while draining (%s); closing it", error)
+            await self.nc.close()
+        except nats.errors.TimeoutError:  # the server stopped answering mid-drain
+            log.warning("the NATS server did not answer the drain's flush; closing it")
             await self.nc.close()
 
 
