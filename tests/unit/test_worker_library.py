@@ -364,3 +364,17 @@ def test_bad_agent_lines_have_a_reason() -> None:
     with pytest.raises(ProtocolError) as caught:
         parse_agent_message(b'{"type": "stop_pending", "generation": "1", "reason": ""}')
     assert caught.value.reason == "bad_field"
+
+
+def test_a_restored_line_round_trips_and_a_source_without_its_step_is_refused() -> None:
+    from resurge.worker.wire import ProtocolError, RestoreReport, restored_line
+
+    line = restored_line(3, 119, "peer", "step 119 from rank 0's memory")
+    assert parse_worker_message(line) == RestoreReport(
+        generation=3, step=119, source="peer", detail="step 119 from rank 0's memory"
+    )
+    assert parse_worker_message(restored_line(0, None, "start", "")).step is None
+    with pytest.raises(ValueError, match="source must be one of"):
+        restored_line(1, 5, "tape", "")
+    with pytest.raises(ProtocolError, match="bad_field"):
+        parse_worker_message(b'{"type":"restored","generation":1,"step":null,"source":"peer"}')

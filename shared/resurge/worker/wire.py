@@ -13,6 +13,8 @@ Worker to agent (``hello`` first, again after every reconnect)::
     {"type": "fault", "generation": 2, "exception": "builtins.RuntimeError",
      "message": "...", "traceback": "..."}
     {"type": "rejoining", "generation": 3, "rank": 4}
+    {"type": "restored", "generation": 3, "step": 119, "source": "peer",
+     "detail": "step 119 from rank 0's memory"}
 
 Agent to worker::
 
@@ -41,6 +43,13 @@ exception its training function raised: the exception's qualified type name, its
 message (at most :data:`MAX_FAULT_MESSAGE` characters) and the end of its traceback
 (at most :data:`MAX_FAULT_TRACEBACK` characters); builders cut longer text.
 
+``restored`` says where a worker's protected state (:mod:`resurge.worker.protect`) came
+from when its generation began: ``source`` is one of :data:`RESTORE_SOURCES`
+(``memory``: its own node's live snapshot; ``peer``: another rank's, over the process
+group; ``disk``: no complete live copy, so the disk checkpoint of ``step``; ``start``:
+nothing to resume from, ``step`` null), and ``detail`` (at most
+:data:`MAX_FAULT_MESSAGE` characters) says why, in words.
+
 The parsers raise :class:`ProtocolError`, whose ``reason`` is one of
 :data:`REJECT_REASONS` (``too_long`` and ``no_hello`` are found by the reader, not
 here). Standard library only: worker processes import this module.
@@ -60,6 +69,7 @@ __all__ = [
     "MAX_FAULT_TRACEBACK",
     "MAX_LINE_BYTES",
     "REJECT_REASONS",
+    "RESTORE_SOURCES",
     "AgentMessage",
     "CheckpointReport",
     "CheckpointRequest",
@@ -70,6 +80,7 @@ __all__ = [
     "RaiseCommand",
     "Rejoining",
     "RestartCommand",
+    "RestoreReport",
     "StopPending",
     "WorkerMessage",
     "checkpoint_line",
@@ -82,6 +93,7 @@ __all__ = [
     "raise_line",
     "rejoining_line",
     "restart_line",
+    "restored_line",
     "stop_pending_line",
 ]
 
@@ -157,6 +169,21 @@ class Rejoining:
     rank: int
 
 
+RESTORE_SOURCES = ("memory", "peer", "disk", "start")
+"""Where a generation's protected state came from (see ``restored``)."""
+
+
+@dataclass(frozen=True)
+class RestoreReport:
+    """``restored``: where the worker's protected state came from at ``generation``'s
+    start; ``step`` is None when it started fresh."""
+
+    generation: int
+    step: int | None
+    source: str
+    detail: str
+
+
 @dataclass(frozen=True)
 class StopPending:
     """``stop_pending``: workers of ``generation`` or older are about to be stopped."""
@@ -189,7 +216,7 @@ class CheckpointRequest:
     reason: str
 
 
-WorkerMessage = Hello | ProgressReport | CheckpointReport | FaultReport | Rejoining
+WorkerMessage = Hello | ProgressReport | CheckpointReport | FaultReport | Rejoining | RestoreReport
 AgentMessage = StopPending | RestartCommand | RaiseCommand | CheckpointRequest
 
 
@@ -295,6 +322,23 @@ def rejoining_line(generation: int, rank: int) -> bytes:
             "type": "rejoining",
             "generation": _count(generation, "generation"),
             "rank": _count(rank, "rank"),
+        }
+    )
+
+
+def restored_line(generation: int, step: int | None, source: str, detail: str) -> bytes:
+    """The restored line; ValueError names the argument that is wrong."""
+    if source not in RESTORE_SOURCES:
+        raise ValueError(f"source must be one of {', '.join(RESTORE_SOURCES)}, not {source!r}")
+    if (step is None) != (source == "start"):
+        raise ValueError(f"step must be None exactly when source is 'start', not {step!r}")
+    return _encode(
+        {
+            "type": "restored",
+            "generation": _count(generation, "generation"),
+            "step": None if step is None else _count(step, "step"),
+            "source": source,
+            "detail": detail[:MAX_FAULT_MESSAGE],
         }
     )
 
@@ -417,6 +461,17 @@ def parse_worker_message(line: bytes) -> WorkerMessage:
         )
     if kind == "rejoining":
         return Rejoining(generation=_int(message, "generation"), rank=_int(message, "rank"))
+    if kind == "restored":
+        source = _text(message, "source", empty=False)
+        step = None if message.get("step") is None else _int(message, "step")
+        if source not in RESTORE_SOURCES or (step is None) != (source == "start"):
+            raise ProtocolError("bad_field", f"source {source[:20]!r} with step {step!r}")
+        return RestoreReport(
+            generation=_int(message, "generation"),
+            step=step,
+            source=source,
+            detail=_text(message, "detail", empty=True)[:MAX_FAULT_MESSAGE],
+        )
     raise ProtocolError("unknown_type", f"type {str(kind)[:50]!r}")
 
 

@@ -68,6 +68,7 @@ from resurge.worker.wire import (
     ProgressReport,
     ProtocolError,
     Rejoining,
+    RestoreReport,
     checkpoint_now_line,
     parse_worker_message,
     stop_pending_line,
@@ -100,7 +101,7 @@ MAX_WRITE_BACKLOG_BYTES = 1024 * 1024
 
 ProgressCallback = Callable[[int, int, dict[str, float]], Awaitable[None]]
 CheckpointCallback = Callable[[int, int, str], Awaitable[None]]
-Report = ProgressReport | CheckpointReport | FaultReport | Rejoining
+Report = ProgressReport | CheckpointReport | FaultReport | Rejoining | RestoreReport
 ReportCallback = Callable[[Hello, Report], Awaitable[None]]
 
 log = logging.getLogger(__name__)
