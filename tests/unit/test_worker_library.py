@@ -373,7 +373,9 @@ def test_a_restored_line_round_trips_and_a_source_without_its_step_is_refused() 
     assert parse_worker_message(line) == RestoreReport(
         generation=3, step=119, source="peer", detail="step 119 from rank 0's memory"
     )
-    assert parse_worker_message(restored_line(0, None, "start", "")).step is None
+    assert parse_worker_message(restored_line(0, None, "start", "")) == RestoreReport(
+        generation=0, step=None, source="start", detail=""
+    )
     with pytest.raises(ValueError, match="source must be one of"):
         restored_line(1, 5, "tape", "")
     with pytest.raises(ProtocolError, match="bad_field"):

@@ -88,6 +88,7 @@ from resurge.worker.wire import (
 )
 
 if TYPE_CHECKING:
+    from resurge.worker.protect import ProtectedState, Stateful
     from resurge.worker.restart import Restartable
 
 __all__ = ["WorkerRun", "connect", "restartable"]
@@ -226,6 +227,22 @@ class WorkerRun:
             self._checkpoint_asked = False
         if self._active() and self._link is not None:
             self._link.send(line, droppable=False)
+
+    def protect(
+        self,
+        *,
+        sharded: bool = False,
+        every: int | None = None,
+        rng: bool = True,
+        **objects: Stateful,
+    ) -> ProtectedState:
+        """Register what must survive a fault (``model=..., optimizer=...``: anything with
+        ``state_dict()`` and ``load_state_dict()``), for snapshots to the node's memory
+        and a resume from peers; see :mod:`resurge.worker.protect` (imported only here,
+        so torch is not imported before a script asks for it)."""
+        from resurge.worker.protect import ProtectedState
+
+        return ProtectedState(self, objects, sharded=sharded, every=every, rng=rng)
 
     def close(self, timeout: float = CLOSE_TIMEOUT_SECONDS) -> None:
         """Send what is queued (waiting ``timeout`` seconds at most), then disconnect.

@@ -4,7 +4,9 @@ Unset or empty variables take their defaults (rank 0 of generation 0, no agent, 
 checkpoint), so a script also runs by hand. The job's ``spec.checkpoint`` arrives as
 :data:`CHECKPOINT_DIR` (always set under an agent: the spec's ``dir``, else a folder of
 the job's own, :func:`default_checkpoint_dir`), :data:`CHECKPOINT_INTERVAL_STEPS` and
-:data:`CHECKPOINT_INTERVAL_SECONDS` (set where the spec sets them). A variable that is set but not a
+:data:`CHECKPOINT_INTERVAL_SECONDS` (set where the spec sets them); where and how often
+protected state is snapshotted to memory as :data:`SNAPSHOT_DIR` (the worker group's
+folder in ``/dev/shm``) and :data:`SNAPSHOT_INTERVAL_STEPS`. A variable that is set but not a
 non-negative integer where one is needed raises ValueError naming it: the agent sets
 these, so a bad value is a bug to surface, not to guess around.
 """
@@ -25,6 +27,8 @@ __all__ = [
     "JOB",
     "RESUME_CHECKPOINT",
     "RESUME_STEP",
+    "SNAPSHOT_DIR",
+    "SNAPSHOT_INTERVAL_STEPS",
     "WorkerEnvironment",
     "default_checkpoint_dir",
     "read_environment",
@@ -41,6 +45,10 @@ JOB = "RESURGE_JOB"
 CHECKPOINT_DIR = "RESURGE_CHECKPOINT_DIR"
 CHECKPOINT_INTERVAL_STEPS = "RESURGE_CHECKPOINT_INTERVAL_STEPS"
 CHECKPOINT_INTERVAL_SECONDS = "RESURGE_CHECKPOINT_INTERVAL_SECONDS"
+# Where the worker group keeps snapshots of protected state in the node's memory, and how
+# often (resurge.worker.protect).
+SNAPSHOT_DIR = "RESURGE_SNAPSHOT_DIR"
+SNAPSHOT_INTERVAL_STEPS = "RESURGE_SNAPSHOT_INTERVAL_STEPS"
 
 
 def default_checkpoint_dir(job: str, state_dir: str | os.PathLike[str] | None) -> str:
@@ -64,6 +72,8 @@ class WorkerEnvironment:
     checkpoint_dir: str | None = None
     checkpoint_interval_steps: int | None = None
     checkpoint_interval_seconds: float | None = None
+    snapshot_dir: str | None = None
+    snapshot_interval_steps: int | None = None
 
 
 def _count(environ: Mapping[str, str], name: str) -> int | None:
@@ -105,4 +115,6 @@ def read_environment(environ: Mapping[str, str] | None = None) -> WorkerEnvironm
         checkpoint_dir=env.get(CHECKPOINT_DIR) or None,
         checkpoint_interval_steps=_count(env, CHECKPOINT_INTERVAL_STEPS) or None,
         checkpoint_interval_seconds=_seconds(env, CHECKPOINT_INTERVAL_SECONDS),
+        snapshot_dir=env.get(SNAPSHOT_DIR) or None,
+        snapshot_interval_steps=_count(env, SNAPSHOT_INTERVAL_STEPS) or None,
     )

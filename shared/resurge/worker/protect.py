@@ -1,0 +1,397 @@
+"""Protected state: snapshots in the node's memory, and a resume from peers instead of the disk.
+
+A script registers what must survive a fault, after it joined its process group::
+
+    state = run.protect(model=ddp, optimizer=optimizer)   # anything with state_dict()
+    step = state.restore()      # collective: the step to go on after, or None
+    if step is None:            # nothing live: the disk checkpoint, as before
+        step = load_disk_checkpoint_if_any()
+    for step in range(step + 1, steps + 1):
+        ...
+        optimizer.step()
+        state.snapshot(step)    # every step by default; returns at once
+
+The contract:
+
+- ``snapshot(step)`` (every ``RESURGE_SNAPSHOT_INTERVAL_STEPS`` steps, the job's
+  ``spec.checkpoint.memoryIntervalSteps``, default 1) writes each registered object's
+  ``state_dict()``, the step, and the RNG states (torch's, Python's, numpy's if imported)
+  to the node's snapshot folder (:mod:`resurge.worker.snapshot_folder`). Tensors the
+  registered optimizers change in place (the parameters they step and their own state)
+  are written in a background thread straight from memory, and each optimizer's next
+  ``step()`` waits until that write is done (a step pre-hook), so a snapshot is never
+  torn and costs the training loop only what the write does not overlap; every other
+  tensor (buffers, which a forward pass changes) is copied before ``snapshot`` returns.
+  With no optimizer registered, the whole write happens before it returns.
+- Replicated state (``sharded=False``, the default: DDP, every rank holds it all) is
+  written once per node (by local rank 0). Sharded state (``sharded=True``: FSDP's
+  sharded state dicts, ZeRO) is written by every rank, as shard ``rank`` of
+  ``world_size``.
+- ``restore()`` is collective: every rank of the generation calls it once, after
+  ``init_process_group`` (without a process group it is a world of one). The ranks
+  gather what each can read on its node and agree on one step
+  (:func:`resurge.worker.live_copy.plan`: the newest step whose state is complete among
+  them, never a mix); each loads its state from its own node's memory or receives it from
+  the rank that holds it, over a gloo group (the default one when it is gloo), and the
+  registered objects get it through ``load_state_dict``. It returns that step; None
+  when nothing complete is live (then, as before: ``run.resume_checkpoint``, else a
+  fresh start). Each rank tells its agent where its state came from (the ``restored``
+  line: ``memory``, ``peer``, ``disk`` or ``start``), which the job's status shows.
+- A script that never calls ``protect`` runs as before, and so does one run without an
+  agent (no ``RESURGE_SNAPSHOT_DIR``): ``snapshot`` does nothing and ``restore`` returns None.
+- A snapshot is read back with ``torch.load(weights_only=False)``: the files are the
+  job's own, in its worker group's private folder, or sent by its own ranks.
+
+torch is imported only when a method needs it.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from resurge.worker.environment import read_environment
+from resurge.worker.live_copy import REPLICATED, Held, RestorePlan, plan, shard_key
+from resurge.worker.snapshot_folder import SnapshotFolder
+from resurge.worker.wire import restored_line
+
+if TYPE_CHECKING:
+    from resurge.worker import WorkerRun
+
+__all__ = ["ProtectedState", "Restored", "Stateful"]
+
+FORMAT = 1
+
+
+class Stateful(Protocol):
+    """What may be registered: a model, an optimizer, a scheduler, a data sampler..."""
+
+    def state_dict(self) -> Any:
+        """The object's state, to snapshot."""
+
+    def load_state_dict(self, state: Any, /) -> Any:
+        """Take ``state`` back."""
+
+
+@dataclass(frozen=True)
+class Restored:
+    """Where this rank's state came from: ``source`` as in the ``restored`` line."""
+
+    step: int | None
+    source: str
+    detail: str
+
+
+# The write still in flight, whichever ProtectedState started it (an in-process restart
+# builds a new one while the old one's write may still run): restore() waits for it.
+_in_flight: threading.Thread | None = None
+_in_flight_lock = threading.Lock()
+
+
+def _wait_in_flight() -> None:
+    with _in_flight_lock:
+        thread = _in_flight
+    if thread is not None:
+        thread.join()
+
+
+class ProtectedState:
+    """What a script registered with :meth:`resurge.worker.WorkerRun.protect`."""
+
+    def __init__(
+        self,
+        run: WorkerRun | None,
+        objects: Mapping[str, Stateful],
+        *,
+        sharded: bool = False,
+        every: int | None = None,
+        rng: bool = True,
+    ) -> None:
+        for name, value in objects.items():
+            if not callable(getattr(value, "state_dict", None)) or not callable(
+                getattr(value, "load_state_dict", None)
+            ):
+                raise ValueError(f"{name} has no state_dict() and load_state_dict(): {value!r}")
+        if not objects:
+            raise ValueError("protect() needs at least one object, as name=object")
+        env = read_environment()
+        if every is None:
+            every = env.snapshot_interval_steps or 1
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be a positive number of steps, not {every!r}")
+        self.objects = dict(objects)
+        self.sharded = sharded
+        self.every = every
+        self.rng = rng
+        self.run = run
+        self.folder = SnapshotFolder(env.snapshot_dir) if env.snapshot_dir else None
+        self.restored: Restored | None = None
+        self.last_snapshot: int | None = None
+        self._error: BaseException | None = None
+        self._hooked: list[Any] = []
+        for value in self.objects.values():
+            hook = getattr(value, "register_step_pre_hook", None)
+            if callable(hook):  # an optimizer: its next step waits for the write
+                self._hooked.append(hook(lambda *_: self.wait()))
+
+    # -- snapshots --
+
+    def snapshot(self, step: int) -> bool:
+        """Snapshot the registered state after ``step`` when it is due; True if one began."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"step must be a non-negative int, not {step!r}")
+        if self.folder is None or step % self.every:
+            return False
+        rank, world, local_rank = _place()
+        if not self.sharded and local_rank != 0:
+            return False
+        self.wait()
+        key = shard_key(rank, world) if self.sharded else REPLICATED
+        payload = self._payload(step, rank, world)
+        folder = self.folder
+
+        def write() -> None:
+            import torch
+
+            try:
+                folder.write(key, step, lambda path: torch.save(payload, path))
+            except BaseException as error:  # raised at the next wait, in the training thread
+                self._error = error
+
+        global _in_flight
+        if self._hooked:
+            thread = threading.Thread(target=write, name="resurge-snapshot", daemon=True)
+            with _in_flight_lock:
+                _in_flight = thread
+            thread.start()
+        else:
+            write()
+            self.wait()
+        self.last_snapshot = step
+        return True
+
+    def wait(self) -> None:
+        """Return once the snapshot in flight is written; raise what writing it raised."""
+        _wait_in_flight()
+        error, self._error = self._error, None
+        if error is not None:
+            raise RuntimeError(f"resurge.worker: writing a snapshot failed: {error}") from error
+
+    def _payload(self, step: int, rank: int, world: int) -> dict[str, Any]:
+        """The snapshot of ``step``: tensors the optimizers guard by reference, the
+        rest copied now."""
+        guarded = self._guarded()
+        state = {
+            name: _copy_unguarded(value.state_dict(), guarded)
+            for name, value in self.objects.items()
+        }
+        return {
+            "format": FORMAT,
+            "step": step,
+            "rank": rank,
+            "world_size": world,
+            "sharded": self.sharded,
+            "state": state,
+            "rng": _rng_state() if self.rng else None,
+        }
+
+    def _guarded(self) -> set[int]:
+        """Storage addresses of the tensors the hooked optimizers change in place."""
+        addresses: set[int] = set()
+        for value in self.objects.values():
+            if not callable(getattr(value, "register_step_pre_hook", None)):
+                continue
+            for group in getattr(value, "param_groups", []):
+                for parameter in group.get("params", []):
+                    addresses.add(_address(parameter))
+            for per_parameter in getattr(value, "state", {}).values():
+                for tensor in per_parameter.values():
+                    if _is_tensor(tensor):
+                        addresses.add(_address(tensor))
+        return addresses
+
+    # -- restore --
+
+    def restore(self) -> int | None:
+        """Load the newest complete live state (collective); the step it is of, or None."""
+        _wait_in_flight()
+        rank, world, _ = _place()
+        mine = self.folder.held() if self.folder is not None else []
+        everyone = _all_gather(mine, world)
+        disk_step = self.run.resume_step if self.run is not None else None
+        decided = plan(everyone, self.sharded, disk_step)
+        if decided.step is None:
+            restored = self._fallback(decided)
+        else:
+            restored = self._load(decided, rank, world)
+        self.restored = restored
+        if self.run is not None:
+            self.run._send(
+                restored_line(self.run.generation, restored.step, restored.source, restored.detail)
+            )
+        return restored.step if restored.source in ("memory", "peer") else None
+
+    def _fallback(self, decided: RestorePlan) -> Restored:
+        run = self.run
+        if run is not None and run.resume_checkpoint is not None and run.resume_step is not None:
+            detail = (
+                f"no complete live copy ({decided.reason}): the disk checkpoint of step "
+                f"{run.resume_step}"
+            )
+            return Restored(run.resume_step, "disk", detail)
+        return Restored(None, "start", f"nothing to resume from ({decided.reason})")
+
+    def _load(self, decided: RestorePlan, rank: int, world: int) -> Restored:
+        import torch
+
+        assert decided.step is not None
+        key, giver = decided.sources[rank]
+        received = _exchange(decided, rank, world, self.folder)
+        if giver is None:
+            assert self.folder is not None
+            payload = torch.load(self.folder.path(key, decided.step), weights_only=False)
+            source, detail = "memory", f"step {decided.step} from this node's memory"
+        else:
+            assert received is not None
+            payload = torch.load(io.BytesIO(received), weights_only=False)
+            source, detail = "peer", f"step {decided.step} from rank {giver}'s memory"
+        missing = sorted(set(self.objects) - set(payload["state"]))
+        if missing:
+            raise RuntimeError(
+                f"resurge.worker: the live snapshot of step {decided.step} has no {missing}: "
+                "register the same names in every generation"
+            )
+        for name, value in self.objects.items():
+            value.load_state_dict(payload["state"][name])
+        if self.rng and payload.get("rng") is not None:
+            _set_rng_state(payload["rng"])
+        return Restored(decided.step, source, detail)
+
+    def close(self) -> None:
+        """Wait for the write in flight and unhook the optimizers."""
+        self.wait()
+        for handle in self._hooked:
+            handle.remove()
+        self._hooked.clear()
+
+
+def _place() -> tuple[int, int, int]:
+    """(rank, world size, local rank) of this process in its process group."""
+    local_rank = int(os.environ.get("LOCAL_RANK") or 0)
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), local_rank
+    return 0, 1, local_rank
+
+
+def _all_gather(mine: list[Held], world: int) -> list[list[Held]]:
+    if world == 1:
+        return [mine]
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, [(h.key, h.step) for h in mine])
+    return [[Held(key, step) for key, step in ranks] for ranks in gathered]
+
+
+def _exchange(
+    decided: RestorePlan, rank: int, world: int, folder: SnapshotFolder | None
+) -> bytes | None:
+    """Send the copies this rank gives and receive the one it needs (if any), over a gloo
+    group; every rank takes part when any copy moves."""
+    if world == 1 or all(giver is None for _, giver in decided.sources.values()):
+        return None
+    import torch
+    import torch.distributed as dist
+
+    group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    assert decided.step is not None
+    sends = [to for _, to in decided.sends(rank)]
+    data = b""
+    if sends:
+        assert folder is not None
+        data = folder.path(decided.sources[sends[0]][0], decided.step).read_bytes()
+    giver = decided.sources[rank][1]
+    wanted = torch.zeros(1, dtype=torch.int64)
+    _transfer(torch.tensor([len(data)], dtype=torch.int64), sends, wanted, giver, group)
+    received = None if giver is None else torch.empty(int(wanted[0]), dtype=torch.uint8)
+    outgoing = torch.frombuffer(bytearray(data), dtype=torch.uint8) if sends else None
+    _transfer(outgoing, sends, received, giver, group)
+    if group is not None:
+        dist.destroy_process_group(group)
+    return None if received is None else received.numpy().tobytes()
+
+
+def _transfer(
+    outgoing: Any, sends: list[int], incoming: Any, giver: int | None, group: Any
+) -> None:
+    """``outgoing`` to each rank of ``sends`` and ``incoming`` from ``giver``, at once."""
+    import torch.distributed as dist
+
+    works = [dist.isend(outgoing, to, group=group) for to in sends]
+    if giver is not None:
+        works.append(dist.irecv(incoming, giver, group=group))
+    for work in works:
+        if work is not None:
+            work.wait()
+
+
+def _is_tensor(value: object) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _address(tensor: Any) -> int:
+    return int(tensor.untyped_storage().data_ptr())
+
+
+def _copy_unguarded(value: Any, guarded: set[int]) -> Any:
+    """``value`` with every tensor outside ``guarded`` copied (so later in-place changes
+    do not reach the snapshot), containers rebuilt, the rest kept."""
+    if _is_tensor(value):
+        tensor = value.detach()
+        return tensor if _address(tensor) in guarded else tensor.clone()
+    if isinstance(value, dict):
+        copied = {name: _copy_unguarded(item, guarded) for name, item in value.items()}
+        if isinstance(value, OrderedDict):
+            copied = OrderedDict(copied)
+            metadata = getattr(value, "_metadata", None)  # a module state_dict's versions
+            if metadata is not None:
+                copied._metadata = metadata  # type: ignore[attr-defined]
+        return copied
+    if isinstance(value, list):
+        return [_copy_unguarded(item, guarded) for item in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_copy_unguarded(item, guarded) for item in value)
+    return value
+
+
+def _rng_state() -> dict[str, Any]:
+    import torch
+
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        state["numpy"] = numpy.random.get_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and "numpy" in state:
+        numpy.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,50 @@
+"""A rank of the protected-state test (tests/integration/test_protected_state.py): trains
+a small model for ``steps`` steps under resurge.worker's protected state, replicated
+(DDP) or sharded (each rank its own model), and exits with code 3 right after step
+``stop_at`` (0: never), as a rank a fault stops. It prints what it restored and a digest
+of its parameters."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from resurge import worker
+
+
+def main() -> None:
+    steps, stop_at, sharded = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "sharded"
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(rank if sharded else 0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 4))
+    trained: nn.Module = model if sharded else nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.Adam(trained.parameters(), lr=1e-2)
+    state = worker.connect().protect(model=trained, optimizer=optimizer, sharded=sharded)
+    start = state.restore()
+    print(f"restored {state.restored}", flush=True)
+    for step in range((start or 0) + 1, steps + 1):
+        inputs = torch.randn(16, 8, generator=torch.Generator().manual_seed(step * 10 + rank))
+        loss = trained(inputs).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        state.snapshot(step)
+        if step == stop_at:
+            state.wait()
+            os._exit(3)
+    state.close()
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().numpy().tobytes())
+    print(f"digest {digest.hexdigest()}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""Protected state (resurge.worker.protect) across real processes: two gloo ranks, each with
+a snapshot folder of its own (two nodes' memory), stopped mid-run and started again.
+
+- Replicated (DDP): after rank 1's node lost its memory, rank 1 receives the step from
+  rank 0 and the run ends with the parameters (and BatchNorm's running statistics) of an
+  uninterrupted run, bit for bit.
+- Sharded (a model per rank): each rank takes its own shard back; with one shard's
+  memory gone and no other copy, nobody resumes from a live step (no mixed resume).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("protected_worker.py")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def ranks(memory: Path, steps: int, stop_at: int, layout: str) -> list[str]:
+    """Run both ranks to the end; each one's output."""
+    port = free_port()
+    processes = []
+    for rank in (0, 1):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+            "RESURGE_SNAPSHOT_DIR": str(memory / f"node-{rank}"),
+        }
+        args = [sys.executable, str(WORKER), str(steps), str(stop_at), layout]
+        processes.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True))
+    outputs = [process.communicate(timeout=120)[0] for process in processes]
+    codes = [process.returncode for process in processes]
+    assert codes == [3 if stop_at else 0] * 2, outputs
+    return outputs
+
+
+def line(output: str, word: str) -> str:
+    [found] = [text for text in output.splitlines() if text.startswith(word + " ")]
+    return found.removeprefix(word + " ")
+
+
+@pytest.mark.parametrize("layout", ["replicated", "sharded"])
+def test_a_restart_resumes_from_the_live_step_bit_for_bit(tmp_path: Path, layout: str) -> None:
+    plain = ranks(tmp_path / "plain", 10, 0, layout)
+    ranks(tmp_path / "memory", 10, 6, layout)
+    again = ranks(tmp_path / "memory", 10, 0, layout)
+
+    assert [line(out, "digest") for out in again] == [line(out, "digest") for out in plain]
+    for output in again:
+        assert "step=6, source='memory'" in line(output, "restored")
+
+
+def test_a_rank_whose_node_lost_its_memory_gets_the_step_from_its_peer(tmp_path: Path) -> None:
+    plain = ranks(tmp_path / "plain", 10, 0, "replicated")
+    ranks(tmp_path / "memory", 10, 6, "replicated")
+    shutil.rmtree(tmp_path / "memory" / "node-1")
+    again = ranks(tmp_path / "memory", 10, 0, "replicated")
+
+    assert [line(out, "digest") for out in again] == [line(out, "digest") for out in plain]
+    assert "step=6, source='memory'" in line(again[0], "restored")
+    assert "step=6, source='peer', detail=\"step 6 from rank 0's memory\"" in line(
+        again[1], "restored"
+    )
+
+
+def test_a_lost_shard_with_no_other_copy_resumes_nobody_from_memory(tmp_path: Path) -> None:
+    ranks(tmp_path / "memory", 10, 6, "sharded")
+    shutil.rmtree(tmp_path / "memory" / "node-1")
+    again = ranks(tmp_path / "memory", 10, 0, "sharded")
+
+    for output in again:
+        restored = line(output, "restored")
+        assert "source='start'" in restored and "lacks shards [1]" in restored
