@@ -22,6 +22,7 @@ from resurge.control.state.records import (
     LastResize,
     PendingRecovery,
     Placement,
+    RestoredState,
     status_view,
 )
 from resurge.events import JobPhase
@@ -77,6 +78,9 @@ def record_in(phase: JobPhase, filled: bool) -> JobRecord:
     )  # fmt: skip
     record.held_grow = HeldGrow(to_replicas=4, why="the snooze after a restart", until=T0)
     record.latest_checkpoint = CheckpointRef(step=100, path="/ckpt/100")
+    record.restored = RestoredState(
+        generation=3, step=119, ranks={"memory": [0, 2], "peer": [1]}, detail="from rank 0"
+    )
     record.avoid_nodes = ["n9"]
     record.spare_nodes = ["n3"]
     return record

@@ -31,7 +31,8 @@ job none of whose generations ever passed a rendezvous
 (its scripts never join the agent's store) a check ``SETTLE_SECONDS`` after the new
 generation's first worker start ends it, if no fault came first. The duration is
 recorded and announced (``RecoveryFinished``). Checkpoint reports
-are counted into the job record.
+are counted into the job record, and so is where the current generation's ranks took
+their registered state from (``StateRestored``; the job's status shows it).
 
 :func:`setup` is what the service runner calls: it opens the job store and the cluster
 backend (:func:`resurge.cluster.open_backend`) and starts a :class:`Restarter`.
@@ -49,6 +50,7 @@ from resurge.contract.subscriptions import (
     RESTARTER_FAULTS,
     RESTARTER_PROGRESS,
     RESTARTER_RENDEZVOUS,
+    RESTARTER_RESTORED,
     RESTARTER_SIGN_OF_LIFE,
 )
 from resurge.control.decisions.job_end import claim_ending
@@ -66,6 +68,7 @@ from resurge.control.decisions.recovery_policy import (
     claim,
     settle_due,
 )
+from resurge.control.decisions.restore_reports import apply_restored
 from resurge.control.effects.job_finish import finish_job
 from resurge.control.effects.job_messages import announce_phase
 from resurge.control.state.allocations import Claim
@@ -81,6 +84,7 @@ from resurge.events import (
     Progress,
     RecoveryFinished,
     RendezvousPassed,
+    StateRestored,
 )
 from resurge.runtime.bus import TransientError
 from resurge.runtime.service import ServiceContext
@@ -146,6 +150,7 @@ class Restarter:
         # busy cluster's progress does not crowd out the fault consumer above.
         await bus.bind(RESTARTER_PROGRESS, self.on_progress)
         await bus.bind(RESTARTER_CHECKPOINTS, self.on_checkpoint)
+        await bus.bind(RESTARTER_RESTORED, self.on_restored)
 
     async def resume_unfinished(self) -> None:
         """Look at every job record once: schedule the look at what it owes (an
@@ -434,6 +439,29 @@ class Restarter:
         if result is not None and result[0].latest_checkpoint != result[1].latest_checkpoint:
             self.ctx.log.info(
                 "job %s: every rank saved step %d", event.job, event.step, extra={"job": event.job}
+            )
+
+    async def on_restored(self, event: StateRestored) -> None:
+        """Record where a rank of the current generation took its state from."""
+        if event.job is None:
+            return
+        generation, rank = event.generation, event.rank
+
+        def fold(record: JobRecord) -> bool:
+            return apply_restored(record, generation, rank, event.step, event.origin, event.detail)
+
+        result = await self.store.mutate(event.job, fold)
+        if result is None or event.origin != "disk" or result[0].restored == result[1].restored:
+            return
+        kept = result[1].restored
+        if kept is not None and len(kept.ranks.get("disk", ())) == 1:  # said once a generation
+            self.ctx.log.warning(
+                "job %s generation %d resumed from the disk checkpoint of step %s: %s",
+                event.job,
+                kept.generation,
+                event.step,
+                event.detail,
+                extra={"job": event.job, "generation": kept.generation},
             )
 
     async def take_over(self, record: JobRecord) -> None:

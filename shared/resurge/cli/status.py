@@ -7,7 +7,8 @@
   says so and exits 1); ``--once`` prints it once; piped, it prints once as plain text.
 - With JOB: a ``kubectl describe``-like view: the record's fields, the last faults in
   words (rank, node, evidence), recent recoveries with level and duration, the newest
-  checkpoint, the last resize, alerts, and why a Pending job waits.
+  checkpoint, where the latest generation's registered state came from (memory, peers,
+  the disk checkpoint), the last resize, alerts, and why a Pending job waits.
 - ``--json``: every field, for scripts (DESIGN section 7's object, plus the overview).
 - A job deleted and submitted again under its name is a new run: status shows the
   current run only. ``--uid UID`` shows the run ``UID`` (``uid`` in ``--json``), also
@@ -166,6 +167,7 @@ def describe(view: dict[str, Any]) -> Group:
         ("Goodput", _goodput(view)),
         ("Time lost", _lost(view)),
         ("Checkpoint", _checkpoint(view)),
+        ("Resumed", _restored_words(view.get("restored"))),
     ):
         fields.add_row(f"{name}:", str(value))
     lines.append(fields)
@@ -218,6 +220,33 @@ def _lost(view: dict[str, Any]) -> str:
 def _checkpoint(view: dict[str, Any]) -> str:
     newest = view.get("newestCheckpoint") or view.get("latestCheckpoint")
     return f"step {newest['step']} at {newest['path']}" if isinstance(newest, dict) else "none"
+
+
+_SOURCE_WORDS = {
+    "memory": "memory",
+    "peer": "peers",
+    "disk": "the disk checkpoint",
+    "start": "a fresh start",
+}
+
+
+def _restored_words(restored: object) -> str:
+    """Where the latest generation's state came from, in a line: the step, each source
+    with its ranks, the generation, and why where it fell back to the disk or started
+    fresh."""
+    if not isinstance(restored, dict):
+        return "none"
+    sources: dict[str, int] = restored.get("sources") or {}
+    parts = [
+        f"{_SOURCE_WORDS.get(source, source)} ({n} rank{'' if n == 1 else 's'})"
+        for source, n in sources.items()
+    ]
+    said = " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)
+    step = restored.get("step")
+    text = f"step {step} from {said}" if step is not None else said or "nothing reported"
+    text += f", generation {restored['generation']}"
+    fell_back = "disk" in sources or "start" in sources
+    return text + (f": {restored['detail']}" if fell_back and restored.get("detail") else "")
 
 
 def _fault_words(fault: dict[str, Any]) -> str:

@@ -48,6 +48,7 @@ RAW_JOB_KINDS = (
     "agent_state",
     "progress",
     "checkpoint_saved",
+    "restored",
     "worker_fault",
 )
 RAW_NODE_KINDS = ("gpu_sample", "gpu_error", "node_report")

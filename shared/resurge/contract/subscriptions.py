@@ -45,6 +45,7 @@ __all__ = [
     "RESTARTER_FAULTS",
     "RESTARTER_PROGRESS",
     "RESTARTER_RENDEZVOUS",
+    "RESTARTER_RESTORED",
     "RESTARTER_SIGN_OF_LIFE",
     "SCALER_ACTIONS",
     "SCALER_CAPACITY",
@@ -197,6 +198,11 @@ RESTARTER_CHECKPOINTS = Subscription(
     ("checkpoint_saved",), durable="restarter-checkpoints",
     reads="counts each generation's saved checkpoints into the job's resume point",
 )  # fmt: skip
+RESTARTER_RESTORED = Subscription(
+    "restarter", "restored", "raw", _raw_kind("restored"), Reader.DURABLE,
+    ("restored",), durable="restarter-restored",
+    reads="records where the current generation's ranks took their state from",
+)  # fmt: skip
 
 SCALER_JOBS = Subscription(
     "scaler", "jobs", "job", lambda s, _: s.all("job"), Reader.DURABLE,
@@ -239,6 +245,7 @@ SUBSCRIPTIONS: tuple[Subscription, ...] = (
     RESTARTER_RENDEZVOUS,
     RESTARTER_PROGRESS,
     RESTARTER_CHECKPOINTS,
+    RESTARTER_RESTORED,
     RESTARTER_EXITS,
     SCALER_JOBS,
     SCALER_ACTIONS,

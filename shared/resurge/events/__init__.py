@@ -30,7 +30,14 @@ from resurge.events.envelope import SCHEMA_VERSION, Envelope, Source
 from resurge.events.faults import FaultDetected, Severity
 from resurge.events.gpu import GpuError, GpuReading, GpuSample, NodeReport
 from resurge.events.jobs import JobDeleted, JobSubmitted, ReplicaFinished
-from resurge.events.progress import CheckpointSaved, Progress, WorkerFault
+from resurge.events.progress import (
+    RESTORE_SOURCES,
+    CheckpointSaved,
+    Progress,
+    RestoreSource,
+    StateRestored,
+    WorkerFault,
+)
 from resurge.events.raw import (
     AgentState,
     AgentStateChanged,
@@ -43,6 +50,7 @@ from resurge.events.raw import (
 
 __all__ = [
     "EVENT_KINDS",
+    "RESTORE_SOURCES",
     "SCHEMA_VERSION",
     "AgentState",
     "AgentStateChanged",
@@ -79,9 +87,11 @@ __all__ = [
     "RepairNode",
     "ReplicaFinished",
     "ReplicaSlot",
+    "RestoreSource",
     "ScaleDecided",
     "Severity",
     "Source",
+    "StateRestored",
     "Stop",
     "StopFirst",
     "WorkerFault",
@@ -98,6 +108,7 @@ _MODELS: tuple[type[Envelope], ...] = (
     AgentStateChanged,
     Progress,
     CheckpointSaved,
+    StateRestored,
     WorkerFault,
     CapacityChanged,
     GpuSample,
@@ -129,6 +140,7 @@ Event = Annotated[
     | AgentStateChanged
     | Progress
     | CheckpointSaved
+    | StateRestored
     | WorkerFault
     | CapacityChanged
     | GpuSample

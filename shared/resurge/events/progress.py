@@ -5,11 +5,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, NonNegativeInt
 
 from resurge.events.envelope import Envelope
 
-__all__ = ["CheckpointSaved", "Progress", "WorkerFault"]
+__all__ = [
+    "RESTORE_SOURCES",
+    "CheckpointSaved",
+    "Progress",
+    "RestoreSource",
+    "StateRestored",
+    "WorkerFault",
+]
 
 
 class Progress(Envelope):
@@ -43,6 +50,41 @@ class CheckpointSaved(Envelope):
         "agent of an earlier release (the job record's world size is then assumed, for the "
         "current generation only).",
         examples=[8],
+    )
+
+
+RestoreSource = Literal["memory", "peer", "disk", "start"]
+RESTORE_SOURCES: tuple[RestoreSource, ...] = ("memory", "peer", "disk", "start")
+"""Where a generation's protected state came from, best first (the worker wire's
+``restored`` sources): its own node's live snapshot, another rank's over the process
+group, the disk checkpoint (no complete live copy), nothing (a fresh start)."""
+
+
+class StateRestored(Envelope):
+    """A worker that registered its state (``resurge.worker``'s ``protect``) restored it
+    as its generation began: from where, at which step, and why, in words.
+
+    Each worker says it once per generation; ``generation`` is the one it restored for."""
+
+    kind: Literal["restored"] = "restored"
+    local_rank: int = Field(ge=0, description="Rank of the worker within its replica.")
+    step: NonNegativeInt | None = Field(
+        description="The step whose state it resumed from; None when it started fresh "
+        "(`origin` `start`).",
+        examples=[119],
+    )
+    origin: RestoreSource = Field(
+        description="Where the state came from (the worker's `source`; the envelope's "
+        "`source` is the agent that published it): `memory` (its own node's live snapshot), "
+        "`peer` (another rank's, over the process group), `disk` (no complete live copy: "
+        "the disk checkpoint of `step`), `start` (nothing to resume from).",
+        examples=["peer"],
+    )
+    detail: str = Field(
+        default="",
+        max_length=2048,
+        description="Why, in words (at most 2 KiB).",
+        examples=["step 119 from rank 0's memory"],
     )
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "RecoverySummary",
     "ReplicaCounts",
     "ResizeSummary",
+    "RestoredSummary",
     "TrainingJobStatus",
 ]
 
@@ -105,6 +106,30 @@ class CheckpointRef(SpecModel):
 
     step: int = Field(ge=0, description="Training step of the checkpoint.")
     path: str = Field(description="Where the checkpoint lies.")
+
+
+class RestoredSummary(SpecModel):
+    """Where the state of the newest generation whose ranks registered it came from."""
+
+    generation: int = Field(ge=0, description="The generation that resumed.")
+    step: int | None = Field(
+        default=None,
+        ge=0,
+        description="The step it resumed from (none: its ranks started fresh).",
+        examples=[119],
+    )
+    sources: dict[str, NonNegativeInt] = Field(
+        default_factory=dict,
+        description="Ranks that took their state from each source: `memory` (their own "
+        "node's live snapshot), `peer` (another rank's), `disk` (no complete live copy: the "
+        "disk checkpoint), `start` (nothing to resume from).",
+        examples=[{"memory": 2, "peer": 1}],
+    )
+    detail: str = Field(
+        default="",
+        description="Why, in words, from the worst source's first rank (a fresh start, "
+        "then the disk, then a peer, then memory).",
+    )
 
 
 class RecoverySummary(SpecModel):
@@ -205,6 +230,11 @@ class TrainingJobStatus(SpecModel):
     )
     latest_checkpoint: CheckpointRef | None = Field(
         default=None, description="The latest checkpoint every rank has completed."
+    )
+    restored: RestoredSummary | None = Field(
+        default=None,
+        description="Where the latest generation's registered state came from: live memory, "
+        "peers or the disk checkpoint (none until a rank that registered state reports it).",
     )
     message: str = Field(default="", description="A sentence on the current phase.")
     observed_generation: int | None = Field(

@@ -72,7 +72,8 @@ workers of ``command`` with ``env`` in ``working_dir``, on ``node``.
 Everything it sees is published on ``raw.<job>.<kind>.<node>``: process started and
 exited (with the worker's last output lines), every output line, the agent's own state,
 the rendezvous of a generation whose store it hosts, and its workers' reports: progress
-(``in_process`` true for restartable workers), checkpoints, and the exceptions
+(``in_process`` true for restartable workers), checkpoints, where each worker's
+registered state came from as its generation began (StateRestored), and the exceptions
 restartable workers caught (WorkerFault). It is all published through an
 :class:`~resurge.runtime.outbox.Outbox`: while NATS is down the agent goes on (nothing
 waits on the bus) and its events wait, in order, to be sent once it is back; a full
@@ -109,6 +110,7 @@ from resurge.events import (
     Progress,
     RecoveryLevel,
     RendezvousPassed,
+    StateRestored,
     Stop,
     StopFirst,
     WorkerFault,
@@ -123,6 +125,7 @@ from resurge.worker.wire import (
     Hello,
     ProgressReport,
     Rejoining,
+    RestoreReport,
     raise_line,
     restart_line,
 )
@@ -763,6 +766,12 @@ class LaunchAgent:
                 **envelope,
             )
             await self._publish(event)
+        elif isinstance(report, RestoreReport):
+            envelope["generation"] = report.generation
+            restored = StateRestored(
+                step=report.step, origin=report.source, detail=report.detail, **envelope
+            )
+            await self._publish(restored)
         elif isinstance(report, Rejoining) and self.rejoins is not None:
             self.rejoins.confirm(hello.local_rank, report.generation)
 

@@ -23,7 +23,7 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from resurge.contract.subjects import escape_token, unescape_token
-from resurge.events import JobPhase, RecoveryLevel
+from resurge.events import JobPhase, RecoveryLevel, RestoreSource
 from resurge.jobspec import TrainingJob
 from resurge.runtime.kv_keys import bucket_keys
 
@@ -42,6 +42,7 @@ __all__ = [
     "PendingRecovery",
     "Placement",
     "RestartEntry",
+    "RestoredState",
     "status_view",
 ]
 
@@ -254,6 +255,26 @@ class CheckpointReports(BaseModel):
     ranks: list[int] = Field(description="The ranks that reported it, ascending.")
 
 
+class RestoredState(BaseModel):
+    """Where one generation's ranks took their registered state from as it began, as
+    they reported it (StateRestored): the ranks of each source, the step, and the words
+    of the worst source (a fresh start over the disk over a peer over their own memory)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    generation: int = Field(ge=0)
+    step: int | None = Field(
+        default=None,
+        ge=0,
+        description="The step resumed from (ranks agree on it; where they did not, the "
+        "lowest); None when every rank that reported started fresh.",
+    )
+    ranks: dict[RestoreSource, list[int]] = Field(
+        default_factory=dict, description="Source -> the ranks that reported it, ascending."
+    )
+    detail: str = Field(default="", description="The worst source's words, as its first rank said.")
+
+
 FIELD_GROUPS: dict[str, tuple[str, ...]] = {
     "run": ("name", "uid", "spec", "submitted", "worker_domain"),
     "lifecycle": ("phase", "message", "updated"),
@@ -286,6 +307,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "rendezvous_generation",
         "latest_checkpoint",
         "checkpoint_reports",
+        "restored",
     ),
 }
 """The job record's fields by who writes them (see :class:`JobRecord`)."""
@@ -402,6 +424,11 @@ class JobRecord(BaseModel):
         default_factory=list,
         description="Newer steps some ranks reported saved, per generation and world size; "
         "oldest step first.",
+    )
+    restored: RestoredState | None = Field(
+        default=None,
+        description="Where the newest generation whose ranks registered their state took it "
+        "from (memory, peers, the disk).",
     )
 
     @field_validator("checkpoint_reports", mode="before")
@@ -613,5 +640,13 @@ def status_view(record: JobRecord) -> dict[str, object]:
         "latestCheckpoint": None
         if record.latest_checkpoint is None
         else {"step": record.latest_checkpoint.step, "path": record.latest_checkpoint.path},
+        "restored": None
+        if record.restored is None
+        else {
+            "generation": record.restored.generation,
+            "step": record.restored.step,
+            "sources": {source: len(ranks) for source, ranks in record.restored.ranks.items()},
+            "detail": record.restored.detail,
+        },
         "message": record.message,
     }

@@ -27,6 +27,7 @@ from resurge.events import (
     RecoveryStarted,
     ReplicaFinished,
     ScaleDecided,
+    StateRestored,
     WorkerFault,
     encode_event,
 )
@@ -84,6 +85,8 @@ def _words(event: Event) -> str | None:  # noqa: C901  (one branch per kind peop
         return f"{who} raised {event.exception}: {event.message}"
     if isinstance(event, CheckpointSaved) and event.rank == 0:
         return f"checkpoint of step {event.step} saved"
+    if isinstance(event, StateRestored) and event.rank == 0:  # -v shows every rank's
+        return _restored(event, who)
     if isinstance(event, CapacityChanged):
         health = "healthy" if event.healthy else "unhealthy"
         return f"node {health}, {event.slots_free}/{event.slots_total} GPUs free"
@@ -94,6 +97,19 @@ def _words(event: Event) -> str | None:  # noqa: C901  (one branch per kind peop
     if isinstance(event, ReplicaFinished):
         return f"replica {event.replica} finished"
     return None
+
+
+def _restored(event: StateRestored, who: str) -> str:
+    if event.step is None:
+        return f"{who} started fresh" + (f": {event.detail}" if event.detail else "")
+    where = {
+        "memory": "its node's memory",
+        "peer": "a peer",
+        "disk": "the disk checkpoint",
+        "start": "nowhere",
+    }
+    text = f"{who} resumed at step {event.step}, its state from {where[event.origin]}"
+    return text + (f": {event.detail}" if event.origin == "disk" and event.detail else "")
 
 
 def _who(event: Event) -> str:

@@ -36,13 +36,14 @@ __all__ = ["FAMILIES", "TIMELINE_RAW_KINDS", "History", "Stored", "read_history"
 # the faults found, the nodes' capacity and the raw kinds below.
 FAMILIES = ("job", "action", "fault", "capacity", "raw")
 # Raw kinds that mark a timeline: steps, rendezvous passed, process exits, agents lost,
-# checkpoints.
+# checkpoints, where a generation's state came from.
 TIMELINE_RAW_KINDS = (
     "progress",
     "rendezvous_passed",
     "process_exited",
     "agent_state",
     "checkpoint_saved",
+    "restored",
 )
 
 # How long one stream's read may go without a message before it is taken as done.

@@ -1,0 +1,52 @@
+"""Folding restore reports into a job's record (a pure change of its record).
+
+Each worker that registered its state says once per generation where it took that
+state from (StateRestored). :func:`apply_restored` keeps, for the record's current
+generation only, which ranks took it from which source, the step, and the words of the
+worst source (:data:`WORST_FIRST`): the status says whether a restart resumed from live
+memory or fell back to the disk, and why. A report of an older generation is ignored (it
+arrives late, after a newer generation began); the first report of a newer one replaces
+what was kept. A rank that reports again (a redelivery) changes nothing.
+"""
+
+from __future__ import annotations
+
+from resurge.control.state.records import JobRecord, RestoredState
+from resurge.events import RestoreSource
+
+__all__ = ["WORST_FIRST", "apply_restored"]
+
+WORST_FIRST: tuple[RestoreSource, ...] = ("start", "disk", "peer", "memory")
+"""Sources by how much work a rank lost with them, most first: the status names the
+first of these that any rank reported."""
+
+
+def apply_restored(
+    record: JobRecord,
+    generation: int | None,
+    rank: int | None,
+    step: int | None,
+    source: RestoreSource,
+    detail: str,
+) -> bool:
+    """Count rank ``rank`` of ``generation`` having restored its state from ``source``
+    at ``step`` (None: a fresh start), ``detail`` saying why. True if anything changed."""
+    if generation is None or rank is None or generation != record.generation:
+        return False
+    kept = record.restored
+    if kept is None or kept.generation != generation:
+        kept = RestoredState(generation=generation)
+    if any(rank in ranks for ranks in kept.ranks.values()):
+        return False
+    ranks = dict(kept.ranks)
+    ranks[source] = sorted([*ranks.get(source, []), rank])
+    steps = [s for s in (kept.step, step) if s is not None]
+    worst = next(s for s in WORST_FIRST if s in ranks)
+    first_of_worst = worst == source and len(ranks[source]) == 1
+    record.restored = RestoredState(
+        generation=generation,
+        step=min(steps) if steps else None,
+        ranks={s: ranks[s] for s in reversed(WORST_FIRST) if s in ranks},
+        detail=detail if first_of_worst else kept.detail,
+    )
+    return True

@@ -1,0 +1,104 @@
+"""Where a generation's ranks took their registered state from, folded into the job
+record (:mod:`resurge.control.decisions.restore_reports`), and said in words by
+``resurge events``."""
+
+from __future__ import annotations
+
+from resurge.control.decisions.restore_reports import WORST_FIRST, apply_restored
+from resurge.control.state.records import JobRecord, Placement, RestoredState
+from resurge.control.views.event_words import readable
+from resurge.events import RESTORE_SOURCES, Source, StateRestored
+from resurge.local.job_factory import job
+from resurge.worker import wire
+
+
+def record_at(generation: int) -> JobRecord:
+    record = JobRecord(name="j", spec=job("j"), generation=generation)
+    record.placements = [Placement(replica=0, node="n1"), Placement(replica=1, node="n2")]
+    return record
+
+
+def test_the_event_knows_every_source_the_wire_does_and_the_status_orders_them_all() -> None:
+    assert RESTORE_SOURCES == wire.RESTORE_SOURCES
+    assert sorted(WORST_FIRST) == sorted(RESTORE_SOURCES)
+
+
+def test_ranks_are_counted_per_source_and_the_worst_source_says_why() -> None:
+    record = record_at(3)
+    assert apply_restored(record, 3, 0, 119, "memory", "step 119 from its own memory")
+    assert apply_restored(record, 3, 2, 119, "peer", "step 119 from rank 0's memory")
+    assert apply_restored(record, 3, 1, 119, "memory", "step 119 from its own memory")
+    assert record.restored == RestoredState(
+        generation=3,
+        step=119,
+        ranks={"memory": [0, 1], "peer": [2]},
+        detail="step 119 from rank 0's memory",
+    )
+    # A redelivered report of a rank already counted changes nothing.
+    assert not apply_restored(record, 3, 2, 119, "peer", "again")
+    assert record.restored.ranks == {"memory": [0, 1], "peer": [2]}
+
+
+def test_a_fall_back_to_the_disk_is_what_the_record_says() -> None:
+    record = record_at(4)
+    apply_restored(record, 4, 0, 100, "disk", "no complete live copy (rank 3's lost with n2)")
+    apply_restored(record, 4, 1, 100, "disk", "no complete live copy (another rank's words)")
+    assert record.restored is not None
+    assert record.restored.ranks == {"disk": [0, 1]}
+    assert (record.restored.step, record.restored.detail) == (
+        100,
+        "no complete live copy (rank 3's lost with n2)",
+    )
+
+
+def test_a_fresh_start_has_no_step() -> None:
+    record = record_at(0)
+    assert apply_restored(record, 0, 0, None, "start", "nothing to resume from")
+    assert record.restored == RestoredState(
+        generation=0, step=None, ranks={"start": [0]}, detail="nothing to resume from"
+    )
+
+
+def test_an_older_generation_is_ignored_and_a_newer_one_starts_afresh() -> None:
+    record = record_at(5)
+    apply_restored(record, 5, 0, 200, "disk", "no complete live copy")
+    # Generation 4's report, late: the record is at 5.
+    assert not apply_restored(record, 4, 1, 190, "memory", "late")
+    assert record.restored is not None and record.restored.ranks == {"disk": [0]}
+    # The record moves on to generation 6: its first report replaces generation 5's.
+    record.generation = 6
+    assert apply_restored(record, 6, 1, 230, "memory", "its own memory")
+    assert record.restored == RestoredState(
+        generation=6, step=230, ranks={"memory": [1]}, detail="its own memory"
+    )
+    # A report without a generation or rank (not from a worker) is not counted.
+    assert not apply_restored(record, None, 0, 230, "memory", "")
+    assert not apply_restored(record, 6, None, 230, "memory", "")
+
+
+def restored(rank: int, step: int | None, origin: str, detail: str = "") -> StateRestored:
+    return StateRestored.model_validate(
+        {
+            "source": Source(service="node-agent", instance="n1:1"),
+            "job": "j",
+            "replica": 0,
+            "node": "n1",
+            "generation": 2,
+            "rank": rank,
+            "local_rank": rank,
+            "step": step,
+            "origin": origin,
+            "detail": detail,
+        }
+    )
+
+
+def test_resurge_events_says_where_rank_0_resumed_from() -> None:
+    assert readable(restored(0, 119, "peer")) == "rank 0 resumed at step 119, its state from a peer"
+    assert readable(restored(0, 100, "disk", "no complete live copy")) == (
+        "rank 0 resumed at step 100, its state from the disk checkpoint: no complete live copy"
+    )
+    assert readable(restored(0, None, "start", "nothing to resume")) == (
+        "rank 0 started fresh: nothing to resume"
+    )
+    assert readable(restored(1, 119, "memory")) is None  # one line per generation
