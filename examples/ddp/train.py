@@ -18,6 +18,9 @@ floating-point sums. The loss printed and reported is the mean over the global b
 
 Where it resumes from, first match wins:
 
+0. under resurge (unless ``--no-protect``): the newest step whose model and optimizer
+   state is live in the memory of the job's nodes (``run.protect``, snapshotted every
+   step; a rank whose node lost it receives it from a peer);
 1. ``RESURGE_RESUME_CHECKPOINT`` (``run.resume_checkpoint``): the latest checkpoint every
    rank completed, as resurge assigns it to a new generation;
 2. not under resurge: the newest complete checkpoint in ``--checkpoint-dir`` (complete:
@@ -146,6 +149,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="link to the agent without resurge.worker.restartable: every restart and "
         "resize then starts new processes (for comparisons)",
+    )
+    parser.add_argument(
+        "--no-protect",
+        action="store_true",
+        help="do not snapshot the state to memory: every restart resumes from the disk "
+        "checkpoint (for comparisons)",
     )
     args = parser.parse_args(argv)
     for flag, value in (("--global-batch", args.global_batch), ("--micro-batch", args.micro_batch)):
@@ -339,10 +348,19 @@ def train(
     optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-2)
     loss_fn = nn.MSELoss()
 
+    # Under resurge the model and the optimizer are snapshotted to the node's memory every
+    # step, and a new generation first takes the newest step that is live there or on a
+    # peer (collective): a rank killed mid-interval costs the step it was in, not the
+    # interval. None: nothing complete is live, the disk checkpoint as before.
+    protected = None
+    if hasattr(run, "protect") and not args.no_protect:
+        protected = run.protect(model=ddp, optimizer=optimizer)
+    live = protected.restore() if protected is not None else None
+
     # Where to resume from. Under resurge the agent names the checkpoint (or none: start
     # fresh); otherwise rank 0 looks in the checkpoint folder and tells the others.
-    resume: str | None = run.resume_checkpoint
-    if resume is None and "RESURGE_GENERATION" not in os.environ:
+    resume: str | None = run.resume_checkpoint if live is None else None
+    if live is None and resume is None and "RESURGE_GENERATION" not in os.environ:
         choice: list[Any] = [None]
         if rank == 0:
             newest = newest_complete_checkpoint(args.checkpoint_dir)
@@ -351,7 +369,15 @@ def train(
         resume = choice[0]
 
     start = 1
-    if resume is not None:
+    if live is not None:
+        start = live + 1
+        assert protected is not None and protected.restored is not None
+        print(
+            f"rank {rank}/{world_size}: resuming at step {start}, {protected.restored.detail} "
+            f"(resurge: {link})",
+            flush=True,
+        )
+    elif resume is not None:
         state = state_for(ddp, optimizer, 0)
         dcp.load(state, checkpoint_id=resume)
         set_state_dict(
@@ -398,6 +424,8 @@ def train(
                 loss.backward()
             share_loss += loss.detach()
         optimizer.step()
+        if protected is not None:
+            protected.snapshot(step)  # written while the next step computes
         # One all-reduce: the sum of equal shares' means (W x the global mean), and how
         # many ranks were asked for a checkpoint now.
         asked = share_loss.new_tensor(1.0 if run.checkpoint_requested() else 0.0)
@@ -420,6 +448,8 @@ def train(
             time.sleep(args.step_seconds)
 
     del loader  # stops its worker processes
+    if protected is not None:
+        protected.close()
     if rank == 0:
         total, digest = params_digest(model)
         print(f"final step {last}", flush=True)

@@ -17,10 +17,13 @@ from resurge.worker.environment import (
     CHECKPOINT_DIR,
     CHECKPOINT_INTERVAL_SECONDS,
     CHECKPOINT_INTERVAL_STEPS,
+    SNAPSHOT_DIR,
+    SNAPSHOT_INTERVAL_STEPS,
     default_checkpoint_dir,
     read_environment,
 )
-from resurge_node_agent.launch.worker_env import checkpoint_environment
+from resurge.worker.snapshot_folder import node_memory
+from resurge_node_agent.launch.worker_env import checkpoint_environment, snapshot_folder
 
 
 def record(name: str, checkpoint: dict[str, Any] | None = None) -> JobRecord:
@@ -30,26 +33,48 @@ def record(name: str, checkpoint: dict[str, Any] | None = None) -> JobRecord:
 
 
 def test_the_spec_s_checkpoint_settings_reach_the_workers_environment() -> None:
-    checkpoint = {"dir": "/ckpt/a", "intervalSteps": 10, "intervalSeconds": 1.5}
+    checkpoint = {
+        "dir": "/ckpt/a",
+        "intervalSteps": 10,
+        "intervalSeconds": 1.5,
+        "memoryIntervalSteps": 2,
+    }
     [group] = worker_groups(record("a", checkpoint))
     env = checkpoint_environment(group, {"RESURGE_STATE_DIR": "/state"})
     assert env == {
         CHECKPOINT_DIR: "/ckpt/a",
         CHECKPOINT_INTERVAL_STEPS: "10",
         CHECKPOINT_INTERVAL_SECONDS: "1.5",
+        SNAPSHOT_DIR: str(snapshot_folder(group, {"RESURGE_STATE_DIR": "/state"})),
+        SNAPSHOT_INTERVAL_STEPS: "2",
     }
     read = read_environment(env)
     assert (read.checkpoint_dir, read.checkpoint_interval_steps) == ("/ckpt/a", 10)
     assert read.checkpoint_interval_seconds == 1.5
+    assert read.snapshot_interval_steps == 2
+
+
+def test_each_worker_group_snapshots_into_its_own_folder_of_its_node_s_memory() -> None:
+    [a], [b] = worker_groups(record("a")), worker_groups(record("b"))
+    local = {"RESURGE_STATE_DIR": "/state"}
+    folder = Path(checkpoint_environment(a, local)[SNAPSHOT_DIR])
+    assert folder.parent == node_memory("n", "/state")  # the local cluster's node n
+    assert folder.name.startswith(f"a-0-{a.incarnation}-")
+    assert checkpoint_environment(b, local)[SNAPSHOT_DIR] != str(folder)
+    assert SNAPSHOT_INTERVAL_STEPS not in checkpoint_environment(a, local)  # every step
+    # Elsewhere (a Kubernetes pod): its own /dev/shm.
+    assert checkpoint_environment(a, {})[SNAPSHOT_DIR].startswith("/dev/shm/resurge/n/a-0-")
+    recreated = a.model_copy(update={"incarnation": a.incarnation + 1})
+    assert snapshot_folder(recreated, local) != snapshot_folder(a, local)  # a new pod
 
 
 def test_without_a_dir_each_job_gets_a_folder_of_its_own() -> None:
     [a], [b] = worker_groups(record("a")), worker_groups(record("b"))
     local = {"RESURGE_STATE_DIR": "/state"}
-    assert checkpoint_environment(a, local) == {CHECKPOINT_DIR: "/state/checkpoints/a"}
-    assert checkpoint_environment(b, local) == {CHECKPOINT_DIR: "/state/checkpoints/b"}
+    assert checkpoint_environment(a, local)[CHECKPOINT_DIR] == "/state/checkpoints/a"
+    assert checkpoint_environment(b, local)[CHECKPOINT_DIR] == "/state/checkpoints/b"
     # Elsewhere (a Kubernetes pod): in the working directory, still the job's own.
-    assert checkpoint_environment(a, {}) == {CHECKPOINT_DIR: "checkpoints/a"}
+    assert checkpoint_environment(a, {})[CHECKPOINT_DIR] == "checkpoints/a"
     assert default_checkpoint_dir("a", Path("/state")) == "/state/checkpoints/a"
 
 

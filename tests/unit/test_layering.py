@@ -5,6 +5,8 @@ contracts in `make lint`; this test keeps them in the test suite too).
 """
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,15 +56,28 @@ def test_shared_library_imports_no_service() -> None:
     assert offences == []
 
 
+# Runs in the training process, on state the script registered: torch is there, and it
+# is imported inside the methods a script calls (`import resurge.worker.protect` does not).
+WORKER_SIDE_TORCH = {"shared/resurge/worker/protect.py"}
+
+
 def test_control_plane_does_not_import_torch() -> None:
     folders = [REPO / "shared" / "resurge", *SERVICES.values()]
     offences = [
         path
         for folder in folders
         for path, names in imported_top_levels(folder).items()
-        if "torch" in names
+        if "torch" in names and path not in WORKER_SIDE_TORCH
     ]
     assert offences == []
+
+
+def test_the_worker_library_imports_torch_only_once_a_script_protects_state() -> None:
+    code = (
+        "import sys, resurge.worker, resurge.worker.protect; "
+        "assert 'torch' not in sys.modules, 'imported torch'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_no_service_names_the_local_backend() -> None:

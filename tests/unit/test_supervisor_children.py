@@ -4,13 +4,16 @@ point one service at a NATS URL of its own."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
 import nats.errors
 import pytest
 
+from resurge.local.node_set import NodeEntry
 from resurge.local.supervisor import Supervisor, _checked, _Child
+from resurge.worker.snapshot_folder import node_memory
 
 
 def test_two_restarters_and_two_scalers_share_their_roles(tmp_path: Path) -> None:
@@ -53,3 +56,20 @@ def test_a_check_that_fails_is_logged_and_the_supervisor_goes_on(
 
     assert _checked(supervisor) is True  # the record is written again, as after a change
     assert "a check of the local cluster failed; trying again" in caplog.text
+
+
+def test_a_node_powered_off_loses_its_memory(tmp_path: Path) -> None:
+    supervisor = Supervisor(tmp_path, nats_url="nats://127.0.0.1:4222")
+    node = NodeEntry("node-1", gpus=1)
+    supervisor.children["node-1"] = _Child("node-1", ["true"], node=node)
+    memory = node_memory("node-1", tmp_path)
+    (memory / "job-0-0-abc" / "replicated").mkdir(parents=True)
+    other = node_memory("node-0", tmp_path)
+    other.mkdir(parents=True)
+    try:
+        supervisor._power_off("node-1")
+
+        assert not memory.exists()  # its snapshots went with its power
+        assert other.is_dir()  # another node's stay
+    finally:
+        shutil.rmtree(memory.parent, ignore_errors=True)

@@ -144,6 +144,9 @@ class WorkerGroupSpec(BaseModel):
     checkpoint_interval_seconds: float | None = Field(
         default=None, gt=0, description="The job's spec.checkpoint.intervalSeconds."
     )
+    memory_interval_steps: int | None = Field(
+        default=None, ge=1, description="The job's spec.checkpoint.memoryIntervalSteps."
+    )
     domain: str | None = Field(
         default=None,
         description="The DNS domain it is reached under, at <hostname>.<domain> (the job "

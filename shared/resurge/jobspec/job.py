@@ -42,7 +42,8 @@ class EnvVar(SpecModel):
 
 
 class CheckpointSpec(SpecModel):
-    """Where workers write checkpoints and how often; handed to them through the agent."""
+    """Where workers write checkpoints and how often, and how often the state they
+    protect is snapshotted to memory; handed to them through the agent."""
 
     dir: str | None = Field(
         default=None, description="Folder the workers checkpoint into.", examples=["/ckpt/j"]
@@ -52,6 +53,13 @@ class CheckpointSpec(SpecModel):
     )
     interval_seconds: float | None = Field(
         default=None, gt=0, description="Checkpoint at least this often, in seconds."
+    )
+    memory_interval_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="Snapshot the state a script protects (resurge.worker's protect) to "
+        "the node's memory every this many steps; none: every step. A restart resumes "
+        "from the newest live snapshot, a disk checkpoint only when none is complete.",
     )
 
 

@@ -23,7 +23,6 @@ from resurge.control.effects.client import inject_fault
 from resurge.control.views.event_words import event_line
 from resurge.events import (
     AgentState,
-    Assign,
     CheckpointSaved,
     JobPhase,
     Progress,
@@ -63,27 +62,28 @@ async def kill_one_worker(bus: Bus, watch: Watch, job: str) -> None:
 
 
 def steps_lost(result: StoryResult) -> list[int]:
-    """Per recovery: last step reached before the fault minus the step resumed from."""
+    """Per finished recovery: the steps trained again, the last step any generation before
+    it reached less the step its generation went on after (its first step, less one),
+    whether it resumed from peers' memory or from the disk."""
     lost = []
-    for fault in result.faults:
-        if fault.generation is None:
+    for recovery in result.recoveries:
+        if recovery.generation is None:
             continue
         reached = max(
-            (
-                o.event.step
-                for o in result.observed
-                if isinstance(o.event, Progress) and o.event.generation == fault.generation
-            ),
-            default=0,
+            (step for g in range(recovery.generation) for step in _steps(result, g)), default=0
         )
-        resumed = [
-            o.event.resume_step or 0
-            for o in result.observed
-            if isinstance(o.event, Assign) and o.event.generation == fault.generation + 1
-        ]
-        if resumed:
-            lost.append(reached - min(resumed))
+        first = min(_steps(result, recovery.generation), default=None)
+        if first is not None:
+            lost.append(reached - (first - 1))
     return lost
+
+
+def _steps(result: StoryResult, generation: int) -> list[int]:
+    return [
+        o.event.step
+        for o in result.observed
+        if isinstance(o.event, Progress) and o.event.generation == generation
+    ]
 
 
 def final_step(result: StoryResult) -> int:

@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,6 +63,7 @@ from resurge.runtime.bus import Bus
 from resurge.runtime.logs import configure_logging
 from resurge.runtime.nats_auth import JOB_CREDENTIALS_DIR
 from resurge.runtime.settings import Settings
+from resurge.worker.snapshot_folder import node_memory
 
 __all__ = ["Supervisor"]
 
@@ -429,6 +431,7 @@ class Supervisor:
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
             child.process.wait()
+        shutil.rmtree(node_memory(name, self.state_dir), ignore_errors=True)  # power lost
         log.warning("%s failed on purpose: %d process(es) killed", name, len(killed))
         return killed
 
@@ -596,6 +599,7 @@ class Supervisor:
                     child.process.wait()
         for server in self.servers:
             server.stop()
+        shutil.rmtree(node_memory("-", self.state_dir).parent, ignore_errors=True)
 
     def state(self) -> ClusterState:
         """The record ``cluster.json`` keeps for this running cluster."""

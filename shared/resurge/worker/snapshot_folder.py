@@ -14,6 +14,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Callable
@@ -21,9 +22,23 @@ from pathlib import Path
 
 from resurge.worker.live_copy import Held
 
-__all__ = ["KEEP", "SnapshotFolder"]
+__all__ = ["KEEP", "MEMORY_ROOT", "SnapshotFolder", "node_memory"]
 
 KEEP = 2
+MEMORY_ROOT = Path("/dev/shm/resurge")
+
+
+def node_memory(node: str, state_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The folder that stands for ``node``'s memory: ``/dev/shm/resurge/<node>`` (a pod's
+    own ``/dev/shm`` on Kubernetes); on a local cluster, whose nodes share this machine's,
+    one of ``/dev/shm/resurge-<cluster>/`` per node, where ``<cluster>`` stands for the
+    cluster's state folder ``state_dir``, so that a node powered off loses its own."""
+    if state_dir is None:
+        return MEMORY_ROOT / node
+    cluster = hashlib.sha256(os.fsencode(Path(state_dir).resolve())).hexdigest()[:12]
+    return MEMORY_ROOT.with_name(f"resurge-{cluster}") / node
+
+
 _NAME = re.compile(r"^step-(\d{8,})\.pt$")
 
 

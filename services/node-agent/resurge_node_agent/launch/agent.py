@@ -119,6 +119,7 @@ from resurge.runtime.bus import Bus
 from resurge.runtime.command_inbox import CommandInbox, position_key
 from resurge.runtime.outbox import Outbox
 from resurge.runtime.service import ServiceContext
+from resurge.worker.environment import SNAPSHOT_DIR
 from resurge.worker.wire import (
     CheckpointReport,
     FaultReport,
@@ -672,6 +673,8 @@ class LaunchAgent:
         self.store = self.standby = None
         if self.store_folder is not None:
             shutil.rmtree(self.store_folder, ignore_errors=True)
+        # The worker group's memory goes with it, as a pod's does (its workers are gone).
+        shutil.rmtree(self.checkpoint_env[SNAPSHOT_DIR], ignore_errors=True)
 
     def _rank(self, assign: Assign, local_rank: int) -> int:
         slot = assign.slot(self.spec.replica)

@@ -5,7 +5,8 @@ runs; a script that uses ``resurge.worker`` also finds its generation, its agent
 socket and the checkpoint to resume from (names in :mod:`resurge.worker.environment`).
 :func:`checkpoint_environment` hands every worker its job's ``spec.checkpoint``: where
 (the spec's ``dir``, else ``checkpoints/<job>`` in the local cluster's state folder,
-``RESURGE_STATE_DIR``, or in the working directory elsewhere) and how often.
+``RESURGE_STATE_DIR``, or in the working directory elsewhere) and how often, and where
+and how often protected state is snapshotted to memory (:func:`snapshot_folder`).
 Every rank is a client of the rendezvous store its agents host
 (``TORCHELASTIC_USE_AGENT_STORE=True``, as under torchrun's agent); the launcher sets it
 ``False`` where rank 0's script is to host the store itself.
@@ -14,6 +15,7 @@ Every rank is a client of the rendezvous store its agents host
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from resurge.cluster.protocol import WorkerGroupSpec
 from resurge.events import Assign
@@ -26,10 +28,13 @@ from resurge.worker.environment import (
     JOB,
     RESUME_CHECKPOINT,
     RESUME_STEP,
+    SNAPSHOT_DIR,
+    SNAPSHOT_INTERVAL_STEPS,
     default_checkpoint_dir,
 )
+from resurge.worker.snapshot_folder import node_memory
 
-__all__ = ["AGENT_STORE_ENV", "checkpoint_environment", "worker_environment"]
+__all__ = ["AGENT_STORE_ENV", "checkpoint_environment", "snapshot_folder", "worker_environment"]
 
 # torch's env:// rendezvous: "True" makes every rank, rank 0 too, a client of the store
 # its agent hosts (torch.distributed.rendezvous._torchelastic_use_agent_store).
@@ -47,7 +52,17 @@ def checkpoint_environment(spec: WorkerGroupSpec, agent: Mapping[str, str]) -> d
         env[CHECKPOINT_INTERVAL_STEPS] = str(spec.checkpoint_interval_steps)
     if spec.checkpoint_interval_seconds is not None:
         env[CHECKPOINT_INTERVAL_SECONDS] = repr(spec.checkpoint_interval_seconds)
+    env[SNAPSHOT_DIR] = str(snapshot_folder(spec, agent))
+    if spec.memory_interval_steps is not None:
+        env[SNAPSHOT_INTERVAL_STEPS] = str(spec.memory_interval_steps)
     return env
+
+
+def snapshot_folder(spec: WorkerGroupSpec, agent: Mapping[str, str]) -> Path:
+    """The worker group's folder in its node's memory, its own for its life (an agent
+    recreated, as a pod is, gets a new one): where protected state is snapshotted."""
+    memory = node_memory(spec.node, agent.get("RESURGE_STATE_DIR") or None)
+    return memory / f"{spec.job}-{spec.replica}-{spec.incarnation}-{spec.uid[:12]}"
 
 
 def worker_environment(

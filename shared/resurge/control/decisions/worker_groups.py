@@ -43,6 +43,7 @@ def worker_group(record: JobRecord, placement: Placement) -> WorkerGroupSpec:
         checkpoint_dir=spec.checkpoint.dir,
         checkpoint_interval_steps=spec.checkpoint.interval_steps,
         checkpoint_interval_seconds=spec.checkpoint.interval_seconds,
+        memory_interval_steps=spec.checkpoint.memory_interval_steps,
         domain=record.worker_domain,
     )
 

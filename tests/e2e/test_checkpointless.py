@@ -1,0 +1,149 @@
+"""Checkpointless recovery end to end: the DDP example (examples/ddp, 2 replicas x 1 gloo
+worker, a disk checkpoint every 10 steps) registers its model and optimizer with
+``run.protect`` and snapshots them to its nodes' memory every step, on a real local
+cluster.
+
+Two ranks, so that "the same result" can mean bit for bit: DDP rebuilds its gradient
+buckets after the first step of every generation, so at 3 ranks or more a resumed
+generation's first step sums gradients in another order than an uninterrupted run's
+(from the disk as from memory: the losses agree to 6 decimals, the bytes do not).
+
+- A rank SIGKILLed in the middle of a checkpoint interval (process rung): the job goes on
+  from the step of the fault (at most the step it was in is trained again; from the disk
+  it would be 5) and ends with the parameters of an uninterrupted run, bit for bit.
+- A node SIGKILLed (its processes and its memory gone; the replica moves to a spare
+  node): the moved ranks take the step from their peers' memory, with the same result.
+- Both nodes lost at once: nothing is live, the job falls back to the newest complete
+  disk checkpoint (and trains the rest of the interval again), not to a mix.
+
+Scripts that never import resurge cannot register state: they resume from the disk as
+before (tests/e2e/test_recovery_ladder.py and the plain-script tests cover them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resurge.control.effects.client import inject_fault
+from resurge.events import JobPhase, Progress, RecoveryFinished
+from resurge.jobspec import TrainingJob
+from resurge.local.demo import final_step, steps_lost, total_steps
+from resurge.local.job_factory import ddp_example_job
+from resurge.local.story import Observed, StoryResult, Watch, run_job
+from resurge.runtime.bus import Bus
+from tests.e2e.test_example_ddp import Finished, train
+
+pytestmark = pytest.mark.e2e
+
+EVERY = 10  # the example job's --checkpoint-every
+
+
+def demo_job(state_dir: Path) -> TrainingJob:
+    """The example job, one worker per replica (a world of 2)."""
+    return ddp_example_job(state_dir / "ckpt", nproc_per_node=1)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Finished:
+    """The example job's run without a fault, as torchrun starts it."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    command = demo_job(root).spec.command
+    steps = str(total_steps(demo_job(root)))
+    assert command[command.index("--checkpoint-every") + 1] == str(EVERY)
+    args = ["--steps", steps, "--checkpoint-every", str(EVERY), "--checkpoint-dir", str(root / "c")]
+    return train(root, args, world=2)
+
+
+def mid_interval(seen: list[Observed]) -> bool:
+    """Generation 0 trained to the middle of its second checkpoint interval."""
+    steps = [o.event.step for o in seen if isinstance(o.event, Progress)]
+    return max(steps, default=0) >= EVERY + EVERY // 2
+
+
+def digest(state_dir: Path) -> str:
+    """The params-sha256 rank 0 printed at the end (in its replica's agent log)."""
+    [line] = [
+        line
+        for log in sorted((state_dir / "logs").glob("*.log"))
+        for line in log.read_text(errors="replace").splitlines()
+        if "params-sha256 " in line
+    ]
+    return line.rsplit("params-sha256 ", 1)[1].split()[0]
+
+
+def replica_node(seen: list[Observed], replica: int) -> str:
+    nodes = {
+        o.event.node
+        for o in seen
+        if isinstance(o.event, Progress) and o.event.replica == replica and o.event.node
+    }
+    [node] = nodes
+    return node
+
+
+def check(result: StoryResult, state_dir: Path, reference: Finished, most_lost: int) -> None:
+    assert result.phase is JobPhase.SUCCEEDED
+    assert final_step(result) == total_steps(demo_job(state_dir))
+    assert len(result.events(RecoveryFinished)) == 1
+    [lost] = steps_lost(result)
+    assert 0 <= lost <= most_lost, f"{lost} step(s) trained again"
+    assert digest(state_dir) == reference.value("params-sha256")
+
+
+async def test_a_rank_killed_mid_interval_goes_on_from_the_step_of_the_fault(
+    nats_url: str, namespace: str, tmp_path: Path, uninterrupted: Finished
+) -> None:
+    job = demo_job(tmp_path)
+
+    async def kill(bus: Bus, watch: Watch) -> None:
+        await watch.wait_for(mid_interval, wait_seconds=120)
+        await inject_fault(bus, job.name, 1, "crash")
+
+    result = await run_job(
+        job, state_dir=tmp_path, nats_url=nats_url, namespace=namespace, nodes=2,
+        gpus_per_node=1, wait_seconds=240, during=kill,
+    )  # fmt: skip
+
+    check(result, tmp_path, uninterrupted, most_lost=1)
+
+
+def node_killer(
+    nodes: Callable[[list[Observed]], list[str]],
+) -> Callable[[Bus, Watch], Coroutine[Any, Any, None]]:
+    async def kill(bus: Bus, watch: Watch) -> None:
+        await watch.wait_for(mid_interval, wait_seconds=120)
+        assert watch.supervisor is not None
+        for node in nodes(watch.observed):
+            assert watch.supervisor.fail_node(node), "the node had processes to kill"
+
+    return kill
+
+
+async def test_a_node_killed_mid_interval_moves_and_takes_the_step_from_its_peers(
+    nats_url: str, namespace: str, tmp_path: Path, uninterrupted: Finished
+) -> None:
+    result = await run_job(
+        demo_job(tmp_path), state_dir=tmp_path, nats_url=nats_url, namespace=namespace,
+        nodes=3, gpus_per_node=1, wait_seconds=240,
+        during=node_killer(lambda seen: [replica_node(seen, 1)]),
+    )  # fmt: skip
+
+    check(result, tmp_path, uninterrupted, most_lost=1)
+
+
+async def test_both_nodes_lost_fall_back_to_the_disk_checkpoint(
+    nats_url: str, namespace: str, tmp_path: Path, uninterrupted: Finished
+) -> None:
+    result = await run_job(
+        demo_job(tmp_path), state_dir=tmp_path, nats_url=nats_url, namespace=namespace,
+        nodes=4, gpus_per_node=1, wait_seconds=240,
+        during=node_killer(lambda seen: [replica_node(seen, 0), replica_node(seen, 1)]),
+    )  # fmt: skip
+
+    check(result, tmp_path, uninterrupted, most_lost=EVERY)
+    [lost] = steps_lost(result)
+    assert lost >= EVERY // 2  # back to the step-10 checkpoint: the rest of the interval again
