@@ -15,6 +15,9 @@ generation's first step sums gradients in another order than an uninterrupted ru
   node): the moved ranks take the step from their peers' memory, with the same result.
 - Both nodes lost at once: nothing is live, the job falls back to the newest complete
   disk checkpoint (and trains the rest of the interval again), not to a mix.
+- Elastic without the disk: a grow (a node added) hands the new rank the survivors' step
+  from their memory, and a shrink (a node removed) goes on from the survivors' own; no
+  checkpoint is asked for first, and at most the step in flight is trained again.
 
 Scripts that never import resurge cannot register state: they resume from the disk as
 before (tests/e2e/test_recovery_ladder.py and the plain-script tests cover them).
@@ -29,12 +32,27 @@ from typing import Any
 import pytest
 
 from resurge.control.effects.client import inject_fault
-from resurge.events import JobPhase, Progress, RecoveryFinished
+from resurge.events import (
+    Assign,
+    CheckpointSaved,
+    JobPhase,
+    Progress,
+    RecoveryFinished,
+    StateRestored,
+)
 from resurge.jobspec import TrainingJob
 from resurge.local.demo import final_step, steps_lost, total_steps
 from resurge.local.job_factory import ddp_example_job
 from resurge.local.story import Observed, StoryResult, Watch, run_job
 from resurge.runtime.bus import Bus
+from tests.e2e.test_elastic import (
+    elastic_ddp,
+    final_step_seen,
+    resizes,
+    resurge_cli,
+    stepping_at,
+    world_sizes,
+)
 from tests.e2e.test_example_ddp import Finished, train
 
 pytestmark = pytest.mark.e2e
@@ -109,6 +127,16 @@ async def test_a_rank_killed_mid_interval_goes_on_from_the_step_of_the_fault(
     )  # fmt: skip
 
     check(result, tmp_path, uninterrupted, most_lost=1)
+    assert origins(result, 1) == {0: "memory", 1: "memory"}  # both nodes kept theirs
+
+
+def origins(result: StoryResult, generation: int) -> dict[int, str]:
+    """Rank -> where it took its state from as ``generation`` began (its report)."""
+    return {
+        e.rank: e.origin
+        for e in result.events(StateRestored)
+        if e.generation == generation and e.rank is not None
+    }
 
 
 def node_killer(
@@ -133,6 +161,8 @@ async def test_a_node_killed_mid_interval_moves_and_takes_the_step_from_its_peer
     )  # fmt: skip
 
     check(result, tmp_path, uninterrupted, most_lost=1)
+    last = max(result.events(StateRestored), key=lambda e: e.generation or 0).generation
+    assert last is not None and origins(result, last) == {0: "memory", 1: "peer"}
 
 
 async def test_both_nodes_lost_fall_back_to_the_disk_checkpoint(
@@ -147,3 +177,69 @@ async def test_both_nodes_lost_fall_back_to_the_disk_checkpoint(
     check(result, tmp_path, uninterrupted, most_lost=EVERY)
     [lost] = steps_lost(result)
     assert lost >= EVERY // 2  # back to the step-10 checkpoint: the rest of the interval again
+
+
+def resize_lost(result: StoryResult, job: str) -> list[int]:
+    """Per resize: the steps trained again (the old generation's last step less the new
+    one's first step, less one)."""
+    lost = []
+    for decided in resizes(result, job):
+        before = [
+            e.step for e in result.events(Progress) if e.generation == decided.from_generation
+        ]
+        after = [e.step for e in result.events(Progress) if e.generation == decided.to_generation]
+        lost.append(max(before) - (min(after) - 1))
+    return lost
+
+
+def no_checkpoint_asked(result: StoryResult, every: int) -> bool:
+    """Every disk checkpoint was a periodic one (a requested one lands between)."""
+    return all(e.step % every == 0 for e in result.events(CheckpointSaved))
+
+
+async def test_a_grow_hands_the_new_rank_its_state_from_the_survivors_memory(
+    nats_url: str, namespace: str, tmp_path: Path
+) -> None:
+    job = elastic_ddp(tmp_path, 300, step_seconds=0.1)
+
+    async def add_a_node(bus: Bus, watch: Watch) -> None:
+        await watch.wait_for(lambda seen: stepping_at(seen, job.name, 2), 120)
+        await watch.wait_for(lambda seen: final_step_seen(seen) >= EVERY + EVERY // 2)
+        await resurge_cli(tmp_path, "node", "add", "--gpus", "1")
+        await watch.wait_for(lambda seen: stepping_at(seen, job.name, 3), 120)
+
+    result = await run_job(
+        job, state_dir=tmp_path, nats_url=nats_url, namespace=namespace, nodes=2,
+        gpus_per_node=1, wait_seconds=240, during=add_a_node,
+    )  # fmt: skip
+
+    assert result.phase is JobPhase.SUCCEEDED
+    assert world_sizes(result.observed, job.name) == [2, 3]
+    assert [lost <= 1 for lost in resize_lost(result, job.name)] == [True]
+    assert no_checkpoint_asked(result, EVERY)
+    grown = max(e.generation for e in result.events(Assign))
+    assert origins(result, grown) == {0: "memory", 1: "memory", 2: "peer"}
+    assert len({e.step for e in result.events(StateRestored) if e.generation == grown}) == 1
+
+
+async def test_a_shrink_goes_on_from_the_survivors_memory(
+    nats_url: str, namespace: str, tmp_path: Path
+) -> None:
+    job = elastic_ddp(tmp_path, 300, step_seconds=0.1)
+
+    async def remove_a_node(bus: Bus, watch: Watch) -> None:
+        await watch.wait_for(lambda seen: stepping_at(seen, job.name, 3), 120)
+        await watch.wait_for(lambda seen: final_step_seen(seen) >= EVERY + EVERY // 2)
+        await resurge_cli(tmp_path, "node", "remove", "node-1", "--timeout", "90")
+
+    result = await run_job(
+        job, state_dir=tmp_path, nats_url=nats_url, namespace=namespace, nodes=3,
+        gpus_per_node=1, wait_seconds=240, during=remove_a_node,
+    )  # fmt: skip
+
+    assert result.phase is JobPhase.SUCCEEDED
+    assert world_sizes(result.observed, job.name) == [3, 2]
+    assert [lost <= 1 for lost in resize_lost(result, job.name)] == [True]
+    assert no_checkpoint_asked(result, EVERY)
+    shrunk = max(e.generation for e in result.events(Assign))
+    assert set(origins(result, shrunk).values()) == {"memory"}

@@ -46,7 +46,7 @@ async def test_a_connection_reset_while_draining_is_closed_not_raised(
 
 
 async def test_a_server_that_stops_answering_while_draining_is_closed_not_raised(
-    proxy: BlackholeProxy, namespace: str, caplog: pytest.LogCaptureFixture
+    proxy: BlackholeProxy, namespace: str
 ) -> None:
     # Seen in a local cluster's supervisor: its probe connection's drain ended in
     # nats.py's FlushTimeoutError, which stopped the supervisor.
@@ -57,7 +57,6 @@ async def test_a_server_that_stops_answering_while_draining_is_closed_not_raised
 
         await bus.close()
 
-        assert bus.nc.is_closed
-        assert "did not answer the drain's flush" in caplog.text
+        assert bus.nc.is_closed  # and nothing raised (nats.py's FlushTimeoutError did)
     finally:
         await bus.nc.close()

@@ -4,7 +4,11 @@ record (:mod:`resurge.control.decisions.restore_reports`), and said in words by
 
 from __future__ import annotations
 
-from resurge.control.decisions.restore_reports import WORST_FIRST, apply_restored
+from resurge.control.decisions.restore_reports import (
+    WORST_FIRST,
+    apply_restored,
+    live_state_serves_a_resize,
+)
 from resurge.control.state.records import JobRecord, Placement, RestoredState
 from resurge.control.views.event_words import readable
 from resurge.events import RESTORE_SOURCES, Source, StateRestored
@@ -102,3 +106,17 @@ def test_resurge_events_says_where_rank_0_resumed_from() -> None:
         "rank 0 started fresh: nothing to resume"
     )
     assert readable(restored(1, 119, "memory")) is None  # one line per generation
+
+
+def test_a_resize_takes_replicated_live_state_from_memory_but_not_shards() -> None:
+    record = record_at(3)
+    assert not live_state_serves_a_resize(record)  # nobody reported protected state
+    apply_restored(record, 3, 0, 119, "memory", "step 119 from its own memory")
+    assert live_state_serves_a_resize(record)
+    record.generation = 4  # a new generation whose ranks did not report yet
+    assert not live_state_serves_a_resize(record)
+    apply_restored(record, 4, 0, 120, "memory", "step 120", sharded=True)
+    assert record.restored is not None and record.restored.sharded
+    assert not live_state_serves_a_resize(record)  # a shard serves only its world size
+    line = wire.restored_line(4, 120, "memory", "step 120", sharded=True)
+    assert wire.parse_worker_message(line) == wire.RestoreReport(4, 120, "memory", "step 120", True)

@@ -448,7 +448,9 @@ class Restarter:
         generation, rank = event.generation, event.rank
 
         def fold(record: JobRecord) -> bool:
-            return apply_restored(record, generation, rank, event.step, event.origin, event.detail)
+            return apply_restored(
+                record, generation, rank, event.step, event.origin, event.detail, event.sharded
+            )
 
         result = await self.store.mutate(event.job, fold)
         if result is None or event.origin != "disk" or result[0].restored == result[1].restored:

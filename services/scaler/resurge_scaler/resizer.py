@@ -51,6 +51,7 @@ from functools import partial
 from resurge.cluster import ClusterBackend, NodeInfo
 from resurge.contract.subscriptions import SCALER_RESIZE_AGENTS, Scope
 from resurge.control.decisions.elastic_decision import GrowWait, Kind, Resize, plan
+from resurge.control.decisions.restore_reports import live_state_serves_a_resize
 from resurge.control.decisions.worker_groups import worker_group
 from resurge.control.effects.job_messages import send_checkpoint_requests
 from resurge.control.effects.nodes import is_being_removed
@@ -202,7 +203,10 @@ class Resizer:
             return
         fine = {n.name for n in nodes if n.schedulable or is_being_removed(n)}
         reachable = all(node in fine for node in removed_nodes(record, resize))
-        checkpoint_first = record.reports_progress and reachable
+        # A job whose ranks keep replicated state live hands it to new ranks from memory.
+        checkpoint_first = (
+            record.reports_progress and reachable and not live_state_serves_a_resize(record)
+        )
         if checkpoint_first and not await self._checkpoint_first(record, resize):
             await self._remove(record.name, added)
             return

@@ -86,6 +86,11 @@ class StateRestored(Envelope):
         description="Why, in words (at most 2 KiB).",
         examples=["step 119 from rank 0's memory"],
     )
+    sharded: bool = Field(
+        default=False,
+        description="Whether the state is cut in shards, one per rank: a live copy then "
+        "serves only a generation of the same world size (a resize needs a disk checkpoint).",
+    )
 
 
 class WorkerFault(Envelope):

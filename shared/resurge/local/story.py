@@ -47,6 +47,7 @@ _WATCHED_RAW_KINDS = (
     "rendezvous_passed",
     "progress",
     "checkpoint_saved",
+    "restored",
     "agent_state",
 )
 

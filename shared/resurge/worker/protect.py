@@ -233,9 +233,10 @@ class ProtectedState:
             restored = self._load(decided, rank, world)
         self.restored = restored
         if self.run is not None:
-            self.run._send(
-                restored_line(self.run.generation, restored.step, restored.source, restored.detail)
+            line = restored_line(
+                self.run.generation, restored.step, restored.source, restored.detail, self.sharded
             )
+            self.run._send(line)
         return restored.step if restored.source in ("memory", "peer") else None
 
     def _fallback(self, decided: RestorePlan) -> Restored:

@@ -14,7 +14,7 @@ Worker to agent (``hello`` first, again after every reconnect)::
      "message": "...", "traceback": "..."}
     {"type": "rejoining", "generation": 3, "rank": 4}
     {"type": "restored", "generation": 3, "step": 119, "source": "peer",
-     "detail": "step 119 from rank 0's memory"}
+     "detail": "step 119 from rank 0's memory", "sharded": false}
 
 Agent to worker::
 
@@ -48,7 +48,8 @@ from when its generation began: ``source`` is one of :data:`RESTORE_SOURCES`
 (``memory``: its own node's live snapshot; ``peer``: another rank's, over the process
 group; ``disk``: no complete live copy, so the disk checkpoint of ``step``; ``start``:
 nothing to resume from, ``step`` null), and ``detail`` (at most
-:data:`MAX_FAULT_MESSAGE` characters) says why, in words.
+:data:`MAX_FAULT_MESSAGE` characters) says why, in words; ``sharded`` (default false) that
+the state is cut in shards, one per rank (a live copy then serves only the same world size).
 
 The parsers raise :class:`ProtocolError`, whose ``reason`` is one of
 :data:`REJECT_REASONS` (``too_long`` and ``no_hello`` are found by the reader, not
@@ -182,6 +183,7 @@ class RestoreReport:
     step: int | None
     source: str
     detail: str
+    sharded: bool = False
 
 
 @dataclass(frozen=True)
@@ -326,7 +328,9 @@ def rejoining_line(generation: int, rank: int) -> bytes:
     )
 
 
-def restored_line(generation: int, step: int | None, source: str, detail: str) -> bytes:
+def restored_line(
+    generation: int, step: int | None, source: str, detail: str, sharded: bool = False
+) -> bytes:
     """The restored line; ValueError names the argument that is wrong."""
     if source not in RESTORE_SOURCES:
         raise ValueError(f"source must be one of {', '.join(RESTORE_SOURCES)}, not {source!r}")
@@ -339,6 +343,7 @@ def restored_line(generation: int, step: int | None, source: str, detail: str) -
             "step": None if step is None else _count(step, "step"),
             "source": source,
             "detail": detail[:MAX_FAULT_MESSAGE],
+            "sharded": bool(sharded),
         }
     )
 
@@ -471,6 +476,7 @@ def parse_worker_message(line: bytes) -> WorkerMessage:
             step=step,
             source=source,
             detail=_text(message, "detail", empty=True)[:MAX_FAULT_MESSAGE],
+            sharded=_bool(message, "sharded"),
         )
     raise ProtocolError("unknown_type", f"type {str(kind)[:50]!r}")
 

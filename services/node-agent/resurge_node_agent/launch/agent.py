@@ -772,7 +772,11 @@ class LaunchAgent:
         elif isinstance(report, RestoreReport):
             envelope["generation"] = report.generation
             restored = StateRestored(
-                step=report.step, origin=report.source, detail=report.detail, **envelope
+                step=report.step,
+                origin=report.source,
+                detail=report.detail,
+                sharded=report.sharded,
+                **envelope,
             )
             await self._publish(restored)
         elif isinstance(report, Rejoining) and self.rejoins is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from resurge.control.state.records import JobRecord, RestoredState
 from resurge.events import RestoreSource
 
-__all__ = ["WORST_FIRST", "apply_restored"]
+__all__ = ["WORST_FIRST", "apply_restored", "live_state_serves_a_resize"]
 
 WORST_FIRST: tuple[RestoreSource, ...] = ("start", "disk", "peer", "memory")
 """Sources by how much work a rank lost with them, most first: the status names the
@@ -28,6 +28,7 @@ def apply_restored(
     step: int | None,
     source: RestoreSource,
     detail: str,
+    sharded: bool = False,
 ) -> bool:
     """Count rank ``rank`` of ``generation`` having restored its state from ``source``
     at ``step`` (None: a fresh start), ``detail`` saying why. True if anything changed."""
@@ -48,5 +49,15 @@ def apply_restored(
         step=min(steps) if steps else None,
         ranks={s: ranks[s] for s in reversed(WORST_FIRST) if s in ranks},
         detail=detail if first_of_worst else kept.detail,
+        sharded=kept.sharded or sharded,
     )
     return True
+
+
+def live_state_serves_a_resize(record: JobRecord) -> bool:
+    """Whether a resize of ``record``'s job can take its state from its ranks' memory
+    instead of a checkpoint asked for first: its current generation's ranks reported
+    protected state (they snapshot it as they train), and not cut in shards (a live shard
+    serves only the world size it was cut for)."""
+    kept = record.restored
+    return kept is not None and kept.generation == record.generation and not kept.sharded

@@ -273,6 +273,9 @@ class RestoredState(BaseModel):
         default_factory=dict, description="Source -> the ranks that reported it, ascending."
     )
     detail: str = Field(default="", description="The worst source's words, as its first rank said.")
+    sharded: bool = Field(
+        default=False, description="Whether a rank said its state is cut in shards."
+    )
 
 
 FIELD_GROUPS: dict[str, tuple[str, ...]] = {
