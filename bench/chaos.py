@@ -2,9 +2,11 @@
 
 A local cluster of 4 nodes x 1 simulated GPU runs the DDP example (examples/ddp, gloo on
 CPU, one worker per replica under ``resurge.worker.restartable``, DCP checkpoints every
-``--checkpoint-every`` steps) as an elastic job of 2 to 4 replicas, sized to train for
-about ``--minutes`` (default 20). Every ``--every`` seconds (default 15, jittered) one
-disturbance is picked at random:
+20 steps, its model and optimizer snapshotted to its nodes' memory every step with
+``run.protect``) as an elastic job of 2 to 4 replicas, sized to train for about
+``--minutes`` (default 20). ``--no-protect`` passes ``--no-protect`` to the example: no
+snapshots, every restart and resize resumes from the disk checkpoint (the baseline).
+Every ``--every`` seconds (default 15, jittered) one disturbance is picked at random:
 
 - ``kill_rank``: SIGKILL one worker;              - ``exception``: one raised in a worker;
 - ``stop_rank``: SIGSTOP one worker (a hang);     - ``log``: a CUDA error line in its output;
@@ -16,21 +18,27 @@ disturbance is picked at random:
 Faults that break the job (all but ``kill_service`` and the node changes) wait until the
 job trains again before the next disturbance, so each is one incident.
 
-Printed at the end: disturbances by kind; faults injected and detected; recoveries by
-level; resizes; steps lost at each restart against the checkpoint bound; each
-service's memory (RSS) at start and end; and every invariant broken:
+Printed at the end: the mode (peer recovery or disk only); disturbances by kind; faults
+injected and detected; recoveries by level; resizes; the steps trained again at each
+restart and at each resize (mean and max), measured from progress: the last step any
+earlier generation reached less the step the new generation went on after (its first
+step, less one), next to what a resume from the disk checkpoint the restarter assigned
+would have trained again (the bound of a disk-only run); each new generation with its
+cause, the disturbance before it and where its ranks' state came from (their
+``restored`` reports); each service's memory (RSS) at start and end; and every
+invariant broken:
 
 - the job ends Succeeded at its final step;
 - every injected fault is detected (a FaultDetected of the job after it);
 - no fault is acted on twice (each RecoveryStarted names a fault once);
 - generations only grow;
-- no restart loses more steps than one checkpoint interval (plus the steps of the
-  fault's own detection);
+- no restart or resize trains more steps again than one checkpoint interval (plus the
+  steps of the fault's own detection);
 - memory is flat: no service's RSS at the end above 1.5 x its start + 30 MB.
 
 This is a benchmark, not a test: it prints, it does not assert.
 
-    .venv/bin/python bench/chaos.py [--minutes 20] [--every 15] [--seed 1]
+    .venv/bin/python bench/chaos.py [--minutes 20] [--every 15] [--seed 1] [--no-protect]
 
 ``--control-plane`` runs the control plane's own chaos instead (proxies between each
 service and NATS that partition and delay, failed publishes, the detector killed during
@@ -68,6 +76,7 @@ from resurge.events import (
     Progress,
     RecoveryStarted,
     ScaleDecided,
+    StateRestored,
 )
 from resurge.jobspec import TrainingJob
 from resurge.local.job_factory import EXAMPLE, python_job
@@ -82,6 +91,8 @@ SERVICES = ("detector", "restarter", "scaler")
 BREAKING = ("kill_rank", "stop_rank", "exception", "log", "kill_agent", "xid")
 KINDS = (*BREAKING, "kill_service", "remove_node")
 CUDA_LINE = "RuntimeError: CUDA error: an illegal memory access was encountered"
+CHECKPOINT_EVERY = 20  # the example's --checkpoint-every: the disk checkpoint interval
+DETECTION_STEPS = 10  # steps a fault may train on before it is detected, over the bound
 
 
 @dataclass
@@ -96,12 +107,13 @@ class Chaos:
     skipped: Counter[str] = field(default_factory=Counter)
 
 
-def chaos_job(checkpoints: Path, minutes: float, every: int) -> TrainingJob:
-    """The DDP example, elastic 2..4 replicas of one worker, about ``minutes`` long."""
+def chaos_job(checkpoints: Path, minutes: float, every: int, protect: bool = True) -> TrainingJob:
+    """The DDP example, elastic 2..4 replicas of one worker, about ``minutes`` long;
+    ``protect``: its state snapshotted to memory (the example's default), else disk only."""
     steps = int(minutes * 60 / (STEP_SECONDS + 0.03))
     args = ["--steps", str(steps), "--checkpoint-every", str(every)]
     args += ["--step-seconds", str(STEP_SECONDS), "--global-batch", "48", "--micro-batch", "4"]
-    args += ["--log-every", "500"]
+    args += ["--log-every", "500", *([] if protect else ["--no-protect"])]
     return python_job(
         "chaos", EXAMPLE.parent / "train.py", *args, nproc=1, preload=None,
         replicas={"min": 2, "max": 4}, elastic={"cooldownSeconds": 5, "scaleUpSnoozeSeconds": 5},
@@ -239,11 +251,11 @@ async def replace_node(bus: Bus, state_dir: Path, name: str, chaos: Chaos) -> No
 
 
 async def run_chaos(
-    minutes: float, every: float, seed: int, folder: Path
+    minutes: float, every: float, seed: int, folder: Path, protect: bool = True
 ) -> tuple[StoryResult, Chaos, TrainingJob]:
     random.seed(seed)
     chaos = Chaos()
-    job = chaos_job(folder / "ckpt", minutes, every=20)
+    job = chaos_job(folder / "ckpt", minutes, CHECKPOINT_EVERY, protect)
     deadline = time.monotonic() + minutes * 60 * 0.85
 
     async def during(bus: Bus, watch: Watch) -> None:
@@ -283,7 +295,8 @@ async def run_chaos(
     return result, chaos, job
 
 
-def report(result: StoryResult, chaos: Chaos, job: TrainingJob, every: int) -> int:
+def report(result: StoryResult, chaos: Chaos, job: TrainingJob, protect: bool = True) -> int:
+    every = CHECKPOINT_EVERY
     broken: list[str] = []
     final = max((e.step for e in result.events(Progress) if e.job == job.name), default=0)
     total = int(job.spec.command[job.spec.command.index("--steps") + 1])
@@ -303,22 +316,43 @@ def report(result: StoryResult, chaos: Chaos, job: TrainingJob, every: int) -> i
     generations = [a.generation for a in result.events(Assign) if a.job == job.name]
     if any(b < a for a, b in itertools.pairwise(generations)):
         broken.append("a generation went backwards")
-    lost = steps_lost(result, job.name)
-    over = [n for n in lost if n > every + 10]
+    news = new_generations(result, job.name, chaos.injected)
+    over = [n.redone for n in news if n.redone > every + DETECTION_STEPS]
     if over:
-        broken.append(f"restarts lost more than a checkpoint interval: {over}")
+        broken.append(f"restarts or resizes trained more than a checkpoint interval again: {over}")
     for name, start in chaos.rss_start.items():
         end = chaos.rss_end.get(name, 0)
         if end > 1.5 * start + 30 * 2**20:
             broken.append(f"{name} grew from {start / 2**20:.0f} to {end / 2**20:.0f} MiB")
     print("\n=== chaos ===")
+    if protect:
+        print("mode: peer recovery (the example's run.protect: its state in its nodes' memory)")
+    else:
+        print("mode: disk only (the example with --no-protect)")
     print(f"disturbances: {dict(Counter(kind for kind, _ in chaos.injected))}")
     print(f"not possible at the moment drawn (skipped): {dict(chaos.skipped)}")
     print(f"faults injected (breaking the job): {len(breaking)}; faults detected: {len(faults)}")
     print(f"detected by reason: {dict(Counter(f.reason for f in faults))}")
     print(f"recoveries by level: {dict(Counter(r.level.value for r in started))}")
     print(f"resizes: {dict(Counter(s.resize for s in result.events(ScaleDecided)))}")
-    print(f"steps lost per restart (checkpoint every {every}): {lost}")
+    print(
+        f"steps trained again (disk checkpoint every {every}; "
+        f"bound {every + DETECTION_STEPS}), from the assigned disk checkpoint in brackets:"
+    )
+    for label, group in (
+        ("per restart", [n for n in news if not n.resize]),
+        ("per resize", [n for n in news if n.resize]),
+        ("in all", news),
+    ):
+        print(f"  {label} ({len(group)}): {_spread([n.redone for n in group])} "
+              f"[{_spread([n.from_disk for n in group if n.from_disk is not None])}]")  # fmt: skip
+    by_kind: dict[str, list[int]] = {}
+    for n in news:
+        by_kind.setdefault(n.disturbance or "none", []).append(n.redone)
+    print(f"  by the disturbance before: {by_kind}")
+    print("each new generation:")
+    for n in news:
+        print(f"  {n}")
     for name in SERVICES:
         start, end = chaos.rss_start.get(name, 0), chaos.rss_end.get(name, 0)
         print(f"RSS {name}: {start / 2**20:.1f} MiB at start, {end / 2**20:.1f} MiB at end")
@@ -329,18 +363,96 @@ def report(result: StoryResult, chaos: Chaos, job: TrainingJob, every: int) -> i
     return 0 if not broken else 1
 
 
-def steps_lost(result: StoryResult, job: str) -> list[int]:
-    """At each new generation: the highest step before it less the step it resumed at."""
-    lost = []
-    highest, generation = 0, None
+def _spread(values: list[int]) -> str:
+    if not values:
+        return "none"
+    return f"mean {sum(values) / len(values):.1f}, max {max(values)}, each {values}"
+
+
+@dataclass
+class NewGeneration:
+    """A generation that trained after an earlier one had: what it cost and why it came."""
+
+    generation: int
+    cause: str  # "restart (process)", "resize (grow)", or "?" when no event said
+    resize: bool
+    disturbance: str  # the last one injected before its Assign ("" for none)
+    disturbed_seconds_before: float | None
+    redone: int  # steps trained again, measured from progress
+    from_disk: int | None  # the same from the disk checkpoint its Assign named
+    restored: Counter[str]  # its ranks' restored reports: origin -> ranks
+    restored_steps: list[int | None]
+
+    def __str__(self) -> str:
+        before = ""
+        if self.disturbance:
+            before = f" after {self.disturbance} ({self.disturbed_seconds_before:.0f} s before)"
+        origins = ", ".join(f"{origin} {n}" for origin, n in sorted(self.restored.items()))
+        steps = sorted({s for s in self.restored_steps if s is not None})
+        disk = "?" if self.from_disk is None else self.from_disk
+        return (
+            f"generation {self.generation}: {self.cause}{before}: {self.redone} steps again "
+            f"(from the disk: {disk}); restored: {origins or 'no report'}"
+            + (f" at step {', '.join(map(str, steps))}" if steps else "")
+        )
+
+
+def new_generations(
+    result: StoryResult, job: str, injected: list[tuple[str, datetime]]
+) -> list[NewGeneration]:
+    """Each generation that trained after another had, with the steps it trained again:
+    the last step any earlier generation reached less the step it went on after (its
+    first step, less one), as progress shows it, whether it resumed from memory, a peer
+    or the disk; beside it, the same from the disk checkpoint the restarter assigned."""
+    steps: dict[int, list[int]] = {}
+    first_seen: dict[int, datetime] = {}
     for event in result.events(Progress):
-        if event.job != job or event.rank != 0:
-            continue
-        if generation is not None and event.generation != generation:
-            lost.append(max(highest - event.step + 1, 0))
-        generation = event.generation
-        highest = max(highest, event.step)
-    return lost
+        if event.job == job and event.generation is not None:
+            steps.setdefault(event.generation, []).append(event.step)
+            first_seen.setdefault(event.generation, event.time)
+    assigns: dict[int, Assign] = {}
+    for command in result.events(Assign):
+        if command.job == job:
+            assigns.setdefault(command.generation, command)
+    causes = {
+        r.to_generation: (f"restart ({r.level.value})", False)
+        for r in result.events(RecoveryStarted)
+        if r.job == job
+    }
+    causes |= {
+        s.to_generation: (f"resize ({s.resize})", True)
+        for s in result.events(ScaleDecided)
+        if s.job == job
+    }
+    restored: dict[int, list[StateRestored]] = {}
+    for report in result.events(StateRestored):
+        if report.job == job and report.generation is not None:
+            restored.setdefault(report.generation, []).append(report)
+    news: list[NewGeneration] = []
+    reached: int | None = None
+    for generation in sorted(steps):
+        if reached is not None:
+            assign = assigns.get(generation)
+            at = assign.time if assign is not None else first_seen[generation]
+            before = [(kind, when) for kind, when in injected if when <= at]
+            kind, when = before[-1] if before else ("", at)
+            cause, resize = causes.get(generation, ("?", False))
+            reports = restored.get(generation, [])
+            news.append(
+                NewGeneration(
+                    generation=generation,
+                    cause=cause,
+                    resize=resize,
+                    disturbance=kind,
+                    disturbed_seconds_before=(at - when).total_seconds() if before else None,
+                    redone=reached - (min(steps[generation]) - 1),
+                    from_disk=None if assign is None else reached - (assign.resume_step or 0),
+                    restored=Counter(r.origin for r in reports),
+                    restored_steps=[r.step for r in reports],
+                )
+            )
+        reached = max(reached or 0, *steps[generation])
+    return news
 
 
 def main() -> int:
@@ -351,6 +463,12 @@ def main() -> int:
     parser.add_argument(
         "--control-plane", action="store_true", help="the control plane's own chaos (see above)"
     )
+    parser.add_argument(
+        "--no-protect",
+        action="store_true",
+        help="the example without run.protect: every restart and resize resumes from the "
+        "disk checkpoint (the baseline)",
+    )
     args = parser.parse_args()
     if args.control_plane:
         from chaos_control_plane import main as control_plane
@@ -359,10 +477,11 @@ def main() -> int:
     args.every = 15.0 if args.every is None else args.every
     args.seed = 1 if args.seed is None else args.seed
     with tempfile.TemporaryDirectory(prefix="resurge-chaos-") as folder:
+        protect = not args.no_protect
         result, chaos, job = asyncio.run(
-            run_chaos(args.minutes, args.every, args.seed, Path(folder))
+            run_chaos(args.minutes, args.every, args.seed, Path(folder), protect)
         )
-        return report(result, chaos, job, every=20)
+        return report(result, chaos, job, protect)
 
 
 if __name__ == "__main__":
