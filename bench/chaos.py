@@ -350,6 +350,9 @@ def report(result: StoryResult, chaos: Chaos, job: TrainingJob, protect: bool = 
     for n in news:
         by_kind.setdefault(n.disturbance or "none", []).append(n.redone)
     print(f"  by the disturbance before: {by_kind}")
+    unseen = sum(1 for n in news if n.progress_unseen)
+    if unseen:
+        print(f"  ({unseen} whose last steps reached were known only from the restored step)")
     print("each new generation:")
     for n in news:
         print(f"  {n}")
@@ -382,6 +385,7 @@ class NewGeneration:
     from_disk: int | None  # the same from the disk checkpoint its Assign named
     restored: Counter[str]  # its ranks' restored reports: origin -> ranks
     restored_steps: list[int | None]
+    progress_unseen: int = 0  # steps restored that no progress report of before showed
 
     def __str__(self) -> str:
         before = ""
@@ -394,6 +398,7 @@ class NewGeneration:
             f"generation {self.generation}: {self.cause}{before}: {self.redone} steps again "
             f"(from the disk: {disk}); restored: {origins or 'no report'}"
             + (f" at step {', '.join(map(str, steps))}" if steps else "")
+            + (f" ({self.progress_unseen} step(s) reached unseen)" if self.progress_unseen else "")
         )
 
 
@@ -403,7 +408,10 @@ def new_generations(
     """Each generation that trained after another had, with the steps it trained again:
     the last step any earlier generation reached less the step it went on after (its
     first step, less one), as progress shows it, whether it resumed from memory, a peer
-    or the disk; beside it, the same from the disk checkpoint the restarter assigned."""
+    or the disk; beside it, the same from the disk checkpoint the restarter assigned.
+    Progress is best-effort: a rank killed right after a step may never report it, so
+    the step its new generation restored (which an earlier one reached) counts as
+    reached too."""
     steps: dict[int, list[int]] = {}
     first_seen: dict[int, datetime] = {}
     for event in result.events(Progress):
@@ -438,6 +446,8 @@ def new_generations(
             kind, when = before[-1] if before else ("", at)
             cause, resize = causes.get(generation, ("?", False))
             reports = restored.get(generation, [])
+            seen = reached
+            reached = max([reached, *(r.step for r in reports if r.step is not None)])
             news.append(
                 NewGeneration(
                     generation=generation,
@@ -449,6 +459,7 @@ def new_generations(
                     from_disk=None if assign is None else reached - (assign.resume_step or 0),
                     restored=Counter(r.origin for r in reports),
                     restored_steps=[r.step for r in reports],
+                    progress_unseen=reached - seen,
                 )
             )
         reached = max(reached or 0, *steps[generation])

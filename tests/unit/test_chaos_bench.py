@@ -129,6 +129,20 @@ def test_each_new_generation_counts_the_steps_progress_shows_it_trained_again() 
     assert "restored: memory 1, peer 1 at step 24" in str(news[0])
 
 
+def test_a_step_restored_counts_as_reached_when_its_progress_was_never_seen() -> None:
+    """Generation 1 reported step 40 but restored step 41 (its rank killed before it
+    reported it): generation 2 going on after step 41 trained nothing again, not -1."""
+    result = four_generations(15)
+    result.observed[:] = [
+        o for o in result.observed
+        if not (isinstance(o.event, Progress) and o.event.generation == 1 and o.event.step == 40)
+    ] + [Observed(subject="x", event=restored(2, "peer", 40, 1))]  # fmt: skip
+    news = chaos.new_generations(result, JOB, [])
+    assert [n.redone for n in news] == [1, 0, 15]
+    assert [n.progress_unseen for n in news] == [0, 1, 0]
+    assert "(1 step(s) reached unseen)" in str(news[1])
+
+
 @pytest.mark.parametrize(("redone", "broken"), [(15, False), (31, True)])
 def test_a_generation_that_trains_more_than_an_interval_again_breaks_the_invariant(
     redone: int, broken: bool, capsys: pytest.CaptureFixture[str]
