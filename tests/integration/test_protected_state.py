@@ -4,8 +4,9 @@ a snapshot folder of its own (two nodes' memory), stopped mid-run and started ag
 - Replicated (DDP): after rank 1's node lost its memory, rank 1 receives the step from
   rank 0 and the run ends with the parameters (and BatchNorm's running statistics) of an
   uninterrupted run, bit for bit.
-- Sharded (a model per rank): each rank takes its own shard back; with one shard's
-  memory gone and no other copy, nobody resumes from a live step (no mixed resume).
+- Sharded (a model per rank): each rank takes its own shard back; a node whose memory is
+  gone gets its shard from its buddy's copy; with the copy gone too, nobody resumes from
+  a live step (no mixed resume).
 """
 
 from __future__ import annotations
@@ -80,9 +81,23 @@ def test_a_rank_whose_node_lost_its_memory_gets_the_step_from_its_peer(tmp_path:
     )
 
 
-def test_a_lost_shard_with_no_other_copy_resumes_nobody_from_memory(tmp_path: Path) -> None:
+def test_a_lost_node_s_shard_comes_back_from_its_buddy_s_copy(tmp_path: Path) -> None:
+    plain = ranks(tmp_path / "plain", 10, 0, "sharded")
+    ranks(tmp_path / "memory", 10, 6, "sharded")
+    held_by_rank_0 = sorted(p.name for p in (tmp_path / "memory" / "node-0").iterdir())
+    shutil.rmtree(tmp_path / "memory" / "node-1")
+    again = ranks(tmp_path / "memory", 10, 0, "sharded")
+
+    assert held_by_rank_0 == ["shard-0-of-2", "shard-1-of-2"]  # its own and its ward's
+    assert [line(out, "digest") for out in again] == [line(out, "digest") for out in plain]
+    assert "source='memory'" in line(again[0], "restored")
+    assert "source='peer'" in line(again[1], "restored")
+
+
+def test_a_shard_lost_with_its_buddy_s_copy_resumes_nobody_from_memory(tmp_path: Path) -> None:
     ranks(tmp_path / "memory", 10, 6, "sharded")
     shutil.rmtree(tmp_path / "memory" / "node-1")
+    shutil.rmtree(tmp_path / "memory" / "node-0" / "shard-1-of-2")  # the buddy's node too
     again = ranks(tmp_path / "memory", 10, 0, "sharded")
 
     for output in again:

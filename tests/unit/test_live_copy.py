@@ -77,3 +77,17 @@ def test_a_write_that_fails_leaves_nothing_behind(tmp_path: Path) -> None:
         folder.write(REPLICATED, 1, fail)
     assert folder.held() == []
     assert list((tmp_path / REPLICATED).iterdir()) == []
+
+
+def test_a_resume_drops_the_snapshots_of_a_future_that_did_not_happen(tmp_path: Path) -> None:
+    folder = SnapshotFolder(tmp_path)
+    for key, step in [(REPLICATED, 5), (REPLICATED, 6), (shard_key(1, 2), 6)]:
+
+        def save(path: Path) -> None:
+            path.write_text("state")
+
+        folder.write(key, step, save)
+    assert folder.drop_after(5) == [Held(REPLICATED, 6), Held(shard_key(1, 2), 6)]
+    assert folder.held() == [Held(REPLICATED, 5)]
+    assert folder.drop_after(None) == [Held(REPLICATED, 5)]  # a fresh start: none stays
+    assert folder.held() == []

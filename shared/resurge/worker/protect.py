@@ -33,7 +33,9 @@ The contract:
   (:func:`resurge.worker.live_copy.plan`: the newest step whose state is complete among
   them, never a mix); each loads its state from its own node's memory or receives it from
   the rank that holds it, over a gloo group (the default one when it is gloo), and the
-  registered objects get it through ``load_state_dict``. It returns that step; None
+  registered objects get it through ``load_state_dict``. Snapshots of later steps are
+  dropped from the node's memory (a resume from the disk drops those after its step): a
+  later restore never picks a step of a run that did not go on. It returns that step; None
   when nothing complete is live (then, as before: ``run.resume_checkpoint``, else a
   fresh start). Each rank tells its agent where its state came from (the ``restored``
   line: ``memory``, ``peer``, ``disk`` or ``start``), which the job's status shows.
@@ -57,6 +59,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from resurge.worker.buddy import Buddy, BuddyServer, buddy_of, new_token, reachable_host, send_copy
 from resurge.worker.environment import read_environment
 from resurge.worker.live_copy import REPLICATED, Held, RestorePlan, plan, shard_key
 from resurge.worker.snapshot_folder import SnapshotFolder
@@ -88,6 +91,10 @@ class Restored:
     source: str
     detail: str
 
+
+# Where this process takes its wards' copies of sharded state (one server a process: it
+# outlives the generations of in-process restarts).
+_server: BuddyServer | None = None
 
 # The write still in flight, whichever ProtectedState started it (an in-process restart
 # builds a new one while the old one's write may still run): restore() waits for it.
@@ -133,6 +140,7 @@ class ProtectedState:
         self.run = run
         self.folder = SnapshotFolder(env.snapshot_dir) if env.snapshot_dir else None
         self.restored: Restored | None = None
+        self.buddy: Buddy | None = None  # where sharded snapshots are copied (restore)
         self.last_snapshot: int | None = None
         self._error: BaseException | None = None
         self._hooked: list[Any] = []
@@ -155,15 +163,18 @@ class ProtectedState:
         self.wait()
         key = shard_key(rank, world) if self.sharded else REPLICATED
         payload = self._payload(step, rank, world)
-        folder = self.folder
+        folder, buddy = self.folder, self.buddy
 
         def write() -> None:
             import torch
 
             try:
-                folder.write(key, step, lambda path: torch.save(payload, path))
+                path = folder.write(key, step, lambda path: torch.save(payload, path))
             except BaseException as error:  # raised at the next wait, in the training thread
                 self._error = error
+                return
+            if buddy is not None:  # within the write: the buddy holds step N before N + 1
+                send_copy(buddy, key, step, path)
 
         global _in_flight
         if self._hooked:
@@ -224,7 +235,8 @@ class ProtectedState:
         _wait_in_flight()
         rank, world, _ = _place()
         mine = self.folder.held() if self.folder is not None else []
-        everyone = _all_gather(mine, world)
+        everyone, addresses = _all_gather(mine, world, self._address())
+        self.buddy = self._buddy(rank, world, addresses)
         disk_step = self.run.resume_step if self.run is not None else None
         decided = plan(everyone, self.sharded, disk_step)
         if decided.step is None:
@@ -232,12 +244,40 @@ class ProtectedState:
         else:
             restored = self._load(decided, rank, world)
         self.restored = restored
+        if self.folder is not None:  # snapshots past the resume point are a future undone
+            self.folder.drop_after(restored.step)
         if self.run is not None:
             line = restored_line(
                 self.run.generation, restored.step, restored.source, restored.detail, self.sharded
             )
             self.run._send(line)
         return restored.step if restored.source in ("memory", "peer") else None
+
+    def _address(self) -> tuple[str, int, str] | None:
+        """Where this rank takes its wards' copies, and a token for this generation's
+        (sharded state under an agent only)."""
+        if not self.sharded or self.folder is None:
+            return None
+        global _server
+        if _server is None or _server.folder.root != self.folder.root:
+            _server = BuddyServer(self.folder)
+        master = os.environ.get("MASTER_ADDR") or "127.0.0.1"
+        host = reachable_host(master, int(os.environ.get("MASTER_PORT") or 0))
+        return host, _server.port, new_token()
+
+    def _buddy(
+        self, rank: int, world: int, addresses: list[tuple[str, int, str] | None]
+    ) -> Buddy | None:
+        """This rank's buddy for the generation, once every rank can take copies."""
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+        to = buddy_of(rank, world, local_world)
+        known = [a for a in addresses if a is not None]
+        if to is None or _server is None or len(known) < world:
+            return None
+        token = known[0][2]  # rank 0's: one token for the generation
+        _server.accept_token(token)
+        host, port, _ = known[to]
+        return Buddy(rank=to, host=host, port=port, token=token)
 
     def _fallback(self, decided: RestorePlan) -> Restored:
         run = self.run
@@ -292,14 +332,18 @@ def _place() -> tuple[int, int, int]:
     return 0, 1, local_rank
 
 
-def _all_gather(mine: list[Held], world: int) -> list[list[Held]]:
+def _all_gather(
+    mine: list[Held], world: int, address: tuple[str, int, str] | None
+) -> tuple[list[list[Held]], list[tuple[str, int, str] | None]]:
+    """Every rank's snapshots and buddy address (see :meth:`ProtectedState._address`)."""
     if world == 1:
-        return [mine]
+        return [mine], [address]
     import torch.distributed as dist
 
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, [(h.key, h.step) for h in mine])
-    return [[Held(key, step) for key, step in ranks] for ranks in gathered]
+    dist.all_gather_object(gathered, ([(h.key, h.step) for h in mine], address))
+    held = [[Held(key, step) for key, step in snapshots] for snapshots, _ in gathered]
+    return held, [None if a is None else (str(a[0]), int(a[1]), str(a[2])) for _, a in gathered]
 
 
 def _exchange(

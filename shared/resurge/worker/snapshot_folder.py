@@ -80,6 +80,14 @@ class SnapshotFolder:
         self.prune(key)
         return final
 
+    def drop_after(self, step: int | None) -> list[Held]:
+        """Drop every snapshot of a step after ``step`` (None: every snapshot): what a
+        generation that resumed from ``step`` will never go back to. The dropped ones."""
+        dropped = [h for h in self.held() if step is None or h.step > step]
+        for held in dropped:
+            self.path(held.key, held.step).unlink(missing_ok=True)
+        return dropped
+
     def prune(self, key: str) -> None:
         """Drop all but the newest :data:`KEEP` snapshots of ``key``."""
         steps = sorted(h.step for h in self.held() if h.key == key)
