@@ -10,9 +10,18 @@ by rung, and the wall time of the run (goals: under 5 s at 1,024 nodes, under 60
 16,384). Then, per policy, the checkpoint interval with the best simulated ETTR over a
 sweep, beside Young/Daly's sqrt(2 * w_cp * MTBF) for the job's MTBF.
 
+Then checkpointless (peer) recovery: the full ladder and the full-job restart, each
+with every restart reading the disk checkpoint and with peer recovery (replicated
+state, and sharded state with a buddy copy on the next node; snapshots costing
+--snapshot-overhead of each step, 100 MB per replica over 10 Gb/s), at 5-, 30- and
+120-minute disk checkpoints: ETTR, time lost by cause, where recoveries resumed from
+(live copies or disk) and the steps each redid, mean and max; and the disk checkpoint
+interval with the best ETTR for the full ladder with peer recovery.
+
 This is a benchmark, not a test: it prints, it does not assert.
 
-    .venv/bin/python bench/simulate.py [--quick] [--sweep-days 10] [--plot FILE]
+    .venv/bin/python bench/simulate.py [--quick] [--peer-only] [--snapshot-overhead 0.02]
+        [--sweep-days 10] [--plot FILE]
 """
 
 from __future__ import annotations
@@ -35,9 +44,17 @@ from resurge.simulation.runner import simulate
 
 WRITE_SECONDS = 30.0
 SWEEP_MINUTES = (2, 3, 4, 5, 7, 10, 15, 20, 30, 45, 60)
+PEER_MINUTES = (5, 30, 120)
+CAUSE_HEADER = "% lost: detect restart redone ckpt wait snap"
 
 
-def config(nodes: int, days: float, interval: float, policy: int | None = None) -> SimulationConfig:
+def config(
+    nodes: int,
+    days: float,
+    interval: float,
+    policy: int | None = None,
+    peer: dict[str, Any] | None = None,
+) -> SimulationConfig:
     body: dict[str, Any] = {
         "days": days,
         "seed": 7,
@@ -45,6 +62,12 @@ def config(nodes: int, days: float, interval: float, policy: int | None = None) 
         "checkpoint": {"interval_minutes": interval, "write_seconds": WRITE_SECONDS},
     }
     made = parse_config(body)
+    if peer is not None:
+        body["policies"] = [
+            {**p.model_dump(mode="json", exclude_none=True), "peer_recovery": peer}
+            for p in made.policies
+        ]
+        made = parse_config(body)
     if policy is not None:
         made = made.model_copy(update={"policies": [made.policies[policy]]})
     return made
@@ -68,8 +91,8 @@ def table(nodes: int, days: float) -> list[PolicyResult]:
     made = config(nodes, days, 5)
     print(f"\n{nodes:,} nodes x 8 GPUs, {days:g} days, job MTBF "
           f"{mtbf_seconds(made) / 60:.1f} min, checkpoint write {WRITE_SECONDS:g} s")  # fmt: skip
-    header = "% lost: detect restart redone ckpt wait"
-    print(f"  {'policy':<20} {'ckpt':>8}  {'ETTR':>6}  {header:<39}  {'wall':>8}  "
+    header = CAUSE_HEADER
+    print(f"  {'policy':<20} {'ckpt':>8}  {'ETTR':>6}  {header:<45}  {'wall':>8}  "
           "restarts by rung")  # fmt: skip
     results = []
     for interval in (5, 30):
@@ -96,6 +119,36 @@ def sweep(nodes: int, days: float) -> None:
               f"at {near} min, nearest Young/Daly: {ettr[near]:.3f}", flush=True)  # fmt: skip
 
 
+def peer_table(nodes: int, days: float, overhead: float) -> None:
+    made = config(nodes, days, 5)
+    mtbf = mtbf_seconds(made) / 60
+    print(f"\n{nodes:,} nodes x 8 GPUs, {days:g} days, job MTBF {mtbf:.1f} min: peer "
+          f"recovery (snapshots {overhead:.1%} of each step) against the disk")  # fmt: skip
+    print(f"  {'policy':<20} {'recovery':<13} {'ckpt':>8}  {'ETTR':>6}  {CAUSE_HEADER:<45}  "
+          "resumed live/disk; steps redone mean, max")  # fmt: skip
+    for interval in PEER_MINUTES:
+        for index in (2, 0):
+            for name, peer in (
+                ("disk", None),
+                ("peer, replica", {"snapshot_overhead": overhead}),
+                ("peer, sharded", {"snapshot_overhead": overhead, "state": "sharded"}),
+            ):
+                (result,) = simulate(config(nodes, days, interval, index, peer)).results
+                held = result.productive_gpu_hours + sum(result.lost_gpu_hours.values())
+                lost = " ".join(f"{v / held * 100:5.1f}" for v in result.lost_gpu_hours.values())
+                live, disk = result.resumes.get("live", 0), result.resumes.get("disk", 0)
+                redone = result.steps_redone
+                print(f"  {result.policy:<20} {name:<13} {interval:>4} min  {result.ettr:6.3f}  "
+                      f"{lost:<45}  {live:,}/{disk:,}; {redone.get('mean', 0):.2f}, "
+                      f"{redone.get('max', 0):.0f}", flush=True)  # fmt: skip
+    minutes = (*SWEEP_MINUTES, 90, 120, 180)
+    peer = {"snapshot_overhead": overhead}
+    ettr = {m: simulate(config(nodes, days, m, 2, peer)).results[0].ettr for m in minutes}
+    best = max(ettr, key=lambda m: ettr[m])
+    print(f"  in-process restart with peer recovery: best checkpoint interval over "
+          f"{', '.join(map(str, minutes))} min: {best} min (ETTR {ettr[best]:.3f})")  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="1,024 nodes only")
@@ -103,18 +156,33 @@ def main() -> int:
         "--sweep-days", type=float, default=10.0, help="days per 16,384-node sweep run"
     )
     parser.add_argument("--plot", type=Path, default=None, help="write the 16,384 node plot")
+    parser.add_argument("--peer-only", action="store_true", help="only the peer recovery tables")
+    parser.add_argument(
+        "--snapshot-overhead",
+        type=float,
+        default=0.02,
+        help="peer recovery: the snapshots' cost, a share of each step (default 0.02)",
+    )
     args = parser.parse_args()
-    table(1_024, 30)
+    if not args.peer_only:
+        tables(args.quick, args.sweep_days, args.plot)
+    peer_table(1_024, 30, args.snapshot_overhead)
     if not args.quick:
+        peer_table(16_384, 30, args.snapshot_overhead)
+    return 0
+
+
+def tables(quick: bool, sweep_days: float, plot: Path | None) -> None:
+    table(1_024, 30)
+    if not quick:
         big = table(16_384, 30)
-        if args.plot is not None:
+        if plot is not None:
             from resurge.simulation import write_plot
 
-            write_plot(Summary(big, {}), args.plot, "16,384 nodes x 8 GPUs, 30 days")
+            write_plot(Summary(big, {}), plot, "16,384 nodes x 8 GPUs, 30 days")
     sweep(1_024, 30)
-    if not args.quick:
-        sweep(16_384, args.sweep_days)
-    return 0
+    if not quick:
+        sweep(16_384, sweep_days)
 
 
 if __name__ == "__main__":

@@ -160,7 +160,7 @@ def test_cli_writes_the_plot_and_the_summary(tmp_path: Path) -> None:
         "full-job restart", "process restart", "in-process restart",
     ]  # fmt: skip
     assert set(summary["policies"][0]["lost_gpu_hours"]) == {
-        "detection", "restart", "redone", "checkpoint", "waiting",
+        "detection", "restart", "redone", "checkpoint", "waiting", "snapshot",
     }  # fmt: skip
     assert (out / "goodput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

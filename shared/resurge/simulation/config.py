@@ -35,6 +35,7 @@ __all__ = [
     "ClusterConfig",
     "ConfigError",
     "FailureKind",
+    "PeerRecoveryConfig",
     "PolicyConfig",
     "SimulationConfig",
     "TraceJob",
@@ -84,15 +85,46 @@ class CheckpointConfig(_Model):
     write_seconds: float = Field(default=30.0, ge=0)
 
 
+class PeerRecoveryConfig(_Model):
+    """Checkpointless recovery: the job snapshots its state to memory every step and a
+    restart resumes from the newest step live in its nodes' memory, falling back to the
+    disk checkpoint only when some state has no copy left (:mod:`.peer_copies`)."""
+
+    state: Literal["replicated", "sharded"] = Field(
+        default="replicated",
+        description="replicated (DDP: every replica holds all of it; lost only with every "
+        "replica's memory) or sharded (FSDP, ZeRO: each replica's shard is also held by a "
+        "buddy, the next replica in a ring of nodes; lost with a replica and its buddy).",
+    )
+    snapshot_overhead: float = Field(
+        default=0.02,
+        ge=0,
+        description="Per-step cost of the snapshots: a step takes (1 + this) times as long.",
+    )
+    state_mb: float = Field(
+        default=100.0, ge=0, description="State per replica that a new one fetches from peers."
+    )
+    bandwidth_gbps: float = Field(
+        default=10.0, gt=0, description="Gigabits per second of one peer-to-peer transfer."
+    )
+
+    @property
+    def restore_seconds(self) -> float:
+        """The peer transfer of one replica's state: ``state_mb`` at ``bandwidth_gbps``."""
+        return self.state_mb * 8.0 / (self.bandwidth_gbps * 1000.0)
+
+
 class PolicyConfig(_Model):
     """One policy to compare: a job's ``spec.recovery`` block as in its YAML (the
-    restarter's ladder and limits), restart costs that differ from the config's, and,
-    for trace runs, whether jobs are elastic (else each is held at its ``min``)."""
+    restarter's ladder and limits), restart costs that differ from the config's,
+    checkpointless recovery from live copies (one-job runs), and, for trace runs,
+    whether jobs are elastic (else each is held at its ``min``)."""
 
     name: str = Field(min_length=1)
     recovery: RecoverySpec = Field(default_factory=RecoverySpec)
     restart_seconds: dict[RecoveryLevel, NonNegativeFloat] = Field(default_factory=dict)
     checkpoint: CheckpointConfig | None = None
+    peer_recovery: PeerRecoveryConfig | None = None
     elastic: bool = True
 
 
@@ -172,6 +204,11 @@ class SimulationConfig(_Model):
                 raise ValueError(
                     f"policies[{i}].recovery.spares ({policy.recovery.spares}) is more than "
                     f"cluster.spares ({self.cluster.spares}), the nodes the job leaves free"
+                )
+            if self.trace is not None and policy.peer_recovery is not None:
+                raise ValueError(
+                    f"policies[{i}].peer_recovery is modelled in one-job runs only, "
+                    "not with a trace"
                 )
         return self
 

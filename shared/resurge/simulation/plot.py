@@ -20,6 +20,7 @@ _COLOURS = {
     "redone": "#e76f51",
     "checkpoint": "#8d99ae",
     "waiting": "#6d597a",
+    "snapshot": "#b5838d",
 }
 
 

@@ -3,8 +3,9 @@
 A :class:`Ledger` holds seconds of one job's (or, for a trace, every job's GPU-)time by
 cause; :class:`PolicyResult` is one policy's outcome: the effective training time ratio
 (ETTR: productive time over the time held), GPU-hours lost by cause, restarts by rung,
-faults by kind, and for trace runs the GPU-hours used and the idle capacity elastic jobs
-put to use. :class:`Summary` holds every policy's result and writes them as JSON.
+faults by kind, where recoveries resumed from and the steps each redid, and for trace
+runs the GPU-hours used and the idle capacity elastic jobs put to use. :class:`Summary`
+holds every policy's result and writes them as JSON.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from typing import Any
 
 __all__ = ["CAUSES", "Ledger", "PolicyResult", "Summary"]
 
-CAUSES = ("detection", "restart", "redone", "checkpoint", "waiting")
+CAUSES = ("detection", "restart", "redone", "checkpoint", "waiting", "snapshot")
 """Where lost time goes: a fault not yet seen; restarting (backoff included); training
-redone since the last checkpoint; checkpoint writes; waiting for capacity."""
+redone since the last checkpoint (with peer recovery, since the newest live step);
+checkpoint writes; waiting for capacity; the snapshots' share of each step (peer
+recovery only)."""
 
 
 @dataclass(slots=True)
@@ -56,6 +59,11 @@ class PolicyResult:
     faults: dict[str, int]
     job_failures: int = 0
     """Times the policy failed the job (a limit spent); it is submitted again."""
+    resumes: dict[str, int] = field(default_factory=dict)
+    """One-job runs: recoveries by where they resumed from, ``live`` copies in memory
+    (peer recovery) or the ``disk`` checkpoint."""
+    steps_redone: dict[str, float] = field(default_factory=dict)
+    """One-job runs: steps trained again per recovery, ``mean`` and ``max``."""
     checkpoint_interval_minutes: float = 0.0
     checkpoint_write_seconds: float = 0.0
     used_gpu_hours: float | None = None

@@ -8,11 +8,13 @@ result is deterministic for a given config.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from resurge.simulation.analytic import ettr_approximation
 from resurge.simulation.config import SimulationConfig
 from resurge.simulation.failures import per_node_second
 from resurge.simulation.results import CAUSES, Ledger, PolicyResult, Summary
-from resurge.simulation.single_job import JobSettings, run_job
+from resurge.simulation.single_job import JobRun, JobSettings, run_job
 from resurge.simulation.trace_run import run_trace
 
 __all__ = ["analytic_ettr", "simulate"]
@@ -22,11 +24,22 @@ def _gpu_hours(ledger: Ledger, gpus: float) -> dict[str, float]:
     return {cause: round(ledger.lost[cause] * gpus / 3600.0, 3) for cause in CAUSES}
 
 
+def _steps_redone(run: JobRun, step: float) -> dict[str, float]:
+    redone = [seconds for _, seconds in run.recoveries]
+    if not redone:
+        return {}
+    mean = sum(redone) / len(redone)
+    return {"mean": round(mean / step, 3), "max": round(max(redone) / step, 3)}
+
+
 def _job_results(config: SimulationConfig) -> list[PolicyResult]:
     results = []
     wall = config.days * 86_400.0
     for index, policy in enumerate(config.policies):
-        run = run_job(JobSettings.of(config, index))
+        settings = JobSettings.of(config, index)
+        run = run_job(settings)
+        peer = settings.peer
+        step = settings.step_seconds * (1.0 + (peer.snapshot_overhead if peer else 0.0))
         gpus = run.replicas * config.cluster.gpus_per_node
         checkpoint = config.checkpoint_of(policy)
         results.append(
@@ -41,6 +54,8 @@ def _job_results(config: SimulationConfig) -> list[PolicyResult]:
                 restarts=dict(sorted(run.restarts.items())),
                 faults=dict(sorted(run.faults.items())),
                 job_failures=run.job_failures,
+                resumes=dict(sorted(Counter(origin for origin, _ in run.recoveries).items())),
+                steps_redone=_steps_redone(run, step),
                 checkpoint_interval_minutes=checkpoint.interval_minutes,
                 checkpoint_write_seconds=checkpoint.write_seconds,
             )

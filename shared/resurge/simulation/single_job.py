@@ -19,8 +19,20 @@ way). A restart costs its rung's seconds after any backoff; it fails if a replic
 node is still away (the node is reported again, so the policy escalates). The new
 generation's first step (``step_seconds``) tells the policy the restart worked.
 
+With checkpointless recovery (a policy's ``peer_recovery``) the job also snapshots its
+state to memory every step, each step costing ``snapshot_overhead`` more. A failure then
+loses only the step in flight: the restart resumes from the newest live step, unless the
+recovery took every copy of some state (:class:`.PeerCopies`: nodes lost, worker groups
+recreated at the ``pod`` or ``job`` rung, replicas moved or released), when it resumes
+from the disk checkpoint as without it. Training since the last disk checkpoint is kept
+only in memory until the next write, so such a fall back redoes all of it. A restart
+that resumes from live copies where some replica lost its memory costs the peer transfer
+of its state (``state_mb`` at ``bandwidth_gbps``) on top of its rung's seconds.
+
 Time is charged by cause (:class:`.Ledger`): training kept is productive; training since
-the last checkpoint when a failure stops it is ``redone``; checkpoint writes; from a
+the last checkpoint (with peer recovery, the step in flight, or all of it when the
+recovery falls back to the disk) when a failure stops it is ``redone``; the snapshots'
+share of each step, ``snapshot``; checkpoint writes; from a
 failure to its detection, ``detection``; from a decision to training again (backoff
 included), ``restart``; requeued or resubmitted until the job fits, ``waiting``. The
 cost of a run is a few operations per failure and per restart, not per node or per step.
@@ -32,14 +44,17 @@ import heapq
 import itertools
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from resurge.cluster import NodeInfo
+from resurge.control.decisions.ladder import rung
 from resurge.control.decisions.recovery_policy import Verdict
 from resurge.events import FaultScope, RecoveryLevel
 from resurge.jobspec.recovery import RecoverySpec
-from resurge.simulation.config import FailureKind, SimulationConfig
+from resurge.simulation.config import FailureKind, PeerRecoveryConfig, SimulationConfig
 from resurge.simulation.failures import Candidate, FailureStream
+from resurge.simulation.peer_copies import PeerCopies
 from resurge.simulation.recovery_desk import EPOCH, FaultInput, Outcome, RecoveryDesk
 from resurge.simulation.results import Ledger
 
@@ -67,6 +82,8 @@ class JobSettings:
     """Seconds one checkpoint write stops training."""
     step_seconds: float
     seed: int
+    peer: PeerRecoveryConfig | None = None
+    """Checkpointless recovery from live copies; None: every restart reads the disk."""
 
     @staticmethod
     def of(config: SimulationConfig, policy_index: int) -> JobSettings:
@@ -86,6 +103,7 @@ class JobSettings:
             write=checkpoint.write_seconds,
             step_seconds=config.step_seconds,
             seed=config.seed,
+            peer=policy.peer_recovery,
         )
 
 
@@ -101,7 +119,8 @@ class _Detect:
 @dataclass(slots=True)
 class JobRun:
     """The outcome of one run: the ledger (seconds of the job's wall time), restarts by
-    rung, faults by kind, how often the policy failed the job, and every decision in
+    rung, faults by kind, how often the policy failed the job, each recovery (where it
+    resumed from, ``live`` copies or ``disk``, and what it redid), and every decision in
     order (the fault as the policy saw it, and the outcome)."""
 
     replicas: int
@@ -109,6 +128,8 @@ class JobRun:
     restarts: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
     job_failures: int = 0
+    recoveries: list[tuple[str, float]] = field(default_factory=list)
+    """Per recovery, in order: where it resumed from and the training seconds it redid."""
     decisions: list[tuple[float, FaultInput, Outcome]] = field(default_factory=list)
 
 
@@ -116,10 +137,22 @@ def _name(index: int) -> str:
     return f"node-{index}"
 
 
+class _Script:
+    """Scripted failures in place of the random stream: each candidate once, in order."""
+
+    def __init__(self, candidates: Sequence[Candidate]) -> None:
+        self.candidates = sorted(candidates, key=lambda c: c.time)
+
+    def after(self, now: float) -> Candidate | None:
+        return next((c for c in self.candidates if c.time > now), None)
+
+
 class _Simulation:
     """The state of one run (see the module); :meth:`run` runs it to the end."""
 
-    def __init__(self, settings: JobSettings, keep_decisions: bool) -> None:
+    def __init__(
+        self, settings: JobSettings, keep_decisions: bool, script: Sequence[Candidate] | None
+    ) -> None:
         self.s = settings
         self.keep = keep_decisions
         self.replicas = settings.nodes - settings.spares
@@ -128,10 +161,10 @@ class _Simulation:
         capable = RecoveryLevel.IN_PROCESS in recovery.levels
         self.desk = RecoveryDesk("simulated", recovery, settings.gpus_per_node,
                                  in_process_capable=capable)  # fmt: skip
-        self.stream = FailureStream(
+        self.stream: FailureStream | _Script = FailureStream(
             settings.failures, settings.nodes, settings.gpus_per_node,
             scale=settings.failure_rate_scale, seed=settings.seed,
-        )  # fmt: skip
+        ) if script is None else _Script(script)  # fmt: skip
         self.out = JobRun(replicas=self.replicas, ledger=Ledger())
         self.horizon = settings.days * 86_400.0
         self.node_replica = list(range(self.replicas)) + [-1] * settings.spares
@@ -149,6 +182,13 @@ class _Simulation:
         self.mark = 0.0
         self.segment = 0.0  # when training (re)started
         self.committed = 0.0  # training seconds kept by the last checkpoint
+        self.unsaved = 0.0  # training seconds since then, kept only in memory
+        self.phase = 0.0  # training seconds into the checkpoint interval when it (re)started
+        self.redoing = 0.0  # training seconds this recovery has redone so far
+        peer = settings.peer
+        self.copies = PeerCopies(peer.state, self.replicas) if peer is not None else None
+        self.overhead = peer.snapshot_overhead if peer is not None else 0.0
+        self.step = settings.step_seconds * (1.0 + self.overhead)
         self.epoch = 0
         spares = sorted(self.idle)[: self.held]
         self.desk.start(0.0, 0, _name(0), [_name(i) for i in spares])
@@ -193,21 +233,47 @@ class _Simulation:
         self.mark = now
         self.mode = mode
 
+    def _kept(self, seconds: float) -> None:
+        """``seconds`` of training are kept for good: productive, less the snapshots'."""
+        ledger = self.out.ledger
+        if self.overhead:
+            ledger.charge("snapshot", seconds * self.overhead / (1.0 + self.overhead))
+            seconds /= 1.0 + self.overhead
+        ledger.productive += seconds
+
     def _trained(self, now: float, stopped: bool) -> None:
         """Charge the training segment up to ``now``; ``stopped``: by a failure (training
-        since the last checkpoint is lost) rather than by the end of the run."""
+        since the last checkpoint is lost, with peer recovery only the step in flight
+        unless the recovery falls back to the disk) rather than by the end of the run."""
         s, ledger = self.s, self.out.ledger
-        elapsed = now - self.segment
+        # the segment on the checkpoint cycle's clock, which a live resume does not reset
+        elapsed = self.phase + now - self.segment
         cycles = math.floor(elapsed / (s.interval + s.write))
         rest = elapsed - cycles * (s.interval + s.write)
-        ledger.productive += cycles * s.interval
         ledger.charge("checkpoint", cycles * s.write + max(rest - s.interval, 0.0))
-        self.committed += cycles * s.interval
-        if stopped:
-            ledger.charge("redone", min(rest, s.interval))
-            self.desk.checkpoint(int(self.committed / s.step_seconds))
+        if cycles:
+            kept = self.unsaved + cycles * s.interval - self.phase
+            self._kept(kept)
+            self.committed += kept
+            self.unsaved = min(rest, s.interval)
         else:
-            ledger.productive += min(rest, s.interval)
+            self.unsaved += min(rest, s.interval) - self.phase
+        self.phase = 0.0
+        if not stopped:
+            self._kept(self.unsaved)
+            self.unsaved = 0.0
+            return
+        self.desk.checkpoint(int(self.committed / s.step_seconds))
+        if self.copies is None:
+            lost = self.unsaved
+        else:
+            # the step in flight; the steps before it are live in memory
+            lost = min(min(rest, s.interval) % self.step, self.unsaved)
+            if rest < s.interval:
+                self.phase = rest - lost
+        ledger.charge("redone", lost)
+        self.unsaved -= lost
+        self.redoing = lost
 
     def _halt(self, now: float) -> None:
         if self.mode == _RUNNING:
@@ -235,6 +301,8 @@ class _Simulation:
             if replica < 0:
                 return
             self.dead.add(node)
+            if self.copies is not None:
+                self.copies.lose(replica)
             self.undetected[node] = self.undetected.get(node, 0) + 1
             generation = None
         elif replica < 0 or self.mode != _RUNNING:
@@ -271,7 +339,7 @@ class _Simulation:
             self.out.job_failures += 1
             self._requeue(now)
         elif outcome.verdict is Verdict.RESTART and outcome.level is not None:
-            self._restart(now, outcome, outcome.level)
+            self._restart(now, outcome, outcome.level, d.replica)
         elif self.mode == _DETECTION and self.pending == 0:
             self._resume(now)  # nothing to restart: the job goes on
 
@@ -285,8 +353,17 @@ class _Simulation:
 
     # recoveries
 
-    def _restart(self, now: float, outcome: Outcome, level: RecoveryLevel) -> None:
+    def _restart(self, now: float, outcome: Outcome, level: RecoveryLevel, faulty: int) -> None:
         self.out.restarts[level.value] += 1
+        copies = self.copies
+        if copies is not None:
+            recreates = rung(level).recreates
+            if recreates == "all":
+                copies.lose_all()
+            elif recreates == "faulty":
+                copies.lose(faulty)
+            for moved, _, _ in outcome.moves:
+                copies.lose(moved)
         for replica, from_node, to_node in outcome.moves:
             old, new = int(from_node.rsplit("-", 1)[1]), int(to_node.rsplit("-", 1)[1])
             self.node_replica[old] = -1
@@ -301,8 +378,11 @@ class _Simulation:
             return
         self._switch(now, _RESTART)
         self.epoch += 1
-        begin = max(now, outcome.start_at)
-        self._at(begin + self.s.restart_seconds[level], _RESTART_DONE, self.epoch)
+        begin = max(now, outcome.start_at) + self.s.restart_seconds[level]
+        peer = self.s.peer
+        if copies is not None and peer is not None and copies.any_lost() and copies.complete():
+            begin += peer.restore_seconds  # a new or recreated replica fetches its state
+        self._at(begin, _RESTART_DONE, self.epoch)
 
     def _requeue(self, now: float) -> None:
         """Every replica released; wait until the job and its spares fit again."""
@@ -311,6 +391,8 @@ class _Simulation:
             if node not in self.away:
                 self.idle.add(node)
         self.dead.clear()
+        if self.copies is not None:
+            self.copies.lose_all()
         self.epoch += 1
         self._switch(now, _WAITING)
         self._admit(now)
@@ -349,6 +431,18 @@ class _Simulation:
         self._resume(now)
 
     def _resume(self, now: float) -> None:
+        if self.copies is not None and self.copies.complete():
+            origin = "live"
+        else:
+            # no live copy of some state: back to the disk checkpoint
+            origin = "disk"
+            self.out.ledger.charge("redone", self.unsaved)
+            self.redoing += self.unsaved
+            self.unsaved = self.phase = 0.0
+        if self.copies is not None:
+            self.copies.start_over()
+        self.out.recoveries.append((origin, self.redoing))
+        self.redoing = 0.0
         self._switch(now, _RUNNING)
         self.segment = now
         self._at(now + self.s.step_seconds, _FIRST_STEP, self.epoch)
@@ -364,7 +458,13 @@ class _Simulation:
             self._admit(now)
 
 
-def run_job(settings: JobSettings, *, keep_decisions: bool = False) -> JobRun:
+def run_job(
+    settings: JobSettings,
+    *,
+    keep_decisions: bool = False,
+    script: Sequence[Candidate] | None = None,
+) -> JobRun:
     """Simulate one job under ``settings`` (see the module); ``keep_decisions`` records
-    every decision the policy made, in order."""
-    return _Simulation(settings, keep_decisions).run()
+    every decision the policy made, in order; ``script``: these failure candidates
+    (accepted or dropped as the random ones are) instead of the seeded stream."""
+    return _Simulation(settings, keep_decisions, script).run()
