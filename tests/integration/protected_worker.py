@@ -1,8 +1,9 @@
 """A rank of the protected-state test (tests/integration/test_protected_state.py): trains
 a small model for ``steps`` steps under resurge.worker's protected state, replicated
-(DDP) or sharded (each rank its own model), and exits with code 3 right after step
+(``replicated``: DDP), sharded (``sharded``: each rank its own model; ``fsdp``: FSDP2's
+``fully_shard``, each rank a shard of one model), and exits with code 3 right after step
 ``stop_at`` (0: never), as a rank a fault stops. It prints what it restored and a digest
-of its parameters."""
+of its parameters (FSDP's gathered whole)."""
 
 from __future__ import annotations
 
@@ -18,12 +19,22 @@ from resurge import worker
 
 
 def main() -> None:
-    steps, stop_at, sharded = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "sharded"
+    steps, stop_at, layout = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    sharded = layout in ("sharded", "fsdp")
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    torch.manual_seed(rank if sharded else 0)
+    torch.manual_seed(rank if layout == "sharded" else 0)
     model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.Linear(16, 4))
-    trained: nn.Module = model if sharded else nn.parallel.DistributedDataParallel(model)
+    trained: nn.Module = model
+    if layout == "replicated":
+        trained = nn.parallel.DistributedDataParallel(model)
+    elif layout == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
     optimizer = torch.optim.Adam(trained.parameters(), lr=1e-2)
     state = worker.connect().protect(model=trained, optimizer=optimizer, sharded=sharded)
     start = state.restore()
@@ -42,7 +53,8 @@ def main() -> None:
     state.close()
     digest = hashlib.sha256()
     for tensor in model.state_dict().values():
-        digest.update(tensor.detach().numpy().tobytes())
+        whole = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        digest.update(whole.detach().numpy().tobytes())
     print(f"digest {digest.hexdigest()}", flush=True)
     dist.destroy_process_group()
 

@@ -4,7 +4,8 @@ a snapshot folder of its own (two nodes' memory), stopped mid-run and started ag
 - Replicated (DDP): after rank 1's node lost its memory, rank 1 receives the step from
   rank 0 and the run ends with the parameters (and BatchNorm's running statistics) of an
   uninterrupted run, bit for bit.
-- Sharded (a model per rank): each rank takes its own shard back; a node whose memory is
+- Sharded (a model per rank, and FSDP2's shards of one model, DTensors made local in the
+  snapshot and DTensors again on load): each rank takes its own shard back; a node whose memory is
   gone gets its shard from its buddy's copy; with the copy gone too, nobody resumes from
   a live step (no mixed resume).
 """
@@ -57,7 +58,7 @@ def line(output: str, word: str) -> str:
     return found.removeprefix(word + " ")
 
 
-@pytest.mark.parametrize("layout", ["replicated", "sharded"])
+@pytest.mark.parametrize("layout", ["replicated", "sharded", "fsdp"])
 def test_a_restart_resumes_from_the_live_step_bit_for_bit(tmp_path: Path, layout: str) -> None:
     plain = ranks(tmp_path / "plain", 10, 0, layout)
     ranks(tmp_path / "memory", 10, 6, layout)
@@ -81,12 +82,13 @@ def test_a_rank_whose_node_lost_its_memory_gets_the_step_from_its_peer(tmp_path:
     )
 
 
-def test_a_lost_node_s_shard_comes_back_from_its_buddy_s_copy(tmp_path: Path) -> None:
-    plain = ranks(tmp_path / "plain", 10, 0, "sharded")
-    ranks(tmp_path / "memory", 10, 6, "sharded")
+@pytest.mark.parametrize("layout", ["sharded", "fsdp"])
+def test_a_lost_node_s_shard_comes_back_from_its_buddy_s_copy(tmp_path: Path, layout: str) -> None:
+    plain = ranks(tmp_path / "plain", 10, 0, layout)
+    ranks(tmp_path / "memory", 10, 6, layout)
     held_by_rank_0 = sorted(p.name for p in (tmp_path / "memory" / "node-0").iterdir())
     shutil.rmtree(tmp_path / "memory" / "node-1")
-    again = ranks(tmp_path / "memory", 10, 0, "sharded")
+    again = ranks(tmp_path / "memory", 10, 0, layout)
 
     assert held_by_rank_0 == ["shard-0-of-2", "shard-1-of-2"]  # its own and its ward's
     assert [line(out, "digest") for out in again] == [line(out, "digest") for out in plain]

@@ -310,7 +310,7 @@ class ProtectedState:
                 "register the same names in every generation"
             )
         for name, value in self.objects.items():
-            value.load_state_dict(payload["state"][name])
+            value.load_state_dict(_as_registered(value, payload["state"][name]))
         if self.rng and payload.get("rng") is not None:
             _set_rng_state(payload["rng"])
         return Restored(decided.step, source, detail)
@@ -394,14 +394,63 @@ def _is_tensor(value: object) -> bool:
 
 
 def _address(tensor: Any) -> int:
-    return int(tensor.untyped_storage().data_ptr())
+    return int(_local(tensor).untyped_storage().data_ptr())
+
+
+def _local(tensor: Any) -> Any:
+    """A DTensor's local shard (FSDP2's parameters and their optimizer state); any other
+    tensor as it is."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) and hasattr(tensor, "device_mesh") else tensor
+
+
+def _like(loaded: Any, template: Any) -> Any:
+    """``loaded`` (a plain tensor from a snapshot) as a DTensor sharded as ``template``
+    is, when ``template`` is one of the same local shape; else ``loaded``."""
+    if not (_is_tensor(loaded) and hasattr(template, "device_mesh")):
+        return loaded
+    if tuple(loaded.shape) != tuple(_local(template).shape):
+        return loaded
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(
+        loaded.to(template.device),
+        template.device_mesh,
+        template.placements,
+        run_check=False,
+        shape=template.shape,
+        stride=template.stride(),
+    )
+
+
+def _as_registered(value: Any, state: Any) -> Any:
+    """``state`` from a snapshot, its shards made DTensors again where ``value`` (a module
+    or an optimizer as registered now) holds DTensors."""
+    if callable(getattr(value, "named_parameters", None)) and isinstance(state, dict):
+        current = value.state_dict()
+        rebuilt = type(state)((k, _like(v, current.get(k))) for k, v in state.items())
+        metadata = getattr(state, "_metadata", None)
+        if metadata is not None:
+            rebuilt._metadata = metadata  # type: ignore[attr-defined]
+        return rebuilt
+    groups = getattr(value, "param_groups", None)
+    if isinstance(groups, list) and isinstance(state, dict) and "state" in state:
+        params = [p for group in groups for p in group.get("params", [])]
+        per_param = {
+            index: {k: _like(v, params[index]) for k, v in entry.items()}
+            if isinstance(index, int) and index < len(params)
+            else entry
+            for index, entry in state["state"].items()
+        }
+        return {**state, "state": per_param}
+    return state
 
 
 def _copy_unguarded(value: Any, guarded: set[int]) -> Any:
     """``value`` with every tensor outside ``guarded`` copied (so later in-place changes
     do not reach the snapshot), containers rebuilt, the rest kept."""
     if _is_tensor(value):
-        tensor = value.detach()
+        tensor = _local(value).detach()  # a DTensor's own shard: rebuilt as one on load
         return tensor if _address(tensor) in guarded else tensor.clone()
     if isinstance(value, dict):
         copied = {name: _copy_unguarded(item, guarded) for name, item in value.items()}
