@@ -15,6 +15,9 @@ generation's first step sums gradients in another order than an uninterrupted ru
   node): the moved ranks take the step from their peers' memory, with the same result.
 - Both nodes lost at once: nothing is live, the job falls back to the newest complete
   disk checkpoint (and trains the rest of the interval again), not to a mix.
+- The FSDP example (examples/fsdp: each rank a shard of the model, its buddy on the other
+  node holding a copy): a node SIGKILLed mid-interval, its rank moves and takes its shard
+  from the buddy's memory, bit-identical to an uninterrupted run.
 - Elastic without the disk: a grow (a node added) hands the new rank the survivors' step
   from their memory, and a shrink (a node removed) goes on from the survivors' own; no
   checkpoint is asked for first, and at most the step in flight is trained again.
@@ -25,6 +28,8 @@ before (tests/e2e/test_recovery_ladder.py and the plain-script tests cover them)
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -40,7 +45,7 @@ from resurge.events import (
     RecoveryFinished,
     StateRestored,
 )
-from resurge.jobspec import TrainingJob
+from resurge.jobspec import EnvVar, TrainingJob, load_job
 from resurge.local.demo import final_step, steps_lost, total_steps
 from resurge.local.job_factory import ddp_example_job
 from resurge.local.story import Observed, StoryResult, Watch, run_job
@@ -53,10 +58,11 @@ from tests.e2e.test_elastic import (
     stepping_at,
     world_sizes,
 )
-from tests.e2e.test_example_ddp import Finished, train
+from tests.e2e.test_example_ddp import Finished, free_port, train, worker_env
 
 pytestmark = pytest.mark.e2e
 
+REPO = Path(__file__).resolve().parents[2]
 EVERY = 10  # the example job's --checkpoint-every
 
 
@@ -243,3 +249,54 @@ async def test_a_shrink_goes_on_from_the_survivors_memory(
     assert no_checkpoint_asked(result, EVERY)
     shrunk = max(e.generation for e in result.events(Assign))
     assert set(origins(result, shrunk).values()) == {"memory"}
+
+
+FSDP = REPO / "examples" / "fsdp" / "job.yaml"
+
+
+def fsdp_job(state_dir: Path) -> TrainingJob:
+    example = load_job(FSDP)
+    env = [*example.spec.env, EnvVar(name="RESURGE_CHECKPOINT_DIR", value=str(state_dir / "c"))]
+    update = {"env": env, "working_dir": str(REPO)}
+    return example.model_copy(update={"spec": example.spec.model_copy(update=update)})
+
+
+def fsdp_uninterrupted(root: Path, steps: int) -> str:
+    """params-sha256 of the FSDP example run without a fault, 2 ranks as torchrun starts them."""
+    port = free_port()
+    script = REPO / "examples" / "fsdp" / "train_fsdp.py"
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(script), "--steps", str(steps), "--checkpoint-dir", str(root)],
+            env=worker_env(rank, port, {}),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    outputs = [process.communicate(timeout=120)[0] for process in processes]
+    assert [p.returncode for p in processes] == [0, 0], outputs
+    [line] = [text for text in outputs[0].splitlines() if text.startswith("params-sha256 ")]
+    return line.split()[1]
+
+
+async def test_fsdp_a_node_killed_mid_interval_takes_its_shard_from_the_buddy(
+    nats_url: str, namespace: str, tmp_path: Path
+) -> None:
+    job = fsdp_job(tmp_path)
+    steps = total_steps(job)
+    reference = fsdp_uninterrupted(tmp_path / "reference", steps)
+
+    result = await run_job(
+        job, state_dir=tmp_path, nats_url=nats_url, namespace=namespace, nodes=3,
+        gpus_per_node=1, wait_seconds=240,
+        during=node_killer(lambda seen: [replica_node(seen, 1)]),
+    )  # fmt: skip
+
+    assert result.phase is JobPhase.SUCCEEDED
+    assert final_step(result) == steps
+    [lost] = steps_lost(result)
+    assert 0 <= lost <= 1, f"{lost} step(s) trained again"
+    last = max(result.events(StateRestored), key=lambda e: e.generation or 0).generation
+    assert last is not None and origins(result, last) == {0: "memory", 1: "peer"}
+    assert digest(tmp_path) == reference
