@@ -35,11 +35,13 @@ in one run (bench/checkpointless_rank.py is a rank):
 3. Memory: the bytes each node's snapshot folder holds (the newest 2 snapshots; a third
    is written aside before the oldest goes), and the peak RSS of a rank (VmHWM) at the
    kill (trained 1.5 intervals, one disk checkpoint) without snapshots (``disk``) and
-   with (``peer``), and after the restart, which includes the restore.
+   with (``peer``), and after the restart, which includes the restore; and the partial
+   files that writes the kill cut short left in the folders, after the kill and once the
+   restarted ranks (``memory``, folders kept) have finished.
 
 A size that the machine's available memory cannot hold is skipped with a line saying so.
 
-    .venv/bin/python bench/checkpointless.py [--sizes 10,100] [--quick] [--repeats 2]
+    .venv/bin/python bench/checkpointless.py [--sizes 10,100] [--quick] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -63,9 +65,10 @@ RANK = Path(__file__).with_name("checkpointless_rank.py")
 SCENARIOS = ("disk", "peer", "memory")
 MB = 1e6
 # What one size needs at most, in multiples of its state, on this one machine: per rank
-# the state, gradients and DDP's buckets (5/3), a restore's copies in flight (~3) ; per
-# node the snapshot folder (3 while one is written).
-MEMORY_FACTOR = 2 * (5 / 3 + 3) + 2 * 3
+# a peak RSS of 2.7 (measured at 1,000 MB: the state, gradients, DDP's buckets and a
+# restore's copies); per node the snapshot folder: 2 kept, 1 being written, 1 that a kill
+# cut short.
+MEMORY_FACTOR = 2 * 2.7 + 2 * 4
 WAIT_SECONDS = 600.0
 
 
@@ -85,8 +88,9 @@ class Recovery:
     rss_after: list[int]
     held_bytes: int
     held_files: int
-    # left in both folders by writes the kill cut short
+    # left in both folders by writes the kill cut short, and still there at the end
     partial_bytes: int
+    partial_after: int
     imports_resurge: bool
 
     @property
@@ -291,6 +295,7 @@ def recover(
         shutil.rmtree(memory / "node-1", ignore_errors=True)
     second = Ranks([*common, "--steps", str(kill_after + 1)], memory, logs, watch=0)
     outputs = second.finish()
+    partial_after = sum(folder_bytes(memory / f"node-{rank}", ".*.part")[0] for rank in (0, 1))
     parsed = [parse(output) for output in outputs]
     steps = parsed[0].steps
     return Recovery(
@@ -309,6 +314,7 @@ def recover(
         held_bytes=held_bytes,
         held_files=held_files,
         partial_bytes=partial,
+        partial_after=partial_after,
         imports_resurge=parsed[0].imports,
     )
 
@@ -338,6 +344,12 @@ def report_size(result: SizeResult, args: argparse.Namespace) -> None:
         "waits for the previous snapshot's write); a snapshot written alone (snapshot() then "
         f"wait(), no training beside it) takes {statistics.median(o['alone']) * 1000:.1f} ms"
     )
+    cores = os.cpu_count() or 1
+    if cores < 4:
+        print(
+            f"  ({cores} cores for 2 ranks: each rank's snapshot writer has no core of its own "
+            "and competes with the training threads, where on a GPU node it has idle cores)"
+        )
     kill_after = args.interval + args.interval // 2
     print(
         f"recovery: disk checkpoint every {args.interval} steps, rank 1 SIGKILLed after "
@@ -381,9 +393,11 @@ def report_size(result: SizeResult, args: argparse.Namespace) -> None:
         f"{megabytes_text(peer.rss_after[0])} / {megabytes_text(peer.rss_after[1])}"
     )
     partial = max(r.partial_bytes for s in ("peer", "memory") for r in result.recoveries[s])
+    kept = max(r.partial_after for r in result.recoveries["memory"])
     print(
-        f"writes cut short by a kill left at most {megabytes_text(partial)} of partial files "
-        "in the two folders"
+        f"writes cut short by the kill left at most {megabytes_text(partial)} of partial "
+        f"files in the two folders; in the memory scenario at most {megabytes_text(kept)} "
+        "of them were still there when the restarted ranks had finished"
     )
     print(f"the disk scenario's script imported resurge: {disk.imports_resurge}")
 
@@ -416,6 +430,7 @@ def run_size(megabytes: float, args: argparse.Namespace, shm: Path, tmp: Path) -
     logs = tmp / name / "overhead"
     logs.mkdir(parents=True)
     result = SizeResult(megabytes, measure_overhead(megabytes, args, shm / name / "overhead", logs))
+    shutil.rmtree(shm / name / "overhead")  # the node's memory back before the recoveries
     result.recoveries = {scenario: [] for scenario in SCENARIOS}
     for repeat in range(args.repeats):
         order = SCENARIOS[repeat % 3 :] + SCENARIOS[: repeat % 3]  # interleaved, rotated
@@ -434,6 +449,7 @@ def main(args: argparse.Namespace) -> int:
     sizes = [10.0] if args.quick else [float(size) for size in args.sizes.split(",")]
     memory_root = Path("/dev/shm") if Path("/dev/shm").is_dir() else None
     began = time.monotonic()
+    load_before = os.getloadavg()[0]
     results = []
     with (
         tempfile.TemporaryDirectory(prefix="resurge-bench-") as tmp,
@@ -451,13 +467,22 @@ def main(args: argparse.Namespace) -> int:
             report_size(results[-1], args)
     if results:
         summary(results)
-    print(f"\nwhole run: {time.monotonic() - began:.0f} s on {os.cpu_count()} cores")
+    print(
+        f"\nwhole run: {time.monotonic() - began:.0f} s on {os.cpu_count()} cores; load average "
+        f"{load_before:.1f} before it, {os.getloadavg()[0]:.1f} after (other processes than "
+        "its ranks make every time here longer and noisier)"
+    )
+    if 1000.0 not in sizes:
+        print(
+            "1,000 MB is not in the default run: --sizes 1000 --interval 4 --rounds 2 "
+            "--repeats 1 took 6 to 16 minutes on 2 cores that other runs shared"
+        )
     return 0
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
         "--sizes",
@@ -467,7 +492,10 @@ if __name__ == "__main__":
     )
     parser.add_argument("--quick", action="store_true", help="10 MB only: a smoke test")
     parser.add_argument(
-        "--batch", type=int, default=64, help="samples per rank per step (sets the step time)"
+        "--batch",
+        type=int,
+        default=64,
+        help="samples per rank per step: sets the step time (default 64)",
     )
     parser.add_argument(
         "--rounds",
@@ -480,6 +508,6 @@ if __name__ == "__main__":
         "--interval", type=int, default=10, help="disk checkpoint every N steps (default 10)"
     )
     parser.add_argument(
-        "--repeats", type=int, default=2, help="kills of each recovery scenario (default 2)"
+        "--repeats", type=int, default=3, help="kills of each recovery scenario (default 3)"
     )
     sys.exit(main(parser.parse_args()))
