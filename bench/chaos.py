@@ -148,12 +148,13 @@ def service_rss(supervisor: Supervisor) -> dict[str, int]:
 
 
 def live_workers(watch: Watch) -> list[ProcessStarted]:
-    """The newest start of each rank whose process is alive (workers restarted
-    in-process keep their processes and start no new one)."""
-    newest: dict[int | None, ProcessStarted] = {}
+    """The newest start of each worker process that is alive: a worker restarted
+    in-process keeps its process and reports a start with its new rank, so a start
+    is the newest of its pid, not of its rank (a resize gives ranks to other processes)."""
+    newest: dict[int, ProcessStarted] = {}
     for o in watch.observed:
         if isinstance(o.event, ProcessStarted):
-            newest[o.event.rank] = o.event
+            newest[o.event.pid] = o.event
     return [start for start in newest.values() if _running(start.pid)]
 
 

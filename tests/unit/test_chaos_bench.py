@@ -8,6 +8,7 @@ show zero for nothing)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,6 +20,7 @@ from resurge.events import (
     Assign,
     Event,
     JobPhase,
+    ProcessStarted,
     Progress,
     RecoveryLevel,
     RecoveryStarted,
@@ -27,7 +29,7 @@ from resurge.events import (
 )
 from resurge.events.commands import ReplicaSlot
 from resurge.events.envelope import Source
-from resurge.local.story import Observed, StoryResult
+from resurge.local.story import Observed, StoryResult, Watch
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -166,3 +168,18 @@ def test_no_protect_runs_the_example_disk_only() -> None:
     plain = chaos.chaos_job(Path("/tmp/ckpt"), 1, 20, protect=False).spec.command
     assert "--no-protect" not in protected
     assert plain == [*protected, "--no-protect"]
+
+
+def test_a_victim_is_named_by_the_rank_its_process_has_now() -> None:
+    """A worker restarted in-process after a resize keeps its pid and reports a start
+    with its new rank: the faults sent by rank go to that rank, not to the rank it had
+    before (which another worker holds now, or nobody: 'rank 3 is not in chaos')."""
+    watch = Watch()
+    pid = os.getpid()  # a process that runs
+    for generation, rank in ((0, 3), (1, 1)):
+        start = ProcessStarted(
+            source=SOURCE, job=JOB, generation=generation, rank=rank, pid=pid, local_rank=0,
+            local_world_size=1, in_process=generation > 0,
+        )  # fmt: skip
+        watch.observed.append(Observed(subject="x", event=start))
+    assert [(w.pid, w.rank) for w in chaos.live_workers(watch)] == [(pid, 1)]
