@@ -13,10 +13,12 @@ sweep, beside Young/Daly's sqrt(2 * w_cp * MTBF) for the job's MTBF.
 Then checkpointless (peer) recovery: the full ladder and the full-job restart, each
 with every restart reading the disk checkpoint and with peer recovery (replicated
 state, and sharded state with a buddy copy on the next node; snapshots costing
---snapshot-overhead of each step, 100 MB per replica over 10 Gb/s), at 5-, 30- and
-120-minute disk checkpoints: ETTR, time lost by cause, where recoveries resumed from
-(live copies or disk) and the steps each redid, mean and max; and the disk checkpoint
-interval with the best ETTR for the full ladder with peer recovery.
+--snapshot-overhead of each step, 100 MB per replica over 10 Gb/s; and both as if a
+worker group recreated at the pod or job rung kept its node's snapshots, "kept"), at 5-,
+30- and 120-minute disk checkpoints: ETTR, time lost by cause, where recoveries resumed
+from (live copies or disk) and the steps each redid (mean, max, max of those resumed
+from live copies); and the disk checkpoint interval with the best ETTR for the full
+ladder with peer recovery of replicated state.
 
 This is a benchmark, not a test: it prints, it does not assert.
 
@@ -119,33 +121,44 @@ def sweep(nodes: int, days: float) -> None:
               f"at {near} min, nearest Young/Daly: {ettr[near]:.3f}", flush=True)  # fmt: skip
 
 
+def peer_variants(overhead: float) -> list[tuple[str, dict[str, Any] | None]]:
+    """Disk recovery, and peer recovery of replicated and sharded state; the last two
+    also as if a recreated worker group kept its node's snapshots ("kept")."""
+    base: dict[str, Any] = {"snapshot_overhead": overhead}
+    kept = {**base, "recreated_groups_keep_memory": True}
+    return [
+        ("disk", None),
+        ("peer, replicated", base),
+        ("peer, sharded", {**base, "state": "sharded"}),
+        ("peer, repl., kept", kept),
+        ("peer, shard., kept", {**kept, "state": "sharded"}),
+    ]
+
+
 def peer_table(nodes: int, days: float, overhead: float) -> None:
     made = config(nodes, days, 5)
     mtbf = mtbf_seconds(made) / 60
     print(f"\n{nodes:,} nodes x 8 GPUs, {days:g} days, job MTBF {mtbf:.1f} min: peer "
           f"recovery (snapshots {overhead:.1%} of each step) against the disk")  # fmt: skip
-    print(f"  {'policy':<20} {'recovery':<13} {'ckpt':>8}  {'ETTR':>6}  {CAUSE_HEADER:<45}  "
-          "resumed live/disk; steps redone mean, max")  # fmt: skip
+    print(f"  {'policy':<19} {'recovery':<18} {'ckpt':>7}  {'ETTR':>5}  {CAUSE_HEADER:<44}  "
+          "resumed live/disk; steps redone: mean, max, max live")  # fmt: skip
     for interval in PEER_MINUTES:
         for index in (2, 0):
-            for name, peer in (
-                ("disk", None),
-                ("peer, replica", {"snapshot_overhead": overhead}),
-                ("peer, sharded", {"snapshot_overhead": overhead, "state": "sharded"}),
-            ):
+            for name, peer in peer_variants(overhead):
                 (result,) = simulate(config(nodes, days, interval, index, peer)).results
                 held = result.productive_gpu_hours + sum(result.lost_gpu_hours.values())
                 lost = " ".join(f"{v / held * 100:5.1f}" for v in result.lost_gpu_hours.values())
                 live, disk = result.resumes.get("live", 0), result.resumes.get("disk", 0)
                 redone = result.steps_redone
-                print(f"  {result.policy:<20} {name:<13} {interval:>4} min  {result.ettr:6.3f}  "
-                      f"{lost:<45}  {live:,}/{disk:,}; {redone.get('mean', 0):.2f}, "
-                      f"{redone.get('max', 0):.0f}", flush=True)  # fmt: skip
+                live_max = f"{redone['max_live']:.2f}" if "max_live" in redone else "-"
+                print(f"  {result.policy:<19} {name:<18} {interval:>3} min  {result.ettr:5.3f}  "
+                      f"{lost:<44}  {live:,}/{disk:,}; {redone.get('mean', 0):.2f}, "
+                      f"{redone.get('max', 0):.0f}, {live_max}", flush=True)  # fmt: skip
     minutes = (*SWEEP_MINUTES, 90, 120, 180)
     peer = {"snapshot_overhead": overhead}
     ettr = {m: simulate(config(nodes, days, m, 2, peer)).results[0].ettr for m in minutes}
     best = max(ettr, key=lambda m: ettr[m])
-    print(f"  in-process restart with peer recovery: best checkpoint interval over "
+    print(f"  in-process restart, peer, replicated: best checkpoint interval over "
           f"{', '.join(map(str, minutes))} min: {best} min (ETTR {ettr[best]:.3f})")  # fmt: skip
 
 

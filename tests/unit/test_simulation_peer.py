@@ -56,6 +56,7 @@ def test_the_summary_says_where_recoveries_resumed_and_what_they_redid() -> None
     assert set(disk.resumes) == {"disk"} and disk.lost_gpu_hours["snapshot"] == 0
     assert peer.resumes["live"] > 10 * peer.resumes.get("disk", 0)
     assert disk.steps_redone["mean"] > 10 > peer.steps_redone["mean"]
+    assert "max_live" not in disk.steps_redone and peer.steps_redone["max_live"] < 1
     assert peer.ettr > disk.ettr
 
 
@@ -182,6 +183,9 @@ def test_a_replica_that_lost_its_memory_fetches_its_state_from_a_peer() -> None:
 def test_a_restart_that_recreates_or_releases_every_worker_group_goes_to_disk() -> None:
     # the job rung recreates every worker group, and a group's memory goes with it
     assert _one_fault(["job"], "software", 1).recoveries == [("disk", 1000.0)]
+    # unless (what if) a recreated group found its predecessor's snapshots
+    kept = _one_fault(["job"], "software", 1, recreated_groups_keep_memory=True)
+    assert kept.recoveries == [("live", 0.0)]
     # a node lost with no node to move to: the job is requeued, every replica released
     run = _one_fault(["node", "job"], "host", 0)
     assert run.ledger.lost["waiting"] > 0

@@ -107,6 +107,12 @@ class PeerRecoveryConfig(_Model):
     bandwidth_gbps: float = Field(
         default=10.0, gt=0, description="Gigabits per second of one peer-to-peer transfer."
     )
+    recreated_groups_keep_memory: bool = Field(
+        default=False,
+        description="What if a worker group recreated on its node (the pod and job rungs) "
+        "found its predecessor's snapshots: resurge's launch agent gives it a new folder "
+        "and removes the old one, so by default a recreated group's memory is lost.",
+    )
 
     @property
     def restore_seconds(self) -> float:

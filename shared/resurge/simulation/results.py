@@ -63,7 +63,8 @@ class PolicyResult:
     """One-job runs: recoveries by where they resumed from, ``live`` copies in memory
     (peer recovery) or the ``disk`` checkpoint."""
     steps_redone: dict[str, float] = field(default_factory=dict)
-    """One-job runs: steps trained again per recovery, ``mean`` and ``max``."""
+    """One-job runs: steps trained again per recovery, ``mean`` and ``max``, and
+    ``max_live`` over the recoveries that resumed from live copies."""
     checkpoint_interval_minutes: float = 0.0
     checkpoint_write_seconds: float = 0.0
     used_gpu_hours: float | None = None

@@ -29,7 +29,11 @@ def _steps_redone(run: JobRun, step: float) -> dict[str, float]:
     if not redone:
         return {}
     mean = sum(redone) / len(redone)
-    return {"mean": round(mean / step, 3), "max": round(max(redone) / step, 3)}
+    steps = {"mean": round(mean / step, 3), "max": round(max(redone) / step, 3)}
+    live = [seconds for origin, seconds in run.recoveries if origin == "live"]
+    if live:
+        steps["max_live"] = round(max(live) / step, 3)
+    return steps
 
 
 def _job_results(config: SimulationConfig) -> list[PolicyResult]:

@@ -23,7 +23,8 @@ With checkpointless recovery (a policy's ``peer_recovery``) the job also snapsho
 state to memory every step, each step costing ``snapshot_overhead`` more. A failure then
 loses only the step in flight: the restart resumes from the newest live step, unless the
 recovery took every copy of some state (:class:`.PeerCopies`: nodes lost, worker groups
-recreated at the ``pod`` or ``job`` rung, replicas moved or released), when it resumes
+recreated at the ``pod`` or ``job`` rung unless ``recreated_groups_keep_memory``,
+replicas moved or released), when it resumes
 from the disk checkpoint as without it. Training since the last disk checkpoint is kept
 only in memory until the next write, so such a fall back redoes all of it. A restart
 that resumes from live copies where some replica lost its memory costs the peer transfer
@@ -355,9 +356,9 @@ class _Simulation:
 
     def _restart(self, now: float, outcome: Outcome, level: RecoveryLevel, faulty: int) -> None:
         self.out.restarts[level.value] += 1
-        copies = self.copies
-        if copies is not None:
-            recreates = rung(level).recreates
+        copies, peer = self.copies, self.s.peer
+        if copies is not None and peer is not None:
+            recreates = "none" if peer.recreated_groups_keep_memory else rung(level).recreates
             if recreates == "all":
                 copies.lose_all()
             elif recreates == "faulty":
@@ -379,7 +380,6 @@ class _Simulation:
         self._switch(now, _RESTART)
         self.epoch += 1
         begin = max(now, outcome.start_at) + self.s.restart_seconds[level]
-        peer = self.s.peer
         if copies is not None and peer is not None and copies.any_lost() and copies.complete():
             begin += peer.restore_seconds  # a new or recreated replica fetches its state
         self._at(begin, _RESTART_DONE, self.epoch)
