@@ -125,7 +125,8 @@ def simulate(config: SimulationConfig) -> Summary:
 def analytic_ettr(config: SimulationConfig, policy_index: int = 0) -> float:
     """The first-order ETTR (:func:`.ettr_approximation`) of ``config``'s single job
     under policy ``policy_index`` when every failure costs its detection plus the
-    restart seconds of its kind's lowest rung."""
+    restart seconds of its kind's lowest rung and every restart resumes from the disk
+    (a policy's ``peer_recovery`` is not in the approximation)."""
     settings = JobSettings.of(config, policy_index)
     rates = {n: per_node_second(k, config.failure_rate_scale) for n, k in config.failures.items()}
     total = sum(rates.values())
