@@ -211,7 +211,10 @@ def test_a_worker_groups_pod_is_pinned_labelled_owned_and_runs_the_agent() -> No
         "matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-7"]}]
     }
     assert spec["priorityClassName"] == "high" and spec["restartPolicy"] == "OnFailure"
-    assert spec["hostNetwork"] is True and spec["volumes"] == [{"name": "data", "emptyDir": {}}]
+    assert spec["hostNetwork"] is True and spec["volumes"] == [
+        {"name": "data", "emptyDir": {}},
+        {"name": "resurge-shm", "emptyDir": {"medium": "Memory"}},  # the node's memory
+    ]
     assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
     [container] = spec["containers"]
     assert container["name"] == "trainer" and container["image"] == "registry/train:1"
@@ -224,6 +227,26 @@ def test_a_worker_groups_pod_is_pinned_labelled_owned_and_runs_the_agent() -> No
     assert env["NCCL_DEBUG"] == "INFO" and env["RESURGE_CLUSTER"] == "kubernetes"
     assert WorkerGroupSpec.model_validate_json(env[WORKER_GROUP_ENV]) == GROUP
     assert group_of_pod(pod) == GROUP
+
+
+def test_dev_shm_is_memory_backed_unless_the_template_mounts_something_there() -> None:
+    pod = pod_manifest(ON_POD_NETWORK, None, AGENT_ENV, "resurge:latest")
+    [container] = pod["spec"]["containers"]
+    assert {"name": "resurge-shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert pod["spec"]["volumes"] == [{"name": "resurge-shm", "emptyDir": {"medium": "Memory"}}]
+    own = {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}}
+    template = {
+        "spec": {
+            "volumes": [own],
+            "containers": [{"volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}]}],
+        }
+    }
+    job = {"metadata": {"name": "j", "uid": "u"}, "spec": {"template": template}}
+    pod = pod_manifest(ON_POD_NETWORK, job, AGENT_ENV, "resurge:latest")
+    assert pod["spec"]["volumes"] == [own]  # the template's own, as it is
+    assert pod["spec"]["containers"][0]["volumeMounts"] == [
+        {"name": "shm", "mountPath": "/dev/shm"}
+    ]
 
 
 def test_a_group_without_a_training_job_gets_the_default_image_and_no_owner() -> None:

@@ -391,6 +391,7 @@ def pod_manifest(
         }
     )
     container.pop("args", None)
+    _with_memory_folder(pod_spec, container)
     pod_spec.update(
         {
             "containers": [container, *containers[1:]],
@@ -410,6 +411,22 @@ def pod_manifest(
     if training_job is not None:
         metadata["ownerReferences"] = [owner_reference(training_job)]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+SHM_VOLUME = "resurge-shm"
+
+
+def _with_memory_folder(pod_spec: dict[str, Any], container: dict[str, Any]) -> None:
+    """Mount a memory-backed ``emptyDir`` at ``/dev/shm`` in the agent's container, unless
+    the template mounts something there: the node memory protected state is snapshotted
+    into (and that DataLoader workers share tensors through), which a container runtime
+    otherwise caps at 64 MiB. It counts against the pod's memory, and goes with the pod."""
+    mounts = list(container.get("volumeMounts") or [])
+    if any(mount.get("mountPath") == "/dev/shm" for mount in mounts):
+        return
+    container["volumeMounts"] = [*mounts, {"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    volumes = list(pod_spec.get("volumes") or [])
+    pod_spec["volumes"] = [*volumes, {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}]
 
 
 def _agent_env(
