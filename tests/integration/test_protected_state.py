@@ -105,3 +105,25 @@ def test_a_shard_lost_with_its_buddy_s_copy_resumes_nobody_from_memory(tmp_path:
     for output in again:
         restored = line(output, "restored")
         assert "source='start'" in restored and "lacks shards [1]" in restored
+
+
+def test_a_snapshot_that_cannot_be_kept_is_said_and_training_goes_on(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    from resurge import worker
+
+    # A folder that cannot exist stands for a node memory that is full (ENOSPC and
+    # ENOTDIR are both OSErrors of the write).
+    monkeypatch.setenv("RESURGE_SNAPSHOT_DIR", "/dev/null/memory")
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = worker.connect().protect(model=model, optimizer=optimizer)
+    for step in (1, 2):
+        model(torch.ones(1, 4)).sum().backward()
+        optimizer.step()  # waits for the snapshot before: it must not raise
+        assert state.snapshot(step)
+    state.close()
+
+    assert "the snapshot of step 1 was not kept" in capsys.readouterr().err

@@ -170,6 +170,13 @@ class ProtectedState:
 
             try:
                 path = folder.write(key, step, lambda path: torch.save(payload, path))
+            except OSError as error:  # memory full: this step stays unprotected, training goes on
+                print(
+                    f"resurge.worker: the snapshot of step {step} was not kept: {error}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return
             except BaseException as error:  # raised at the next wait, in the training thread
                 self._error = error
                 return
