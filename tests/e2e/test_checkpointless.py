@@ -11,6 +11,10 @@ generation's first step sums gradients in another order than an uninterrupted ru
 - A rank SIGKILLed in the middle of a checkpoint interval (process rung): the job goes on
   from the step of the fault (at most the step it was in is trained again; from the disk
   it would be 5) and ends with the parameters of an uninterrupted run, bit for bit.
+- An exception raised in a rank (in-process rung: no process restarts) and a replica's
+  agent SIGKILLed (pod rung: its worker group recreated, its memory gone, when the
+  restarter judges the lost agent first): the same, each rank's state from where it is
+  live.
 - A node SIGKILLed (its processes and its memory gone; the replica moves to a spare
   node): the moved ranks take the step from their peers' memory, with the same result.
 - Both nodes lost at once: nothing is live, the job falls back to the newest complete
@@ -28,6 +32,8 @@ before (tests/e2e/test_recovery_ladder.py and the plain-script tests cover them)
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Coroutine
@@ -38,11 +44,13 @@ import pytest
 
 from resurge.control.effects.client import inject_fault
 from resurge.events import (
+    AgentStateChanged,
     Assign,
     CheckpointSaved,
     JobPhase,
     Progress,
     RecoveryFinished,
+    RecoveryLevel,
     StateRestored,
 )
 from resurge.jobspec import EnvVar, TrainingJob, load_job
@@ -134,6 +142,53 @@ async def test_a_rank_killed_mid_interval_goes_on_from_the_step_of_the_fault(
 
     check(result, tmp_path, uninterrupted, most_lost=1)
     assert origins(result, 1) == {0: "memory", 1: "memory"}  # both nodes kept theirs
+
+
+async def test_an_exception_restarts_in_process_from_the_ranks_own_memory(
+    nats_url: str, namespace: str, tmp_path: Path, uninterrupted: Finished
+) -> None:
+    job = demo_job(tmp_path)
+
+    async def raise_in_rank_1(bus: Bus, watch: Watch) -> None:
+        await watch.wait_for(mid_interval, wait_seconds=120)
+        await inject_fault(bus, job.name, 1, "exception")
+
+    result = await run_job(
+        job, state_dir=tmp_path, nats_url=nats_url, namespace=namespace, nodes=2,
+        gpus_per_node=1, wait_seconds=240, during=raise_in_rank_1,
+    )  # fmt: skip
+
+    check(result, tmp_path, uninterrupted, most_lost=1)
+    [recovery] = result.events(RecoveryFinished)
+    assert recovery.level is RecoveryLevel.IN_PROCESS
+    assert origins(result, 1) == {0: "memory", 1: "memory"}
+
+
+async def test_a_killed_agent_s_ranks_resume_from_where_their_state_is_live(
+    nats_url: str, namespace: str, tmp_path: Path, uninterrupted: Finished
+) -> None:
+    job = demo_job(tmp_path)
+
+    async def kill_agent_of_replica_1(bus: Bus, watch: Watch) -> None:
+        await watch.wait_for(mid_interval, wait_seconds=120)
+        [agent] = {o.event.source.instance for o in watch.observed
+                   if isinstance(o.event, AgentStateChanged) and o.event.replica == 1}  # fmt: skip
+        os.kill(int(agent.rsplit(":", 1)[1]), signal.SIGKILL)
+
+    result = await run_job(
+        job, state_dir=tmp_path, nats_url=nats_url, namespace=namespace, nodes=2,
+        gpus_per_node=1, wait_seconds=240, during=kill_agent_of_replica_1,
+    )  # fmt: skip
+
+    check(result, tmp_path, uninterrupted, most_lost=1)
+    [recovery] = result.events(RecoveryFinished)
+    # As in test_agent_killed: the lost agent's replica recreated (pod: a new worker group,
+    # an empty memory) or, judged first, replica 0's failed collective (process: the
+    # monitor starts the agent again, and its group's memory is as it was).
+    if recovery.level is RecoveryLevel.POD:
+        assert origins(result, recovery.generation or 0) == {0: "memory", 1: "peer"}
+    else:
+        assert set(origins(result, recovery.generation or 0).values()) == {"memory"}
 
 
 def origins(result: StoryResult, generation: int) -> dict[int, str]:
