@@ -127,3 +127,25 @@ def test_a_snapshot_that_cannot_be_kept_is_said_and_training_goes_on(
     state.close()
 
     assert "the snapshot of step 1 was not kept" in capsys.readouterr().err
+    assert state.costs.bytes == 0 and state.costs.call_seconds > 0
+
+
+def test_what_a_snapshot_costs_is_measured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from resurge import worker
+
+    monkeypatch.setenv("RESURGE_SNAPSHOT_DIR", str(tmp_path / "memory"))
+    model = torch.nn.Linear(256, 256)
+    optimizer = torch.optim.Adam(model.parameters())
+    state = worker.connect().protect(model=model, optimizer=optimizer)
+    model(torch.ones(1, 256)).sum().backward()
+    optimizer.step()
+    assert state.snapshot(1)
+    optimizer.step()  # waits for the write of step 1
+    state.close()
+
+    written = (tmp_path / "memory" / "replicated" / "step-00000001.pt").stat().st_size
+    assert state.costs.bytes == written > 3 * 256 * 256 * 4  # parameters and Adam's two
+    assert state.costs.call_seconds > 0 and state.costs.write_seconds > 0
+    assert state.costs.waited_seconds >= 0

@@ -39,6 +39,9 @@ The contract:
   when nothing complete is live (then, as before: ``run.resume_checkpoint``, else a
   fresh start). Each rank tells its agent where its state came from (the ``restored``
   line: ``memory``, ``peer``, ``disk`` or ``start``), which the job's status shows.
+- What it costs is measured as it goes: :attr:`ProtectedState.costs`
+  (:class:`SnapshotCosts`: the time ``snapshot`` held the loop, the write's time and
+  size, and all the time the loop waited for writes).
 - A script that never calls ``protect`` runs as before, and so does one run without an
   agent (no ``RESURGE_SNAPSHOT_DIR``): ``snapshot`` does nothing and ``restore`` returns None.
 - A snapshot is read back with ``torch.load(weights_only=False)``: the files are the
@@ -54,6 +57,7 @@ import os
 import random
 import sys
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -68,7 +72,7 @@ from resurge.worker.wire import restored_line
 if TYPE_CHECKING:
     from resurge.worker import WorkerRun
 
-__all__ = ["ProtectedState", "Restored", "Stateful"]
+__all__ = ["ProtectedState", "Restored", "SnapshotCosts", "Stateful"]
 
 FORMAT = 1
 
@@ -81,6 +85,21 @@ class Stateful(Protocol):
 
     def load_state_dict(self, state: Any, /) -> Any:
         """Take ``state`` back."""
+
+
+@dataclass
+class SnapshotCosts:
+    """What snapshots cost this rank, as measured: the last snapshot's ``call_seconds``
+    (the time :meth:`ProtectedState.snapshot` held the training loop: its copies of the
+    unguarded tensors), ``write_seconds`` (its write, in the background where an optimizer
+    is registered) and ``bytes``; and ``waited_seconds``, all the time the training loop
+    waited for writes in flight (an optimizer's step, the next snapshot), since the start.
+    A script may report them with its progress."""
+
+    call_seconds: float = 0.0
+    write_seconds: float = 0.0
+    bytes: int = 0
+    waited_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -142,6 +161,7 @@ class ProtectedState:
         self.restored: Restored | None = None
         self.buddy: Buddy | None = None  # where sharded snapshots are copied (restore)
         self.last_snapshot: int | None = None
+        self.costs = SnapshotCosts()
         self._error: BaseException | None = None
         self._hooked: list[Any] = []
         for value in self.objects.values():
@@ -161,15 +181,19 @@ class ProtectedState:
         if not self.sharded and local_rank != 0:
             return False
         self.wait()
+        began = time.perf_counter()
         key = shard_key(rank, world) if self.sharded else REPLICATED
         payload = self._payload(step, rank, world)
-        folder, buddy = self.folder, self.buddy
+        folder, buddy, costs = self.folder, self.buddy, self.costs
 
         def write() -> None:
             import torch
 
+            started = time.perf_counter()
             try:
                 path = folder.write(key, step, lambda path: torch.save(payload, path))
+                costs.write_seconds = time.perf_counter() - started
+                costs.bytes = path.stat().st_size
             except OSError as error:  # memory full: this step stays unprotected, training goes on
                 print(
                     f"resurge.worker: the snapshot of step {step} was not kept: {error}",
@@ -193,11 +217,14 @@ class ProtectedState:
             write()
             self.wait()
         self.last_snapshot = step
+        self.costs.call_seconds = time.perf_counter() - began
         return True
 
     def wait(self) -> None:
         """Return once the snapshot in flight is written; raise what writing it raised."""
+        began = time.perf_counter()
         _wait_in_flight()
+        self.costs.waited_seconds += time.perf_counter() - began
         error, self._error = self._error, None
         if error is not None:
             raise RuntimeError(f"resurge.worker: writing a snapshot failed: {error}") from error
