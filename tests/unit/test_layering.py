@@ -58,7 +58,12 @@ def test_shared_library_imports_no_service() -> None:
 
 # Runs in the training process, on state the script registered: torch is there, and it
 # is imported inside the methods a script calls (`import resurge.worker.protect` does not).
-WORKER_SIDE_TORCH = {"shared/resurge/worker/protect.py"}
+# A framework integration imports its framework, and torch, as a script does.
+WORKER_SIDE_TORCH = {
+    "shared/resurge/worker/protect.py",
+    "shared/resurge/integrations/lightning.py",
+}
+INTEGRATIONS = REPO / "shared" / "resurge" / "integrations"
 
 
 def test_control_plane_does_not_import_torch() -> None:
@@ -76,6 +81,39 @@ def test_the_worker_library_imports_torch_only_once_a_script_protects_state() ->
     code = (
         "import sys, resurge.worker, resurge.worker.protect; "
         "assert 'torch' not in sys.modules, 'imported torch'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_nothing_but_a_training_script_imports_an_integration() -> None:
+    """Only scripts import resurge.integrations (and so a framework such as lightning)."""
+    folders = [REPO / "shared" / "resurge", *SERVICES.values()]
+    offences: list[str] = []
+    for folder in folders:
+        for path in folder.rglob("*.py"):
+            if path.is_relative_to(INTEGRATIONS):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, ast.Import):
+                    modules = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    modules = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                else:
+                    continue
+                offences.extend(
+                    f"{path.relative_to(REPO)} imports {module}"
+                    for module in modules
+                    if module.split(".")[0] == "lightning"
+                    or module == "resurge.integrations"
+                    or module.startswith("resurge.integrations.")
+                )
+    assert offences == []
+
+
+def test_the_integrations_package_imports_no_framework() -> None:
+    code = (
+        "import sys, resurge.integrations; "
+        "assert not {'torch', 'lightning'} & set(sys.modules), 'imported a framework'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
 
