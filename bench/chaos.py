@@ -16,7 +16,8 @@ Every ``--every`` seconds (default 15, jittered) one disturbance is picked at ra
   again);                                           cluster shrinks by a node and grows back.
 
 Faults that break the job (all but ``kill_service`` and the node changes) wait until the
-job trains again before the next disturbance, so each is one incident.
+job trains again (a newer generation reports a step; at most 120 s) before the next
+disturbance, so each is one incident.
 
 Printed at the end: the mode (peer recovery or disk only); disturbances by kind; faults
 injected and detected; recoveries by level; resizes; the steps trained again at each
@@ -170,9 +171,23 @@ def last_step(watch: Watch) -> int:
     return max((o.event.step for o in watch.observed if isinstance(o.event, Progress)), default=0)
 
 
-def trains_after(watch: Watch, since: datetime, seen: object = None) -> bool:
-    """Whether a worker reported a step after ``since`` (``seen``: what wait_for passes)."""
-    return any(isinstance(o.event, Progress) and o.event.time > since for o in watch.observed)
+def training_generation(watch: Watch) -> int:
+    """The newest generation that reported a step (-1: none yet)."""
+    return max(
+        (
+            o.event.generation
+            for o in watch.observed
+            if isinstance(o.event, Progress) and o.event.generation is not None
+        ),
+        default=-1,
+    )
+
+
+def trains_again(watch: Watch, broken: int, seen: object = None) -> bool:
+    """Whether a generation newer than ``broken`` (the one training when a fault was
+    made) reported a step: the job trains again. Steps of the broken generation itself
+    still come in for a moment after the fault, and do not count."""
+    return training_generation(watch) > broken
 
 
 async def disturb(kind: str, bus: Bus, watch: Watch, state_dir: Path, chaos: Chaos) -> bool:
@@ -262,15 +277,13 @@ async def run_chaos(
     async def during(bus: Bus, watch: Watch) -> None:
         supervisor = watch.supervisor
         assert supervisor is not None
-        await watch.wait_for(
-            lambda seen: trains_after(watch, datetime.min.replace(tzinfo=UTC)), 180
-        )
+        await watch.wait_for(partial(trains_again, watch, -1), 180)
         chaos.rss_start = service_rss(supervisor)
         total = int(job.spec.command[job.spec.command.index("--steps") + 1])
         while time.monotonic() < deadline and last_step(watch) < 0.9 * total:
             await asyncio.sleep(every * random.uniform(0.6, 1.4))  # the pace of chaos
             kind = random.choice(KINDS)
-            now = datetime.now(UTC)
+            now, broken = datetime.now(UTC), training_generation(watch)
             try:
                 done = await disturb(kind, bus, watch, folder, chaos)
             except Exception as error:  # a disturbance that could not be made is no result
@@ -282,9 +295,8 @@ async def run_chaos(
             chaos.injected.append((kind, now))
             print(f"  {now:%H:%M:%S} {kind}", file=sys.stderr, flush=True)
             if kind in BREAKING:  # one incident at a time: wait until it trains again
-                after = datetime.now(UTC)
                 with contextlib.suppress(TimeoutError):
-                    await watch.wait_for(partial(trains_after, watch, after), 120)
+                    await watch.wait_for(partial(trains_again, watch, broken), 120)
                 if kind == "xid":  # a node with a fatal XID is replaced, as in a cluster
                     await replace_node(bus, folder, chaos.broken_nodes[-1], chaos)
         chaos.rss_end = service_rss(supervisor)

@@ -183,3 +183,16 @@ def test_a_victim_is_named_by_the_rank_its_process_has_now() -> None:
         )  # fmt: skip
         watch.observed.append(Observed(subject="x", event=start))
     assert [(w.pid, w.rank) for w in chaos.live_workers(watch)] == [(pid, 1)]
+
+
+def test_the_next_disturbance_waits_for_a_newer_generation_to_train() -> None:
+    """Steps of the generation a fault broke still arrive after it: they are not the job
+    training again (a kill_rank 18 s after an XID hit the new generation in its start
+    and made one incident of two, a job restart)."""
+    watch = Watch()
+    watch.observed += [Observed(subject="x", event=e) for e in progress(4, range(1, 5), 0)]
+    broken = chaos.training_generation(watch)
+    watch.observed += [Observed(subject="x", event=e) for e in progress(4, range(5, 7), 10)]
+    assert (broken, chaos.trains_again(watch, broken)) == (4, False)
+    watch.observed += [Observed(subject="x", event=e) for e in progress(5, range(6, 7), 20)]
+    assert chaos.trains_again(watch, broken)
