@@ -30,7 +30,8 @@ cause, the disturbance before it and where its ranks' state came from (their
 invariant broken:
 
 - the job ends Succeeded at its final step;
-- every injected fault is detected (a FaultDetected of the job after it);
+- every injected fault is detected (a FaultDetected of the job after it and before the
+  next disturbance, which waits for the job to train again);
 - no fault is acted on twice (each RecoveryStarted names a fault once);
 - generations only grow;
 - no restart or resize trains more steps again than one checkpoint interval (plus the
@@ -317,9 +318,7 @@ def report(result: StoryResult, chaos: Chaos, job: TrainingJob, protect: bool = 
         broken.append(f"the job ended {result.phase} at step {final} of {total}")
     faults = [f for f in result.events(FaultDetected) if f.job == job.name]
     breaking = [(kind, at) for kind, at in chaos.injected if kind in BREAKING]
-    undetected = [
-        f"{kind} at {at:%H:%M:%S}" for kind, at in breaking if not any(f.time >= at for f in faults)
-    ]
+    undetected = undetected_faults(chaos.injected, faults)
     if undetected:
         broken.append(f"undetected: {', '.join(undetected)}")
     started = [r for r in result.events(RecoveryStarted) if r.job == job.name]
@@ -377,6 +376,19 @@ def report(result: StoryResult, chaos: Chaos, job: TrainingJob, protect: bool = 
     for line in broken:
         print(f"  - {line}")
     return 0 if not broken else 1
+
+
+def undetected_faults(
+    injected: list[tuple[str, datetime]], faults: list[FaultDetected]
+) -> list[str]:
+    """Each breaking disturbance with no fault detected after it and before the next one
+    (any later fault, another disturbance's, would hide a fault that went nowhere)."""
+    undetected = []
+    ends = [at for _, at in injected[1:]] + [datetime.max.replace(tzinfo=UTC)]
+    for (kind, at), until in zip(injected, ends, strict=False):
+        if kind in BREAKING and not any(at <= f.time < until for f in faults):
+            undetected.append(f"{kind} at {at:%H:%M:%S}")
+    return undetected
 
 
 def _spread(values: list[int]) -> str:

@@ -19,6 +19,7 @@ import pytest
 from resurge.events import (
     Assign,
     Event,
+    FaultDetected,
     JobPhase,
     ProcessStarted,
     Progress,
@@ -196,3 +197,15 @@ def test_the_next_disturbance_waits_for_a_newer_generation_to_train() -> None:
     assert (broken, chaos.trains_again(watch, broken)) == (4, False)
     watch.observed += [Observed(subject="x", event=e) for e in progress(5, range(6, 7), 20)]
     assert chaos.trains_again(watch, broken)
+
+
+def test_a_fault_is_detected_only_by_a_detection_before_the_next_disturbance() -> None:
+    """A log line sent to a replica that no longer exists is never detected; the kill
+    after it is: the log injection is undetected, though a fault came after it."""
+    injected = [("log", at(10)), ("kill_service", at(20)), ("kill_rank", at(30))]
+    faults = [
+        FaultDetected(source=SOURCE, job=JOB, fault_id="f", reason="process_killed",
+                      scope="process", message="", time=at(31))
+    ]  # fmt: skip
+    assert chaos.undetected_faults(injected, faults) == ["log at 00:00:10"]
+    assert chaos.undetected_faults(injected[1:], faults) == []
