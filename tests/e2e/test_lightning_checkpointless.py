@@ -10,6 +10,9 @@ processes with torchrun's environment (no cluster), stopped mid-epoch and starte
   The uninterrupted run is the script without the callback, which writes nothing.
 - The same after rank 1's node lost its memory: rank 1 takes step 9 from rank 0.
 - Stopped at the end of an epoch (step 12), the next epoch begins in its own order.
+- On a local cluster (2 replicas x 1 rank), rank 1 SIGKILLed in the middle of an epoch:
+  a process restart, both ranks take the step from their node's memory, at most the step
+  in flight is trained again, and the run ends bit for bit as an uninterrupted one.
 
 The callback needs resurge by definition: a script that never imports resurge is the
 ``--plain`` run (and tests/e2e/test_plain_script_faults.py on a cluster).
@@ -25,6 +28,13 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from resurge.control.effects.client import inject_fault
+from resurge.events import JobPhase, Progress, RecoveryFinished, StateRestored
+from resurge.local.demo import steps_lost
+from resurge.local.job_factory import python_job
+from resurge.local.story import Observed, Watch, run_job
+from resurge.runtime.bus import Bus
 
 pytestmark = pytest.mark.e2e
 
@@ -65,6 +75,10 @@ def ranks(memory: Path, *args: str, code: int = 0) -> list[str]:
     outputs = [process.communicate(timeout=110)[0] for process in processes]
     assert [process.returncode for process in processes] == [code, code], outputs
     return outputs
+
+
+def final_step(seen: list[Observed]) -> int:
+    return max((o.event.step for o in seen if isinstance(o.event, Progress)), default=0)
 
 
 def line(output: str, word: str) -> str:
@@ -123,3 +137,41 @@ def test_a_restart_at_the_end_of_an_epoch_begins_the_next(
         assert line(output, "trained") == f"13..{STEPS}"
         assert line(output, "ended") == line(plain, "ended")
         assert line(output, "digest") == line(plain, "digest")
+
+
+async def test_on_a_local_cluster_a_killed_rank_goes_on_from_the_step_of_the_fault(
+    nats_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """2 replicas x 1 rank; rank 1 SIGKILLed past step 15 (the middle of epoch 2): the
+    process restart trains at most the step in flight again, both ranks take the step
+    from their own node's memory, and the run ends as an uninterrupted one, bit for bit."""
+    steps = ["--steps", "30", "--step-seconds", "0.2"]
+    reference = {line(out, "digest") for out in ranks(tmp_path / "plain", "--plain", *steps)}
+    job = python_job(
+        "lightning-memory", WORKER, *steps, nproc=1, replicas=2, preload=["lightning"],
+        env={"OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+
+    async def kill(bus: Bus, watch: Watch) -> None:
+        await watch.wait_for(lambda seen: final_step(seen) >= 15, wait_seconds=180)
+        await inject_fault(bus, job.name, 1, "crash")
+
+    result = await run_job(
+        job, state_dir=tmp_path, nats_url=nats_url, namespace=namespace, nodes=2,
+        gpus_per_node=1, wait_seconds=300, during=kill, cwd=tmp_path,
+    )  # fmt: skip
+
+    assert result.phase is JobPhase.SUCCEEDED
+    [lost] = steps_lost(result)
+    assert 0 <= lost <= 1, f"{lost} step(s) trained again"
+    [recovery] = [e for e in result.events(RecoveryFinished) if isinstance(e, RecoveryFinished)]
+    print(f"steps trained again: {lost}; recovery: {recovery.duration_seconds:.2f} s")
+    restored = {e.rank: e.origin for e in result.events(StateRestored) if e.generation == 1}
+    assert restored == {0: "memory", 1: "memory"}, result.events(StateRestored)
+    digests = {
+        text.rsplit("digest ", 1)[1].split()[0]
+        for log in (tmp_path / "logs").glob("*.log")
+        for text in log.read_text(errors="replace").splitlines()
+        if "digest " in text
+    }
+    assert digests == reference

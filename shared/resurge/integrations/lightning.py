@@ -103,8 +103,8 @@ class ResurgeCheckpointless(pl.Callback):
         connector = trainer._checkpoint_connector
         if connector._loaded_checkpoint:  # the disk checkpoint of fit(ckpt_path=...)
             rank_zero_info(
-                f"resurge: step {self.restored_step} is live in memory, newer than the "
-                f"checkpoint at {connector._ckpt_path}: resuming from memory"
+                f"resurge: resuming from step {self.restored_step}, live in memory, not "
+                f"from the checkpoint at {connector._ckpt_path}"
             )
             connector._loaded_checkpoint = {}
             connector._ckpt_path = None
@@ -119,9 +119,10 @@ class ResurgeCheckpointless(pl.Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        """Warn if the first batch after a restore did not come through the callback."""
+        """Warn if the fit loop made a new data iterator before its first draw after
+        the restore."""
         resume, self._resume = self._resume, None
-        if resume is not None and not resume.done:
+        if resume is not None and resume.bypassed():
             rank_zero_warn(
                 "resurge: the fit loop replaced its data iterator before the first batch "
                 "after the restore: the epoch's batches start over (Lightning's own "
@@ -209,12 +210,20 @@ class _Resume:
         self.trainer = trainer
         self.rng = rng
         self.done = False
+        self.installed: _FirstDraw | None = None
 
     def install(self) -> None:
         fetcher = getattr(self.trainer.fit_loop, "_data_fetcher", None)
         if fetcher is None or getattr(fetcher, "iterator", None) is None:
             return
-        fetcher.iterator = _FirstDraw(fetcher.iterator, self._before_first_draw)
+        self.installed = _FirstDraw(fetcher.iterator, self._before_first_draw)
+        fetcher.iterator = self.installed
+
+    def bypassed(self) -> bool:
+        """Whether the first batch came, or will come, from another iterator than ours."""
+        fetcher = getattr(self.trainer.fit_loop, "_data_fetcher", None)
+        iterator = getattr(fetcher, "iterator", None)
+        return not self.done and (self.installed is None or iterator is not self.installed)
 
     def _before_first_draw(self, inner: Iterator[Any]) -> Iterator[Any]:
         loop = self.trainer.fit_loop

@@ -6,35 +6,40 @@ with dropout (the random generators matter) trained with Adam and a per-step lr
 schedule, on a fixed data set that Lightning's DistributedSampler shuffles anew each
 epoch (``--batches-per-epoch`` batches per rank), ``--steps`` optimizer steps.
 ``--stop-at N`` exits with code 3 right after step N (its snapshot written), as a rank a
-fault stops; ``--plain`` leaves the callback out (the script as it was). Each rank
-prints where its state came from (``restored ...``), the steps it trained
-(``trained FIRST..LAST``), where it ended (``ended step S epoch E``) and a digest of its
-parameters (``digest ...``).
+fault stops; ``--plain`` leaves the callback out (the script as it was);
+``--step-seconds S`` makes each step last S seconds more. Each rank reports each step to
+its agent (when it has one) and prints where its state came from (``restored ...``), the
+steps it trained (``trained FIRST..LAST``), where it ended (``ended step S epoch E``) and
+a digest of its parameters (``digest ...``).
 """
 
 import argparse
 import hashlib
 import os
 import sys
+import time
 from typing import Any
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from resurge import worker
 from resurge.integrations.lightning import ResurgeCheckpointless
 
 BATCH = 4
 
 
 class Model(L.LightningModule):
-    def __init__(self) -> None:
+    def __init__(self, step_seconds: float) -> None:
         super().__init__()
+        self.step_seconds = step_seconds
         self.net = torch.nn.Sequential(
             torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1)
         )
 
     def training_step(self, batch: list[torch.Tensor], _index: int) -> torch.Tensor:
+        time.sleep(self.step_seconds)
         x, y = batch
         loss: torch.Tensor = (self.net(x) - y).pow(2).mean()
         return loss
@@ -46,15 +51,20 @@ class Model(L.LightningModule):
 
 
 class Watch(L.Callback):
-    """Records the steps trained; exits hard after ``stop_at``, its snapshot written."""
+    """Records and reports the steps trained; exits hard after ``stop_at``, its
+    snapshot written."""
 
-    def __init__(self, stop_at: int, resurge: ResurgeCheckpointless | None) -> None:
+    def __init__(
+        self, run: worker.WorkerRun, stop_at: int, resurge: ResurgeCheckpointless | None
+    ) -> None:
+        self.run = run
         self.stop_at = stop_at
         self.resurge = resurge
         self.trained: list[int] = []
 
     def on_train_batch_end(self, trainer: L.Trainer, *_: Any) -> None:
         self.trained.append(trainer.global_step)
+        self.run.progress(trainer.global_step)
         if trainer.global_step == self.stop_at:
             if self.resurge is not None and self.resurge.state is not None:
                 self.resurge.state.wait()
@@ -67,6 +77,7 @@ def main() -> int:
     parser.add_argument("--batches-per-epoch", type=int, default=6)
     parser.add_argument("--stop-at", type=int, default=0)
     parser.add_argument("--plain", action="store_true")
+    parser.add_argument("--step-seconds", type=float, default=0.0)
     args = parser.parse_args()
     L.seed_everything(0, verbose=False)
     world = int(os.environ["WORLD_SIZE"])
@@ -75,8 +86,9 @@ def main() -> int:
     x = torch.randn(size, 8, generator=data)
     y = x.sum(dim=1, keepdim=True) + 0.1 * torch.randn(size, 1, generator=data)
     loader = DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=True)
-    resurge = None if args.plain else ResurgeCheckpointless()
-    watch = Watch(args.stop_at, resurge)
+    run = worker.connect()
+    resurge = None if args.plain else ResurgeCheckpointless(run)
+    watch = Watch(run, args.stop_at, resurge)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=int(os.environ["LOCAL_WORLD_SIZE"]),
@@ -90,7 +102,7 @@ def main() -> int:
         enable_model_summary=False,
         callbacks=[c for c in (resurge, watch) if c is not None],
     )
-    model = Model()
+    model = Model(args.step_seconds)
     trainer.fit(model, loader)
     print(f"restored {None if resurge is None else resurge.restored}", flush=True)
     print(f"trained {watch.trained[0]}..{watch.trained[-1]}", flush=True)
@@ -99,6 +111,7 @@ def main() -> int:
     for tensor in model.state_dict().values():
         digest.update(tensor.detach().numpy().tobytes())
     print(f"digest {digest.hexdigest()}", flush=True)
+    run.close()
     return 0
 
 
