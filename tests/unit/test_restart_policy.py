@@ -332,6 +332,35 @@ def test_node_fault_with_no_room_requeues_the_job() -> None:
     assert rec.pending_recovery.requeue and "waiting for capacity" in rec.message
 
 
+def node_lost(fault_id: str, generation: int, node: str) -> FaultDetected:
+    return fault(
+        fault_id, generation, rank=None, replica=None, scope=FaultScope.NODE,
+        reason="node_lost", node=node, suggested=RecoveryLevel.NODE,
+    )  # fmt: skip
+
+
+def test_two_nodes_lost_together_each_move_their_replica() -> None:
+    # Both nodes of a 2-replica job die at once; the first loss moves replica 0 and
+    # starts generation 1, which still runs replica 1 on the other lost node. That
+    # loss, seen in generation 0, was ignored as stale: generation 1 waited for a
+    # replica that never came, until its rendezvous timed out (a CI run, 2 minutes).
+    rec = record()
+    view = cluster(("n0", 0), ("n1", 0), ("n2", 2), ("n3", 2))
+    apply_fault(rec, node_lost("lost-n0", 0, "n0"), now=at(0), cluster=view)
+    assert rec.generation == 1 and {p.node for p in rec.placements} == {"n2", "n1"}
+
+    view = cluster(("n0", 0), ("n1", 0), ("n2", 0), ("n3", 2))
+    decision = apply_fault(rec, node_lost("lost-n1", 0, "n1"), now=at(1), cluster=view)
+
+    assert decision.verdict is Verdict.RESTART and rec.generation == 2
+    assert {p.node for p in rec.placements} == {"n2", "n3"}
+    # A crash of generation 0 is still a peer's echo, and so is a loss of a node left.
+    assert apply_fault(rec, fault("b", 0), now=at(2)).verdict is Verdict.IGNORE
+    assert apply_fault(rec, node_lost("lost-n0-again", 1, "n0"), now=at(2)).verdict is (
+        Verdict.IGNORE
+    )
+
+
 def test_repeat_offender_node_is_avoided_even_for_a_fault_that_suggests_less() -> None:
     rec = record(maxRepeatOffenders=2)
     view = cluster(("n0", 0), ("n1", 0), ("n2", 2))

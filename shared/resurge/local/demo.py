@@ -74,7 +74,9 @@ def steps_lost(result: StoryResult) -> list[int]:
         )
         first = min(_steps(result, recovery.generation), default=None)
         if first is not None:
-            lost.append(reached - (first - 1))
+            # A step finished whose progress never went out (its rank stopped in the next
+            # collective) makes this -1: nothing was trained again.
+            lost.append(max(0, reached - (first - 1)))
     return lost
 
 

@@ -14,7 +14,8 @@ The ladder (DESIGN section 4), cheapest first: ``in_process``, ``process``, ``po
 1. A node fault about a node the job no longer runs on, or that the job already avoids,
    changes nothing: it is the tail of an incident already acted on (an XID and its
    node's health fault are one incident, in either order). Faults of an older
-   generation change nothing either: a dead rank's peers failing their collectives.
+   generation change nothing either (a dead rank's peers failing their collectives),
+   except a lost node the current generation still runs on: it breaks that one too.
 2. The fault's scope sets the floor (process -> in_process, node -> node, job -> job),
    raised to the detector's ``suggested_level``; ``in_process`` needs workers that run
    under ``resurge.worker.restartable`` (else ``process``).
@@ -498,7 +499,8 @@ def _ignored(record: JobRecord, fault: FaultDetected) -> str | None:
     if fault.fault_id in record.handled_faults:
         return "fault already handled"
     if fault.generation is not None and fault.generation < record.generation:
-        return f"fault of generation {fault.generation}, job is at {record.generation}"
+        if not _still_on_a_lost_node(record, fault):
+            return f"fault of generation {fault.generation}, job is at {record.generation}"
     if record.phase is JobPhase.PENDING or not record.placements:
         return "job is not running"
     if fault.scope is FaultScope.NODE and fault.node is not None:
@@ -507,6 +509,14 @@ def _ignored(record: JobRecord, fault: FaultDetected) -> str | None:
         if fault.node not in {p.node for p in record.placements}:
             return f"the job no longer runs on {fault.node}"
     return None
+
+
+def _still_on_a_lost_node(record: JobRecord, fault: FaultDetected) -> bool:
+    """Whether ``fault`` says a node is lost that the record's generation still runs on:
+    it breaks that generation too, whichever generation saw it first (two nodes lost
+    together: the first loss's recovery started a generation on the second)."""
+    placed = {p.node for p in record.placements}
+    return fault.reason == "node_lost" and fault.node is not None and fault.node in placed
 
 
 def _incident(
