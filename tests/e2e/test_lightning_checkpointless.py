@@ -10,6 +10,7 @@ processes with torchrun's environment (no cluster), stopped mid-epoch and starte
   The uninterrupted run is the script without the callback, which writes nothing.
 - The same after rank 1's node lost its memory: rank 1 takes step 9 from rank 0.
 - Stopped at the end of an epoch (step 12), the next epoch begins in its own order.
+- A checkpoint of step 6 given to ``fit(ckpt_path=...)`` is not loaded over step 9 live.
 - On a local cluster (2 replicas x 1 rank), rank 1 SIGKILLed in the middle of an epoch:
   a process restart, both ranks take the step from their node's memory, at most the step
   in flight is trained again, and the run ends bit for bit as an uninterrupted one.
@@ -124,6 +125,21 @@ def test_a_rank_whose_node_lost_its_memory_gets_the_step_from_its_peer(
     for output, plain in zip(again, uninterrupted, strict=True):
         assert line(output, "trained") == f"10..{STEPS}"
         assert line(output, "digest") == line(plain, "digest")
+
+
+def test_a_live_step_newer_than_the_checkpoint_given_to_fit_wins(
+    tmp_path: Path, uninterrupted: list[str]
+) -> None:
+    disk = tmp_path / "step-6.ckpt"
+    ranks(tmp_path, "--stop-at", "9", "--save-at", "6", "--save-to", str(disk), code=3)
+    assert disk.is_file()
+    again = ranks(tmp_path, "--ckpt-path", str(disk))
+
+    for output, plain in zip(again, uninterrupted, strict=True):
+        assert "step=9, source='memory'" in line(output, "restored")
+        assert line(output, "trained") == f"10..{STEPS}"
+        assert line(output, "digest") == line(plain, "digest")
+    assert f"resuming from step 9, live in memory, not from the checkpoint at {disk}" in again[0]
 
 
 def test_a_restart_at_the_end_of_an_epoch_begins_the_next(

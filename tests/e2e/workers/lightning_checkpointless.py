@@ -7,7 +7,9 @@ schedule, on a fixed data set that Lightning's DistributedSampler shuffles anew 
 epoch (``--batches-per-epoch`` batches per rank), ``--steps`` optimizer steps.
 ``--stop-at N`` exits with code 3 right after step N (its snapshot written), as a rank a
 fault stops; ``--plain`` leaves the callback out (the script as it was);
-``--step-seconds S`` makes each step last S seconds more. Each rank reports each step to
+``--step-seconds S`` makes each step last S seconds more; ``--save-at N --save-to PATH``
+saves a Lightning checkpoint after step N, and ``--ckpt-path PATH`` passes one to
+``fit``. Each rank reports each step to
 its agent (when it has one) and prints where its state came from (``restored ...``), the
 steps it trained (``trained FIRST..LAST``), where it ended (``ended step S epoch E``) and
 a digest of its parameters (``digest ...``).
@@ -55,16 +57,23 @@ class Watch(L.Callback):
     snapshot written."""
 
     def __init__(
-        self, run: worker.WorkerRun, stop_at: int, resurge: ResurgeCheckpointless | None
+        self,
+        run: worker.WorkerRun,
+        stop_at: int,
+        resurge: ResurgeCheckpointless | None,
+        save: tuple[int, str | None],
     ) -> None:
         self.run = run
         self.stop_at = stop_at
+        self.save_at, self.save_to = save
         self.resurge = resurge
         self.trained: list[int] = []
 
     def on_train_batch_end(self, trainer: L.Trainer, *_: Any) -> None:
         self.trained.append(trainer.global_step)
         self.run.progress(trainer.global_step)
+        if trainer.global_step == self.save_at and self.save_to is not None:
+            trainer.save_checkpoint(self.save_to)
         if trainer.global_step == self.stop_at:
             if self.resurge is not None and self.resurge.state is not None:
                 self.resurge.state.wait()
@@ -78,6 +87,9 @@ def main() -> int:
     parser.add_argument("--stop-at", type=int, default=0)
     parser.add_argument("--plain", action="store_true")
     parser.add_argument("--step-seconds", type=float, default=0.0)
+    parser.add_argument("--save-at", type=int, default=0)
+    parser.add_argument("--save-to")
+    parser.add_argument("--ckpt-path")
     args = parser.parse_args()
     L.seed_everything(0, verbose=False)
     world = int(os.environ["WORLD_SIZE"])
@@ -88,7 +100,7 @@ def main() -> int:
     loader = DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=True)
     run = worker.connect()
     resurge = None if args.plain else ResurgeCheckpointless(run)
-    watch = Watch(run, args.stop_at, resurge)
+    watch = Watch(run, args.stop_at, resurge, (args.save_at, args.save_to))
     trainer = L.Trainer(
         accelerator="cpu",
         devices=int(os.environ["LOCAL_WORLD_SIZE"]),
@@ -103,7 +115,7 @@ def main() -> int:
         callbacks=[c for c in (resurge, watch) if c is not None],
     )
     model = Model(args.step_seconds)
-    trainer.fit(model, loader)
+    trainer.fit(model, loader, ckpt_path=args.ckpt_path)
     print(f"restored {None if resurge is None else resurge.restored}", flush=True)
     print(f"trained {watch.trained[0]}..{watch.trained[-1]}", flush=True)
     print(f"ended step {trainer.global_step} epoch {trainer.current_epoch}", flush=True)
