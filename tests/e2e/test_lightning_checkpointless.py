@@ -155,6 +155,17 @@ def test_a_restart_at_the_end_of_an_epoch_begins_the_next(
         assert line(output, "digest") == line(plain, "digest")
 
 
+def test_a_lightning_older_than_2_5_is_refused() -> None:
+    """Lightning 2.4's fit loop, resumed from a state of on_train_batch_end, trains that
+    batch again (measured: every test above ends with other parameters under 2.4.0)."""
+    from resurge.integrations.lightning import _check_version
+
+    with pytest.raises(RuntimeError, match=r"needs lightning 2\.5 or newer, not 2\.4\.0"):
+        _check_version("2.4.0")
+    for version in ("2.5.0", "2.6.6", "3.0.0rc1"):
+        _check_version(version)
+
+
 async def test_on_a_local_cluster_a_killed_rank_goes_on_from_the_step_of_the_fault(
     nats_url: str, namespace: str, tmp_path: Path
 ) -> None:

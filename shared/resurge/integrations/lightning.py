@@ -42,6 +42,8 @@ The contract:
 - After each optimizer step (``on_train_batch_end`` once ``trainer.global_step``
   moved: not while gradients accumulate) it calls ``snapshot(trainer.global_step)``;
   at the end of ``fit``, or on an exception, ``close()``.
+- It needs the ``lightning`` package, 2.5 or newer (:class:`RuntimeError` otherwise): an
+  older fit loop trains again the batch of a state saved at ``on_train_batch_end``.
 - Replicated state only (DDP and single-device strategies; ``sharded=False``): FSDP's
   and DeepSpeed's optimizer states go through their strategy, which this callback does
   not call. A script without the callback runs as before; without a resurge agent
@@ -55,6 +57,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import lightning
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -66,6 +69,8 @@ if TYPE_CHECKING:
     from resurge.worker.protect import ProtectedState, Restored, Stateful
 
 __all__ = ["ResurgeCheckpointless"]
+
+OLDEST = (2, 5)  # the first fit loop that resumes a state of on_train_batch_end exactly
 
 
 class ResurgeCheckpointless(pl.Callback):
@@ -81,6 +86,7 @@ class ResurgeCheckpointless(pl.Callback):
     """
 
     def __init__(self, run: WorkerRun | None = None, *, every: int | None = None) -> None:
+        _check_version(lightning.__version__)
         self.run = run
         self.every = every
         self.state: ProtectedState | None = None
@@ -159,6 +165,15 @@ class ResurgeCheckpointless(pl.Callback):
         self._resume = None
         if state is not None:
             state.close()
+
+
+def _check_version(version: str) -> None:
+    major, minor = (int(part) for part in version.split(".")[:2])
+    if (major, minor) < OLDEST:
+        raise RuntimeError(
+            f"resurge's Lightning callback needs lightning {OLDEST[0]}.{OLDEST[1]} or newer, "
+            f"not {version}: an older fit loop trains a snapshot's last batch again"
+        )
 
 
 def _objects(
