@@ -22,9 +22,9 @@ The contract:
 - If a live step came back, the trainer is where that step left it: its state is what
   Lightning saves in a checkpoint at ``on_train_batch_end``, so Lightning's own restart
   logic carries it on (global step, epoch, batch within the epoch, schedulers). A
-  ``ckpt_path`` given to ``fit`` is then not restored (the live step is newer; when the
-  disk checkpoint is newer, ``restore()`` returns None and Lightning restores it as
-  usual).
+  ``ckpt_path`` given to ``fit`` is then not restored (when the job's disk checkpoint,
+  ``run.resume_checkpoint``, is newer than every live step, ``restore()`` returns None
+  and Lightning restores ``ckpt_path`` as usual).
 - Mid-epoch: Lightning starts a plain dataloader's epoch over on a resume and counts
   its batches from where the epoch stopped, so it would train the epoch's first batches
   again and never see its last ones. The callback draws and drops the batches the epoch
@@ -33,12 +33,14 @@ The contract:
   ``load_state_dict``, e.g. torchdata's ``StatefulDataLoader``): Lightning puts those
   back itself, from the fit loop's state. Right before that first new batch it sets
   the random number generators (torch, Python, numpy) back to the snapshot's, as the
-  uninterrupted run had them there. The same batches come back, and a resume at an
-  unchanged world size continues bit for bit, when the epoch's order and batches are
-  fixed by the epoch: a ``DistributedSampler`` (Lightning's default under DDP) or a
-  sequential sampler, and no random transforms in dataloader worker processes (a
-  shuffling sampler without its own seeded generator draws a new order, and workers
-  their seeds, when the iterator is created, which a resume does again).
+  uninterrupted run had them there (after a snapshot that ended an epoch, it sets them
+  back and then makes the next epoch's iterator again, as that run did). The same
+  batches come back, and a resume at an unchanged world size continues bit for bit,
+  when the epoch's order and batches are fixed by the epoch: a ``DistributedSampler``
+  (Lightning's default under DDP) or a sequential sampler, and no random transforms in
+  dataloader worker processes (a shuffling sampler without its own seeded generator
+  draws a new order, and workers their seeds, when the iterator is created, which a
+  resume does again).
 - After each optimizer step (``on_train_batch_end`` once ``trainer.global_step``
   moved: not while gradients accumulate) it calls ``snapshot(trainer.global_step)``;
   at the end of ``fit``, or on an exception, ``close()``.
