@@ -36,6 +36,8 @@ def main() -> None:
                 fully_shard(layer)
         fully_shard(model)
     optimizer = torch.optim.Adam(trained.parameters(), lr=1e-2)
+    torch.manual_seed(1000 + rank)  # each rank's own random stream from here on
+    drawn = 0.0
     state = worker.connect().protect(model=trained, optimizer=optimizer, sharded=sharded)
     start = state.restore()
     print(f"restored {state.restored}", flush=True)
@@ -45,6 +47,7 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        drawn = float(torch.rand(1))  # this rank's stream, which a resume must go on with
         state.snapshot(step)
         dist.all_reduce(loss.detach())  # every step together, as FSDP's collectives keep them
         if step == stop_at:
@@ -56,6 +59,7 @@ def main() -> None:
         whole = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
         digest.update(whole.detach().numpy().tobytes())
     print(f"digest {digest.hexdigest()}", flush=True)
+    print(f"drawn {drawn!r}", flush=True)
     dist.destroy_process_group()
 
 

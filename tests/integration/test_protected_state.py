@@ -3,7 +3,7 @@ a snapshot folder of its own (two nodes' memory), stopped mid-run and started ag
 
 - Replicated (DDP): after rank 1's node lost its memory, rank 1 receives the step from
   rank 0 and the run ends with the parameters (and BatchNorm's running statistics) of an
-  uninterrupted run, bit for bit.
+  uninterrupted run, bit for bit, each rank drawing on from its own random stream.
 - Sharded (a model per rank, and FSDP2's shards of one model, DTensors made local in the
   snapshot and DTensors again on load): each rank takes its own shard back; a node whose memory is
   gone gets its shard from its buddy's copy; with the copy gone too, nobody resumes from
@@ -65,6 +65,7 @@ def test_a_restart_resumes_from_the_live_step_bit_for_bit(tmp_path: Path, layout
     again = ranks(tmp_path / "memory", 10, 0, layout)
 
     assert [line(out, "digest") for out in again] == [line(out, "digest") for out in plain]
+    assert [line(out, "drawn") for out in again] == [line(out, "drawn") for out in plain]
     for output in again:
         assert "step=6, source='memory'" in line(output, "restored")
 

@@ -3,6 +3,7 @@ every rank, the newest whose state is complete among them, or the disk."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -91,3 +92,15 @@ def test_a_resume_drops_the_snapshots_of_a_future_that_did_not_happen(tmp_path: 
     assert folder.held() == [Held(REPLICATED, 5)]
     assert folder.drop_after(None) == [Held(REPLICATED, 5)]  # a fresh start: none stays
     assert folder.held() == []
+
+
+def test_a_write_killed_with_its_rank_is_swept_and_a_live_one_is_not(tmp_path: Path) -> None:
+    folder = SnapshotFolder(tmp_path)
+    (tmp_path / REPLICATED).mkdir()
+    gone = tmp_path / REPLICATED / ".step-00000007.pt.999999999.part"
+    gone.write_text("half")
+    live = tmp_path / REPLICATED / f".step-00000008.pt.{os.getpid()}.part"
+    live.write_text("being written")
+
+    assert folder.sweep() == [gone]
+    assert live.exists() and not gone.exists()

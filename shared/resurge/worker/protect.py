@@ -24,9 +24,11 @@ The contract:
   tensor (buffers, which a forward pass changes) is copied before ``snapshot`` returns.
   With no optimizer registered, the whole write happens before it returns.
 - Replicated state (``sharded=False``, the default: DDP, every rank holds it all) is
-  written once per node (by local rank 0). Sharded state (``sharded=True``: FSDP's
-  sharded state dicts, ZeRO) is written by every rank, as shard ``rank`` of
-  ``world_size``.
+  written once per node (by local rank 0); every rank keeps its own random generators
+  beside it (``rng-<rank>-of-<world>``), and takes them back where its node kept them (a
+  rank on a new node, or at another world size, keeps the generators its script seeded).
+  Sharded state (``sharded=True``: FSDP's sharded state dicts, ZeRO) is written by every
+  rank, as shard ``rank`` of ``world_size``.
 - ``restore()`` is collective: every rank of the generation calls it once, after
   ``init_process_group`` (without a process group it is a world of one). The ranks
   gather what each can read on its node and agree on one step
@@ -178,12 +180,12 @@ class ProtectedState:
         if self.folder is None or step % self.every:
             return False
         rank, world, local_rank = _place()
-        if not self.sharded and local_rank != 0:
-            return False
         self.wait()
         began = time.perf_counter()
         key = shard_key(rank, world) if self.sharded else REPLICATED
-        payload = self._payload(step, rank, world)
+        # Replicated state once a node (local rank 0); each rank's random generators its own.
+        payload = self._payload(step, rank, world) if self.sharded or local_rank == 0 else None
+        generators = _rng_state() if self.rng and not self.sharded else None
         folder, buddy, costs = self.folder, self.buddy, self.costs
 
         def write() -> None:
@@ -191,6 +193,11 @@ class ProtectedState:
 
             started = time.perf_counter()
             try:
+                if generators is not None:
+                    own = rng_key(rank, world)
+                    folder.write(own, step, lambda path: torch.save(generators, path))
+                if payload is None:
+                    return
                 path = folder.write(key, step, lambda path: torch.save(payload, path))
                 costs.write_seconds = time.perf_counter() - started
                 costs.bytes = path.stat().st_size
@@ -244,7 +251,7 @@ class ProtectedState:
             "world_size": world,
             "sharded": self.sharded,
             "state": state,
-            "rng": _rng_state() if self.rng else None,
+            "rng": _rng_state() if self.rng and self.sharded else None,
         }
 
     def _guarded(self) -> set[int]:
@@ -268,6 +275,8 @@ class ProtectedState:
         """Load the newest complete live state (collective); the step it is of, or None."""
         _wait_in_flight()
         rank, world, _ = _place()
+        if self.folder is not None:
+            self.folder.sweep()  # what a rank killed mid-write left
         mine = self.folder.held() if self.folder is not None else []
         everyone, addresses = _all_gather(mine, world, self._address())
         self.buddy = self._buddy(rank, world, addresses)
@@ -347,6 +356,10 @@ class ProtectedState:
             value.load_state_dict(_as_registered(value, payload["state"][name]))
         if self.rng and payload.get("rng") is not None:
             _set_rng_state(payload["rng"])
+        elif self.rng and self.folder is not None:  # replicated: this rank's own, if kept
+            own = self.folder.path(rng_key(rank, world), decided.step)
+            if own.is_file():
+                _set_rng_state(torch.load(own, weights_only=False))
         return Restored(decided.step, source, detail)
 
     def close(self) -> None:
@@ -355,6 +368,12 @@ class ProtectedState:
         for handle in self._hooked:
             handle.remove()
         self._hooked.clear()
+
+
+def rng_key(rank: int, world: int) -> str:
+    """The key of rank ``rank``'s random generators (replicated state: each rank keeps
+    its own beside the node's one copy of the state)."""
+    return f"rng-{rank}-of-{world}"
 
 
 def _place() -> tuple[int, int, int]:

@@ -88,8 +88,29 @@ class SnapshotFolder:
             self.path(held.key, held.step).unlink(missing_ok=True)
         return dropped
 
+    def sweep(self) -> list[Path]:
+        """Remove the half-written files of processes that are gone (a write killed with
+        its rank); the removed ones."""
+        swept = []
+        for part in self.root.glob("*/.step-*.pt.*.part") if self.root.is_dir() else []:
+            writer = part.name.rsplit(".", 2)[-2]
+            if writer.isdigit() and not _alive(int(writer)):
+                part.unlink(missing_ok=True)
+                swept.append(part)
+        return swept
+
     def prune(self, key: str) -> None:
         """Drop all but the newest :data:`KEEP` snapshots of ``key``."""
         steps = sorted(h.step for h in self.held() if h.key == key)
         for step in steps[:-KEEP]:
             self.path(key, step).unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
