@@ -498,9 +498,9 @@ def _ignored(record: JobRecord, fault: FaultDetected) -> str | None:
         return f"job is {record.phase.value}"
     if fault.fault_id in record.handled_faults:
         return "fault already handled"
-    if fault.generation is not None and fault.generation < record.generation:
-        if not _still_on_a_lost_node(record, fault):
-            return f"fault of generation {fault.generation}, job is at {record.generation}"
+    stale = fault.generation is not None and fault.generation < record.generation
+    if stale and not _still_on_a_lost_node(record, fault):
+        return f"fault of generation {fault.generation}, job is at {record.generation}"
     if record.phase is JobPhase.PENDING or not record.placements:
         return "job is not running"
     if fault.scope is FaultScope.NODE and fault.node is not None:
