@@ -54,17 +54,15 @@ The contract:
 
 from __future__ import annotations
 
-import random
-import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import lightning
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from resurge import worker
+from resurge.worker.protect import rng_state, set_rng_state
 
 if TYPE_CHECKING:
     from resurge.worker import WorkerRun
@@ -116,7 +114,7 @@ class ResurgeCheckpointless(pl.Callback):
             )
             connector._loaded_checkpoint = {}
             connector._ckpt_path = None
-        self._resume = _Resume(trainer, _rng_state())
+        self._resume = _Resume(trainer, rng_state())
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """After a restore: catch the first draw from the epoch's data iterator (the fit
@@ -247,19 +245,19 @@ class _Resume:
         loader = loop._combined_loader
         if loader is not None and all(_stateful(each) for each in loader.flattened):
             # Lightning put their position back from the fit loop's state.
-            _set_rng_state(self.rng)
+            set_rng_state(self.rng)
         elif trained := int(loop.epoch_loop.batch_progress.current.ready):
             # The batches this epoch trained before the snapshot (Lightning counts them
             # as fetched already): drawn again and dropped.
             for _ in range(trained):
                 next(inner)
-            _set_rng_state(self.rng)
+            set_rng_state(self.rng)
             epoch = self.trainer.current_epoch
             rank_zero_info(f"resurge: skipped the {trained} batches epoch {epoch} trained before")
         else:
             # The snapshot ended an epoch: make the next one's iterator anew, as an
             # uninterrupted run does at its start, with the same random draws.
-            _set_rng_state(self.rng)
+            set_rng_state(self.rng)
             inner = iter(inner)
         self.done = True
         return inner
@@ -288,22 +286,3 @@ def _stateful(loader: object) -> bool:
     return callable(getattr(loader, "state_dict", None)) and callable(
         getattr(loader, "load_state_dict", None)
     )
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        state["numpy"] = numpy.random.get_state()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if "numpy" in state:
-        sys.modules["numpy"].random.set_state(state["numpy"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])

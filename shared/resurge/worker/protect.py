@@ -25,8 +25,9 @@ The contract:
   With no optimizer registered, the whole write happens before it returns.
 - Replicated state (``sharded=False``, the default: DDP, every rank holds it all) is
   written once per node (by local rank 0); every rank keeps its own random generators
-  beside it (``rng-<rank>-of-<world>``), and takes them back where its node kept them (a
-  rank on a new node, or at another world size, keeps the generators its script seeded).
+  beside it (``rng-<rank>-of-<world>``), and takes them back where its node kept them; a
+  rank on a new node, or at another world size, takes the copy's writer's (the same
+  stream where every rank seeds and draws alike, as most scripts do).
   Sharded state (``sharded=True``: FSDP's sharded state dicts, ZeRO) is written by every
   rank, as shard ``rank`` of ``world_size``.
 - ``restore()`` is collective: every rank of the generation calls it once, after
@@ -74,7 +75,15 @@ from resurge.worker.wire import restored_line
 if TYPE_CHECKING:
     from resurge.worker import WorkerRun
 
-__all__ = ["ProtectedState", "Restored", "SnapshotCosts", "Stateful"]
+__all__ = [
+    "ProtectedState",
+    "Restored",
+    "SnapshotCosts",
+    "Stateful",
+    "rng_key",
+    "rng_state",
+    "set_rng_state",
+]
 
 FORMAT = 1
 
@@ -185,7 +194,7 @@ class ProtectedState:
         key = shard_key(rank, world) if self.sharded else REPLICATED
         # Replicated state once a node (local rank 0); each rank's random generators its own.
         payload = self._payload(step, rank, world) if self.sharded or local_rank == 0 else None
-        generators = _rng_state() if self.rng and not self.sharded else None
+        generators = rng_state() if self.rng and not self.sharded else None
         folder, buddy, costs = self.folder, self.buddy, self.costs
 
         def write() -> None:
@@ -251,7 +260,7 @@ class ProtectedState:
             "world_size": world,
             "sharded": self.sharded,
             "state": state,
-            "rng": _rng_state() if self.rng and self.sharded else None,
+            "rng": rng_state() if self.rng else None,  # replicated: the writer's, a fallback
         }
 
     def _guarded(self) -> set[int]:
@@ -354,12 +363,14 @@ class ProtectedState:
             )
         for name, value in self.objects.items():
             value.load_state_dict(_as_registered(value, payload["state"][name]))
-        if self.rng and payload.get("rng") is not None:
-            _set_rng_state(payload["rng"])
-        elif self.rng and self.folder is not None:  # replicated: this rank's own, if kept
-            own = self.folder.path(rng_key(rank, world), decided.step)
-            if own.is_file():
-                _set_rng_state(torch.load(own, weights_only=False))
+        own = None
+        if self.rng and not self.sharded and self.folder is not None:
+            kept = self.folder.path(rng_key(rank, world), decided.step)
+            own = torch.load(kept, weights_only=False) if kept.is_file() else None
+        if self.rng and (own is not None or payload.get("rng") is not None):
+            # This rank's own generators where its node kept them, else the holder's
+            # (the same stream where every rank seeds and draws alike, as most do).
+            set_rng_state(own if own is not None else payload["rng"])
         return Restored(decided.step, source, detail)
 
     def close(self) -> None:
@@ -520,7 +531,9 @@ def _copy_unguarded(value: Any, guarded: set[int]) -> Any:
     return value
 
 
-def _rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
+    """This process's random generators' states: torch's, Python's, numpy's (if imported)
+    and CUDA's (if initialized)."""
     import torch
 
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
@@ -532,7 +545,8 @@ def _rng_state() -> dict[str, Any]:
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Set the random generators back to ``state`` (from :func:`rng_state`)."""
     import torch
 
     torch.set_rng_state(state["torch"])
