@@ -9,7 +9,7 @@ import pytest
 
 from resurge.control.decisions.admission import new_record
 from resurge.control.effects.client import SubmitRefused, delete_job, inject_fault, submit_job
-from resurge.control.state.records import JobStore
+from resurge.control.state.records import JobStore, Placement
 from resurge.events import JobPhase
 from resurge.jobspec import TrainingJob
 from resurge.local.job_factory import job
@@ -82,3 +82,22 @@ async def test_injecting_into_a_finished_job_is_an_error(bus: Bus) -> None:
     await _stored(bus, job("over"), JobPhase.FAILED)
     with pytest.raises(LookupError, match="has Failed: no worker is running"):
         await inject_fault(bus, "over", 0, "crash")
+
+
+async def test_an_injected_fault_goes_to_the_replica_that_runs_the_rank_after_a_shrink(
+    bus: Bus,
+) -> None:
+    # Replica 0 was removed by a shrink: ranks 0-1 now run on replica 1, 2-3 on replica 3
+    # (planner.assignments numbers them by the placements in replica order). Before, rank
+    # 2 went to replica 1 (2 // nproc), where no agent runs it.
+    record = new_record(job("shrunk", nproc=2, replicas={"min": 1, "max": 4}), None)
+    record.phase = JobPhase.RUNNING
+    record.placements = [Placement(replica=3, node="n3"), Placement(replica=1, node="n1")]
+    assert await JobStore(await bus.jobs_bucket()).create(record)
+    sent = await bus.nc.subscribe(bus.subjects.cmd("shrunk", 3))
+
+    where = await inject_fault(bus, "shrunk", 2, "crash")
+
+    assert where.startswith("replica 3, local rank 0,")
+    message = await sent.next_msg(timeout=5)
+    assert b'"rank":2' in message.data

@@ -140,7 +140,10 @@ async def inject_fault(bus: Bus, job: str, rank: int, fault: str, line: str = ""
         )
     if not 0 <= rank < world:
         raise out_of_range
-    replica, local_rank = divmod(rank, nproc)
+    # Ranks go by the placements in replica order (planner.assignments): after a shrink
+    # that dropped a lower replica, rank // nproc is not the replica's number.
+    position, local_rank = divmod(rank, nproc)
+    replica = sorted(record.placements, key=lambda p: p.replica)[position].replica
     event = InjectFault(
         source=bus.source,
         job=job,
