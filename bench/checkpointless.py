@@ -263,9 +263,10 @@ def parse(output: str) -> Parsed:
 
 
 def folder_bytes(folder: Path, pattern: str = "step-*.pt") -> tuple[int, int]:
-    """(bytes, files) of the complete snapshots under ``folder`` (or what ``pattern``
-    names: ``.*.part``, writes the kill cut short)."""
-    files = list(folder.rglob(pattern))
+    """(bytes, files) of the complete snapshots of the state under ``folder`` (not each
+    rank's small random-generator files, ``rng-*``), or what ``pattern`` names:
+    ``.*.part``, writes the kill cut short."""
+    files = [f for f in folder.rglob(pattern) if not f.parent.name.startswith("rng-")]
     return sum(file.stat().st_size for file in files), len(files)
 
 
