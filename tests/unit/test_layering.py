@@ -32,6 +32,18 @@ def imported_top_levels(folder: Path) -> dict[str, set[str]]:
     return found
 
 
+def imported_modules(path: Path) -> list[str]:
+    """Every absolute module ``path`` imports, and each name imported from one as
+    ``module.name`` (it may be a submodule)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+    return found
+
+
 def test_every_service_package_exists() -> None:
     for package, folder in SERVICES.items():
         assert (folder / "__init__.py").is_file(), package
@@ -93,20 +105,13 @@ def test_nothing_but_a_training_script_imports_an_integration() -> None:
         for path in folder.rglob("*.py"):
             if path.is_relative_to(INTEGRATIONS):
                 continue
-            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-                if isinstance(node, ast.Import):
-                    modules = [alias.name for alias in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                    modules = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-                else:
-                    continue
-                offences.extend(
-                    f"{path.relative_to(REPO)} imports {module}"
-                    for module in modules
-                    if module.split(".")[0] == "lightning"
-                    or module == "resurge.integrations"
-                    or module.startswith("resurge.integrations.")
-                )
+            offences.extend(
+                f"{path.relative_to(REPO)} imports {module}"
+                for module in imported_modules(path)
+                if module.split(".")[0] == "lightning"
+                or module == "resurge.integrations"
+                or module.startswith("resurge.integrations.")
+            )
     assert offences == []
 
 
@@ -127,17 +132,9 @@ def test_no_service_names_the_local_backend() -> None:
             where = str(path.relative_to(REPO))
             if "LocalBackend" in text:
                 offences.append(f"{where} names LocalBackend")
-            for node in ast.walk(ast.parse(text, filename=str(path))):
-                if isinstance(node, ast.Import):
-                    modules = [alias.name for alias in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                    modules = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-                else:
-                    continue
-                offences.extend(
-                    f"{where} imports {module}"
-                    for module in modules
-                    if module == "resurge.cluster.local"
-                    or module.startswith("resurge.cluster.local.")
-                )
+            offences.extend(
+                f"{where} imports {module}"
+                for module in imported_modules(path)
+                if module == "resurge.cluster.local" or module.startswith("resurge.cluster.local.")
+            )
     assert offences == []
