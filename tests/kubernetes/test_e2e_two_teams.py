@@ -98,6 +98,11 @@ def running(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
 
 
+def one(pods: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """``pods`` when there is exactly one, else None (to wait on)."""
+    return pods if len(pods) == 1 else None
+
+
 def secrets_named(plane: ControlPlane, name: str) -> list[str]:
     """The namespaces holding a Secret called ``name``."""
     return [
@@ -141,12 +146,13 @@ async def test_two_teams_share_a_kueue_queue_preempt_elastically_and_cannot_forg
             120,
         )
 
-        # Both run: each pod's user is in a Secret of its own job's namespace only.
+        # Both run: each pod's user is in a Secret of its own job's namespace only. The
+        # shrink's Assign goes out before the removed replica's pod is deleted: wait for one.
         [pod_a] = await eventually_async(
-            lambda: running(pods_in(plane, TEAM_A, "low")) or None, 60, "low's running pod"
+            lambda: one(running(pods_in(plane, TEAM_A, "low"))), 60, "low's one running pod"
         )
         [pod_b] = await eventually_async(
-            lambda: running(pods_in(plane, TEAM_B, "high")) or None, 60, "high's running pod"
+            lambda: one(running(pods_in(plane, TEAM_B, "high"))), 60, "high's running pod"
         )
         for pod, team in ((pod_a, TEAM_A), (pod_b, TEAM_B)):
             assert secrets_named(plane, secret_name(pod["metadata"]["name"])) == [team]
