@@ -10,13 +10,16 @@ from typing import Any
 import pytest
 
 from resurge import worker
+from resurge.control.decisions.admission import update_live
 from resurge.control.decisions.worker_groups import worker_groups
 from resurge.control.state.records import JobRecord, Placement
+from resurge.events import JobPhase
 from resurge.local import job_factory
 from resurge.worker.environment import (
     CHECKPOINT_DIR,
     CHECKPOINT_INTERVAL_SECONDS,
     CHECKPOINT_INTERVAL_STEPS,
+    SNAPSHOT_BUDGET_BYTES,
     SNAPSHOT_DIR,
     SNAPSHOT_INTERVAL_STEPS,
     default_checkpoint_dir,
@@ -38,6 +41,7 @@ def test_the_spec_s_checkpoint_settings_reach_the_workers_environment() -> None:
         "intervalSteps": 10,
         "intervalSeconds": 1.5,
         "memoryIntervalSteps": 2,
+        "memoryBudget": "8Gi",
     }
     [group] = worker_groups(record("a", checkpoint))
     env = checkpoint_environment(group, {"RESURGE_STATE_DIR": "/state"})
@@ -47,11 +51,32 @@ def test_the_spec_s_checkpoint_settings_reach_the_workers_environment() -> None:
         CHECKPOINT_INTERVAL_SECONDS: "1.5",
         SNAPSHOT_DIR: str(snapshot_folder(group, {"RESURGE_STATE_DIR": "/state"})),
         SNAPSHOT_INTERVAL_STEPS: "2",
+        SNAPSHOT_BUDGET_BYTES: str(8 * 2**30),
     }
     read = read_environment(env)
     assert (read.checkpoint_dir, read.checkpoint_interval_steps) == ("/ckpt/a", 10)
     assert read.checkpoint_interval_seconds == 1.5
     assert read.snapshot_interval_steps == 2
+    assert read.snapshot_budget_bytes == 8 * 2**30
+
+
+@pytest.mark.parametrize(
+    ("budget", "variable"), [("512Mi", "536870912"), ("1G", "1000000000"), (1500, "1500")]
+)
+def test_the_memory_budget_reaches_the_workers_in_bytes(budget: object, variable: str) -> None:
+    [group] = worker_groups(record("a", {"memoryBudget": budget}))
+    assert group.memory_budget_bytes == int(variable)
+    env = checkpoint_environment(group, {})
+    assert env[SNAPSHOT_BUDGET_BYTES] == variable
+    assert read_environment(env).snapshot_budget_bytes == int(variable)
+
+
+def test_without_a_memory_budget_the_workers_get_none() -> None:
+    [group] = worker_groups(record("a", {"memoryIntervalSteps": 2}))
+    assert group.memory_budget_bytes is None
+    env = checkpoint_environment(group, {})
+    assert SNAPSHOT_BUDGET_BYTES not in env
+    assert read_environment(env).snapshot_budget_bytes is None
 
 
 def test_each_worker_group_snapshots_into_its_own_folder_of_its_node_s_memory() -> None:
@@ -84,6 +109,12 @@ def test_a_bad_interval_names_its_variable(value: str) -> None:
         read_environment({CHECKPOINT_INTERVAL_SECONDS: value})
 
 
+@pytest.mark.parametrize("value", ["-1", "8Gi", "1.5"])
+def test_a_bad_budget_names_its_variable(value: str) -> None:
+    with pytest.raises(ValueError, match=SNAPSHOT_BUDGET_BYTES):
+        read_environment({SNAPSHOT_BUDGET_BYTES: value})
+
+
 def test_checkpoint_due_follows_the_step_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("RESURGE_AGENT_SOCKET", CHECKPOINT_INTERVAL_SECONDS):
         monkeypatch.delenv(name, raising=False)
@@ -94,3 +125,13 @@ def test_checkpoint_due_follows_the_step_interval(monkeypatch: pytest.MonkeyPatc
     assert [step for step in range(1, 16) if run.checkpoint_due(step)] == [5, 10, 15]
     monkeypatch.delenv(CHECKPOINT_INTERVAL_STEPS)
     assert not any(worker.connect().checkpoint_due(step) for step in range(1, 16))
+
+
+def test_a_running_job_submitted_again_keeps_its_memory_budget() -> None:
+    """As every field of spec.checkpoint: fixed once the job exists (the scaler's
+    update_live; on Kubernetes the CRD refuses the edit)."""
+    running = record("a", {"memoryBudget": "8Gi"})
+    running.phase = JobPhase.RUNNING
+    update_live(running, job_factory.job("a", preload=None, checkpoint={"memoryBudget": "16Gi"}))
+    [group] = worker_groups(running)
+    assert group.memory_budget_bytes == 8 * 2**30

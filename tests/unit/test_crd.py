@@ -132,7 +132,8 @@ def test_schema_is_structural() -> None:
     forbidden |= {"examples", "propertyNames", "uniqueItems", "definitions"}
     for where, node in nodes(schema):
         assert not forbidden & set(node), f"{where}: {sorted(forbidden & set(node))}"
-        assert node.get("type") or node.get("x-kubernetes-preserve-unknown-fields"), where
+        typeless = ("x-kubernetes-preserve-unknown-fields", "x-kubernetes-int-or-string")
+        assert node.get("type") or any(node.get(key) for key in typeless), where
         assert node.get("type") != "null", where
         assert not ("properties" in node and "additionalProperties" in node), where
         assert node.get("additionalProperties", {}) is not False, where
@@ -225,7 +226,23 @@ def test_refs_are_inlined_and_optionals_made_nullable() -> None:
 
 
 class Either(BaseModel):
-    value: int | str
+    value: int | list[int]
+
+
+class Size(BaseModel):
+    given: int | str
+    maybe: int | str | None = Field(default=None, description="A size, or none.")
+
+
+def test_an_integer_or_a_string_is_int_or_string() -> None:
+    """Kubernetes' own form for a quantity: no type, either an integer or a string."""
+    schema = structural_schema(Size.model_json_schema(mode="validation"))
+    assert schema["properties"]["given"] == {"x-kubernetes-int-or-string": True}
+    assert schema["properties"]["maybe"] == {
+        "x-kubernetes-int-or-string": True,
+        "nullable": True,
+        "description": "A size, or none.",
+    }
 
 
 class Anything(BaseModel):

@@ -13,6 +13,7 @@ import yaml
 
 from resurge.jobspec import load_job, parse_job
 from resurge.jobspec.crd import training_job_crd
+from tests.kubernetes import admission
 from tests.unit.test_jobspec import doc_example
 
 REPO = Path(__file__).resolve().parents[2]
@@ -171,3 +172,14 @@ def test_status_restarts_take_recovery_levels_only() -> None:
     assert errors({**minimal(), "status": status}) == [
         "status.restarts: Additional properties are not allowed ('reboot' was unexpected)"
     ]
+
+
+def test_a_memory_budget_is_an_integer_or_a_string_for_the_api_server() -> None:
+    """The CRD takes memoryBudget as Kubernetes takes a quantity (int-or-string); what
+    the string says is resurge's check (the models')."""
+    for budget in ("8Gi", 8 * 2**30):
+        assert admission.validate(SCHEMA, minimal(checkpoint={"memoryBudget": budget})) == []
+    for wrong in (1.5, True):
+        error = admission.validate(SCHEMA, minimal(checkpoint={"memoryBudget": wrong}))[0]
+        assert error.startswith("spec.checkpoint.memoryBudget: Invalid value"), error
+        assert "must be of type int-or-string" in error, error

@@ -327,6 +327,34 @@ def test_unknown_nested_field_is_named_by_its_full_path(spec: dict[str, object],
         parse_job(minimal(**spec))
 
 
+@pytest.mark.parametrize(
+    ("given", "size"),
+    [
+        ("8Gi", 8 * 2**30),
+        ("512Mi", 512 * 2**20),
+        ("1G", 10**9),
+        ("1.5Gi", 3 * 2**29),
+        ("1500000000", 1_500_000_000),
+        ("2e9", 2 * 10**9),
+        (1_500_000_000, 1_500_000_000),
+        (2e9, 2 * 10**9),
+    ],
+)
+def test_a_memory_budget_is_a_quantity_or_bytes(given: object, size: int) -> None:
+    spec = parse_job(minimal(checkpoint={"memoryBudget": given})).spec
+    assert spec.checkpoint.memory_budget == size
+    assert parse_job(minimal()).spec.checkpoint.memory_budget is None  # no budget
+
+
+@pytest.mark.parametrize(
+    "given", [0, "0", -1, "-1Gi", "8 gigs", "8GB", "0.5", 1.5, "1e999", True, [8], "", "1500m"]
+)
+def test_a_bad_memory_budget_is_named_with_its_value(given: object) -> None:
+    named = rf"spec\.checkpoint\.memoryBudget: {re.escape(repr(given))} is not a memory size"
+    with pytest.raises(JobSpecError, match=named):
+        parse_job(minimal(checkpoint={"memoryBudget": given}))
+
+
 def test_recovery_levels_follow_the_ladder() -> None:
     with pytest.raises(JobSpecError, match="in ladder order: in_process, process, pod, node, job"):
         parse_job(minimal(recovery={"levels": ["node", "process"]}))

@@ -147,6 +147,9 @@ class WorkerGroupSpec(BaseModel):
     memory_interval_steps: int | None = Field(
         default=None, ge=1, description="The job's spec.checkpoint.memoryIntervalSteps."
     )
+    memory_budget_bytes: int | None = Field(
+        default=None, ge=1, description="The job's spec.checkpoint.memoryBudget, in bytes."
+    )
     domain: str | None = Field(
         default=None,
         description="The DNS domain it is reached under, at <hostname>.<domain> (the job "

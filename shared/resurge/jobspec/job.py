@@ -14,6 +14,7 @@ from resurge.jobspec.elastic import ElasticSpec, fold_elastic_policy
 from resurge.jobspec.errors import describe
 from resurge.jobspec.monitoring import MonitoringSpec
 from resurge.jobspec.mutability import immutable_fields
+from resurge.jobspec.quantity import MemorySize
 from resurge.jobspec.recovery import RecoverySpec
 from resurge.jobspec.replicas import ReplicaSpec
 from resurge.jobspec.status import TrainingJobStatus
@@ -43,7 +44,8 @@ class EnvVar(SpecModel):
 
 class CheckpointSpec(SpecModel):
     """Where workers write checkpoints and how often, and how often the state they
-    protect is snapshotted to memory; handed to them through the agent."""
+    protect is snapshotted to memory and the most memory those snapshots may take;
+    handed to them through the agent."""
 
     dir: str | None = Field(
         default=None, description="Folder the workers checkpoint into.", examples=["/ckpt/j"]
@@ -60,6 +62,14 @@ class CheckpointSpec(SpecModel):
         description="Snapshot the state a script protects (resurge.worker's protect) to "
         "the node's memory every this many steps; none: every step. A restart resumes "
         "from the newest live snapshot, a disk checkpoint only when none is complete.",
+    )
+    memory_budget: MemorySize | None = Field(
+        default=None,
+        description="The most memory one worker group's snapshots may take in its node's "
+        "memory (its own and the buddy copies it holds for a peer): a Kubernetes quantity "
+        "(8Gi, 512Mi, 1G) or a whole number of bytes; held in bytes. Unset: no budget of "
+        "resurge's own (the node's /dev/shm limits it).",
+        examples=["8Gi"],
     )
 
 

@@ -7,8 +7,10 @@ mode="validation")`` returns and gives back a schema a CustomResourceDefinition'
 - every ``$ref`` is inlined from ``$defs`` (a field's own description wins over its
   model's docstring), and ``$defs`` is dropped;
 - ``anyOf: [X, {type: null}]`` (pydantic's ``Optional``) becomes ``X`` with
-  ``nullable: true``; any other ``anyOf``, ``oneOf`` or ``allOf`` is an error, as it
-  could not be structural;
+  ``nullable: true``; ``anyOf`` an integer or a string (a size given as ``8Gi`` or in
+  bytes) becomes ``x-kubernetes-int-or-string: true``, nullable where ``null`` is
+  among them; any other ``anyOf``, ``oneOf`` or ``allOf`` is an error, as it could not
+  be structural;
 - ``const`` becomes a one-value ``enum``; a numeric ``exclusiveMinimum`` or
   ``exclusiveMaximum`` (JSON Schema 2020-12) becomes ``minimum``/``maximum`` with the
   boolean flag (OpenAPI 3.0);
@@ -20,7 +22,8 @@ mode="validation")`` returns and gives back a schema a CustomResourceDefinition'
   per key, since OpenAPI 3.0 has no ``propertyNames``;
 - ``examples`` becomes ``example`` (the first); ``title`` is dropped; a ``null``
   default is dropped (leaving the field out means the same);
-- every node must end up with a ``type`` (or preserve unknown fields);
+- every node must end up with a ``type`` (or preserve unknown fields, or be an
+  int-or-string);
 - the Kubernetes extensions a model gives in ``json_schema_extra`` are kept:
   ``x-kubernetes-validations`` (CEL rules, each a ``rule`` and a ``message``),
   ``x-kubernetes-list-type`` (``atomic``, ``set`` or ``map``) and
@@ -60,6 +63,7 @@ _AS_THEY_ARE = frozenset(
 _DROPPED = frozenset({"title", "$defs"})
 _LIST_TYPES = frozenset({"atomic", "set", "map"})
 _EXCLUSIVE = {"exclusiveMinimum": "minimum", "exclusiveMaximum": "maximum"}
+_INT_OR_STRING = [{"type": "integer"}, {"type": "string"}]
 
 
 class StructuralSchemaError(ValueError):
@@ -87,7 +91,8 @@ class _Converter:
             self._keyword(out, key, value, where)
         if merged.get("propertyNames") is not None:
             out = self._enum_keyed_map(out, merged["propertyNames"], where)
-        if "type" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+        typeless = ("x-kubernetes-preserve-unknown-fields", "x-kubernetes-int-or-string")
+        if "type" not in out and not any(out.get(key) for key in typeless):
             raise StructuralSchemaError(f"{where}: has no type, which a structural schema needs")
         return out
 
@@ -102,12 +107,17 @@ class _Converter:
                 raise StructuralSchemaError(f"{where}: allOf of {len(parts)} schemas")
             merged = {**self._flattened(parts[0], where), **merged}
         if "anyOf" in merged:
-            branches = [branch for branch in merged.pop("anyOf") if branch != {"type": "null"}]
-            if len(branches) != 1:
+            given = merged.pop("anyOf")
+            branches = [branch for branch in given if branch != {"type": "null"}]
+            nullable = {"nullable": True} if len(branches) < len(given) else {}
+            if branches == _INT_OR_STRING:
+                merged = {**merged, "x-kubernetes-int-or-string": True, **nullable}
+            elif len(branches) == 1:
+                merged = {**self._flattened(branches[0], where), **merged, **nullable}
+            else:
                 raise StructuralSchemaError(
                     f"{where}: anyOf of {len(branches)} non-null schemas is not structural"
                 )
-            merged = {**self._flattened(branches[0], where), **merged, "nullable": True}
         if "oneOf" in merged or "not" in merged:
             raise StructuralSchemaError(f"{where}: oneOf and not are not supported")
         return merged
@@ -166,6 +176,8 @@ def _extension(key: str, value: Any, where: str) -> Any:
         return value
     if key == "x-kubernetes-list-map-keys" and _strings(value) and value:
         return list(value)
+    if key == "x-kubernetes-int-or-string" and value is True:
+        return True
     if key == "x-kubernetes-validations" and _rules(value):
         return [dict(v) for v in value]
     raise StructuralSchemaError(f"{where}: {key} {value!r} is not a form Kubernetes takes")

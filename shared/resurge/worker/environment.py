@@ -6,9 +6,11 @@ checkpoint), so a script also runs by hand. The job's ``spec.checkpoint`` arrive
 the job's own, :func:`default_checkpoint_dir`), :data:`CHECKPOINT_INTERVAL_STEPS` and
 :data:`CHECKPOINT_INTERVAL_SECONDS` (set where the spec sets them); where and how often
 protected state is snapshotted to memory as :data:`SNAPSHOT_DIR` (the worker group's
-folder in ``/dev/shm``) and :data:`SNAPSHOT_INTERVAL_STEPS`. A variable that is set but not a
-non-negative integer where one is needed raises ValueError naming it: the agent sets
-these, so a bad value is a bug to surface, not to guess around.
+folder in ``/dev/shm``), :data:`SNAPSHOT_INTERVAL_STEPS` and :data:`SNAPSHOT_BUDGET_BYTES`
+(the most bytes the group's snapshots may take; set where the spec sets
+``memoryBudget``). A variable that is set but not a non-negative integer where one is
+needed raises ValueError naming it: the agent sets these, so a bad value is a bug to
+surface, not to guess around.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ __all__ = [
     "JOB",
     "RESUME_CHECKPOINT",
     "RESUME_STEP",
+    "SNAPSHOT_BUDGET_BYTES",
     "SNAPSHOT_DIR",
     "SNAPSHOT_INTERVAL_STEPS",
     "WorkerEnvironment",
@@ -45,10 +48,11 @@ JOB = "RESURGE_JOB"
 CHECKPOINT_DIR = "RESURGE_CHECKPOINT_DIR"
 CHECKPOINT_INTERVAL_STEPS = "RESURGE_CHECKPOINT_INTERVAL_STEPS"
 CHECKPOINT_INTERVAL_SECONDS = "RESURGE_CHECKPOINT_INTERVAL_SECONDS"
-# Where the worker group keeps snapshots of protected state in the node's memory, and how
-# often (resurge.worker.protect).
+# Where the worker group keeps snapshots of protected state in the node's memory, how
+# often, and the most bytes they may take there (resurge.worker.protect).
 SNAPSHOT_DIR = "RESURGE_SNAPSHOT_DIR"
 SNAPSHOT_INTERVAL_STEPS = "RESURGE_SNAPSHOT_INTERVAL_STEPS"
+SNAPSHOT_BUDGET_BYTES = "RESURGE_SNAPSHOT_BUDGET_BYTES"
 
 
 def default_checkpoint_dir(job: str, state_dir: str | os.PathLike[str] | None) -> str:
@@ -74,6 +78,7 @@ class WorkerEnvironment:
     checkpoint_interval_seconds: float | None = None
     snapshot_dir: str | None = None
     snapshot_interval_steps: int | None = None
+    snapshot_budget_bytes: int | None = None
 
 
 def _count(environ: Mapping[str, str], name: str) -> int | None:
@@ -117,4 +122,5 @@ def read_environment(environ: Mapping[str, str] | None = None) -> WorkerEnvironm
         checkpoint_interval_seconds=_seconds(env, CHECKPOINT_INTERVAL_SECONDS),
         snapshot_dir=env.get(SNAPSHOT_DIR) or None,
         snapshot_interval_steps=_count(env, SNAPSHOT_INTERVAL_STEPS) or None,
+        snapshot_budget_bytes=_count(env, SNAPSHOT_BUDGET_BYTES) or None,
     )

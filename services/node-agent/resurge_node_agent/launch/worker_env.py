@@ -5,9 +5,9 @@ runs; a script that uses ``resurge.worker`` also finds its generation, its agent
 socket and the checkpoint to resume from (names in :mod:`resurge.worker.environment`).
 :func:`checkpoint_environment` hands every worker its job's ``spec.checkpoint``: where
 (the spec's ``dir``, else ``checkpoints/<job>`` in the local cluster's state folder,
-``RESURGE_STATE_DIR``, or in the working directory elsewhere) and how often, and where
-and how often protected state is snapshotted to memory (:func:`snapshot_folder`).
-Every rank is a client of the rendezvous store its agents host
+``RESURGE_STATE_DIR``, or in the working directory elsewhere) and how often, and where,
+how often and within how many bytes protected state is snapshotted to memory
+(:func:`snapshot_folder`). Every rank is a client of the rendezvous store its agents host
 (``TORCHELASTIC_USE_AGENT_STORE=True``, as under torchrun's agent); the launcher sets it
 ``False`` where rank 0's script is to host the store itself.
 """
@@ -28,6 +28,7 @@ from resurge.worker.environment import (
     JOB,
     RESUME_CHECKPOINT,
     RESUME_STEP,
+    SNAPSHOT_BUDGET_BYTES,
     SNAPSHOT_DIR,
     SNAPSHOT_INTERVAL_STEPS,
     default_checkpoint_dir,
@@ -55,6 +56,8 @@ def checkpoint_environment(spec: WorkerGroupSpec, agent: Mapping[str, str]) -> d
     env[SNAPSHOT_DIR] = str(snapshot_folder(spec, agent))
     if spec.memory_interval_steps is not None:
         env[SNAPSHOT_INTERVAL_STEPS] = str(spec.memory_interval_steps)
+    if spec.memory_budget_bytes is not None:
+        env[SNAPSHOT_BUDGET_BYTES] = str(spec.memory_budget_bytes)
     return env
 
 

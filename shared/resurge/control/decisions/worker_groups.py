@@ -44,6 +44,7 @@ def worker_group(record: JobRecord, placement: Placement) -> WorkerGroupSpec:
         checkpoint_interval_steps=spec.checkpoint.interval_steps,
         checkpoint_interval_seconds=spec.checkpoint.interval_seconds,
         memory_interval_steps=spec.checkpoint.memory_interval_steps,
+        memory_budget_bytes=spec.checkpoint.memory_budget,
         domain=record.worker_domain,
     )
 
