@@ -32,8 +32,8 @@ in one run (bench/checkpointless_rank.py is a rank):
    so the time from the moment rank 0 had built its model (the same work in every
    scenario) to the first new step is printed too, what the scenarios change (loading
    the state, redoing steps), and where the time went, per rank.
-3. Memory: the bytes each node's snapshot folder holds (the newest 2 snapshots; a third
-   is written aside before the oldest goes), and the peak RSS of a rank (VmHWM) at the
+3. Memory: the bytes each node's snapshot folder holds (the newest 3 snapshots; a new
+   one is written over the oldest, taken aside), and the peak RSS of a rank (VmHWM) at the
    kill (trained 1.5 intervals, one disk checkpoint) without snapshots (``disk``) and
    with (``peer``), and after the restart, which includes the restore; and the partial
    files that writes the kill cut short left in the folders, after the kill and once the
@@ -262,7 +262,7 @@ def parse(output: str) -> Parsed:
     return parsed
 
 
-def folder_bytes(folder: Path, pattern: str = "step-*.pt") -> tuple[int, int]:
+def folder_bytes(folder: Path, pattern: str = "step-*.snap") -> tuple[int, int]:
     """(bytes, files) of the complete snapshots of the state under ``folder`` (not each
     rank's small random-generator files, ``rng-*``), or what ``pattern`` names:
     ``.*.part``, writes the kill cut short."""

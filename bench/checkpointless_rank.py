@@ -136,7 +136,7 @@ def overhead(args: argparse.Namespace) -> None:
         alone.append(time.perf_counter() - began)
     state.close()
     assert state.folder is not None
-    files = [file for file in state.folder.root.rglob("step-*.pt")]
+    files = [file for file in state.folder.root.rglob("step-*.snap")]
     if rank == 0:
         result = {
             "width": width,

@@ -5,9 +5,10 @@ or NCCL on GPUs) and of its Adam state. Under resurge the script registers both 
 ``run.protect(..., sharded=True)``: every step each rank snapshots its shard to its
 node's memory and to its buddy's, a rank on the next node, so a restart (a killed rank,
 a node lost) goes on from the step it was at, each shard taken from its own node or its
-buddy. Only where no complete live copy is left (a node and its buddy lost together, or
-another world size: shards are cut for one) does it resume from the disk checkpoint,
-which it writes every ``--checkpoint-every`` steps with ``torch.distributed.checkpoint``::
+buddy; after a resize each rank cuts its part again from the old shards, gathered from
+memory. Only where no complete live copy is left (a node and its buddy lost together)
+does it resume from the disk checkpoint, which it writes every ``--checkpoint-every``
+steps with ``torch.distributed.checkpoint``::
 
     torchrun --nproc-per-node 2 examples/fsdp/train_fsdp.py --steps 40 --checkpoint-every 10
 

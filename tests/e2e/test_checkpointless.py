@@ -358,3 +358,35 @@ async def test_fsdp_a_node_killed_mid_interval_takes_its_shard_from_the_buddy(
     last = max(result.events(StateRestored), key=lambda e: e.generation or 0).generation
     assert last is not None and origins(result, last) == {0: "memory", 1: "peer"}
     assert digest(tmp_path) == reference
+
+
+async def test_fsdp_a_shrink_re_cuts_the_shards_from_memory_without_a_checkpoint(
+    nats_url: str, namespace: str, tmp_path: Path
+) -> None:
+    spec = fsdp_job(tmp_path).model_dump(mode="json", by_alias=True, exclude_none=True)
+    command = spec["spec"]["command"]
+    command[command.index("--steps") + 1] = "300"
+    command[command.index("--step-seconds") + 1] = "0.1"
+    spec["spec"]["replicas"]["min"] = 1
+    spec["spec"]["elastic"] = {"cooldownSeconds": 1}
+    job = TrainingJob.model_validate(spec)
+
+    async def remove_a_node(bus: Bus, watch: Watch) -> None:
+        await watch.wait_for(lambda seen: stepping_at(seen, job.name, 2), 120)
+        await watch.wait_for(lambda seen: final_step_seen(seen) >= EVERY + EVERY // 2)
+        await resurge_cli(tmp_path, "node", "remove", "node-1", "--timeout", "90")
+
+    result = await run_job(
+        job, state_dir=tmp_path, nats_url=nats_url, namespace=namespace, nodes=2,
+        gpus_per_node=1, wait_seconds=240, during=remove_a_node,
+    )  # fmt: skip
+
+    assert result.phase is JobPhase.SUCCEEDED
+    assert world_sizes(result.observed, job.name) == [2, 1]
+    assert [lost <= 1 for lost in resize_lost(result, job.name)] == [True]
+    assert no_checkpoint_asked(result, EVERY)  # FSDP2's shards said they can be re-cut
+    shrunk = max(e.generation for e in result.events(Assign))
+    [restored] = [e for e in result.events(StateRestored) if e.generation == shrunk]
+    # The survivor holds its own shard and its buddy copy of the removed rank's.
+    assert restored.origin == "memory" and restored.reshardable, restored
+    assert "re-cut from 2 shards (0 from peers, 2 in this node's memory)" in restored.detail

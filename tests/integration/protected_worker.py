@@ -2,8 +2,9 @@
 a small model for ``steps`` steps under resurge.worker's protected state, replicated
 (``replicated``: DDP), sharded (``sharded``: each rank its own model; ``fsdp``: FSDP2's
 ``fully_shard``, each rank a shard of one model), and exits with code 3 right after step
-``stop_at`` (0: never), as a rank a fault stops. It prints what it restored and a digest
-of its parameters (FSDP's gathered whole)."""
+``stop_at`` (0: never), as a rank a fault stops. It prints what it restored, and a digest
+of its parameters and optimizer state (FSDP's gathered whole) after its restore
+(``resumed``), when it stops (``stopped``) and at the end (``digest``)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ def main() -> None:
     state = worker.connect().protect(model=trained, optimizer=optimizer, sharded=sharded)
     start = state.restore()
     print(f"restored {state.restored}", flush=True)
+    print(f"resumed {whole_digest(model, optimizer)}", flush=True)
     for step in range((start or 0) + 1, steps + 1):
         inputs = torch.randn(16, 8, generator=torch.Generator().manual_seed(step * 10 + rank))
         loss = trained(inputs).pow(2).mean()
@@ -52,15 +54,25 @@ def main() -> None:
         dist.all_reduce(loss.detach())  # every step together, as FSDP's collectives keep them
         if step == stop_at:
             state.wait()
+            print(f"stopped {whole_digest(model, optimizer)}", flush=True)
             os._exit(3)
     state.close()
-    digest = hashlib.sha256()
-    for tensor in model.state_dict().values():
-        whole = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-        digest.update(whole.detach().numpy().tobytes())
-    print(f"digest {digest.hexdigest()}", flush=True)
+    print(f"digest {whole_digest(model, optimizer)}", flush=True)
     print(f"drawn {drawn!r}", flush=True)
     dist.destroy_process_group()
+
+
+def whole_digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """A digest of the model's parameters and buffers and the optimizer's state, each
+    tensor whole (collective where they are DTensors)."""
+    digest = hashlib.sha256()
+    tensors = list(model.state_dict().values())
+    for per_parameter in optimizer.state_dict()["state"].values():
+        tensors += [per_parameter[key] for key in sorted(per_parameter)]
+    for tensor in tensors:
+        whole = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        digest.update(whole.detach().numpy().tobytes())
+    return digest.hexdigest()
 
 
 if __name__ == "__main__":

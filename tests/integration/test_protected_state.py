@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,15 +31,16 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def ranks(memory: Path, steps: int, stop_at: int, layout: str) -> list[str]:
-    """Run both ranks to the end; each one's output."""
+def ranks(memory: Path, steps: int, stop_at: int, layout: str, world: int = 2) -> list[str]:
+    """Run ``world`` ranks (rank r's node memory ``memory/node-<r>``) to the end; each
+    one's output."""
     port = free_port()
     processes = []
-    for rank in (0, 1):
+    for rank in range(world):
         env = {
             **os.environ,
             "RANK": str(rank),
-            "WORLD_SIZE": "2",
+            "WORLD_SIZE": str(world),
             "LOCAL_RANK": "0",
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
@@ -49,7 +51,7 @@ def ranks(memory: Path, steps: int, stop_at: int, layout: str) -> list[str]:
         processes.append(subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True))
     outputs = [process.communicate(timeout=120)[0] for process in processes]
     codes = [process.returncode for process in processes]
-    assert codes == [3 if stop_at else 0] * 2, outputs
+    assert codes == [3 if stop_at else 0] * world, outputs
     return outputs
 
 
@@ -95,6 +97,29 @@ def test_a_lost_node_s_shard_comes_back_from_its_buddy_s_copy(tmp_path: Path, la
     assert [line(out, "digest") for out in again] == [line(out, "digest") for out in plain]
     assert "source='memory'" in line(again[0], "restored")
     assert "source='peer'" in line(again[1], "restored")
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_fsdp_shards_are_cut_again_from_memory_for_a_shrink_and_a_grow(
+    tmp_path: Path, world: int
+) -> None:
+    stopped = ranks(tmp_path / "memory", 10, 6, "fsdp")
+    # 2 -> 1: node 0 holds both shards (its own and its buddy copy of rank 1's).
+    # 2 -> 3: rank 2's node is new; it receives both shards from ranks 0 and 1.
+    again = ranks(tmp_path / "memory", 10, 0, "fsdp", world=world)
+
+    # The parameters and the optimizer state are one whole; the BatchNorm statistics, which
+    # FSDP leaves unsharded, are each rank's own: a re-cut takes rank 0's, as DCP would.
+    whole_at_6 = line(stopped[0], "stopped")
+    for rank, output in enumerate(again):
+        restored = line(output, "restored")
+        assert "step=6" in restored and "re-cut from 2 shards" in restored, restored
+        assert ("source='peer'" if rank == 2 else "source='memory'") in restored, restored
+        # The whole model and optimizer state after the re-cut are those of step 6.
+        assert line(output, "resumed") == whole_at_6
+        assert line(output, "digest")  # and it trained on to step 10
+    if world == 3:
+        assert "2 from peers, 0 in this node's memory" in line(again[2], "restored")
 
 
 def test_a_shard_lost_with_its_buddy_s_copy_resumes_nobody_from_memory(tmp_path: Path) -> None:
@@ -146,7 +171,40 @@ def test_what_a_snapshot_costs_is_measured(tmp_path: Path, monkeypatch: pytest.M
     optimizer.step()  # waits for the write of step 1
     state.close()
 
-    written = (tmp_path / "memory" / "replicated" / "step-00000001.pt").stat().st_size
+    written = (tmp_path / "memory" / "replicated" / "step-00000001.snap").stat().st_size
     assert state.costs.bytes == written > 3 * 256 * 256 * 4  # parameters and Adam's two
     assert state.costs.call_seconds > 0 and state.costs.write_seconds > 0
     assert state.costs.waited_seconds >= 0
+
+
+def test_a_memory_budget_keeps_fewer_snapshots_then_refuses_and_says_so_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import torch
+
+    from resurge import worker
+
+    def trained(budget: int, steps: int) -> tuple[Any, list[int]]:
+        folder = tmp_path / f"memory-{budget}"
+        monkeypatch.setenv("RESURGE_SNAPSHOT_DIR", str(folder))
+        monkeypatch.setenv("RESURGE_SNAPSHOT_BUDGET_BYTES", str(budget))
+        model = torch.nn.Linear(64, 64)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        state = worker.connect().protect(model=model, optimizer=optimizer, rng=False)
+        for step in range(1, steps + 1):
+            model(torch.ones(1, 64)).sum().backward()
+            optimizer.step()
+            state.snapshot(step)
+        state.close()
+        kept = sorted(int(p.stem.removeprefix("step-")) for p in folder.glob("*/step-*.snap"))
+        return state, kept
+
+    size = trained(10**9, 1)[0].costs.bytes
+    # Room for two and a half snapshots: the folder keeps two, not three, and goes on.
+    state, kept = trained(size * 5 // 2, 5)
+    assert kept == [4, 5] and state.costs.skipped == 0
+    # Room for none: each one is refused, said once, counted; training goes on.
+    state, kept = trained(size // 2, 3)
+    assert kept == [] and state.costs.skipped == 3
+    said = [line for line in capsys.readouterr().err.splitlines() if "was not kept" in line]
+    assert len(said) == 1 and f"{size} bytes do not fit in the snapshot memory budget" in said[0]

@@ -120,3 +120,20 @@ def test_a_resize_takes_replicated_live_state_from_memory_but_not_shards() -> No
     assert not live_state_serves_a_resize(record)  # a shard serves only its world size
     line = wire.restored_line(4, 120, "memory", "step 120", sharded=True)
     assert wire.parse_worker_message(line) == wire.RestoreReport(4, 120, "memory", "step 120", True)
+
+
+def test_a_resize_takes_shards_from_memory_only_when_every_rank_can_cut_them_again() -> None:
+    record = record_at(5)
+    apply_restored(record, 5, 0, 40, "memory", "step 40", sharded=True, reshardable=True)
+    assert record.restored is not None and record.restored.reshardable
+    assert live_state_serves_a_resize(record)  # FSDP2's DTensors: re-cut from memory
+    apply_restored(record, 5, 1, 40, "peer", "step 40", sharded=True, reshardable=False)
+    assert record.restored is not None and not record.restored.reshardable
+    assert not live_state_serves_a_resize(record)  # one rank's cannot: a checkpoint first
+    replicated = record_at(6)
+    apply_restored(replicated, 6, 0, 40, "memory", "step 40")
+    assert replicated.restored is not None and not replicated.restored.reshardable
+    line = wire.restored_line(5, 40, "memory", "step 40", sharded=True, reshardable=True)
+    assert wire.parse_worker_message(line) == wire.RestoreReport(
+        5, 40, "memory", "step 40", sharded=True, reshardable=True
+    )

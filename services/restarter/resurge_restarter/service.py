@@ -449,7 +449,14 @@ class Restarter:
 
         def fold(record: JobRecord) -> bool:
             return apply_restored(
-                record, generation, rank, event.step, event.origin, event.detail, event.sharded
+                record,
+                generation,
+                rank,
+                event.step,
+                event.origin,
+                event.detail,
+                event.sharded,
+                event.reshardable,
             )
 
         result = await self.store.mutate(event.job, fold)

@@ -89,7 +89,14 @@ class StateRestored(Envelope):
     sharded: bool = Field(
         default=False,
         description="Whether the state is cut in shards, one per rank: a live copy then "
-        "serves only a generation of the same world size (a resize needs a disk checkpoint).",
+        "serves only a generation of the same world size (a resize needs a disk checkpoint), "
+        "unless `reshardable`.",
+    )
+    reshardable: bool = Field(
+        default=False,
+        description="Whether those shards can be cut again for another world size (DTensors "
+        "cut on their first dimension, as FSDP2 cuts them): a resize then re-cuts them from "
+        "the ranks' memory, with no disk checkpoint first.",
     )
 
 

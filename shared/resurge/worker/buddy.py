@@ -16,7 +16,9 @@ group learn (gathered with the addresses when the generation restores): a copy w
 it is refused, since a snapshot is loaded with ``torch.load``. A copy is sent as part of
 its snapshot's write, so the optimizer's next step waits for it too (the buddy holds step
 N before step N + 1 changes anything); one that cannot be sent (the buddy gone) is
-dropped with a line on stderr, after :data:`SEND_SECONDS` at most.
+dropped with a line on stderr, after :data:`SEND_SECONDS` at most, and so is one the buddy
+refuses (past its folder's memory budget, or without the token: the reason comes back);
+each reason is said once until a copy to that buddy goes through again.
 
 Standard library only.
 """
@@ -75,7 +77,8 @@ class BuddyServer:
         self.tokens: set[str] = set()
         self.received = 0
         self.refused = 0
-        self._listener = socket.create_server(("0.0.0.0", 0))  # noqa: S104: peers on other nodes
+        # Every interface: the peers that send copies are on other nodes.
+        self._listener = socket.create_server(("0.0.0.0", 0))
         self.port = int(self._listener.getsockname()[1])
         self._thread = threading.Thread(target=self._serve, name="resurge-buddy", daemon=True)
         self._thread.start()
@@ -104,6 +107,8 @@ class BuddyServer:
                 return
             if not any(hmac.compare_digest(token, known) for known in self.tokens):
                 self.refused += 1
+                with contextlib.suppress(OSError):
+                    connection.sendall(b"refused: not this generation's token\n")
                 return
             if "/" in key or key.startswith(".") or step < 0 or size < 0:
                 self.refused += 1
@@ -120,9 +125,14 @@ class BuddyServer:
                         left -= len(chunk)
 
             try:
-                self.folder.write(key, step, save)
-            except OSError:
+                self.folder.write(key, step, save, size)
+            except OSError as error:  # past the budget, memory full: the sender says so
                 self.refused += 1
+                with contextlib.suppress(OSError):
+                    reason = str(error).replace("\n", " ")[:_MAX_HEADER]
+                    connection.sendall(f"refused: {reason}\n".encode())
+                    while size > 0 and (chunk := stream.read(min(size, 1 << 20))):
+                        size -= len(chunk)  # read to the end: the sender then hears why
                 return
             self.received += 1
             with contextlib.suppress(OSError):
@@ -141,17 +151,28 @@ def send_copy(buddy: Buddy, key: str, step: int, path: Path) -> bool:
         header = {"key": key, "step": step, "size": size, "token": buddy.token}
         with socket.create_connection((buddy.host, buddy.port), timeout=SEND_SECONDS) as out:
             out.sendall(json.dumps(header).encode() + b"\n")
-            with path.open("rb") as source:
+            refused_early = contextlib.suppress(BrokenPipeError, ConnectionResetError)
+            with refused_early, path.open("rb") as source:
                 out.sendfile(source)
-            return out.makefile("rb").readline(16) == b"ok\n"
+            reply = out.makefile("rb").readline(_MAX_HEADER).decode(errors="replace").strip()
     except OSError as error:
+        reply = str(error)
+    if reply == "ok":
+        _said.difference_update({said for said in _said if said[0] == buddy.rank})
+        return True
+    if (buddy.rank, reply) not in _said:  # once until a copy to that buddy goes through
+        _said.add((buddy.rank, reply))
         print(
-            f"resurge.worker: the copy of {key} at step {step} did not reach rank "
-            f"{buddy.rank} ({buddy.host}:{buddy.port}): {error}",
+            f"resurge.worker: the copy of {key} at step {step} was not kept by rank "
+            f"{buddy.rank} ({buddy.host}:{buddy.port}): {reply or 'no answer'}",
             file=sys.stderr,
             flush=True,
         )
-        return False
+    return False
+
+
+# (buddy, reply) of the failed copies said (each said again only after one went through).
+_said: set[tuple[int, str]] = set()
 
 
 def new_token() -> str:

@@ -8,9 +8,11 @@ each rank the same answer:
   anyone holds. A rank that can read that step on its own node loads it (``memory``);
   every other rank receives it from the lowest rank that holds it (``peer``).
 - Sharded state (FSDP, ZeRO: key ``shard-<i>-of-<n>``): the newest step for which every
-  shard ``0 .. n-1`` is held by someone, at the world size the generation has now (the
-  shard of rank ``i`` goes to rank ``i``). Re-sharding to another world size is not done
-  here: such a generation resumes from the disk.
+  shard ``0 .. n-1`` is held by someone. At the world size the generation has now, the
+  shard of rank ``i`` goes to rank ``i``. Cut for another world size (a resize), it serves
+  only state that can be cut again (``reshardable``: DTensors sharded on their first
+  dimension, as FSDP2 cuts them): every rank then gets every old shard, and re-cuts its
+  own part of them (:mod:`resurge.worker.protect`); otherwise the disk.
 - Never a mixed resume: one step for all ranks, or none. None (``disk``) also when the
   disk checkpoint the control plane assigned is newer than every live step, or when
   nothing is live at all; :attr:`RestorePlan.reason` says which.
@@ -49,71 +51,103 @@ class RestorePlan:
 
     step: int | None
     reason: str
-    # rank -> (key it loads, the rank it receives it from; None: its own node holds it)
-    sources: dict[int, tuple[str, int | None]] = field(default_factory=dict)
+    # rank -> what it loads: (key, the rank it receives it from; None: its own node holds
+    # it), one piece, or every old shard in order when ``cut_from`` is set
+    sources: dict[int, list[tuple[str, int | None]]] = field(default_factory=dict)
+    cut_from: int | None = None  # the world size the shards were cut for, when re-cut
 
     def sends(self, rank: int) -> list[tuple[str, int]]:
-        """(key, to rank) for each copy ``rank`` sends, in rank order."""
-        return sorted(
-            ((key, to) for to, (key, giver) in self.sources.items() if giver == rank),
-            key=lambda pair: pair[1],
-        )
+        """(key, to rank) for each copy ``rank`` sends, by receiver then key order."""
+        return [
+            (key, to)
+            for to, pieces in sorted(self.sources.items())
+            for key, giver in pieces
+            if giver == rank
+        ]
 
 
 def plan(
-    held: Sequence[Sequence[Held]], sharded: bool, disk_step: int | None = None
+    held: Sequence[Sequence[Held]],
+    sharded: bool,
+    disk_step: int | None = None,
+    reshardable: bool = False,
 ) -> RestorePlan:
     """The plan for a world of ``len(held)`` ranks, ``held[r]`` being what rank ``r`` can
-    read on its node; ``disk_step``: the step of the disk checkpoint assigned, if any."""
+    read on its node; ``disk_step``: the step of the disk checkpoint assigned, if any;
+    ``reshardable``: whether every rank's sharded state can be cut again."""
     world = len(held)
     holders: dict[Held, list[int]] = {}
     for rank, snapshots in enumerate(held):
         for snapshot in set(snapshots):
             holders.setdefault(snapshot, []).append(rank)
+    cut_for = world
     if sharded:
-        found = _newest_sharded(holders, world)
+        step, cut_for, why = _newest_sharded(holders, world, reshardable)
     else:
         steps = [h.step for h in holders if h.key == REPLICATED]
-        found = (max(steps), "") if steps else (None, "no rank holds a live snapshot")
-    step, why = found
+        step, why = (max(steps), "") if steps else (None, "no rank holds a live snapshot")
     if step is None:
         return RestorePlan(None, why)
     if disk_step is not None and disk_step > step:
         return RestorePlan(
             None, f"the disk checkpoint of step {disk_step} is newer than the live step {step}"
         )
-    sources: dict[int, tuple[str, int | None]] = {}
+    sources: dict[int, list[tuple[str, int | None]]] = {}
     for rank in range(world):
-        key = shard_key(rank, world) if sharded else REPLICATED
-        givers = sorted(holders[Held(key, step)])
-        sources[rank] = (key, None if rank in givers else givers[0])
+        if not sharded:
+            keys = [REPLICATED]
+        elif cut_for == world:
+            keys = [shard_key(rank, world)]
+        else:
+            keys = [shard_key(index, cut_for) for index in range(cut_for)]
+        sources[rank] = [(key, _giver(rank, sorted(holders[Held(key, step)]))) for key in keys]
+    if cut_for != world:
+        reason = f"step {step} is live, cut for {cut_for} rank(s): re-cut for {world}"
+        return RestorePlan(step, reason, sources, cut_from=cut_for)
     return RestorePlan(step, f"step {step} is live", sources)
 
 
-def _newest_sharded(holders: dict[Held, list[int]], world: int) -> tuple[int | None, str]:
-    """The newest step every shard of a ``world``-rank world is held at, and why none."""
-    by_step: dict[int, set[int]] = {}
-    other_worlds: set[int] = set()
+def _giver(rank: int, givers: list[int]) -> int | None:
+    """None when ``rank`` holds it itself; else one of the holders, spread by rank."""
+    return None if rank in givers else givers[rank % len(givers)]
+
+
+def _newest_sharded(
+    holders: dict[Held, list[int]], world: int, reshardable: bool
+) -> tuple[int | None, int, str]:
+    """The newest step every shard of one world is held at, for that world's size (this
+    world's first on a tie; another world's only when ``reshardable``), or why none."""
+    by_world: dict[int, dict[int, set[int]]] = {}
     for snapshot in holders:
         match = _SHARD.match(snapshot.key)
-        if match is None:
-            continue
-        index, size = int(match.group(1)), int(match.group(2))
-        if size != world:
-            other_worlds.add(size)
-            continue
-        by_step.setdefault(snapshot.step, set()).add(index)
-    complete = [step for step, shards in by_step.items() if shards == set(range(world))]
+        if match is not None:
+            index, size = int(match.group(1)), int(match.group(2))
+            by_world.setdefault(size, {}).setdefault(snapshot.step, set()).add(index)
+    complete = [
+        (step, size == world, size)
+        for size, steps in by_world.items()
+        if size == world or reshardable
+        for step, shards in steps.items()
+        if shards == set(range(size))
+    ]
     if complete:
-        return max(complete), ""
-    if by_step:
-        newest = max(by_step)
-        missing = sorted(set(range(world)) - by_step[newest])
-        return None, f"no step has every shard live (step {newest} lacks shards {missing})"
-    if other_worlds:
-        sizes = ", ".join(str(size) for size in sorted(other_worlds))
-        return None, (
-            f"the live shards were cut for {sizes} rank(s), not {world}: re-sharding "
-            "from live copies is not supported"
+        step, _, size = max(complete)
+        return step, size, ""
+    mine = by_world.get(world)
+    if mine:
+        newest = max(mine)
+        missing = sorted(set(range(world)) - mine[newest])
+        return None, world, f"no step has every shard live (step {newest} lacks shards {missing})"
+    if by_world:
+        sizes = ", ".join(str(size) for size in sorted(by_world))
+        if reshardable:
+            return None, world, f"no step has every shard live (cut for {sizes} rank(s))"
+        return (
+            None,
+            world,
+            (
+                f"the live shards were cut for {sizes} rank(s), not {world}, and this state "
+                "cannot be cut again (only DTensors sharded on their first dimension can)"
+            ),
         )
-    return None, "no rank holds a live snapshot"
+    return None, world, "no rank holds a live snapshot"

@@ -47,7 +47,8 @@ The contract:
   size, and all the time the loop waited for writes).
 - A script that never calls ``protect`` runs as before, and so does one run without an
   agent (no ``RESURGE_SNAPSHOT_DIR``): ``snapshot`` does nothing and ``restore`` returns None.
-- A snapshot is read back with ``torch.load(weights_only=False)``: the files are the
+- A snapshot's tensors are written raw and the rest pickled
+  (:mod:`resurge.worker.snapshot_format`), and read back by unpickling: the files are the
   job's own, in its worker group's private folder, or sent by its own ranks.
 
 torch is imported only when a method needs it.
@@ -55,7 +56,6 @@ torch is imported only when a method needs it.
 
 from __future__ import annotations
 
-import io
 import os
 import random
 import sys
@@ -64,8 +64,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from resurge.worker import snapshot_format
 from resurge.worker.buddy import Buddy, BuddyServer, buddy_of, new_token, reachable_host, send_copy
 from resurge.worker.environment import read_environment
 from resurge.worker.live_copy import REPLICATED, Held, RestorePlan, plan, shard_key
@@ -103,14 +105,16 @@ class SnapshotCosts:
     """What snapshots cost this rank, as measured: the last snapshot's ``call_seconds``
     (the time :meth:`ProtectedState.snapshot` held the training loop: its copies of the
     unguarded tensors), ``write_seconds`` (its write, in the background where an optimizer
-    is registered) and ``bytes``; and ``waited_seconds``, all the time the training loop
-    waited for writes in flight (an optimizer's step, the next snapshot), since the start.
-    A script may report them with its progress."""
+    is registered) and ``bytes``; ``waited_seconds``, all the time the training loop
+    waited for writes in flight (an optimizer's step, the next snapshot), and ``skipped``,
+    the snapshots not kept (memory full, or past the budget), since the start. A script
+    may report them with its progress."""
 
     call_seconds: float = 0.0
     write_seconds: float = 0.0
     bytes: int = 0
     waited_seconds: float = 0.0
+    skipped: int = 0
 
 
 @dataclass(frozen=True)
@@ -168,11 +172,16 @@ class ProtectedState:
         self.every = every
         self.rng = rng
         self.run = run
-        self.folder = SnapshotFolder(env.snapshot_dir) if env.snapshot_dir else None
+        self.folder = (
+            SnapshotFolder(env.snapshot_dir, env.snapshot_budget_bytes)
+            if env.snapshot_dir
+            else None
+        )
         self.restored: Restored | None = None
         self.buddy: Buddy | None = None  # where sharded snapshots are copied (restore)
         self.last_snapshot: int | None = None
         self.costs = SnapshotCosts()
+        self._kept = True  # the last snapshot was kept (a skip after one is said)
         self._error: BaseException | None = None
         self._hooked: list[Any] = []
         for value in self.objects.values():
@@ -195,33 +204,10 @@ class ProtectedState:
         # Replicated state once a node (local rank 0); each rank's random generators its own.
         payload = self._payload(step, rank, world) if self.sharded or local_rank == 0 else None
         generators = rng_state() if self.rng and not self.sharded else None
-        folder, buddy, costs = self.folder, self.buddy, self.costs
+        buddy = self.buddy
 
         def write() -> None:
-            import torch
-
-            started = time.perf_counter()
-            try:
-                if generators is not None:
-                    own = rng_key(rank, world)
-                    folder.write(own, step, lambda path: torch.save(generators, path))
-                if payload is None:
-                    return
-                path = folder.write(key, step, lambda path: torch.save(payload, path))
-                costs.write_seconds = time.perf_counter() - started
-                costs.bytes = path.stat().st_size
-            except OSError as error:  # memory full: this step stays unprotected, training goes on
-                print(
-                    f"resurge.worker: the snapshot of step {step} was not kept: {error}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                return
-            except BaseException as error:  # raised at the next wait, in the training thread
-                self._error = error
-                return
-            if buddy is not None:  # within the write: the buddy holds step N before N + 1
-                send_copy(buddy, key, step, path)
+            self._write(step, rank, world, key, payload, generators, buddy)
 
         global _in_flight
         if self._hooked:
@@ -235,6 +221,48 @@ class ProtectedState:
         self.last_snapshot = step
         self.costs.call_seconds = time.perf_counter() - began
         return True
+
+    def _write(
+        self,
+        step: int,
+        rank: int,
+        world: int,
+        key: str,
+        payload: dict[str, Any] | None,
+        generators: dict[str, Any] | None,
+        buddy: Buddy | None,
+    ) -> None:
+        """Write a snapshot's files (and send its buddy copy); an error other than a full
+        memory is raised at the next :meth:`wait`."""
+        assert self.folder is not None
+        folder, costs = self.folder, self.costs
+        started = time.perf_counter()
+        try:
+            if generators is not None:
+                laid = snapshot_format.Laid(generators)
+                folder.write(rng_key(rank, world), step, laid.write, laid.size)
+            if payload is None:
+                return
+            laid = snapshot_format.Laid(payload)
+            path = folder.write(key, step, laid.write, laid.size)
+            costs.write_seconds = time.perf_counter() - started
+            costs.bytes = laid.size
+        except OSError as error:  # memory full: this step stays unprotected, training goes on
+            costs.skipped += 1
+            if costs.skipped == 1 or self._kept:  # said once a run of skipped ones
+                print(
+                    f"resurge.worker: the snapshot of step {step} was not kept: {error}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            self._kept = False
+            return
+        except BaseException as error:  # raised at the next wait, in the training thread
+            self._error = error
+            return
+        self._kept = True
+        if buddy is not None:  # within the write: the buddy holds step N before N + 1
+            send_copy(buddy, key, step, path)
 
     def wait(self) -> None:
         """Return once the snapshot in flight is written; raise what writing it raised."""
@@ -287,10 +315,11 @@ class ProtectedState:
         if self.folder is not None:
             self.folder.sweep()  # what a rank killed mid-write left
         mine = self.folder.held() if self.folder is not None else []
-        everyone, addresses = _all_gather(mine, world, self._address())
+        cuttable = self.sharded and self.reshardable()
+        everyone, addresses, cuttable = _all_gather(mine, world, self._address(), cuttable)
         self.buddy = self._buddy(rank, world, addresses)
         disk_step = self.run.resume_step if self.run is not None else None
-        decided = plan(everyone, self.sharded, disk_step)
+        decided = plan(everyone, self.sharded, disk_step, reshardable=cuttable)
         if decided.step is None:
             restored = self._fallback(decided)
         else:
@@ -300,10 +329,27 @@ class ProtectedState:
             self.folder.drop_after(restored.step)
         if self.run is not None:
             line = restored_line(
-                self.run.generation, restored.step, restored.source, restored.detail, self.sharded
+                self.run.generation,
+                restored.step,
+                restored.source,
+                restored.detail,
+                self.sharded,
+                reshardable=cuttable,
             )
             self.run._send(line)
         return restored.step if restored.source in ("memory", "peer") else None
+
+    def reshardable(self) -> bool:
+        """Whether this sharded state can be cut again for another world size: every
+        registered module's and optimizer's parameters are DTensors cut on their first
+        dimension (FSDP2), at least one of them."""
+        params = []
+        for value in self.objects.values():
+            if callable(getattr(value, "parameters", None)):
+                params += list(getattr(value, "parameters")())  # noqa: B009
+            for group in getattr(value, "param_groups", None) or []:
+                params += list(group.get("params", []))
+        return bool(params) and all(_dim0_shard(p) for p in params)
 
     def _address(self) -> tuple[str, int, str] | None:
         """Where this rank takes its wards' copies, and a token for this generation's
@@ -342,36 +388,53 @@ class ProtectedState:
         return Restored(None, "start", f"nothing to resume from ({decided.reason})")
 
     def _load(self, decided: RestorePlan, rank: int, world: int) -> Restored:
-        import torch
-
         assert decided.step is not None
-        key, giver = decided.sources[rank]
-        received = _exchange(decided, rank, world, self.folder)
-        if giver is None:
-            assert self.folder is not None
-            payload = torch.load(self.folder.path(key, decided.step), weights_only=False)
-            source, detail = "memory", f"step {decided.step} from this node's memory"
-        else:
-            assert received is not None
-            payload = torch.load(io.BytesIO(received), weights_only=False)
-            source, detail = "peer", f"step {decided.step} from rank {giver}'s memory"
-        missing = sorted(set(self.objects) - set(payload["state"]))
-        if missing:
-            raise RuntimeError(
-                f"resurge.worker: the live snapshot of step {decided.step} has no {missing}: "
-                "register the same names in every generation"
-            )
+        pieces = decided.sources[rank]
+        payloads = self._read_pieces(decided, pieces, _exchange(decided, rank, world, self.folder))
+        moved = [giver for _, giver in pieces if giver is not None]
+        source = "peer" if moved else "memory"
+        detail = _detail(decided, len(pieces), moved)
+        for payload in payloads:
+            missing = sorted(set(self.objects) - set(payload["state"]))
+            if missing:
+                raise RuntimeError(
+                    f"resurge.worker: the live snapshot of step {decided.step} has no "
+                    f"{missing}: register the same names in every generation"
+                )
         for name, value in self.objects.items():
-            value.load_state_dict(_as_registered(value, payload["state"][name]))
+            if decided.cut_from is None:
+                state = payloads[0]["state"][name]
+            else:
+                state = _recut(value, [p["state"][name] for p in payloads], rank, world)
+            value.load_state_dict(_as_registered(value, state))
+        # Sharded: each rank's generators are in its own shard (re-cut: the old rank's).
+        payload = payloads[rank] if 0 < rank < len(payloads) else payloads[0]
         own = None
         if self.rng and not self.sharded and self.folder is not None:
             kept = self.folder.path(rng_key(rank, world), decided.step)
-            own = torch.load(kept, weights_only=False) if kept.is_file() else None
+            own = snapshot_format.read(kept) if kept.is_file() else None
         if self.rng and (own is not None or payload.get("rng") is not None):
             # This rank's own generators where its node kept them, else the holder's
             # (the same stream where every rank seeds and draws alike, as most do).
             set_rng_state(own if own is not None else payload["rng"])
         return Restored(decided.step, source, detail)
+
+    def _read_pieces(
+        self,
+        decided: RestorePlan,
+        pieces: list[tuple[str, int | None]],
+        received: dict[int, memoryview],
+    ) -> list[Any]:
+        """Each piece's snapshot: from this node's memory, or as received."""
+        assert decided.step is not None
+        payloads = []
+        for index, (key, giver) in enumerate(pieces):
+            if giver is None:
+                assert self.folder is not None
+                payloads.append(snapshot_format.read(self.folder.path(key, decided.step)))
+            else:
+                payloads.append(snapshot_format.read(received[index]))
+        return payloads
 
     def close(self) -> None:
         """Wait for the write in flight and unhook the optimizers."""
@@ -379,6 +442,18 @@ class ProtectedState:
         for handle in self._hooked:
             handle.remove()
         self._hooked.clear()
+
+
+def _detail(decided: RestorePlan, pieces: int, moved: list[int]) -> str:
+    """Where a rank's state came from, in words."""
+    if decided.cut_from is not None:
+        return (
+            f"step {decided.step} re-cut from {decided.cut_from} shards ({len(moved)} "
+            f"from peers, {pieces - len(moved)} in this node's memory)"
+        )
+    if moved:
+        return f"step {decided.step} from rank {moved[0]}'s memory"
+    return f"step {decided.step} from this node's memory"
 
 
 def rng_key(rank: int, world: int) -> str:
@@ -397,56 +472,81 @@ def _place() -> tuple[int, int, int]:
 
 
 def _all_gather(
-    mine: list[Held], world: int, address: tuple[str, int, str] | None
-) -> tuple[list[list[Held]], list[tuple[str, int, str] | None]]:
-    """Every rank's snapshots and buddy address (see :meth:`ProtectedState._address`)."""
+    mine: list[Held], world: int, address: tuple[str, int, str] | None, cuttable: bool
+) -> tuple[list[list[Held]], list[tuple[str, int, str] | None], bool]:
+    """Every rank's snapshots and buddy address (see :meth:`ProtectedState._address`),
+    and whether every rank's state can be cut again."""
     if world == 1:
-        return [mine], [address]
+        return [mine], [address], cuttable
     import torch.distributed as dist
 
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, ([(h.key, h.step) for h in mine], address))
-    held = [[Held(key, step) for key, step in snapshots] for snapshots, _ in gathered]
-    return held, [None if a is None else (str(a[0]), int(a[1]), str(a[2])) for _, a in gathered]
+    dist.all_gather_object(gathered, ([(h.key, h.step) for h in mine], address, cuttable))
+    held = [[Held(key, step) for key, step in snapshots] for snapshots, _, _ in gathered]
+    addresses = [None if a is None else (str(a[0]), int(a[1]), str(a[2])) for _, a, _ in gathered]
+    return held, addresses, all(bool(c) for _, _, c in gathered)
 
 
 def _exchange(
     decided: RestorePlan, rank: int, world: int, folder: SnapshotFolder | None
-) -> bytes | None:
-    """Send the copies this rank gives and receive the one it needs (if any), over a gloo
-    group; every rank takes part when any copy moves."""
-    if world == 1 or all(giver is None for _, giver in decided.sources.values()):
-        return None
+) -> dict[int, memoryview]:
+    """Send the copies this rank gives and receive those it needs, over a gloo group:
+    what it received, by its index among the rank's pieces. Every rank takes part when
+    any copy moves; a piece travels tagged with its index among its receiver's."""
+    moving = [giver for pieces in decided.sources.values() for _, giver in pieces]
+    if world == 1 or all(giver is None for giver in moving):
+        return {}
     import torch
     import torch.distributed as dist
 
     group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
     assert decided.step is not None
-    sends = [to for _, to in decided.sends(rank)]
-    data = b""
-    if sends:
-        assert folder is not None
-        data = folder.path(decided.sources[sends[0]][0], decided.step).read_bytes()
-    giver = decided.sources[rank][1]
-    wanted = torch.zeros(1, dtype=torch.int64)
-    _transfer(torch.tensor([len(data)], dtype=torch.int64), sends, wanted, giver, group)
-    received = None if giver is None else torch.empty(int(wanted[0]), dtype=torch.uint8)
-    outgoing = torch.frombuffer(bytearray(data), dtype=torch.uint8) if sends else None
-    _transfer(outgoing, sends, received, giver, group)
+    sends = [
+        (key, to, [k for k, _ in decided.sources[to]].index(key)) for key, to in decided.sends(rank)
+    ]
+    data: dict[str, Any] = {}
+    for key, _, _ in sends:
+        if key not in data:
+            assert folder is not None
+            data[key] = torch.frombuffer(
+                _read_all(folder.path(key, decided.step)), dtype=torch.uint8
+            )
+    wanted = {
+        index: giver for index, (_, giver) in enumerate(decided.sources[rank]) if giver is not None
+    }
+    sizes = {index: torch.zeros(1, dtype=torch.int64) for index in wanted}
+    _transfer(
+        [(torch.tensor([data[key].numel()], dtype=torch.int64), to, tag) for key, to, tag in sends],
+        [(sizes[index], giver, index) for index, giver in wanted.items()],
+        group,
+    )
+    received = {index: torch.empty(int(sizes[index][0]), dtype=torch.uint8) for index in wanted}
+    _transfer(
+        [(data[key], to, tag) for key, to, tag in sends],
+        [(received[index], giver, index) for index, giver in wanted.items()],
+        group,
+    )
     if group is not None:
         dist.destroy_process_group(group)
-    return None if received is None else received.numpy().tobytes()
+    return {index: memoryview(tensor.numpy().data) for index, tensor in received.items()}
+
+
+def _read_all(path: Path) -> bytearray:
+    """The file's bytes, read once into a buffer of their own."""
+    with path.open("rb") as file:
+        data = bytearray(os.fstat(file.fileno()).st_size)
+        file.readinto(data)
+    return data
 
 
 def _transfer(
-    outgoing: Any, sends: list[int], incoming: Any, giver: int | None, group: Any
+    outgoing: list[tuple[Any, int, int]], incoming: list[tuple[Any, int, int]], group: Any
 ) -> None:
-    """``outgoing`` to each rank of ``sends`` and ``incoming`` from ``giver``, at once."""
+    """Each (tensor, peer, tag) of ``outgoing`` sent and of ``incoming`` received, at once."""
     import torch.distributed as dist
 
-    works = [dist.isend(outgoing, to, group=group) for to in sends]
-    if giver is not None:
-        works.append(dist.irecv(incoming, giver, group=group))
+    works = [dist.isend(tensor, to, group=group, tag=tag) for tensor, to, tag in outgoing]
+    works += [dist.irecv(tensor, giver, group=group, tag=tag) for tensor, giver, tag in incoming]
     for work in works:
         if work is not None:
             work.wait()
@@ -485,6 +585,64 @@ def _like(loaded: Any, template: Any) -> Any:
         shape=template.shape,
         stride=template.stride(),
     )
+
+
+def _dim0_shard(tensor: Any) -> bool:
+    """Whether ``tensor`` is a DTensor cut on its first dimension over a 1-D mesh (as
+    FSDP2 cuts parameters and their optimizer state): what a re-cut can cut again."""
+    placements = getattr(tensor, "placements", None)
+    mesh = getattr(tensor, "device_mesh", None)
+    return (
+        mesh is not None
+        and mesh.ndim == 1
+        and placements is not None
+        and len(placements) == 1
+        and placements[0].is_shard(0)
+    )
+
+
+def _cut(template: Any, pieces: list[Any], rank: int, world: int) -> Any:
+    """Rank ``rank``'s part, of ``world``, of the tensor whose old shards are ``pieces``
+    (in their ranks' order), where ``template`` (the registered tensor now) is cut on its
+    first dimension and they add up to it; else the first piece (state kept alike on
+    every rank: a step count, a learning rate)."""
+    if not (_dim0_shard(template) and all(_is_tensor(p) and p.dim() >= 1 for p in pieces)):
+        return pieces[0]
+    import torch
+
+    whole = torch.cat(pieces, dim=0)
+    if whole.shape[0] != template.shape[0]:
+        return pieces[0]
+    parts = torch.chunk(whole, world, dim=0)  # how FSDP2 and Shard(0) cut
+    return (parts[rank] if rank < len(parts) else whole[:0]).clone()
+
+
+def _recut(value: Any, states: list[Any], rank: int, world: int) -> Any:
+    """``value``'s state (a module or an optimizer as registered now) for rank ``rank``
+    of ``world``, from the old ranks' ``states`` in order; any other object's from the
+    first."""
+    first = states[0]
+    if callable(getattr(value, "named_parameters", None)) and isinstance(first, dict):
+        current = value.state_dict()
+        cut = type(first)(
+            (key, _cut(current.get(key), [s[key] for s in states], rank, world)) for key in first
+        )
+        metadata = getattr(first, "_metadata", None)
+        if metadata is not None:
+            cut._metadata = metadata  # type: ignore[attr-defined]
+        return cut
+    groups = getattr(value, "param_groups", None)
+    if isinstance(groups, list) and isinstance(first, dict) and "state" in first:
+        params = [p for group in groups for p in group.get("params", [])]
+        per_param = {}
+        for index, entry in first["state"].items():
+            template = params[index] if isinstance(index, int) and index < len(params) else None
+            per_param[index] = {
+                key: _cut(template, [s["state"][index][key] for s in states], rank, world)
+                for key in entry
+            }
+        return {**first, "state": per_param}
+    return first
 
 
 def _as_registered(value: Any, state: Any) -> Any:

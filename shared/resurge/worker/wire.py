@@ -49,7 +49,9 @@ from when its generation began: ``source`` is one of :data:`RESTORE_SOURCES`
 group; ``disk``: no complete live copy, so the disk checkpoint of ``step``; ``start``:
 nothing to resume from, ``step`` null), and ``detail`` (at most
 :data:`MAX_FAULT_MESSAGE` characters) says why, in words; ``sharded`` (default false) that
-the state is cut in shards, one per rank (a live copy then serves only the same world size).
+the state is cut in shards, one per rank, and ``reshardable`` (default false) that those
+shards can be cut again for another world size (DTensors cut on their first dimension):
+otherwise a live copy of sharded state serves only the same world size.
 
 The parsers raise :class:`ProtocolError`, whose ``reason`` is one of
 :data:`REJECT_REASONS` (``too_long`` and ``no_hello`` are found by the reader, not
@@ -184,6 +186,7 @@ class RestoreReport:
     source: str
     detail: str
     sharded: bool = False
+    reshardable: bool = False
 
 
 @dataclass(frozen=True)
@@ -329,7 +332,12 @@ def rejoining_line(generation: int, rank: int) -> bytes:
 
 
 def restored_line(
-    generation: int, step: int | None, source: str, detail: str, sharded: bool = False
+    generation: int,
+    step: int | None,
+    source: str,
+    detail: str,
+    sharded: bool = False,
+    reshardable: bool = False,
 ) -> bytes:
     """The restored line; ValueError names the argument that is wrong."""
     if source not in RESTORE_SOURCES:
@@ -344,6 +352,7 @@ def restored_line(
             "source": source,
             "detail": detail[:MAX_FAULT_MESSAGE],
             "sharded": bool(sharded),
+            "reshardable": bool(sharded and reshardable),
         }
     )
 
@@ -477,6 +486,7 @@ def parse_worker_message(line: bytes) -> WorkerMessage:
             source=source,
             detail=_text(message, "detail", empty=True)[:MAX_FAULT_MESSAGE],
             sharded=_bool(message, "sharded"),
+            reshardable=_bool(message, "reshardable"),
         )
     raise ProtocolError("unknown_type", f"type {str(kind)[:50]!r}")
 

@@ -776,6 +776,7 @@ class LaunchAgent:
                 origin=report.source,
                 detail=report.detail,
                 sharded=report.sharded,
+                reshardable=report.reshardable,
                 **envelope,
             )
             await self._publish(restored)

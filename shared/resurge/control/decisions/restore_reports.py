@@ -29,6 +29,7 @@ def apply_restored(
     source: RestoreSource,
     detail: str,
     sharded: bool = False,
+    reshardable: bool = False,
 ) -> bool:
     """Count rank ``rank`` of ``generation`` having restored its state from ``source``
     at ``step`` (None: a fresh start), ``detail`` saying why. True if anything changed."""
@@ -50,6 +51,9 @@ def apply_restored(
         ranks={s: ranks[s] for s in reversed(WORST_FIRST) if s in ranks},
         detail=detail if first_of_worst else kept.detail,
         sharded=kept.sharded or sharded,
+        reshardable=(kept.sharded or sharded)
+        and (kept.reshardable or not kept.sharded)
+        and (reshardable or not sharded),
     )
     return True
 
@@ -57,7 +61,12 @@ def apply_restored(
 def live_state_serves_a_resize(record: JobRecord) -> bool:
     """Whether a resize of ``record``'s job can take its state from its ranks' memory
     instead of a checkpoint asked for first: its current generation's ranks reported
-    protected state (they snapshot it as they train), and not cut in shards (a live shard
-    serves only the world size it was cut for)."""
+    protected state (they snapshot it as they train), and either not cut in shards or cut
+    in shards that can be cut again (other shards serve only the world size they were cut
+    for)."""
     kept = record.restored
-    return kept is not None and kept.generation == record.generation and not kept.sharded
+    return (
+        kept is not None
+        and kept.generation == record.generation
+        and (not kept.sharded or kept.reshardable)
+    )

@@ -276,6 +276,11 @@ class RestoredState(BaseModel):
     sharded: bool = Field(
         default=False, description="Whether a rank said its state is cut in shards."
     )
+    reshardable: bool = Field(
+        default=False,
+        description="Whether every rank that said its state is cut in shards also said "
+        "they can be cut again for another world size.",
+    )
 
 
 FIELD_GROUPS: dict[str, tuple[str, ...]] = {
