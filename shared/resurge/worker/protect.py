@@ -621,16 +621,30 @@ def _recut(value: Any, states: list[Any], rank: int, world: int) -> Any:
     """``value``'s state (a module or an optimizer as registered now) for rank ``rank``
     of ``world``, from the old ranks' ``states`` in order; any other object's from the
     first."""
+    return _per_tensor(value, states, lambda template, pieces: _cut(template, pieces, rank, world))
+
+
+def _as_registered(value: Any, state: Any) -> Any:
+    """``state`` from a snapshot, its shards made DTensors again where ``value`` (a module
+    or an optimizer as registered now) holds DTensors."""
+    return _per_tensor(value, [state], lambda template, pieces: _like(pieces[0], template))
+
+
+def _per_tensor(value: Any, states: list[Any], take: Any) -> Any:
+    """The state to load into ``value`` from ``states`` (one state dict of each rank
+    that wrote one, alike in their keys): a module's each entry, an optimizer's each
+    per-parameter entry, ``take(registered tensor now or None, [that entry of each])``;
+    anything else the first state as it is."""
     first = states[0]
     if callable(getattr(value, "named_parameters", None)) and isinstance(first, dict):
         current = value.state_dict()
-        cut = type(first)(
-            (key, _cut(current.get(key), [s[key] for s in states], rank, world)) for key in first
+        rebuilt = type(first)(
+            (key, take(current.get(key), [s[key] for s in states])) for key in first
         )
-        metadata = getattr(first, "_metadata", None)
+        metadata = getattr(first, "_metadata", None)  # a module state_dict's versions
         if metadata is not None:
-            cut._metadata = metadata  # type: ignore[attr-defined]
-        return cut
+            rebuilt._metadata = metadata  # type: ignore[attr-defined]
+        return rebuilt
     groups = getattr(value, "param_groups", None)
     if isinstance(groups, list) and isinstance(first, dict) and "state" in first:
         params = [p for group in groups for p in group.get("params", [])]
@@ -638,34 +652,10 @@ def _recut(value: Any, states: list[Any], rank: int, world: int) -> Any:
         for index, entry in first["state"].items():
             template = params[index] if isinstance(index, int) and index < len(params) else None
             per_param[index] = {
-                key: _cut(template, [s["state"][index][key] for s in states], rank, world)
-                for key in entry
+                key: take(template, [s["state"][index][key] for s in states]) for key in entry
             }
         return {**first, "state": per_param}
     return first
-
-
-def _as_registered(value: Any, state: Any) -> Any:
-    """``state`` from a snapshot, its shards made DTensors again where ``value`` (a module
-    or an optimizer as registered now) holds DTensors."""
-    if callable(getattr(value, "named_parameters", None)) and isinstance(state, dict):
-        current = value.state_dict()
-        rebuilt = type(state)((k, _like(v, current.get(k))) for k, v in state.items())
-        metadata = getattr(state, "_metadata", None)
-        if metadata is not None:
-            rebuilt._metadata = metadata  # type: ignore[attr-defined]
-        return rebuilt
-    groups = getattr(value, "param_groups", None)
-    if isinstance(groups, list) and isinstance(state, dict) and "state" in state:
-        params = [p for group in groups for p in group.get("params", [])]
-        per_param = {
-            index: {k: _like(v, params[index]) for k, v in entry.items()}
-            if isinstance(index, int) and index < len(params)
-            else entry
-            for index, entry in state["state"].items()
-        }
-        return {**state, "state": per_param}
-    return state
 
 
 def _copy_unguarded(value: Any, guarded: set[int]) -> Any:
