@@ -60,6 +60,10 @@ def main() -> None:
     print(f"digest {whole_digest(model, optimizer)}", flush=True)
     print(f"drawn {drawn!r}", flush=True)
     dist.destroy_process_group()
+    # Past this point torch 2.13 sometimes aborts in its C++ teardown ("terminate called
+    # without an active exception", about 1 exit in 12 of this script, with or without
+    # snapshots, and at the commit before them too): the run is over, skip the teardown.
+    os._exit(0)
 
 
 def whole_digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:

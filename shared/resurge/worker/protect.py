@@ -56,6 +56,7 @@ torch is imported only when a method needs it.
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import sys
@@ -141,6 +142,11 @@ def _wait_in_flight() -> None:
         thread = _in_flight
     if thread is not None:
         thread.join()
+
+
+# A process that exits with a write in flight lets it end first: a daemon thread stopped
+# by the interpreter's exit inside torch's C++ code aborts the process.
+atexit.register(_wait_in_flight)
 
 
 class ProtectedState:

@@ -16,9 +16,9 @@ to a multiple of :data:`ALIGN`, then the tensors' bytes.
 
 Strided tensors of any dtype and device are written raw (a GPU tensor is copied straight
 into the file); a snapshot holding any other tensor (sparse, quantized, nested) is
-written with ``torch.save`` instead, and :func:`read` takes either. Reading builds every
-tensor over one buffer the reader owns (each tensor's storage starting at its first
-byte), never over the file, which a later snapshot overwrites in place.
+written with ``torch.save`` instead, and :func:`read` takes either. Reading gives every
+tensor a storage of torch's own, read into from the file (never a mapping of it: a later
+snapshot overwrites the file in place).
 
 Unpickling runs the job's own code: a snapshot is read only from the job's worker
 group's private folder, or as sent by its own ranks (with the generation's token).
@@ -114,31 +114,62 @@ def read(source: str | os.PathLike[str] | bytes | bytearray | memoryview) -> Any
     import torch
 
     if isinstance(source, (bytes, bytearray, memoryview)):
-        # A writable buffer is read in place (its tensors then share it); bytes are copied.
-        buffer = source if isinstance(source, (bytearray, memoryview)) else bytearray(source)
-    else:
-        with Path(source).open("rb") as file:
-            buffer = bytearray(os.fstat(file.fileno()).st_size)
-            file.readinto(buffer)
+        return _read_from(memoryview(source), torch)
+    with Path(source).open("rb") as file:
+        head = file.read(_PREAMBLE.size)
+        if head[: len(MAGIC)] != MAGIC:
+            return torch.load(io.BytesIO(head + file.read()), weights_only=False)
+        _, length = _PREAMBLE.unpack(head)
+        version, header_state, records = pickle.loads(file.read(length))
+        start = _aligned(_PREAMBLE.size + length)
+
+        def fill(tensor: Any, at: int) -> None:
+            file.seek(start + at)
+            file.readinto(memoryview(_bytes_of(tensor).numpy()))
+
+        return _rebuild(version, header_state, records, fill, torch)
+
+
+def _read_from(buffer: memoryview, torch: Any) -> Any:
+    if buffer.readonly:  # torch reads only from writable buffers
+        buffer = memoryview(bytearray(buffer))
     if bytes(buffer[: len(MAGIC)]) != MAGIC:
         return torch.load(io.BytesIO(buffer), weights_only=False)
     _, length = _PREAMBLE.unpack_from(buffer)
     version, header_state, records = pickle.loads(buffer[_PREAMBLE.size : _PREAMBLE.size + length])
+    start = _aligned(_PREAMBLE.size + length)
+    data = torch.frombuffer(buffer, dtype=torch.uint8)
+
+    def fill(tensor: Any, at: int) -> None:
+        target = _bytes_of(tensor)
+        target.copy_(data[start + at : start + at + target.numel()])
+
+    return _rebuild(version, header_state, records, fill, torch)
+
+
+def _rebuild(version: int, header_state: bytes, records: list[Any], fill: Any, torch: Any) -> Any:
+    """The state, each tensor a storage of torch's own, filled by ``fill(tensor, offset)``.
+
+    Not tensors over the reader's buffer: their storage's deleter would need the GIL,
+    which a thread of torch's that frees one while the interpreter exits cannot take
+    (the process aborts), and some readers of a tensor ignore its offset in a shared
+    storage (torch.set_rng_state does)."""
     if version != _VERSION:
         raise ValueError(f"a snapshot of format {version}; this resurge reads {_VERSION}")
-    start = _aligned(_PREAMBLE.size + length)
     tensors = []
     for dtype_name, shape, at, nbytes in records:
-        dtype = getattr(torch, dtype_name)
-        if nbytes == 0:
-            tensors.append(torch.empty(shape, dtype=dtype))
-            continue
-        # A storage of its own that starts at the tensor (over the buffer, not a copy):
-        # some readers of a tensor ignore its offset (torch.set_rng_state does).
-        count = nbytes // dtype.itemsize
-        flat = torch.frombuffer(buffer, dtype=dtype, count=count, offset=start + at)
-        tensors.append(flat.view(shape))
+        tensor = torch.empty(shape, dtype=getattr(torch, dtype_name))
+        if nbytes:
+            fill(tensor, at)
+        tensors.append(tensor)
     return _Unpickler(io.BytesIO(header_state), tensors).load()
+
+
+def _bytes_of(tensor: Any) -> Any:
+    """A contiguous tensor's bytes, as a flat uint8 tensor over the same storage."""
+    import torch
+
+    return tensor.view(-1).view(torch.uint8)
 
 
 def _pickle(state: Any, tensors: list[Any], torch: Any) -> bytes:
