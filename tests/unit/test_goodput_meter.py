@@ -218,3 +218,21 @@ def test_a_recovery_that_never_ended_counts_until_the_next_one_began() -> None:
     meter.recovering("a", at(12))
     meter.restarted("a", 1.5)
     assert meter.jobs["a"].lost(at(20))["restart"] == 3.5
+
+
+def test_a_step_from_before_the_first_fault_that_arrives_after_it_takes_the_time_back() -> None:
+    # The restarter reads progress and faults from different streams: under load rank 0's
+    # step 5 (trained at 4 s) can arrive after the fault detected at 6 s (a CI run saw it).
+    meter = GoodputMeter()
+    meter.phase("a", JobPhase.RUNNING, T0, at(1))
+    meter.recovering("a", detected=at(6))
+    assert meter.jobs["a"].lost(at(6))["restart"] == 6.0  # not trained, as far as it knows
+    meter.step("a", 5, at(4))
+    meter.restarted("a", 0.5)
+    assert meter.jobs["a"].lost(at(10))["restart"] == 0.5
+    # A step after the fault takes nothing back.
+    late = GoodputMeter()
+    late.phase("b", JobPhase.RUNNING, T0, at(1))
+    late.recovering("b", detected=at(6))
+    late.step("b", 1, at(7))
+    assert late.jobs["b"].lost(at(7))["restart"] == 6.0 + 1.0  # and the open recovery

@@ -69,10 +69,12 @@ def test_shared_library_imports_no_service() -> None:
 
 
 # Runs in the training process, on state the script registered: torch is there, and it
-# is imported inside the methods a script calls (`import resurge.worker.protect` does not).
+# is imported inside the functions a script calls (`import resurge.worker.protect` and the
+# snapshot format it writes do not).
 # A framework integration imports its framework, and torch, as a script does.
 WORKER_SIDE_TORCH = {
     "shared/resurge/worker/protect.py",
+    "shared/resurge/worker/snapshot_format.py",
     "shared/resurge/integrations/lightning.py",
 }
 INTEGRATIONS = REPO / "shared" / "resurge" / "integrations"

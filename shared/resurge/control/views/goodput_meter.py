@@ -11,7 +11,8 @@ stored events for ``resurge report``), so the two agree:
   training: its first step, or its ranks passing their rendezvous); a recovery that
   never ended so (its generation faulted first, or the job failed) until the next
   recovery began, or up to now while it is open; the time from submission to the first
-  fault if the job had not trained by then (a job that never trained has goodput 0);
+  fault if the job had not trained by then (a job that never trained has goodput 0; a
+  step from before that fault that arrives after it takes that time back);
   and each resize's pause (the resize decided to the new size's training);
 - ``redone_steps``: steps trained again after a restart resumed from an older
   checkpoint (a rank-0 step at or below the highest one seen before it), at the job's
@@ -63,6 +64,9 @@ class JobGoodput:
     trained: bool = False
     recovering_since: datetime | None = None
     recovered_before: bool = False
+    # The first fault's detection and the seconds before it counted lost as untrained:
+    # taken back if a step from before it arrives late (the streams are not ordered).
+    presumed_untrained: tuple[datetime, float] | None = None
     pending_since: datetime | None = None
     highest_step: int | None = None
     last_step: tuple[int, datetime] | None = None
@@ -156,7 +160,9 @@ class GoodputMeter:
         if known.recovering_since is not None:
             known.restart += max((detected - known.recovering_since).total_seconds(), 0.0)
         elif not known.recovered_before and not known.trained:
-            known.restart += max((detected - known.submitted).total_seconds(), 0.0)
+            presumed = max((detected - known.submitted).total_seconds(), 0.0)
+            known.restart += presumed
+            known.presumed_untrained = (detected, presumed)
         known.recovering_since = detected
         known.recovered_before = True
 
@@ -181,6 +187,10 @@ class GoodputMeter:
         if known is None:
             return
         known.trained = True
+        presumed = known.presumed_untrained
+        if presumed is not None and at < presumed[0]:  # it had trained before the fault
+            known.restart -= presumed[1]
+            known.presumed_untrained = None
         if known.highest_step is not None and step <= known.highest_step:
             known.redone += 1
         else:
