@@ -730,13 +730,21 @@ class Bus:
             with contextlib.suppress(*already):
                 await self.nc.drain()
         except nats.errors.ConnectionReconnectingError:
-            await self.nc.close()
+            await self._close_broken()
         except ConnectionError as error:  # reset mid-drain: a stop is no start-up failure
             log.warning("the NATS connection broke while draining (%s); closing it", error)
-            await self.nc.close()
+            await self._close_broken()
         except nats.errors.TimeoutError:  # the server stopped answering mid-drain
             log.warning("the NATS server did not answer the drain's flush; closing it")
+            await self._close_broken()
+
+    async def _close_broken(self) -> None:
+        """Close a connection whose server is gone: its own flush on the way out may
+        fail again ("Connection lost"), which a stop does not report as a failure."""
+        try:
             await self.nc.close()
+        except (ConnectionError, OSError, nats.errors.Error) as error:
+            log.warning("closing the broken NATS connection failed too (%s)", error)
 
 
 class _ConnectionChanges:
