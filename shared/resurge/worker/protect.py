@@ -351,8 +351,9 @@ class ProtectedState:
         dimension (FSDP2), at least one of them."""
         params = []
         for value in self.objects.values():
-            if callable(getattr(value, "parameters", None)):
-                params += list(getattr(value, "parameters")())  # noqa: B009
+            parameters = getattr(value, "parameters", None)
+            if callable(parameters):
+                params += list(parameters())
             for group in getattr(value, "param_groups", None) or []:
                 params += list(group.get("params", []))
         return bool(params) and all(_dim0_shard(p) for p in params)

@@ -114,15 +114,13 @@ class SnapshotFolder:
         world = _world_of(key)
         if world is None:
             return
+        others = [h for h in self.held() if _world_of(h.key) not in (None, world)]
         newest: dict[str, int] = {}
-        for held in self.held():
-            if _world_of(held.key) not in (None, world):
-                newest[held.key] = max(newest.get(held.key, held.step), held.step)
-        for other, last in newest.items():
-            if last < step - 2:
-                for held in self.held():
-                    if held.key == other:
-                        self.path(other, held.step).unlink(missing_ok=True)
+        for held in others:  # oldest first: the last one seen of a key is its newest
+            newest[held.key] = held.step
+        for held in others:
+            if newest[held.key] < step - 2:
+                self.path(held.key, held.step).unlink(missing_ok=True)
 
     def used(self, besides: Path | None = None) -> int:
         """Bytes the folder's files take now, ``besides`` not counted."""
