@@ -285,3 +285,56 @@ async def test_a_raw_event_whose_body_names_another_job_or_node_is_dead_lettered
     await bus.publish(bus.subjects.raw("team-a", "process_exited", "node-0"), good)
     assert await asyncio.wait_for(handled.get(), 10) == good
     assert handled.empty()
+
+
+async def test_a_consumer_made_with_one_long_ack_wait_gets_the_short_redeliveries(
+    settings: Settings,
+) -> None:
+    """An install upgraded from a release whose consumers waited 30 s before any
+    redelivery: binding gives the existing consumer the redelivery waits of this one."""
+    from resurge.runtime.bus import REDELIVER_AFTER_SECONDS
+
+    bus = await Bus.connect(settings, "upgraded")
+    await bus.ensure_streams()
+    stream = bus.subjects.stream("fault")
+    try:
+        await bus.js.add_consumer(stream, config=ConsumerConfig(
+            name="old", durable_name="old", deliver_group="old", ack_wait=30.0,
+            deliver_subject=bus.nc.new_inbox(), filter_subject=bus.subjects.all("fault"),
+        ))  # fmt: skip
+
+        async def handler(event: FaultDetected) -> None:
+            pass
+
+        await bus.consume(bus.subjects.all("fault"), "old", handler, expects=(FaultDetected,))
+        config = (await bus.js.consumer_info(stream, "old")).config
+        assert config.backoff == list(REDELIVER_AFTER_SECONDS)
+        assert config.ack_wait == REDELIVER_AFTER_SECONDS[0]
+    finally:
+        await bus.close()
+
+
+async def test_a_slow_handler_s_message_is_not_delivered_twice(settings: Settings) -> None:
+    """A handler that takes longer than the first redelivery wait keeps its message
+    (the bus says it is still at work): one delivery, not one per wait."""
+    from resurge.runtime.bus import REDELIVER_AFTER_SECONDS
+
+    bus = await Bus.connect(settings, "slow")
+    await bus.ensure_streams()
+    deliveries: list[str] = []
+    done = asyncio.Event()
+
+    async def handler(event: FaultDetected) -> None:
+        deliveries.append(event.fault_id)
+        await asyncio.sleep(REDELIVER_AFTER_SECONDS[0] * 2.5)  # the work itself, not a wait
+        done.set()
+
+    try:
+        await bus.consume(bus.subjects.all("fault"), "slow", handler, expects=(FaultDetected,))
+        await bus.publish(bus.subjects.fault("j.1", "process"), fault(bus, "slow-1"))
+        await asyncio.wait_for(done.wait(), 30)
+        info = await bus.js.consumer_info(bus.subjects.stream("fault"), "slow")
+        assert deliveries == ["slow-1"]
+        assert info.num_redelivered == 0
+    finally:
+        await bus.close()

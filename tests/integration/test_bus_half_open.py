@@ -1,5 +1,6 @@
 """A half-open connection to NATS (a partition: the socket stays open, nothing comes
-through) is found by the bus's pings within seconds, and the bus says it is down."""
+through) is found by the bus's pings within seconds, and the bus says it is down; the
+server's pings find it too, and what it was sent reaches the others in seconds."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from urllib.parse import urlparse
 
 import pytest
 
+from resurge.contract.subscriptions import RESTARTER_FAULTS
+from resurge.events import FaultDetected, FaultScope
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 from tests.integration.blackhole_proxy import BlackholeProxy
@@ -17,6 +20,10 @@ from tests.integration.blackhole_proxy import BlackholeProxy
 # "Within seconds": about 6 s with the default 2 s pings (3 intervals); nats.py's own
 # default is a ping every 2 minutes, 2 unanswered before it gives up (4 to 6 minutes).
 FOUND_WITHIN_SECONDS = 10.0
+# A message delivered to a member cut off reaches another member after the first
+# redeliveries (2 s, 4 s) or once the server drops the dead member (its pings: about
+# 6 s); with the old fixed 30 s wait it took 30 s or more.
+REACHED_WITHIN_SECONDS = 15.0
 
 
 @pytest.fixture
@@ -51,3 +58,44 @@ async def test_a_half_open_connection_is_found_within_seconds(
         await bus.close()
     finally:
         await bus.nc.close()  # no drain across a partition (a failed test)
+
+
+async def test_a_cut_off_member_of_a_queue_group_holds_no_message_for_long(
+    proxy: BlackholeProxy, settings: Settings
+) -> None:
+    """Two restarters share the fault consumer; one's link is partitioned just before
+    faults come. The server still delivers some to it (its side of the socket is open),
+    and they are lost on the way: each must reach the other restarter within seconds
+    (a CI run's fault waited 2 x 30 s, the fixed ack wait, once for each restarter).
+    The cut-off member subscribes first, so it is in the group for the first delivery."""
+    cut_off = await Bus.connect(
+        Settings(nats_url=proxy.url, namespace=settings.namespace), "restarter-cut-off"
+    )
+    healthy = await Bus.connect(settings, "restarter-healthy")
+    got: asyncio.Queue[str] = asyncio.Queue()
+
+    async def on_healthy(event: FaultDetected) -> None:
+        await got.put(event.fault_id)
+
+    async def on_cut_off(event: FaultDetected) -> None:
+        raise AssertionError("nothing reaches a member across a partition")
+
+    try:
+        await cut_off.ensure_streams()
+        await cut_off.bind(RESTARTER_FAULTS, on_cut_off)
+        await healthy.bind(RESTARTER_FAULTS, on_healthy)
+        proxy.blackhole()
+        published = time.monotonic()
+        ids = [f"f{i}" for i in range(10)]
+        for fault_id in ids:
+            event = FaultDetected(
+                source=healthy.source, job="j.1", fault_id=fault_id,
+                scope=FaultScope.PROCESS, reason="process_crash",
+            )  # fmt: skip
+            await healthy.publish(healthy.subjects.fault("j.1", "process"), event)
+        received = [await asyncio.wait_for(got.get(), 30) for _ in ids]
+        assert sorted(received) == ids
+        assert time.monotonic() - published <= REACHED_WITHIN_SECONDS
+    finally:
+        await healthy.close()
+        await cut_off.nc.close()  # no drain across a partition

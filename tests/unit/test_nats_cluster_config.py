@@ -18,9 +18,9 @@ def test_three_servers_each_routed_to_the_other_two(tmp_path: Path) -> None:
     for server in servers:
         assert server.cluster is not None
         assert set(server.cluster.peers) == routes - {server.cluster.port}
-        args = server.cluster.arguments(server.host)
-        assert args[args.index("--server_name") + 1] == server.cluster.name
-        assert args[args.index("--cluster_name") + 1] == "resurge"
+        config = server.cluster.config(server.host)
+        assert f'server_name: "{server.cluster.name}"' in config
+        assert 'name: "resurge"' in config
 
 
 def test_the_supervisor_asks_for_three_copies_on_a_cluster_and_one_alone(tmp_path: Path) -> None:

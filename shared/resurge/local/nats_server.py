@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from resurge.access.server_config import liveness_block
+
 __all__ = ["ClusterMember", "NatsServer", "cluster_of", "free_port", "nats_server_binary"]
 
 
@@ -64,20 +66,6 @@ class ClusterMember:
             f'cluster {{\n  name: "{self.cluster_name}"\n  listen: "{host}:{self.port}"\n'
             f"  routes: [{routes}]\n}}\n"
         )
-
-    def arguments(self, host: str) -> list[str]:
-        """The nats-server flags that make it this member."""
-        routes = ",".join(f"nats://{host}:{port}" for port in self.peers)
-        return [
-            "--server_name",
-            self.name,
-            "--cluster_name",
-            self.cluster_name,
-            "--cluster",
-            f"nats://{host}:{self.port}",
-            "--routes",
-            routes,
-        ]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -161,10 +149,7 @@ class NatsServer:
             "--ports_file_dir",
             str(ports_dir),
         ]
-        if self.config is not None:  # users, permissions, TLS (resurge.access)
-            args += ["-c", str(self._config_file(self.config))]
-        elif self.cluster is not None:
-            args += self.cluster.arguments(self.host)
+        args += ["-c", str(self._config_file())]
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
@@ -181,17 +166,21 @@ class NatsServer:
         self.stop()
         raise TimeoutError(f"nats-server did not start within {timeout} s; see {self.log_path}")
 
-    def _config_file(self, config: Path) -> Path:
-        """The file given to ``-c``: ``config`` itself, or for a cluster member a file of
-        its own with its name and cluster that includes ``config``. A config reload
-        (SIGHUP) reads the file alone, and a JetStream cluster member whose file does not
-        name it and its cluster refuses the reload, so a user added while it runs would
-        never be taken in."""
-        if self.cluster is None:
-            return config
+    def _config_file(self) -> Path:
+        """The file given to ``-c``, of this server's own: its pings
+        (:func:`~resurge.access.server_config.liveness_block`), for a cluster member its
+        name and cluster, and an include of ``config`` (users, permissions, TLS:
+        :mod:`resurge.access`). A config reload (SIGHUP) reads the file alone, and a
+        JetStream cluster member whose file does not name it and its cluster refuses
+        the reload, so a user added while it runs would never be taken in."""
         own = self.state_dir / "server.conf"
-        shared = os.path.relpath(config.resolve(), own.parent.resolve())
-        own.write_text(f'{self.cluster.config(self.host)}include "{shared}"\n')
+        text = liveness_block()
+        if self.cluster is not None:
+            text += self.cluster.config(self.host)
+        if self.config is not None:
+            shared = os.path.relpath(self.config.resolve(), own.parent.resolve())
+            text += f'include "{shared}"\n'
+        own.write_text(text)
         return own
 
     @staticmethod

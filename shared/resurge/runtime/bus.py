@@ -135,6 +135,16 @@ AGENT_POSITIONS_BUCKET = "agent_positions"
 # job record. Made by the first placer that needs it, so other roles need no grant.
 ALLOCATIONS_BUCKET = "allocations"
 _NAK_DELAY_SECONDS = 1.0
+
+# When a durable consumer's unacked message is delivered again: after 2 s, then 4, 8,
+# 16, then every 30 s (``max_deliver`` in all). A message delivered to a member of the
+# queue group whose link has just been partitioned (its socket dead, the server's side
+# still open) is lost on the way; with one fixed 30 s ack wait it came again only 30 s
+# later, to a member chosen at random, so a fault waited 60 s in a CI run. While a
+# handler runs, the bus tells the server every HANDLER_ALIVE_SECONDS that it is still
+# at work (``in_progress``), so a slow handler's message is not delivered twice.
+REDELIVER_AFTER_SECONDS: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0, 30.0)
+HANDLER_ALIVE_SECONDS = 1.0
 _DELIVER = {
     "all": DeliverPolicy.ALL,
     "new": DeliverPolicy.NEW,
@@ -157,6 +167,33 @@ class _Consumer:
     expects: tuple[type[Envelope], ...]
     handler: Handler
     kind_token: int | None = None
+
+
+class _StillHandling:
+    """Tells the server every HANDLER_ALIVE_SECONDS that ``msg`` is still being handled
+    (``in_progress``: its redelivery wait starts again), until :meth:`stop`. A timer, not
+    a task per message: most handlers finish long before the first tick."""
+
+    def __init__(self, msg: Msg) -> None:
+        self._msg = msg
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_later(HANDLER_ALIVE_SECONDS, self._tick)
+        self._told: set[asyncio.Task[None]] = set()
+
+    def _tick(self) -> None:
+        told = self._loop.create_task(self._tell())
+        self._told.add(told)
+        told.add_done_callback(self._told.discard)
+        self._timer = self._loop.call_later(HANDLER_ALIVE_SECONDS, self._tick)
+
+    async def _tell(self) -> None:
+        try:
+            await self._msg.in_progress()
+        except Exception as error:  # a broken link: the message comes again, as unacked
+            log.debug("could not say a message is still being handled: %s", error)
+
+    def stop(self) -> None:
+        self._timer.cancel()
 
 
 async def _skip_bad(msg: Msg, reason: DeadLetterReason, detail: str) -> None:
@@ -470,7 +507,7 @@ class Bus:
         *,
         expects: tuple[type[Envelope], ...] = (),
         start: Literal["all", "new", "last_per_subject"] = "all",
-        ack_wait_seconds: float = 30.0,
+        redeliver_after: tuple[float, ...] = REDELIVER_AFTER_SECONDS,
         max_deliver: int = 10,
         kind_token: int | None = None,
         inactive_seconds: float | None = None,
@@ -486,12 +523,20 @@ class Bus:
         ``raw`` subjects); a message of another kind there is dead-lettered.
         ``inactive_seconds``: the server deletes the consumer after that long unbound.
         ``stream``: the name of the stream it reads (None: the one storing ``subject``,
-        :func:`stream_of_subject`).
+        :func:`stream_of_subject`). ``redeliver_after``: the waits before each delivery
+        again of an unacked message (the last repeats), up to ``max_deliver`` deliveries;
+        an existing consumer with other waits is updated to these.
         """
+        if len(redeliver_after) >= max_deliver or min(redeliver_after) <= HANDLER_ALIVE_SECONDS:
+            raise ValueError(
+                f"{durable}: redeliver_after {redeliver_after} needs fewer waits than "
+                f"max_deliver ({max_deliver}), each over {HANDLER_ALIVE_SECONDS} s"
+            )
         consumer = _Consumer(subject, durable, expects, handler, kind_token)
         config = ConsumerConfig(
             name=durable,  # named, the filter is in the create request's subject (below)
-            ack_wait=ack_wait_seconds,
+            ack_wait=redeliver_after[0],
+            backoff=list(redeliver_after),
             max_deliver=max_deliver,
             deliver_policy=_DELIVER[start],
             filter_subject=subject,
@@ -501,7 +546,19 @@ class Bus:
         async def on_message(msg: Msg) -> None:
             await self._deliver(consumer, msg)
 
-        await self._bind(subject, durable, on_message, config, stream=stream)
+        sub = await self._bind(subject, durable, on_message, config, stream=stream)
+        await self._update_redelivery(sub, config)
+
+    async def _update_redelivery(self, sub: Any, wanted: ConsumerConfig) -> None:
+        """Give a consumer made before with other redelivery waits (an older release:
+        one 30 s ack wait) the ones of ``wanted``; binding does not change an existing
+        consumer's config."""
+        info = await sub.consumer_info()
+        if info.config.backoff == wanted.backoff and info.config.ack_wait == wanted.ack_wait:
+            return
+        updated = info.config.evolve(ack_wait=wanted.ack_wait, backoff=wanted.backoff)
+        await self.js.add_consumer(info.stream_name, config=updated)
+        log.info("consumer %s: redelivery after %s s now", info.name, wanted.backoff)
 
     async def _bind(
         self,
@@ -689,6 +746,7 @@ class Bus:
                 f"kind {event.kind!r} on {msg.subject}; this consumer takes {wanted}",
             )
             return
+        alive = _StillHandling(msg)
         try:
             await consumer.handler(event)
         except PermanentError as error:
@@ -707,6 +765,8 @@ class Bus:
             self._handled.labels("retried").inc()
             await msg.nak(delay=_NAK_DELAY_SECONDS)
             return
+        finally:
+            alive.stop()
         self._handled.labels("handled").inc()
         await msg.ack()
 
