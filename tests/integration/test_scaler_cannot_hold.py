@@ -72,7 +72,7 @@ async def add_node(bus: Bus, backend: ClusterBackend, name: str, slots: int) -> 
 
 
 async def status_when(
-    bus: Bus, backend: ClusterBackend, test: Callable[[dict[str, object]], bool]
+    bus: Bus, backend: ClusterBackend, log: Path, test: Callable[[dict[str, object]], bool]
 ) -> dict[str, object]:
     """The job's written status once ``test`` holds for it (read again at each write)."""
     writes: asyncio.Queue[None] = asyncio.Queue()
@@ -82,6 +82,7 @@ async def status_when(
 
     bucket = bus.subjects.kv_bucket(JOB_STATUS_BUCKET)
     subscription = await bus.nc.subscribe(f"$KV.{bucket}.>", cb=wrote)
+    status = None
     try:
         async with asyncio.timeout(30):
             while True:
@@ -89,13 +90,21 @@ async def status_when(
                 if status is not None and test(status):
                     return status
                 await writes.get()
+    except TimeoutError:  # seen twice in CI with a silent scaler: say what each side held
+        found = await JobStore(await bus.jobs_bucket()).get(JOB)
+        record = found[0].model_dump_json(exclude={"spec"}) if found else None
+        raise AssertionError(
+            f"no such status in 30 s; last status {status}; record {record}; "
+            f"the scaler's log:\n{(await asyncio.to_thread(log.read_text))[-6000:]}"
+        ) from None
     finally:
         await subscription.unsubscribe()
 
 
 async def test_a_job_no_node_can_hold_is_accepted_with_a_warning_and_says_why_it_waits(
-    bus: Bus, settings: Settings, scaler: subprocess.Popen[bytes]
+    bus: Bus, settings: Settings, scaler: subprocess.Popen[bytes], tmp_path: Path
 ) -> None:
+    log = tmp_path / "scaler.log"
     backend = await open_backend(bus, settings)
     await add_node(bus, backend, "n0", 1)
     await add_node(bus, backend, "n1", 1)
@@ -117,7 +126,7 @@ async def test_a_job_no_node_can_hold_is_accepted_with_a_warning_and_says_why_it
     )
 
     never = "no node of this cluster can hold it: no node has 2 free-able slots"
-    pending = await status_when(bus, backend, lambda s: str(s["message"]).startswith(never))
+    pending = await status_when(bus, backend, log, lambda s: str(s["message"]).startswith(never))
     assert pending["phase"] == "Pending"
     assert pending["message"] == (
         f"{never} for nprocPerNode 2 (largest node: 1 GPU); add a node with "
@@ -125,7 +134,7 @@ async def test_a_job_no_node_can_hold_is_accepted_with_a_warning_and_says_why_it
     )
 
     await add_node(bus, backend, "n2", 2)
-    fewer = await status_when(bus, backend, lambda s: "hold at most 1" in str(s["message"]))
+    fewer = await status_when(bus, backend, log, lambda s: "hold at most 1" in str(s["message"]))
     assert fewer["phase"] == "Pending"
     assert fewer["message"] == (
         "no node of this cluster can hold it: it needs 2 replica(s) of nprocPerNode 2 slots, "
@@ -134,7 +143,7 @@ async def test_a_job_no_node_can_hold_is_accepted_with_a_warning_and_says_why_it
     )
 
     await add_node(bus, backend, "n3", 2)
-    running = await status_when(bus, backend, lambda s: s["phase"] == JobPhase.RUNNING.value)
+    running = await status_when(bus, backend, log, lambda s: s["phase"] == JobPhase.RUNNING.value)
     found = await JobStore(await bus.jobs_bucket()).get(JOB)
     assert found is not None
     assert sorted(p.node for p in found[0].placements) == ["n2", "n3"]
