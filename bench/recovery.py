@@ -1,40 +1,54 @@
 """Recovery time after a worker fails: resurge against the ways to restart without it.
 
-For each variant the DDP example (examples/ddp, 2 x 2 workers, gloo on CPU) is trained,
-one worker is broken several times (rotating ranks), and each recovery is timed to the
-first completed step of the next generation:
+Every contestant runs the same job: the DDP example (examples/ddp/train.py, gloo on
+CPU) on 2 nodes x 2 workers (4 ranks), a DCP checkpoint every 5 steps, 0.02 s of sleep
+per step, the same flags. Each is broken several times, rank 1, 2, 3, 1, ... (global
+ranks), each time once the current generation trained 12 steps, and each recovery is
+timed from the same instant, the break, to the first completed step of the next
+generation:
 
   (a) resurge, workers forked from the pre-warmed fork server (the default);
   (b) resurge with spec.forkServer false: every worker a new interpreter;
-  (c) torchrun --max-restarts on the same script (bench/recovery_baselines.py);
-  (d) a full restart: every worker relaunched cold from the checkpoint, the floor of
-      any restart that recreates agents or pods (bench/recovery_baselines.py);
+  (c) torchrun --max-restarts on the same script, 2 agents x 2 workers, c10d rendezvous
+      (bench/recovery_baselines.py);
+  (d) a full restart: the 3 survivors SIGKILLed at once and 4 workers relaunched cold
+      from the newest checkpoint, with no detection, grace or rendezvous: the floor of
+      any restart that recreates every worker, as pods (bench/recovery_baselines.py);
   (e) resurge in-process restart: an exception raised in a worker's training function
       (``resurge inject exception``), recovery.levels [in_process]: no process exits;
   (f) the same exception with recovery.levels [process]: a fork-server process restart;
   (g) resurge with the job's default recovery policy (every level, default backoff):
       independent kills of rotating ranks, each after the job trained again, as a long
       job meets them; each must stay a process restart with no backoff, as fast as (a);
-  (h) a SIGSTOPped worker (``resurge inject hang``) under a log rule that expects a
-      step line every 3 s, default policy: timed from the stop; the goal is the rule's
-      3 s plus at most 1.5 s (a stopped worker is killed at once, not after a grace);
+  (h) a SIGSTOPped worker under a log rule that expects a step line every 3 s, default
+      policy; the goal is the rule's 3 s plus at most 1.5 s (a stopped worker is killed at
+      once, not after a grace);
   (i) a plain script (the same example where ``import resurge`` fails: no progress
       reports, it resumes from its newest checkpoint as under torchrun) with the job's
       default recovery policy: three independent kills (ranks 1, 2, 3), each 3 s after
       the job trained again; each kill's recovery level and time;
-  (j) torchrun --max-restarts on that plain script, three kills (local ranks 1, 2, 3);
+  (j) torchrun --max-restarts on that plain script, three kills (ranks 1, 2, 3), each 3 s
+      after the job trained again;
   (k) the plain script loading its samples through ``DataLoader(num_workers=2)`` (its
       ranks have children that share their output pipes), process level, no backoff;
   (l) torchrun --max-restarts on the same script with the same DataLoader.
 
-(a) to (d) and (g) SIGKILL the worker and are timed from the kill (the moment its agent
-saw the worker die); (e) and (f) are timed from the moment the agent received the worker's
-exception report (the fault's ``reported_at``); (i) to (l) are timed from the kill
-to the first ``step`` line of the next generation (a plain script's only sign of
-training), so they include the time until the agent saw the exit. Each resurge variant
-but (g), (h) and (i) allows one
-recovery level and no backoff, so every recovery is at that level and the mechanism is
-measured, not the ladder's escalation or crash-loop delays.
+The instant each starts from. (a), (b), (d), (g), (i) to (l): just after this process
+SIGKILLed the worker (``os.kill`` on the pid that the worker's agent reported in its
+ProcessStarted event, or that ``/proc`` shows with that ``RANK`` under torchrun or the
+relaunching loop). (h): just after this process SIGSTOPped it the same way. (e) and (f):
+just before this process sent the injection command (``resurge inject exception``: only
+the worker's agent can make its training function raise), so the command's way to the
+agent and the worker counts against resurge. Where each ends: the first Progress event
+of the next generation for (a), (b), (e) to (h) (what the worker reports after a
+completed step); the first ``step N loss`` line of the next generation for a plain
+script, which reports nothing else ((i), (k): the agent's LogLine event; (c), (d), (j),
+(l): the line's arrival through a pipe). Each resurge variant but (g), (h) and (i)
+allows one recovery level and no backoff, so every recovery is at that level and the
+mechanism is measured, not the ladder's escalation or crash-loop delays. resurge's
+variants restore the example's state from the nodes' memory (snapshotted every step)
+where they can; the baselines load the newest disk checkpoint, as a script under
+torchrun does.
 
 Prints the medians (and 90th percentiles) and each median as a ratio to (a), measured
 in the same run, and each plain-script variant's against torchrun on the same script
@@ -47,7 +61,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -57,13 +73,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from resurge.control.effects.client import inject_fault
-from resurge.events import Event, FaultDetected, LogLine, Progress, RecoveryLevel, RecoveryStarted
+from resurge.events import (
+    Event,
+    FaultDetected,
+    LogLine,
+    ProcessStarted,
+    Progress,
+    RecoveryLevel,
+    RecoveryStarted,
+)
 from resurge.jobspec import BackoffSpec, LogRule, TrainingJob
 from resurge.local.job_factory import ddp_example_job
 from resurge.local.story import Observed, StoryResult, Watch, run_job
 from resurge.runtime.bus import Bus
 
 STEPS_BEFORE_KILL = 12
+BREAK_SIGNALS = {"crash": signal.SIGKILL, "hang": signal.SIGSTOP}
 # The example as a plain script: `import resurge` fails (a None entry in sys.modules), and
 # without RESURGE_GENERATION it resumes from the newest checkpoint in its folder, as it
 # does under torchrun.
@@ -78,6 +103,8 @@ TRAINED_AGAIN_SECONDS = 3.0
 DATA_WORKERS = 2
 
 HANG_RULE_SECONDS = 3.0
+TORCHRUN = "(c) torchrun --max-restarts, 2 x 2"
+FULL_RESTART = "(d) full restart, cold workers"
 PLAIN_KILLS = "(i) plain script, default policy, 3 kills"
 TORCHRUN_PLAIN = "(j) torchrun, plain script, 3 kills"
 PLAIN_LOADER = "(k) plain script, DataLoader(num_workers=2)"
@@ -131,10 +158,36 @@ def bench_job(
     )
 
 
+def pid_of(seen: list[Observed], generation: int, rank: int) -> int:
+    """The pid of global ``rank`` in ``generation``, as its agent reported it started."""
+    started = [
+        o.event.pid
+        for o in seen
+        if isinstance(o.event, ProcessStarted)
+        and o.event.generation == generation
+        and o.event.rank == rank
+    ]
+    if not started:
+        raise LookupError(f"no process of rank {rank} in generation {generation} was seen")
+    return started[-1]
+
+
+async def break_worker(
+    bus: Bus, watch: Watch, job: str, generation: int, rank: int, fault: str
+) -> datetime:
+    """Break ``rank`` of ``generation``: SIGKILL (crash), SIGSTOP (hang) or an injected
+    exception; the instant it broke (for an exception, when the command was sent)."""
+    if fault == "exception":
+        sent = datetime.now(UTC)
+        await inject_fault(bus, job, rank, fault)
+        return sent
+    os.kill(pid_of(watch.observed, generation, rank), BREAK_SIGNALS[fault])
+    return datetime.now(UTC)
+
+
 async def break_repeatedly(
-    bus: Bus, watch: Watch, job: str, kills: int, fault: str = "crash",
-    broken_at: list[datetime] | None = None,
-) -> None:  # fmt: skip
+    bus: Bus, watch: Watch, job: str, kills: int, fault: str, broken_at: list[datetime]
+) -> None:
     for generation in range(kills):
 
         def ready(seen: list[Observed], generation: int = generation) -> bool:
@@ -146,13 +199,12 @@ async def break_repeatedly(
             return len(set(steps)) >= STEPS_BEFORE_KILL
 
         await watch.wait_for(ready, wait_seconds=120)
-        if broken_at is not None:
-            broken_at.append(datetime.now(UTC))
-        await inject_fault(bus, job, 1 + generation % 3, fault)
+        rank = 1 + generation % 3
+        broken_at.append(await break_worker(bus, watch, job, generation, rank, fault))
 
 
 def latencies_after(result: StoryResult, broken_at: list[datetime]) -> list[float]:
-    """Seconds from each break (generation g) to the first step of generation g + 1."""
+    """Seconds from each break (generation g) to the first Progress of generation g + 1."""
     latencies = []
     for generation, at in enumerate(broken_at):
         after = [
@@ -162,31 +214,6 @@ def latencies_after(result: StoryResult, broken_at: list[datetime]) -> list[floa
         ]
         if after:
             latencies.append((min(after) - at).total_seconds())
-    return latencies
-
-
-def latencies_after_report(result: StoryResult) -> list[float]:
-    """Seconds from each generation's first worker exception report (the fault's
-    ``reported_at``) to the first completed step of the next generation."""
-    reported: dict[int, datetime] = {}
-    for fault in result.faults:
-        at = fault.evidence.get("reported_at")
-        if (
-            fault.reason == "worker_exception"
-            and isinstance(at, str)
-            and fault.generation is not None
-        ):
-            time = datetime.fromisoformat(at)
-            reported[fault.generation] = min(time, reported.get(fault.generation, time))
-    latencies = []
-    for generation, first in sorted(reported.items()):
-        after = [
-            o.event.time
-            for o in result.observed
-            if isinstance(o.event, Progress) and o.event.generation == generation + 1
-        ]
-        if after:
-            latencies.append((min(after) - first).total_seconds())
     return latencies
 
 
@@ -212,11 +239,7 @@ async def resurge_recoveries(
     levels = sorted({str(r.level) for r in result.recoveries})
     print(f"  job {result.phase}, {len(faults)} faults, {len(result.recoveries)} recoveries "
           f"at {', '.join(levels) or '-'}", flush=True)  # fmt: skip
-    if fault == "exception":
-        return latencies_after_report(result)
-    if fault == "hang":
-        return latencies_after(result, broken_at)
-    return result.latencies_after_exit(Progress)
+    return latencies_after(result, broken_at)
 
 
 @dataclass
@@ -258,7 +281,7 @@ class PlainKill:
 
 
 async def kill_plain(
-    bus: Bus, job: str, lines: StepLines, kills: int, trained_seconds: float,
+    bus: Bus, watch: Watch, job: str, lines: StepLines, kills: int, trained_seconds: float,
     record: list[PlainKill],
 ) -> None:  # fmt: skip
     """Kill rank 1, 2, 3, 1, ... of the newest generation once it trained
@@ -274,8 +297,9 @@ async def kill_plain(
             return (datetime.now(UTC) - steps[0][0]).total_seconds() >= trained_seconds
 
         await lines.wait_for(trained)
-        record.append(PlainKill(lines.newest(), datetime.now(UTC)))
-        await inject_fault(bus, job, 1 + kill % 3, "crash")
+        generation = lines.newest()
+        killed_at = await break_worker(bus, watch, job, generation, 1 + kill % 3, "crash")
+        record.append(PlainKill(generation, killed_at))
         await lines.wait_for(lambda: lines.first_after(record[-1].generation) is not None)
 
 
@@ -293,7 +317,9 @@ async def plain_recoveries(
         nodes=2,
         gpus_per_node=2,
         wait_seconds=300,
-        during=lambda bus, _: kill_plain(bus, job.name, lines, kills, trained_seconds, record),
+        during=lambda bus, watch: kill_plain(
+            bus, watch, job.name, lines, kills, trained_seconds, record
+        ),
         end_with_during=True,
     )
     levels = {r.from_generation: str(r.level) for r in result.events(RecoveryStarted)}
@@ -374,34 +400,33 @@ def main() -> int:
                     )
         if not args.skip_baselines and only & {"c", "d", "j", "l"}:
             sys.path.insert(0, str(Path(__file__).parent))
-            from recovery_baselines import cold_start_recoveries, torchrun_recoveries
+            from recovery_baselines import full_restart_recoveries, torchrun_recoveries
 
             program = ["--no-python", sys.executable, "-c", PLAIN]
-            for key, name, kills, extra in (
-                ("j", TORCHRUN_PLAIN, INDEPENDENT_KILLS, []),
-                ("l", TORCHRUN_LOADER, args.kills, ["--data-workers", str(DATA_WORKERS)]),
+            for key, name, kills, extra, trained in (
+                ("j", TORCHRUN_PLAIN, INDEPENDENT_KILLS, [], TRAINED_AGAIN_SECONDS),
+                ("l", TORCHRUN_LOADER, args.kills, ["--data-workers", str(DATA_WORKERS)], 0.0),
             ):
                 if key in only:
                     print(name, flush=True)
                     seconds, note = torchrun_recoveries(
-                        kills, root / key, program=program, extra_args=extra
-                    )
+                        kills, root / key, program=program, extra_args=extra,
+                        trained_seconds=trained,
+                    )  # fmt: skip
                     results[name] = seconds
                     notes.append(f"{name}: {note}")
 
             if "c" in only:
-                print("(c) torchrun --max-restarts", flush=True)
+                print(TORCHRUN, flush=True)
                 seconds, note = torchrun_recoveries(args.kills, root / "c")
-                results["(c) torchrun --max-restarts"] = seconds
+                results[TORCHRUN] = seconds
                 notes.append(f"torchrun: {note}")
             if "d" in only:
-                print("(d) full restart (cold workers)", flush=True)
-                results["(d) full restart, cold workers"] = cold_start_recoveries(
-                    args.kills, root / "d"
-                )
+                print(FULL_RESTART, flush=True)
+                results[FULL_RESTART] = full_restart_recoveries(args.kills, root / "d")
     baseline = statistics.median(results.get("(a) resurge, fork server") or [0.0]) or None
     print()
-    print(f"{'fault -> first step of the next generation':<44} {'median s':>10} {'p90 s':>8} "
+    print(f"{'break -> first step of the next generation':<44} {'median s':>10} {'p90 s':>8} "
           f"{'min s':>8} {'max s':>8} {'n':>3} {'vs (a)':>10}")  # fmt: skip
     if args.values:
         for name, values in results.items():

@@ -1,55 +1,89 @@
 """Resize benchmark: how long a real resize of the DDP example stops its training.
 
-A local cluster of 4 nodes x 1 simulated GPU runs the DDP example (examples/ddp, gloo on
-CPU, one worker per replica, DCP checkpoints) as an elastic job of 2 to 4 replicas. It
-starts at 4; a higher-priority fixed job of 2 replicas arrives, so the scaler shrinks
-the example 4 -> 2 to admit it; when that job ends the example grows back 2 -> 4. That
-cycle repeats ``--cycles`` times (default 3). The pause of each resize is the time from
-the last step completed at the old size to the first step completed at the new one
-(the workers' own Progress event times), so it holds the checkpoint taken for the
-resize, stopping what goes, starting what comes, and the rendezvous.
+The DDP example (examples/ddp/train.py, gloo on CPU, one worker per replica, DCP
+checkpoints every 20 steps, 0.02 s of sleep per step, a global batch of 48 in
+micro-batches of 4 at any size) runs on 4 nodes x 1 worker, shrinks 4 -> 2 and grows
+back 2 -> 4, ``--cycles`` times (default 3). The pause of each resize is the time from
+the last step completed at the old size to the first step completed at the new one, so
+it holds the checkpoint taken for the resize, stopping what goes, starting what comes,
+the rendezvous and the first step. Three ways, in the same run:
 
-Three ways to resize, in the same run:
+- in-process (resurge): a local cluster of 4 nodes x 1 simulated GPU runs the example as
+  an elastic job of 2 to 4 replicas (``resurge.worker.restartable``); a higher-priority
+  fixed job of 2 replicas arrives, the scaler shrinks the example to admit it, and grows
+  it back when that job ends. Ranks that stay re-enter their training function at the
+  new world size; only added ranks start processes (forked from the agent's fork
+  server). Timed by the workers' own Progress events;
+- process (resurge): the same with ``--no-in-process``: every rank is a new process;
+- checkpoint-restart (the baseline: HyperPod's elastic training as its guide describes
+  it, docs.aws.amazon.com/sagemaker/latest/dg/sagemaker-eks-elastic-training.html,
+  "Training code modification" and "Use-case examples": on a scaling event the operator
+  sends the elastic event signal to the training processes, every rank saves a DCP
+  checkpoint and exits, the operator waits for all processes to exit, then restarts the
+  job at the new world size and every rank loads the latest checkpoint). Here without
+  resurge: a torchrun job of the example, one torchrun agent per node (``--nnodes N
+  --nproc-per-node 1``, c10d rendezvous, all on this machine), each worker running the
+  script as that guide has it (``bench/hyperpod_elastic_worker.py``: on SIGUSR1 every
+  rank saves at the same step and exits 0). At a resize the bench sends SIGUSR1 to every
+  worker, waits for every agent to exit, and at once starts a torchrun job of the new
+  size on the same checkpoint folder, which loads the newest checkpoint. Timed by rank
+  0's ``step N loss`` lines as they arrive through a pipe.
 
-- in-process: the example as it is (``resurge.worker.restartable``): ranks that stay
-  re-enter their training function at the new world size, only added ranks start
-  processes (forked from the agent's fork server);
-- process: the example with ``--no-in-process``: every rank is a new process;
-- resubmit (the baseline: what a fixed-size job needs, and what HyperPod's elastic
-  training does by restarting every rank): the job is deleted and a job of the new
-  size submitted (under a new name, so it starts from its first step: loading a
-  checkpoint would add a little to its pause).
+What the baseline leaves out, each in its favour: the operator's own reaction (it is
+relaunched the moment the last agent exits), pod deletion, scheduling, container start
+and image pull (HyperPod creates a grow's new pods before it signals, so a grow waits for
+them before the pause begins; a shrink deletes pods but keeps the others), Kueue
+admission, and the signal's delivery (HyperPod's agent relays the operator's event).
+What it counts that HyperPod may not: starting the torchrun agents again (a Python
+process importing torch.distributed.run); hyperpodrun's agents, with their own
+rendezvous, may outlive their workers. Also printed per baseline resize: the last
+step to every agent's exit (the checkpoint and the exits), and the exit to the first step.
 
-Printed: the median and each pause per way and direction, and each median as a ratio to
-the resubmit median of the same direction (goal: in-process median <= 2 s). This is a
-benchmark, not a test: it prints, it does not assert.
+Printed: the median and each pause per way and direction, and each resurge way's median
+as a ratio to the checkpoint-restart median of the same direction (goal: in-process
+median <= 2 s). This is a benchmark, not a test: it prints, it does not assert.
 
-    .venv/bin/python bench/resize_pause.py [--cycles N]
+    .venv/bin/python bench/resize_pause.py [--cycles N] [--only WAY,WAY]
+
+(ways: checkpoint-restart, in-process, process; a resurge way without the baseline prints
+no ratio)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import signal
 import statistics
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 from resurge.control.effects.client import delete_job, submit_job
-from resurge.events import Event, PhaseChanged, Progress, ScaleDecided
+from resurge.events import PhaseChanged, Progress, ScaleDecided
 from resurge.jobspec import TrainingJob
 from resurge.local.job_factory import EXAMPLE, python_job
 from resurge.local.story import Observed, Watch, run_job
 from resurge.runtime.bus import Bus
 
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from torchrun_processes import REPO, STEP_LINE, TRAIN, TorchrunJob
+
 WORKER = REPO / "tests" / "e2e" / "workers" / "progress_worker.py"
 STEPS = 100_000  # the example never ends by itself: the benchmark deletes it
-WAYS = ("resubmit", "in-process", "process")
+BASELINE = "checkpoint-restart"
+WAYS = (BASELINE, "in-process", "process")
+ELASTIC_WORKER = Path(__file__).resolve().parent / "hyperpod_elastic_worker.py"
+ELASTIC_SIGNAL = signal.SIGUSR1  # HyperPod's elastic event, as its agent sends it
+EXAMPLE_ARGS = ["--checkpoint-every", "20", "--step-seconds", "0.02", "--global-batch", "48",
+                "--micro-batch", "4"]  # fmt: skip
+TRAIN_BEFORE_RESIZE = 10  # steps at each size before the next resize (the baseline)
+START_TIMEOUT = 180.0  # seconds a start or a stop may take on a loaded 2-core machine
 
 
 @dataclass
@@ -57,14 +91,14 @@ class Pauses:
     """Seconds each resize stopped training, by direction (``4->2``, ``2->4``)."""
 
     by_direction: dict[str, list[float]] = field(default_factory=dict)
+    parts: dict[str, list[Restart]] = field(default_factory=dict)  # the baseline's
 
     def add(self, direction: str, seconds: float) -> None:
         self.by_direction.setdefault(direction, []).append(seconds)
 
 
 def example(name: str, checkpoints: Path, replicas: dict[str, int], *extra: str) -> TrainingJob:
-    args = ["--steps", str(STEPS), "--checkpoint-every", "20", "--step-seconds", "0.02"]
-    args += ["--global-batch", "48", "--micro-batch", "4", "--log-every", "1000", *extra]
+    args = ["--steps", str(STEPS), *EXAMPLE_ARGS, "--log-every", "1000", *extra]
     return python_job(
         name, EXAMPLE.parent / "train.py", *args, nproc=1, preload=None, replicas=replicas,
         elastic={"cooldownSeconds": 1, "checkpointTimeoutSeconds": 10},
@@ -128,67 +162,100 @@ async def elastic_cycles(bus: Bus, watch: Watch, job: str, cycles: int, into: Pa
     await delete_job(bus, job)
 
 
-async def resubmit_cycles(
-    bus: Bus, watch: Watch, checkpoints: Path, cycles: int, into: Pauses
-) -> None:
-    """Delete the job and submit it again at the other size (under a new name, so no
-    event of the old one is taken for the new one's), ``2 * cycles`` times."""
-    name, size = "resubmit-0", 4
-
-    async def later_runs(event: Event, subject: str) -> None:  # the story watches only the first
-        if event.job != "resubmit-0":
-            await watch.add(Observed(subject=subject, event=event))
-
-    await bus.subscribe(bus.subjects.raw(None, "progress", None), later_runs)
-    await watch.wait_for(lambda seen: len(steps(seen, name)) >= 5, 180)
-    for turn in range(1, 2 * cycles + 1):
-        last = steps(watch.observed, name)[-1].time
-        await delete_job(bus, name)
-        name, size = f"resubmit-{turn}", 2 if size == 4 else 4
-        await submit_job(bus, example(name, checkpoints / name, {"min": size}))
-
-        def stepping(seen: list[Observed], job: str = name) -> bool:
-            return bool(steps(seen, job))
-
-        await watch.wait_for(stepping, 180)
-        first = steps(watch.observed, name)[0].time
-        into.add(f"{6 - size}->{size}", (first - last).total_seconds())
-    await delete_job(bus, name)
-
-
 async def measure(way: str, cycles: int, folder: Path) -> Pauses:
     pauses = Pauses()
     state, checkpoints = folder / way / "state", folder / way / "ckpt"
-    if way == "resubmit":
-        job = example("resubmit-0", checkpoints, {"min": 4})
+    extra = ("--no-in-process",) if way == "process" else ()
+    job = example("elastic", checkpoints, {"min": 2, "max": 4}, *extra)
 
-        async def during(bus: Bus, watch: Watch) -> None:
-            await resubmit_cycles(bus, watch, checkpoints, cycles, pauses)
-
-    else:
-        extra = ("--no-in-process",) if way == "process" else ()
-        job = example("elastic", checkpoints, {"min": 2, "max": 4}, *extra)
-
-        async def during(bus: Bus, watch: Watch) -> None:
-            await elastic_cycles(bus, watch, job.name, cycles, pauses)
+    async def during(bus: Bus, watch: Watch) -> None:
+        await elastic_cycles(bus, watch, job.name, cycles, pauses)
 
     await run_job(job, state_dir=state, namespace=f"bench-{way}", nodes=4, gpus_per_node=1,
                   wait_seconds=240 * cycles, during=during, end_with_during=True)  # fmt: skip
     return pauses
 
 
+# The baseline: checkpoint and restart at the new size, as HyperPod's elastic training does.
+
+
+@dataclass
+class Restart:
+    """One checkpoint-restart resize: monotonic seconds of its moments."""
+
+    last_step: float  # the last step line at the old size (after the signal)
+    exited: float  # every agent of the old size exited
+    first_step: float  # the first step line at the new size
+
+    @property
+    def pause(self) -> float:
+        return self.first_step - self.last_step
+
+
+def hyperpod_job(size: int, checkpoints: Path) -> TorchrunJob:
+    """The example at ``size`` nodes x 1 worker under torchrun, as HyperPod's guide has it."""
+    args = [*EXAMPLE_ARGS, "--steps", str(STEPS), "--checkpoint-dir", str(checkpoints)]
+    return TorchrunJob(
+        nodes=size, nproc=1, script=ELASTIC_WORKER, args=[str(TRAIN.relative_to(REPO)), *args],
+        program=["--no-python", sys.executable],
+    )  # fmt: skip
+
+
+def checkpoint_restart_cycles(cycles: int, checkpoints: Path, into: Pauses) -> None:
+    """Start at 4; signal, wait for every exit, start at the other size, ``2 * cycles``
+    times; each pause and its parts into ``into``."""
+    size, turn = 4, 0
+    with contextlib.ExitStack() as stack:
+        job = stack.enter_context(hyperpod_job(size, checkpoints).running())
+        while True:
+            deadline = time.monotonic() + START_TIMEOUT
+            if job.out.wait_for_steps(TRAIN_BEFORE_RESIZE, deadline) is None:
+                print(f"  {size} nodes: no steps: {job.out.tail()}", flush=True)
+                return
+            if turn == 2 * cycles:
+                return
+            workers = job.workers()
+            signalled = time.monotonic()
+            for pid in workers.values():
+                os.kill(pid, ELASTIC_SIGNAL)
+            if len(workers) != size or not job.wait_exited(signalled + START_TIMEOUT):
+                print(f"  {size} nodes: {len(workers)} workers signalled, not every agent "
+                      f"exited: {job.out.tail()}", flush=True)  # fmt: skip
+                return
+            exited = time.monotonic()
+            job.out.join(5.0)
+            last = max(at for at, line in job.out.lines if STEP_LINE.match(line))
+            stack.close()
+            old, size, turn = size, 2 if size == 4 else 4, turn + 1
+            job = stack.enter_context(hyperpod_job(size, checkpoints).running())
+            first = job.out.wait_for(STEP_LINE, time.monotonic() + START_TIMEOUT)
+            if first is None:
+                print(f"  {old}->{size}: no first step: {job.out.tail()}", flush=True)
+                return
+            restart = Restart(last, exited, first[0])
+            into.add(f"{old}->{size}", restart.pause)
+            into.parts.setdefault(f"{old}->{size}", []).append(restart)
+
+
 def report(way: str, pauses: Pauses, baseline: Pauses) -> None:
-    """Print one way's pauses beside the resubmit baseline's, direction by direction."""
+    """Print one way's pauses beside the checkpoint-restart baseline's, direction by direction."""
     for direction in ("4->2", "2->4"):
         values = pauses.by_direction.get(direction, [])
         if not values:
-            print(f"  {direction} {way:>10}: no resize measured", flush=True)
+            print(f"  {direction} {way:>18}: no resize measured", flush=True)
             continue
         median = statistics.median(values)
         base = baseline.by_direction.get(direction, [])
-        ratio = f"{median / statistics.median(base):4.2f}x resubmit" if base else "no baseline"
+        ratio = ""
+        if pauses is not baseline:
+            ratio = f"{median / statistics.median(base):4.2f}x baseline" if base else "no baseline"
         each = ", ".join(f"{v:.2f}" for v in values)
-        print(f"  {direction} {way:>10}: median {median:6.2f} s  ({ratio})  [{each}]", flush=True)
+        print(f"  {direction} {way:>18}: median {median:6.2f} s  {ratio:>14}  [{each}]",
+              flush=True)  # fmt: skip
+        for part in pauses.parts.get(direction, []):
+            print(f"      last step -> every agent exited {part.exited - part.last_step:5.2f} s "
+                  "(the checkpoint, the exits), exited -> first step at the new size "
+                  f"{part.first_step - part.exited:5.2f} s", flush=True)  # fmt: skip
     if way == "in-process":
         every = [v for vs in pauses.by_direction.values() for v in vs]
         if every:
@@ -200,16 +267,22 @@ def report(way: str, pauses: Pauses, baseline: Pauses) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--cycles", type=int, default=3, help="shrink-and-grow cycles per way")
+    parser.add_argument("--only", default=",".join(WAYS), help="comma-separated ways to run")
     args = parser.parse_args()
+    only = [way for way in WAYS if way in args.only.split(",")]
     # SIGTERM (a `kill`, a timeout) ends it like Ctrl-C: the clusters it started are stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     print("resize pause: last step at the old size -> first step at the new one", flush=True)
     with tempfile.TemporaryDirectory(prefix="resurge-resize-") as folder:
         baseline = Pauses()
-        for way in WAYS:
+        for way in only:
             print(f"measuring {way} ...", file=sys.stderr, flush=True)
-            pauses = asyncio.run(measure(way, args.cycles, Path(folder)))
-            baseline = pauses if way == "resubmit" else baseline
+            pauses = Pauses()
+            if way == BASELINE:
+                checkpoint_restart_cycles(args.cycles, Path(folder) / way / "ckpt", pauses)
+                baseline = pauses
+            else:
+                pauses = asyncio.run(measure(way, args.cycles, Path(folder)))
             report(way, pauses, baseline)
     return 0
 
