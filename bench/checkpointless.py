@@ -61,6 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from published import Figure, record
+
 RANK = Path(__file__).with_name("checkpointless_rank.py")
 SCENARIOS = ("disk", "peer", "memory")
 MB = 1e6
@@ -426,6 +428,41 @@ def summary(results: list[SizeResult]) -> None:
         )
 
 
+def figures(results: list[SizeResult]) -> dict[str, Figure]:
+    """What the docs quote of each size: the step and its ratio with snapshots, and
+    kill -> first new step from the disk and as a ratio to it from a peer and memory."""
+    made: dict[str, Figure] = {}
+    for result in results:
+        size = f"{result.megabytes:g}mb"
+        o = result.overhead
+        off, on = statistics.median(o["times"]["off"]), statistics.median(o["times"]["on"])
+        made[f"{size}_step_ms"] = (round(off * 1000, 1), "ms")
+        made[f"{size}_with_snapshots_x"] = (round(on / off, 3), "x")
+        made[f"{size}_snapshot_alone_ms"] = (round(statistics.median(o["alone"]) * 1000, 1), "ms")
+        made[f"{size}_snapshot_call_ms"] = (
+            round(statistics.median(o["snapshot_calls"]) * 1000, 2), "ms",
+        )  # fmt: skip
+        seconds = {
+            s: statistics.median(r.to_first_new_step for r in result.recoveries[s])
+            for s in SCENARIOS
+        }
+        built = {
+            s: statistics.median(r.built_to_first_new_step for r in result.recoveries[s])
+            for s in SCENARIOS
+        }
+        made[f"{size}_kill_to_new_step_disk_s"] = (round(seconds["disk"], 2), "s")
+        made[f"{size}_built_to_new_step_disk_s"] = (round(built["disk"], 2), "s")
+        for scenario in ("peer", "memory"):
+            ratio = seconds[scenario] / seconds["disk"]
+            made[f"{size}_kill_to_new_step_{scenario}_x_disk"] = (round(ratio, 3), "x")
+            ratio = built[scenario] / built["disk"]
+            made[f"{size}_built_to_new_step_{scenario}_x_disk"] = (round(ratio, 3), "x")
+        for scenario in SCENARIOS:
+            redone = max(r.redone for r in result.recoveries[scenario])
+            made[f"{size}_redone_{scenario}_max"] = (redone, "")
+    return made
+
+
 def run_size(megabytes: float, args: argparse.Namespace, shm: Path, tmp: Path) -> SizeResult:
     name = f"{megabytes:g}mb"
     logs = tmp / name / "overhead"
@@ -468,6 +505,7 @@ def main(args: argparse.Namespace) -> int:
             report_size(results[-1], args)
     if results:
         summary(results)
+        print(f"recorded in {record('checkpointless', figures(results))}")
     print(
         f"\nwhole run: {time.monotonic() - began:.0f} s on {os.cpu_count()} cores; load average "
         f"{load_before:.1f} before it, {os.getloadavg()[0]:.1f} after (other processes than "

@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from nats.aio.msg import Msg
+from published import record
 
 from resurge.control.state.records import JobRecord, JobStore, Placement
 from resurge.events import Assign, FaultDetected, FaultScope, JobPhase, RecoveryFinished
@@ -276,6 +277,21 @@ async def main(runs: int, background: float, nodes: int) -> int:
             )
     if runs < 100:
         print(f"(p99 of {runs} runs is their maximum)")
+    figures = {}
+    for load in loads:
+        suffix = f"_beside_{background:g}_per_node" if load else ""
+        for stage, key in zip(STAGES, ("fault", "command", "worker"), strict=True):
+            values = stages[load][stage]
+            figures[f"exit_to_{key}_p50_ms{suffix}"] = (
+                round(statistics.median(values) * 1e3, 2),
+                "ms",
+            )
+            figures[f"exit_to_{key}_p99_ms{suffix}"] = (round(p99(values) * 1e3, 2), "ms")
+            figures[f"exit_to_{key}_p50_x_hop{suffix}"] = (
+                round(statistics.median(values) / hop, 2),
+                "x",
+            )
+    print(f"recorded in {record('restart_latency', figures)}")
     return 0
 
 
