@@ -2,13 +2,15 @@
 
 For 1,024 nodes x 8 GPUs and 16,384 nodes x 8 GPUs (2% of the nodes left free for
 node moves), 30 simulated days, the default failure kinds (6.5 failures per 1,000
-node-days, split by Llama 3's causes) and a 30 s checkpoint write, prints for each
-policy (a 10-minute full-job restart on every fault; the ladder from the process rung;
-the whole ladder from in-process, restart costs as bench/recovery.py measured them)
-and for 5- and 30-minute checkpoints: ETTR, the share of time lost by cause, restarts
-by rung, and the wall time of the run (goals: under 5 s at 1,024 nodes, under 60 s at
-16,384). Then, per policy, the checkpoint interval with the best simulated ETTR over a
-sweep, beside Young/Daly's sqrt(2 * w_cp * MTBF) for the job's MTBF.
+node-days, split by Llama 3's causes) and a 30 s checkpoint write, prints every restart's
+price by rung under the cost model (resurge.simulation.costs: the same parts for every
+policy), then for each default policy (a restart of the whole job on every fault;
+torchrun's cold restart in place; resurge's ladder from the process rung; the whole
+ladder from in-process) and for 5- and 30-minute checkpoints: ETTR, the share of time
+lost by cause, restarts by rung, and the wall time of the run (goals: under 5 s at 1,024
+nodes, under 60 s at 16,384). Then, per policy, the checkpoint interval with the best
+simulated ETTR over a sweep, beside Young/Daly's sqrt(2 * w_cp * MTBF) for the job's
+MTBF.
 
 Then checkpointless (peer) recovery: the full ladder and the full-job restart, each
 with every restart reading the disk checkpoint and with peer recovery (replicated
@@ -20,10 +22,19 @@ from (live copies or disk) and the steps each redid (mean, max, max of those res
 from live copies); and the disk checkpoint interval with the best ETTR for the full
 ladder with peer recovery of replicated state.
 
+``--reproduce``: published fleets (Llama 3 405B, ByteRobust, FT-HSDP) simulated from
+their own parameters (resurge.simulation.reproduce), the published figure beside the
+simulated one and what had to be assumed; then resurge's policies at each scale, every
+restart priced by the cost model. ``--sensitivity``: at 2,048 nodes x 8 GPUs (Llama 3's
+scale), 30 days, a 15-minute checkpoint, each input of the cost model, the detection
+delays, the failure rate and the checkpoint interval and write times 0.5 and 2: the ETTR
+of a full-job restart and the gap to it of the in-process ladder, with and without peer
+recovery.
+
 This is a benchmark, not a test: it prints, it does not assert.
 
     .venv/bin/python bench/simulate.py [--quick] [--peer-only] [--snapshot-overhead 0.02]
-        [--sweep-days 10] [--plot FILE]
+        [--sweep-days 10] [--plot FILE] [--reproduce] [--sensitivity]
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from resurge.events import RecoveryLevel
 from resurge.simulation import (
     PolicyResult,
     SimulationConfig,
@@ -41,8 +53,17 @@ from resurge.simulation import (
     parse_config,
     young_daly_interval,
 )
+from resurge.simulation.costs import PARTS, breakdown
 from resurge.simulation.failures import per_node_second
+from resurge.simulation.reproduce import (
+    FT_HSDP_RATE_SCALE,
+    ft_hsdp_config,
+    projection,
+    reproduce,
+    reproductions,
+)
 from resurge.simulation.runner import simulate
+from resurge.simulation.sensitivity import sensitivity
 
 WRITE_SECONDS = 30.0
 SWEEP_MINUTES = (2, 3, 4, 5, 7, 10, 15, 20, 30, 45, 60)
@@ -89,16 +110,29 @@ def row(result: PolicyResult, seconds: float) -> str:
             f"{result.ettr:6.3f}  {lost}  {seconds:6.2f} s  {rungs}{fails}")  # fmt: skip
 
 
+def prices(made: SimulationConfig) -> None:
+    """Each rung's price from the disk checkpoint, part by part, under the cost model."""
+    ranks = (made.cluster.nodes - made.cluster.spares) * made.cluster.gpus_per_node
+    print(f"  restart prices at {ranks:,} ranks, seconds ({', '.join(PARTS)}; "
+          "fork server, or cold):")  # fmt: skip
+    for level in RecoveryLevel:
+        parts = breakdown(made.costs, level, ranks)
+        cold = sum(breakdown(made.costs, level, ranks, fork_server=False).values())
+        shown = " + ".join(f"{v:.2f}" for v in parts.values())
+        print(f"    {level.value:<10} {sum(parts.values()):7.1f} = {shown}; cold {cold:.1f}")
+
+
 def table(nodes: int, days: float) -> list[PolicyResult]:
     made = config(nodes, days, 5)
     print(f"\n{nodes:,} nodes x 8 GPUs, {days:g} days, job MTBF "
           f"{mtbf_seconds(made) / 60:.1f} min, checkpoint write {WRITE_SECONDS:g} s")  # fmt: skip
+    prices(made)
     header = CAUSE_HEADER
     print(f"  {'policy':<20} {'ckpt':>8}  {'ETTR':>6}  {header:<45}  {'wall':>8}  "
           "restarts by rung")  # fmt: skip
     results = []
     for interval in (5, 30):
-        for index in range(3):
+        for index in range(len(made.policies)):
             started = time.perf_counter()
             (result,) = simulate(config(nodes, days, interval, index)).results
             print(row(result, time.perf_counter() - started), flush=True)
@@ -142,8 +176,9 @@ def peer_table(nodes: int, days: float, overhead: float) -> None:
           f"recovery (snapshots {overhead:.1%} of each step) against the disk")  # fmt: skip
     print(f"  {'policy':<19} {'recovery':<18} {'ckpt':>7}  {'ETTR':>5}  {CAUSE_HEADER:<44}  "
           "resumed live/disk; steps redone: mean, max, max live")  # fmt: skip
+    full, whole = 0, len(made.policies) - 1
     for interval in PEER_MINUTES:
-        for index in (2, 0):
+        for index in (whole, full):
             for name, peer in peer_variants(overhead):
                 (result,) = simulate(config(nodes, days, interval, index, peer)).results
                 held = result.productive_gpu_hours + sum(result.lost_gpu_hours.values())
@@ -156,7 +191,7 @@ def peer_table(nodes: int, days: float, overhead: float) -> None:
                       f"{redone.get('max', 0):.0f}, {live_max}", flush=True)  # fmt: skip
     minutes = (*SWEEP_MINUTES, 90, 120, 180)
     peer = {"snapshot_overhead": overhead}
-    ettr = {m: simulate(config(nodes, days, m, 2, peer)).results[0].ettr for m in minutes}
+    ettr = {m: simulate(config(nodes, days, m, whole, peer)).results[0].ettr for m in minutes}
     best = max(ettr, key=lambda m: ettr[m])
     print(f"  in-process restart, peer, replicated: best checkpoint interval over "
           f"{', '.join(map(str, minutes))} min: {best} min (ETTR {ettr[best]:.3f})")  # fmt: skip
@@ -171,18 +206,90 @@ def main() -> int:
     parser.add_argument("--plot", type=Path, default=None, help="write the 16,384 node plot")
     parser.add_argument("--peer-only", action="store_true", help="only the peer recovery tables")
     parser.add_argument(
+        "--reproduce", action="store_true", help="only the published fleets and projections"
+    )
+    parser.add_argument(
+        "--sensitivity", action="store_true", help="only the inputs' sensitivity table"
+    )
+    parser.add_argument(
         "--snapshot-overhead",
         type=float,
         default=0.02,
         help="peer recovery: the snapshots' cost, a share of each step (default 0.02)",
     )
     args = parser.parse_args()
+    started = time.perf_counter()
+    if args.reproduce or args.sensitivity:
+        if args.reproduce:
+            published()
+        if args.sensitivity:
+            inputs()
+        print(f"\nwall time {time.perf_counter() - started:.1f} s")
+        return 0
     if not args.peer_only:
         tables(args.quick, args.sweep_days, args.plot)
     peer_table(1_024, 30, args.snapshot_overhead)
     if not args.quick:
         peer_table(16_384, 30, args.snapshot_overhead)
+    print(f"\nwall time {time.perf_counter() - started:.1f} s")
     return 0
+
+
+def published() -> None:
+    """Each published fleet against its simulation, then resurge's policies there."""
+    print("\nPublished fleets, simulated from their own parameters (ETTR, %):")
+    print(f"  {'fleet':<52} {'published':>9} {'simulated':>9}  wall  assumed")
+    seen: list[tuple[int, float]] = []
+    for item in reproductions():
+        started = time.perf_counter()
+        ettr = reproduce(item)
+        print(f"  {item.name:<52} {item.bound}{item.published * 100:7.0f} {ettr * 100:9.1f}  "
+              f"{time.perf_counter() - started:4.1f}  {'; '.join(item.assumed)}")  # fmt: skip
+    days = reproductions()[-1].config.days
+    rsc = [simulate(ft_hsdp_config(days, stall, 1.0)).results[0].ettr for stall in (10, 3)]
+    print(f"  FT-HSDP runs at RSC-1's own rate (x1 rather than x{FT_HSDP_RATE_SCALE:g}): "
+          f"{rsc[0] * 100:.1f} and {rsc[1] * 100:.1f}")  # fmt: skip
+    print("\nresurge's policies at the same scales, every restart priced by the cost model:")
+    for item in reproductions():
+        made = projection(item)
+        scale = (made.cluster.nodes, made.failure_rate_scale)
+        if scale in seen:
+            continue
+        seen.append(scale)
+        started = time.perf_counter()
+        results = simulate(made).results
+        ranks = (made.cluster.nodes - made.cluster.spares) * made.cluster.gpus_per_node
+        print(f"  {item.fleet}'s scale: {ranks:,} GPUs, {made.days:g} days, "
+              f"checkpoint every {made.checkpoint.interval_minutes:g} min "
+              f"({time.perf_counter() - started:.1f} s)")  # fmt: skip
+        for r in results:
+            print(f"    {r.policy:<20} ETTR {r.ettr:.3f}")
+
+
+def inputs() -> None:
+    """The sensitivity table: each input x0.5 and x2, the gaps to a full-job restart."""
+    made = parse_config({
+        "days": 30, "seed": 7, "cluster": {"nodes": 2_048 + 40, "spares": 40},
+        "checkpoint": {"interval_minutes": 15, "write_seconds": WRITE_SECONDS},
+        "policies": [
+            {"name": "full-job restart", "recovery": {"levels": ["job"]}},
+            {"name": "in-process restart"},
+            {"name": "in-process + peer", "peer_recovery": {}},
+        ],
+    })  # fmt: skip
+    print(
+        "\nSensitivity, 2,048 nodes x 8 GPUs, 30 days, 15-minute checkpoints: full-job "
+        "restart's ETTR, and the in-process ladder's gap to it without / with peer recovery"
+    )
+    print(f"  {'input':<24} {'value':>10}   {'x0.5':^22}   {'as given':^22}   {'x2':^22}")
+    for row in sensitivity(made):
+        cells = []
+        for factor in (0.5, 1.0, 2.0):
+            full = row.ettr[factor]["full-job restart"]
+            ladder = row.gap(factor, "in-process restart", "full-job restart")
+            peer = row.gap(factor, "in-process + peer", "full-job restart")
+            cells.append(f"{full:.3f} {ladder:+.3f} {peer:+.3f}")
+        print(f"  {row.name:<24} {row.value:10.4g}   " + "   ".join(cells), flush=True)
 
 
 def tables(quick: bool, sweep_days: float, plot: Path | None) -> None:

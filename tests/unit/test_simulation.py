@@ -46,9 +46,9 @@ def test_every_policy_meets_the_same_failures_and_the_ledger_adds_up() -> None:
         held = result.productive_gpu_hours + sum(result.lost_gpu_hours.values())
         assert held == pytest.approx(hours, rel=1e-6)
         assert result.ettr == pytest.approx(result.productive_gpu_hours / hours, abs=1e-4)
-    full, process, in_process = summary.results
+    full, torchrun, process, in_process = summary.results
     assert sum(full.faults.values()) > 20
-    assert set(full.restarts) <= {"node", "job"}
+    assert set(full.restarts) == {"job"} and set(torchrun.restarts) == {"process", "job"}
     assert "in_process" in in_process.restarts and "in_process" not in process.restarts
     assert full.lost_gpu_hours["restart"] > process.lost_gpu_hours["restart"]
 
@@ -157,7 +157,7 @@ def test_cli_writes_the_plot_and_the_summary(tmp_path: Path) -> None:
     assert main(["simulate", str(config), "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert [p["policy"] for p in summary["policies"]] == [
-        "full-job restart", "process restart", "in-process restart",
+        "full-job restart", "torchrun restart", "process restart", "in-process restart",
     ]  # fmt: skip
     assert set(summary["policies"][0]["lost_gpu_hours"]) == {
         "detection", "restart", "redone", "checkpoint", "waiting", "snapshot",

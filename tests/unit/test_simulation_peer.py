@@ -8,7 +8,10 @@ from typing import Any
 
 import pytest
 
+from resurge.events import RecoveryLevel
 from resurge.simulation import ConfigError, parse_config, simulate
+from resurge.simulation.costs import price
+from resurge.simulation.defaults import DEFAULT_COSTS
 from resurge.simulation.failures import Candidate
 from resurge.simulation.peer_copies import PeerCopies
 from resurge.simulation.single_job import JobRun, JobSettings, run_job
@@ -171,13 +174,19 @@ def test_a_restart_that_keeps_some_worker_groups_resumes_from_them() -> None:
 
 
 def test_a_replica_that_lost_its_memory_fetches_its_state_from_a_peer() -> None:
-    # 100 MB over 10 Gb/s by default; 1,250 MB over 1 Gb/s takes 10 s
+    # by default each GPU fetches its own state over its own network (the cost model);
+    # 1,250 MB over 1 Gb/s takes 10 s
+    ranks = 2 * 8
     fast = _one_fault(["node", "job"], "host", 1).ledger.lost["restart"]
+    assert fast == pytest.approx(price(DEFAULT_COSTS, RecoveryLevel.NODE, ranks, resume="peer"))
     slow = _one_fault(["node", "job"], "host", 1, state_mb=1250, bandwidth_gbps=1)
-    assert slow.ledger.lost["restart"] - fast == pytest.approx(10.0 - 0.08)
-    # a process restart keeps every node's memory: nothing to fetch
+    memory = price(DEFAULT_COSTS, RecoveryLevel.NODE, ranks, resume="memory")
+    assert slow.ledger.lost["restart"] == pytest.approx(memory + 10.0)
+    # a process restart keeps every node's memory: nothing to fetch, nothing to read
     kept = _one_fault(["process"], "software", 1, state_mb=1250, bandwidth_gbps=1)
-    assert kept.ledger.lost["restart"] == pytest.approx(1.24)
+    assert kept.ledger.lost["restart"] == pytest.approx(
+        price(DEFAULT_COSTS, RecoveryLevel.PROCESS, ranks, resume="memory")
+    )
 
 
 def test_a_restart_that_recreates_or_releases_every_worker_group_goes_to_disk() -> None:

@@ -5,18 +5,22 @@ fail at published rates, deciding every recovery with the restarter's own policy
 (:mod:`resurge.control.decisions.recovery_policy`) and every resize with the scaler's own decision
 (:mod:`resurge.control.decisions.elastic_decision`): no copy of either. :func:`simulate` runs a
 :class:`SimulationConfig` (:func:`load_config` reads one from YAML) and returns a
-:class:`Summary`; :func:`write_plot` draws it. docs/simulation.md has the model, the
-config fields and results.
+:class:`Summary`; :func:`write_plot` draws it. Every restart, under every policy, is
+priced by one cost model (:mod:`.costs`, the parts in :class:`CostParts`);
+:mod:`.reproduce` reproduces published fleets and :mod:`.sensitivity` varies each input.
+docs/simulation.md has the model, the config fields and results.
 """
 
 from resurge.simulation.analytic import ettr_approximation, young_daly_interval
 from resurge.simulation.config import ConfigError, SimulationConfig, load_config, parse_config
+from resurge.simulation.costs import CostParts
 from resurge.simulation.plot import MissingPlotting, write_plot
 from resurge.simulation.results import PolicyResult, Summary
 from resurge.simulation.runner import analytic_ettr, simulate
 
 __all__ = [
     "ConfigError",
+    "CostParts",
     "MissingPlotting",
     "PolicyResult",
     "SimulationConfig",

@@ -24,11 +24,8 @@ from pydantic import (
 
 from resurge.contract.vocabulary import RecoveryLevel
 from resurge.jobspec.recovery import RecoverySpec
-from resurge.simulation.defaults import (
-    DEFAULT_FAILURES,
-    DEFAULT_POLICIES,
-    DEFAULT_RESTART_SECONDS,
-)
+from resurge.simulation.costs import CostParts, Pricing
+from resurge.simulation.defaults import DEFAULT_COSTS, DEFAULT_FAILURES, DEFAULT_POLICIES
 
 __all__ = [
     "CheckpointConfig",
@@ -101,11 +98,17 @@ class PeerRecoveryConfig(_Model):
         ge=0,
         description="Per-step cost of the snapshots: a step takes (1 + this) times as long.",
     )
-    state_mb: float = Field(
-        default=100.0, ge=0, description="State per replica that a new one fetches from peers."
+    state_mb: float | None = Field(
+        default=None,
+        ge=0,
+        description="State per replica that a new one fetches from peers; unset: the cost "
+        "model's state per GPU, each GPU fetching its own at the same time.",
     )
-    bandwidth_gbps: float = Field(
-        default=10.0, gt=0, description="Gigabits per second of one peer-to-peer transfer."
+    bandwidth_gbps: float | None = Field(
+        default=None,
+        gt=0,
+        description="Gigabits per second of one peer-to-peer transfer; unset: the cost "
+        "model's network per GPU.",
     )
     recreated_groups_keep_memory: bool = Field(
         default=False,
@@ -114,24 +117,39 @@ class PeerRecoveryConfig(_Model):
         "and removes the old one, so by default a recreated group's memory is lost.",
     )
 
-    @property
-    def restore_seconds(self) -> float:
-        """The peer transfer of one replica's state: ``state_mb`` at ``bandwidth_gbps``."""
-        return self.state_mb * 8.0 / (self.bandwidth_gbps * 1000.0)
+    def restore_seconds(self, costs: CostParts) -> float | None:
+        """The peer transfer of one replica's state where ``state_mb`` or
+        ``bandwidth_gbps`` is set (the other from ``costs``); None: the cost model's."""
+        if self.state_mb is None and self.bandwidth_gbps is None:
+            return None
+        mb = self.state_mb if self.state_mb is not None else costs.state_gb_per_gpu * 1000.0
+        gbps = self.bandwidth_gbps or costs.network_gbps_per_gpu
+        return mb * 8.0 / (gbps * 1000.0)
 
 
 class PolicyConfig(_Model):
     """One policy to compare: a job's ``spec.recovery`` block as in its YAML (the
-    restarter's ladder and limits), restart costs that differ from the config's,
-    checkpointless recovery from live copies (one-job runs), and, for trace runs,
-    whether jobs are elastic (else each is held at its ``min``)."""
+    restarter's ladder and limits), whether its workers come from a fork server, cost
+    parts and whole-rung restart seconds that differ from the config's, checkpointless
+    recovery from live copies (one-job runs), and, for trace runs, whether jobs are
+    elastic (else each is held at its ``min``)."""
 
     name: str = Field(min_length=1)
     recovery: RecoverySpec = Field(default_factory=RecoverySpec)
+    fork_server: bool = True
+    costs: dict[str, NonNegativeFloat] = Field(default_factory=dict)
     restart_seconds: dict[RecoveryLevel, NonNegativeFloat] = Field(default_factory=dict)
     checkpoint: CheckpointConfig | None = None
     peer_recovery: PeerRecoveryConfig | None = None
     elastic: bool = True
+
+    @field_validator("costs")
+    @classmethod
+    def _known_parts(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(value) - set(CostParts.model_fields))
+        if unknown:
+            raise ValueError(f"not a cost part: {', '.join(unknown)}")
+        return value
 
 
 class TraceJob(_Model):
@@ -177,9 +195,8 @@ class SimulationConfig(_Model):
     failure_rate_scale: float = Field(default=1.0, ge=0)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     step_seconds: float = Field(default=10.0, gt=0)
-    restart_seconds: dict[RecoveryLevel, NonNegativeFloat] = Field(
-        default_factory=lambda: dict(DEFAULT_RESTART_SECONDS)
-    )
+    costs: CostParts = DEFAULT_COSTS
+    restart_seconds: dict[RecoveryLevel, NonNegativeFloat] = Field(default_factory=dict)
     policies: list[PolicyConfig] = Field(
         default_factory=lambda: [PolicyConfig.model_validate(p) for p in DEFAULT_POLICIES],
         min_length=1,
@@ -187,11 +204,11 @@ class SimulationConfig(_Model):
     trace: list[TraceJob] | None = None
     decision_seconds: float = Field(default=60.0, gt=0)
 
-    @field_validator("restart_seconds", mode="before")
+    @field_validator("costs", mode="before")
     @classmethod
-    def _over_defaults(cls, value: Any) -> Any:
+    def _over_default_costs(cls, value: Any) -> Any:
         if isinstance(value, dict):
-            return {**{k.value: v for k, v in DEFAULT_RESTART_SECONDS.items()}, **value}
+            return {**DEFAULT_COSTS.model_dump(), **value}
         return value
 
     @field_validator("policies")
@@ -218,9 +235,18 @@ class SimulationConfig(_Model):
                 )
         return self
 
-    def restart_cost(self, policy: PolicyConfig) -> dict[RecoveryLevel, float]:
-        """Seconds per rung for ``policy``: the config's, with the policy's overrides."""
-        return {**self.restart_seconds, **policy.restart_seconds}
+    def restart_cost(self, policy: PolicyConfig, ranks: int | None = None) -> Pricing:
+        """How ``policy`` prices a restart of ``ranks`` ranks (default: the one-job run's
+        job): the cost model over the config's parts with the policy's, except rungs
+        whose whole ``restart_seconds`` the config or the policy sets."""
+        if ranks is None:
+            ranks = (self.cluster.nodes - self.cluster.spares) * self.cluster.gpus_per_node
+        return Pricing(
+            parts=self.costs.model_copy(update=policy.costs),
+            ranks=ranks,
+            fork_server=policy.fork_server,
+            fixed={**self.restart_seconds, **policy.restart_seconds},
+        )
 
     def checkpoint_of(self, policy: PolicyConfig) -> CheckpointConfig:
         """The checkpoint settings ``policy`` runs with."""

@@ -21,26 +21,19 @@ kinds by the shares of Llama 3's 419 interruptions by cause:
 Detection delays and repair times are not published figures: they are settings of the
 detectors (a heartbeat timeout, a hang window) and of a site's repair process.
 
-Restart costs: ``bench/recovery.py --kills 3 --only a,d,e,f`` on a 2-core machine (the
-DDP example, 2 x 2 workers, gloo on CPU), fault to the first step of the next
-generation, medians: (e) in-process restart 0.44 s; (a) fork-server process restart
-1.24 s; (d) a cold relaunch of every worker from the checkpoint 26.3 s, the floor of a
-restart that recreates a worker group (``pod``) or moves it to another node
-(``node``). A full job restart (``job``) at thousands of GPUs is not measurable on one
-machine: it is set to 10 minutes (rescheduling every pod, process groups over every
-rank, the checkpoint read by every rank). These are small-job floors: at scale, set
-``restart_seconds`` to what your cluster measures.
+Restart costs: :data:`DEFAULT_COSTS`, the parts of :mod:`.costs`, each measured by a
+named bench here or taken from a publication (docs/simulation.md, "The cost model",
+lists each with its source and conditions).
 """
 
 from __future__ import annotations
 
-from resurge.contract.vocabulary import RecoveryLevel
-from resurge.control.decisions.ladder import RUNGS
+from resurge.simulation.costs import CostParts
 
 __all__ = [
+    "DEFAULT_COSTS",
     "DEFAULT_FAILURES",
     "DEFAULT_POLICIES",
-    "DEFAULT_RESTART_SECONDS",
     "LLAMA3_PER_1000_NODE_DAYS",
     "META_RSC_PER_1000_NODE_DAYS",
 ]
@@ -88,17 +81,47 @@ DEFAULT_FAILURES: dict[str, dict[str, object]] = {
 }
 """Failure kinds by name, as a config's ``failures`` block writes them."""
 
-DEFAULT_RESTART_SECONDS: dict[RecoveryLevel, float] = {r.level: r.simulated_seconds for r in RUNGS}
-"""Seconds from a restart's decision to the first step of the new generation, by rung."""
+LLAMA3_GPUS = 16_384
+"""GPUs of Llama 3 405B's pre-training (Meta, "The Llama 3 Herd of Models", 2024)."""
+
+DEFAULT_COSTS = CostParts(
+    # bench/forkserver.py --rounds 5 and bench/recovery.py --kills 3 --only a,d,e on this
+    # project's 2-core CPU machine at load 10.5 to 14.7 (docs/simulation.md): 4 workers
+    # forked 0.19 s, cold 6.54 s; (a) a process restart 0.64 s, less the fork; (e) an
+    # in-process restart 0.44 s
+    stop_seconds=0.45,
+    in_process_stop_seconds=0.44,
+    fork_start_seconds=0.19,
+    cold_start_seconds=6.54,
+    # Kubernetes SIG Scalability SLO: pod startup latency, 99th percentile <= 5 s
+    # (schedulable stateless pods, images present)
+    worker_group_seconds=5.0,
+    # PyTorch, "Introduction to Libuv TCPStore Backend" (2024), figure 1: a TCPStore
+    # of 98,304 (96K) ranks initialised in about 100 s: linear in the ranks
+    group_base_seconds=0.0,
+    group_seconds_per_rank=100.0 / 98_304,
+    # Llama 3 (2024), section 3.3.1: each GPU's checkpoint state 1 MB to 4 GB (the
+    # largest, the restart waits for it); Tectonic's 2 TB/s sustained read shared by
+    # the 16,384 GPUs; 400 Gb/s of network per GPU
+    state_gb_per_gpu=4.0,
+    storage_gbps_per_gpu=2_000.0 / LLAMA3_GPUS,
+    network_gbps_per_gpu=400.0,
+    # assumed: one extra step of the default 10 s (no GPU here to measure)
+    warmup_seconds=10.0,
+)
+"""The parts of every restart (:mod:`.costs`), from the sources above."""
 
 DEFAULT_POLICIES: list[dict[str, object]] = [
+    {"name": "full-job restart", "recovery": {"levels": ["job"]}},
     {
-        "name": "full-job restart",
-        "recovery": {"levels": ["node", "job"]},
-        "restart_seconds": {"node": 600.0, "job": 600.0},
+        "name": "torchrun restart",
+        "recovery": {"levels": ["process", "job"]},
+        "fork_server": False,
     },
     {"name": "process restart", "recovery": {"levels": ["process", "pod", "node", "job"]}},
     {"name": "in-process restart", "recovery": {}},
 ]
-"""Policies compared when a config lists none: every fault a 10-minute full restart
-(bad nodes swapped for spares); the ladder from ``process``; the whole ladder."""
+"""Policies compared when a config lists none: every fault a restart of the whole job
+(every worker group recreated, a lost node's onto a spare); torchrun's (workers restarted
+cold in place, a node's fault restarts the job); resurge's ladder from ``process``; the
+whole ladder."""

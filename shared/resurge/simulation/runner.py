@@ -111,6 +111,7 @@ def _settings(config: SimulationConfig) -> dict[str, object]:
         "spares": config.cluster.spares,
         "failures_per_1000_node_days": round(rate * 86_400_000.0, 4),
         "mtbf_hours": round(1.0 / (nodes * rate) / 3600.0, 4) if rate else None,
+        "costs": config.costs.model_dump(),
         "restart_seconds": {k.value: v for k, v in config.restart_seconds.items()},
     }
     return settings
@@ -134,7 +135,7 @@ def analytic_ettr(config: SimulationConfig, policy_index: int = 0) -> float:
         return 1.0 / (1.0 + settings.write / settings.interval)
     overhead = (
         sum(
-            rates[n] * (k.detection_seconds + settings.restart_seconds[k.lowest_rung])
+            rates[n] * (k.detection_seconds + settings.pricing.seconds(k.lowest_rung))
             for n, k in config.failures.items()
         )
         / total

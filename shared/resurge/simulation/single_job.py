@@ -46,7 +46,7 @@ import itertools
 import math
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from resurge.cluster import NodeInfo
 from resurge.control.decisions.ladder import rung
@@ -54,6 +54,7 @@ from resurge.control.decisions.recovery_policy import Verdict
 from resurge.events import FaultScope, RecoveryLevel
 from resurge.jobspec.recovery import RecoverySpec
 from resurge.simulation.config import FailureKind, PeerRecoveryConfig, SimulationConfig
+from resurge.simulation.costs import Pricing, Resume
 from resurge.simulation.failures import Candidate, FailureStream
 from resurge.simulation.peer_copies import PeerCopies
 from resurge.simulation.recovery_desk import EPOCH, FaultInput, Outcome, RecoveryDesk
@@ -76,7 +77,8 @@ class JobSettings:
     failures: dict[str, FailureKind]
     failure_rate_scale: float
     recovery: RecoverySpec
-    restart_seconds: dict[RecoveryLevel, float]
+    pricing: Pricing
+    """Seconds of a restart by rung and where it reads the state from (:mod:`.costs`)."""
     interval: float
     """Seconds of training between checkpoints."""
     write: float
@@ -91,6 +93,7 @@ class JobSettings:
         """The settings of ``config``'s policy number ``policy_index``."""
         policy = config.policies[policy_index]
         checkpoint = config.checkpoint_of(policy)
+        peer = policy.peer_recovery
         return JobSettings(
             nodes=config.cluster.nodes,
             gpus_per_node=config.cluster.gpus_per_node,
@@ -99,12 +102,15 @@ class JobSettings:
             failures=dict(config.failures),
             failure_rate_scale=config.failure_rate_scale,
             recovery=policy.recovery,
-            restart_seconds=config.restart_cost(policy),
+            pricing=replace(
+                config.restart_cost(policy),
+                peer_seconds=None if peer is None else peer.restore_seconds(config.costs),
+            ),
             interval=checkpoint.interval_minutes * 60.0,
             write=checkpoint.write_seconds,
             step_seconds=config.step_seconds,
             seed=config.seed,
-            peer=policy.peer_recovery,
+            peer=peer,
         )
 
 
@@ -379,9 +385,11 @@ class _Simulation:
             return
         self._switch(now, _RESTART)
         self.epoch += 1
-        begin = max(now, outcome.start_at) + self.s.restart_seconds[level]
-        if copies is not None and peer is not None and copies.any_lost() and copies.complete():
-            begin += peer.restore_seconds  # a new or recreated replica fetches its state
+        resume: Resume = "disk"
+        if copies is not None and copies.complete():
+            # a new or recreated replica fetches its state from a peer
+            resume = "peer" if copies.any_lost() else "memory"
+        begin = max(now, outcome.start_at) + self.s.pricing.seconds(level, resume)
         self._at(begin, _RESTART_DONE, self.epoch)
 
     def _requeue(self, now: float) -> None:
@@ -411,7 +419,7 @@ class _Simulation:
         self.desk.start(now, 0, _name(self.replica_node[0]), [_name(i) for i in spares])
         self._switch(now, _RESTART)
         self.epoch += 1
-        self._at(now + self.s.restart_seconds[RecoveryLevel.JOB], _RESTART_DONE, self.epoch)
+        self._at(now + self.s.pricing.seconds(RecoveryLevel.JOB), _RESTART_DONE, self.epoch)
 
     def _restart_done(self, now: float, epoch: object) -> None:
         if epoch != self.epoch or self.mode != _RESTART:

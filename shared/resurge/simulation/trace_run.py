@@ -14,7 +14,7 @@ one at every resize, as the scaler checkpoints first) and stalls, its GPU-time c
 to ``waiting``, until the decision shrinks it off the node (elastic jobs, after
 ``faulty_timeout``) or, for a fixed-size job, it is requeued (the restarter's move to a
 free node is not modelled here) and admitted again when it fits. A resize stops the job
-for the ``process`` rung's restart seconds (``restart``).
+for the ``process`` rung's price (:mod:`.costs`) at its new size (``restart``).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class _Trace:
         self.c = config
         self.elastic = policy.elastic
         self.interval = config.checkpoint_of(policy).interval_minutes * 60.0
-        self.pause = config.restart_cost(policy)[RecoveryLevel.PROCESS]
+        self.pricing = config.restart_cost(policy)
         g, n = config.cluster.gpus_per_node, config.cluster.nodes
         self.up = [Node(name=f"node-{i}", slots=g) for i in range(n)]
         self.down = [replace(node, schedulable=False) for node in self.up]
@@ -134,7 +134,9 @@ class _Trace:
             if resize.kind is Kind.ADMIT:
                 continue
             self.out.resizes += 1
-            self.out.ledger.charge("restart", self.pause * shape.replicas * shape.nproc)
+            gpus = shape.replicas * shape.nproc
+            pause = replace(self.pricing, ranks=gpus).seconds(RecoveryLevel.PROCESS)
+            self.out.ledger.charge("restart", pause * gpus)
 
     def _account(self, seconds: float) -> None:
         ledger = self.out.ledger

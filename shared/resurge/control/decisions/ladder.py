@@ -14,10 +14,11 @@ Each :class:`Rung` says what a restart at its level does, so that deciding a lev
   ``never``;
 - ``node_faults_only``: a rung only for faults about a node (node scope or a repeat
   offender); a crashing process climbs past it, never cordoning;
-- ``simulated_seconds``: the simulator's default cost of a restart at this rung, from the
-  fault to the new generation's first step (``bench/recovery.py`` medians on a 2-core
-  machine; ``job``'s 600 s is a full restart at thousands of GPUs, not measurable on one
-  machine: docs/simulation.md).
+- ``simulated_seconds``: a restart at this rung measured on a small job, from the fault to
+  the new generation's first step (``bench/recovery.py`` medians, 2 x 2 ranks on a 2-core
+  CPU machine; ``pod``, ``node`` and ``job``: its cold relaunch of every worker). The
+  simulator prices a restart from parts (:mod:`resurge.simulation.costs`) instead, in
+  the same order at that size, adding what grows with scale (docs/simulation.md).
 
 A fault's scope sets the lowest rung it may take (:data:`SCOPE_FLOOR`).
 """
@@ -46,10 +47,10 @@ class Rung:
 
 RUNGS: tuple[Rung, ...] = (
     Rung(RecoveryLevel.IN_PROCESS, True, "none", "never", False, 0.44),
-    Rung(RecoveryLevel.PROCESS, False, "none", "never", False, 1.24),
-    Rung(RecoveryLevel.POD, False, "faulty", "never", False, 26.3),
-    Rung(RecoveryLevel.NODE, False, "none", "always", True, 26.3),
-    Rung(RecoveryLevel.JOB, False, "all", "node_faults", False, 600.0),
+    Rung(RecoveryLevel.PROCESS, False, "none", "never", False, 0.64),
+    Rung(RecoveryLevel.POD, False, "faulty", "never", False, 14.4),
+    Rung(RecoveryLevel.NODE, False, "none", "always", True, 14.4),
+    Rung(RecoveryLevel.JOB, False, "all", "node_faults", False, 14.4),
 )
 LADDER: list[RecoveryLevel] = [r.level for r in RUNGS]
 _BY_LEVEL = {r.level: r for r in RUNGS}
