@@ -57,10 +57,10 @@ WRITE_SECONDS = 30.0
 """Assumed checkpoint write where a publication gives none (the simulator's default)."""
 
 FT_HSDP_RATE_SCALE = 1.45
-"""FT-HSDP's failure rate as a multiple of Meta RSC-1's 6.5 per 1,000 node-days: the one
-rate that brings both published figures closest (searched in steps of 0.05; one rate,
-two figures, so the fit can fail). ``bench/simulate.py --reproduce`` prints the runs at
-RSC-1's own rate beside them."""
+"""FT-HSDP's failure rate as a multiple of Meta RSC-1's 6.5 per 1,000 node-days: of the
+rates tried in steps of 0.05, the only one that brings both published figures within 3
+points (one rate, two figures, so the fit can fail). ``bench/simulate.py --reproduce``
+prints the pair at other rates beside it."""
 
 
 @dataclass(frozen=True)
