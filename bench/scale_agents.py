@@ -33,6 +33,8 @@ import asyncio
 import sys
 import time
 
+import nats.errors
+
 from resurge.cluster.local.keys import WORKER_GROUPS_BUCKET, parse_worker_group_key
 from resurge.events import (
     AgentState,
@@ -152,6 +154,20 @@ async def watch_groups(bus: Bus, job: str, agents: dict[int, Agent]) -> asyncio.
     return caught_up
 
 
+async def _start(inbox: CommandInbox, attempts: int = 5) -> None:
+    """Start ``inbox``, again after a JetStream request timed out (thousands of agents
+    starting at once on a loaded machine: a real agent is started again by its
+    monitor)."""
+    for attempt in range(attempts):
+        try:
+            await inbox.start()
+            return
+        except nats.errors.TimeoutError:
+            if attempt == attempts - 1:
+                raise
+            await asyncio.sleep(1.0)
+
+
 async def run_agents(
     url: str,
     namespace: str,
@@ -179,7 +195,7 @@ async def run_agents(
             expects=(Assign, Stop, CheckpointNow),
             position_key=position_key(agent.node, job, replica, 0),
         )
-        await inbox.start()
+        await _start(inbox)
         inboxes.append(inbox)
     await bus.nc.publish(GOT, f"ready {first} {last}".encode())
     await bus.nc.flush()

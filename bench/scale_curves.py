@@ -25,11 +25,13 @@ size ratio, over ``--point-budget`` seconds; or one that failed) is not run, and
 extrapolated from the two largest measured sizes (a power law,
 bench/scale_fit.py), marked so in the CSV and the plot. Written: one CSV and one PNG
 per curve in ``--out`` (default docs/scale), the command that made them in the CSV's
-header. A benchmark: it prints, it does not assert.
+header; ``--merge`` keeps the points there that this run does not measure again (a
+size measured on its own, say), under the lines of the run that made them. A
+benchmark: it prints, it does not assert.
 
     .venv/bin/python bench/scale_curves.py [--quick] [--sizes 256,1024,4096,16384]
-        [--nats 1,3] [--curves fanout,detection,resize] [--rounds 5] [--resize-rounds 3]
-        [--point-budget 240] [--out docs/scale]
+        [--nats 1,3] [--curves fanout,detection,resize] [--rounds 5] [--resize-rounds 2]
+        [--point-budget 240] [--out docs/scale] [--merge]
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import argparse
 import asyncio
 import os
 import shlex
+import signal
 import sys
 import tempfile
 import time
@@ -48,7 +51,7 @@ from pathlib import Path
 
 from scale_detection import HEARTBEAT_TIMEOUT, measure_detection
 from scale_fanout import measure_fanout
-from scale_fit import Point, csv_text, extrapolate, point_of
+from scale_fit import Point, csv_text, extrapolate, parse_csv, point_of
 from scale_nats import Nats, idle_round_trip_seconds, nats_of, one_hop_seconds
 from scale_resize import measure_resize
 
@@ -61,6 +64,10 @@ class Curve:
     name: str
     title: str
     ylabel: str
+    # How a point's own run time grows with its size, to predict the next one's: as
+    # the size (its agents start, its records grow), or not at all (its rounds wait
+    # a fixed time each; a resize's settle time dominates where it can run at all).
+    run_time_grows: bool = True
 
 
 CURVES = {
@@ -73,11 +80,13 @@ CURVES = {
         "detection",
         f"Hang detection past the {HEARTBEAT_TIMEOUT:g} s heartbeat timeout, under telemetry load",
         "seconds past the timeout",
+        run_time_grows=False,
     ),
     "resize": Curve(
         "resize",
         "Grow decision -> the last replica's first step at the new size (control plane)",
         "seconds from the decision",
+        run_time_grows=False,
     ),
 }
 
@@ -157,7 +166,7 @@ def print_point(point: Point, seconds: float) -> None:
 
 
 async def run_curve(
-    curve: str,
+    curve: Curve,
     sizes: Sequence[int],
     servers: Sequence[int],
     options: Options,
@@ -171,16 +180,16 @@ async def run_curve(
         for replicas in sorted(sizes):
             if took is not None and took[1] < 0:
                 notes.append(
-                    f"{curve}, nats {count}: {replicas} replicas not run: the {took[0]} "
+                    f"{curve.name}, nats {count}: {replicas} replicas not run: the {took[0]} "
                     "point failed"
                 )
                 print(notes[-1], flush=True)
                 continue
             if took is not None:
-                predicted = took[1] * replicas / took[0]
+                predicted = took[1] * (replicas / took[0] if curve.run_time_grows else 1)
                 if predicted > budget:
                     notes.append(
-                        f"{curve}, nats {count}: {replicas} replicas not run: the "
+                        f"{curve.name}, nats {count}: {replicas} replicas not run: the "
                         f"{took[0]} point took {took[1]:.0f} s, so about {predicted:.0f} s "
                         f"predicted, over the budget of {budget:.0f} s"
                     )
@@ -189,9 +198,9 @@ async def run_curve(
             began = time.monotonic()
             try:
                 with tempfile.TemporaryDirectory(prefix="resurge-scale-") as folder:
-                    point = await one_point(curve, count, replicas, options, Path(folder))
+                    point = await one_point(curve.name, count, replicas, options, Path(folder))
             except (RuntimeError, TimeoutError) as error:
-                notes.append(f"{curve}, nats {count}: {replicas} replicas failed: {error}")
+                notes.append(f"{curve.name}, nats {count}: {replicas} replicas failed: {error}")
                 print(notes[-1], flush=True)
                 took = (replicas, -1.0)
                 continue
@@ -202,6 +211,20 @@ async def run_curve(
     return points
 
 
+def kept_from(path: Path, points: list[Point]) -> tuple[list[Point], list[str]]:
+    """The measured points of the CSV at ``path`` that ``points`` do not measure again
+    (another size or NATS), and that file's own lines, to keep beside them."""
+    if not path.exists():
+        return [], []
+    text = path.read_text()
+    now = {(p.nats_servers, p.replicas) for p in points}
+    kept = [
+        p for p in parse_csv(text) if not p.extrapolated and (p.nats_servers, p.replicas) not in now
+    ]
+    lines = [line[2:] for line in text.splitlines() if line.startswith("# ")]
+    return kept, [line if line.startswith("earlier: ") else f"earlier: {line}" for line in lines]
+
+
 def write_curve(
     curve: Curve,
     points: list[Point],
@@ -209,13 +232,20 @@ def write_curve(
     out: Path,
     header: list[str],
     notes: list[str],
+    merge: bool,
 ) -> list[Point]:
-    """The curve's CSV and PNG in ``out``, extrapolated to ``wanted``; its points."""
+    """The curve's CSV and PNG in ``out``, extrapolated to ``wanted``; its points. With
+    ``merge``, the points of the CSV there that this run did not measure again are
+    kept, under that file's lines."""
     from scale_plot import plot
 
-    every = extrapolate(points, wanted)
+    kept, earlier = kept_from(out / f"{curve.name}.csv", points) if merge else ([], [])
+    every = extrapolate([*points, *kept], wanted)
     mine = [n for n in notes if n.startswith(f"{curve.name},")]
     lines = [*header, f"curve: {curve.title}", *mine]
+    if kept:
+        sizes = ", ".join(f"nats {p.nats_servers} x {p.replicas}" for p in kept)
+        lines += [f"kept from the earlier run below: {sizes}", *earlier]
     (out / f"{curve.name}.csv").write_text(csv_text(every, lines))
     caption = f"{header[0]}  |  {header[1]}"
     plot(every, curve.title, curve.ylabel, out / f"{curve.name}.png", caption)
@@ -228,12 +258,16 @@ def parse_sizes(text: str) -> list[int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="256 and 1,024 replicas, 2 rounds")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="256 and 1,024 replicas on 1 NATS server, 2 rounds (1 grow): under 3 minutes",
+    )
     parser.add_argument("--sizes", type=parse_sizes, help="replicas, comma-separated")
-    parser.add_argument("--nats", type=parse_sizes, default=[1, 3], help="NATS servers: 1,3")
+    parser.add_argument("--nats", type=parse_sizes, help="NATS servers: 1,3 (quick: 1)")
     parser.add_argument("--curves", default=",".join(CURVES), help="fanout,detection,resize")
     parser.add_argument("--rounds", type=int, help="rounds per point (default 5; quick 2)")
-    parser.add_argument("--resize-rounds", type=int, help="grows per point (default 3; quick 1)")
+    parser.add_argument("--resize-rounds", type=int, help="grows per point (default 2; quick 1)")
     parser.add_argument("--per-node", type=int, default=8, help="replicas to a node")
     parser.add_argument("--agent-processes", type=int, default=4)
     parser.add_argument(
@@ -243,11 +277,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="seconds a point may be predicted to take (the one before it, scaled by size)",
     )
     parser.add_argument("--out", type=Path, default=Path("docs/scale"))
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the points of the CSVs in --out that this run does not measure again",
+    )
     args = parser.parse_args(argv)
+    # SIGTERM (a kill, a timeout) ends it as Ctrl-C does: the servers and services it
+    # started are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     sizes = args.sizes or list(QUICK_SIZES if args.quick else SIZES)
+    servers = args.nats or ([1] if args.quick else [1, 3])
     options = Options(
         rounds=args.rounds or (2 if args.quick else 5),
-        resize_rounds=args.resize_rounds or (1 if args.quick else 3),
+        resize_rounds=args.resize_rounds or (1 if args.quick else 2),
         per_node=args.per_node,
         processes=args.agent_processes,
     )
@@ -260,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     measured: dict[str, list[Point]] = {}
     for curve in curves:
         measured[curve.name] = asyncio.run(
-            run_curve(curve.name, sizes, args.nats, options, args.point_budget, notes)
+            run_curve(curve, sizes, servers, options, args.point_budget, notes)
         )
     header = [
         f"made by: {command}",
@@ -276,7 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     wanted = sorted({*sizes, *SIZES})
     for curve in curves:
-        every = write_curve(curve, measured[curve.name], wanted, args.out, header, notes)
+        every = write_curve(
+            curve, measured[curve.name], wanted, args.out, header, notes, args.merge
+        )
         for point in every:
             if point.extrapolated:
                 print(

@@ -13,7 +13,8 @@ A sample is the fault's time less the rank's last progress (the moment the timeo
 counts from) less the timeout: what detection adds past the timeout, the part that
 grows with load. Other faults (a detector so far behind that live ranks or nodes look
 silent) are counted, and so are the detector's backlog and the load's lag behind its
-schedule at the end.
+schedule at the end. A silent rank not detected within a minute ends the point: the
+rounds after it would miss too.
 """
 
 from __future__ import annotations
@@ -59,9 +60,9 @@ class Detection:
     def note(self) -> str:
         words = [f"timeout {HEARTBEAT_TIMEOUT:g} s"]
         if self.missed:
-            words.append(f"{self.missed} silent ranks not detected")
+            words.append(f"a silent rank not detected within {HEARTBEAT_TIMEOUT + 60:g} s")
         if self.stray:
-            words.append(f"{self.stray} faults about live ranks")
+            words.append(f"{self.stray} other faults (live ranks or nodes taken for lost)")
         if self.backlog:
             words.append(f"detector {self.backlog} messages behind at the end")
         if self.load_behind > 1:
@@ -142,10 +143,10 @@ async def measure_detection(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(seen[generation].wait(), HEARTBEAT_TIMEOUT + 60)
             fault = hangs.get(generation)
-            if fault is not None and last:
-                past.append(fault.time.timestamp() - last - HEARTBEAT_TIMEOUT)
-            else:
+            if fault is None or not last:
                 missed += 1
+                break  # a detector that missed one within a minute misses the next too
+            past.append(fault.time.timestamp() - last - HEARTBEAT_TIMEOUT)
         status = json.loads((await bus.nc.request(STATUS, b"", timeout=30)).data)
         info = await bus.js.consumer_info(bus.subjects.stream("raw"), "detector")
         return Detection(

@@ -137,8 +137,15 @@ class Fleet:
                 )
             )
         count = len(self.children)
-        await self.until(lambda: self.ready == count, 600, "the agents' inboxes")
-        return time.monotonic() - began
+        deadline = time.monotonic() + 600
+        while True:  # every 5 s, whether an agent process died (its log says why)
+            try:
+                await self.until(lambda: self.ready == count, 5, "the agents' inboxes")
+                return time.monotonic() - began
+            except TimeoutError:
+                dead = [c.args for c in self.children if c.poll() is not None]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"agents not ready; exited: {dead}") from None
 
     def stop(self) -> None:
         stop_all(self.children)

@@ -63,12 +63,16 @@ def plot(points: Sequence[Point], title: str, ylabel: str, path: Path, caption: 
                     label=f"{name}, {quantile}, extrapolated",
                 )
     axes.set_xscale("log", base=2)
+    sizes = sorted({p.replicas for p in points})
+    axes.set_xticks(sizes, [f"{n:,}" for n in sizes])
+    axes.minorticks_off()
     axes.set_yscale("log")
     axes.set_xlabel("replicas (simulated agents)")
     axes.set_ylabel(ylabel)
     axes.set_title(title)
     axes.grid(True, which="both", alpha=0.3)
-    axes.legend(fontsize=7)
+    if axes.get_legend_handles_labels()[0]:
+        axes.legend(fontsize=7)
     figure.text(0.01, 0.01, caption, fontsize=6, wrap=True)
     figure.tight_layout(rect=(0, 0.05, 1, 1))
     figure.savefig(path, dpi=110)
