@@ -138,7 +138,9 @@ def price(
 class Pricing:
     """One policy's restart prices for a job of ``ranks`` ranks: the cost model over
     ``parts``, except the rungs ``fixed`` gives whole seconds (a user's measured figure),
-    to which only a peer's transfer (``peer_seconds``, when set) is added."""
+    to which only a peer's transfer is added when a restart resumes from a peer. That
+    transfer is ``peer_seconds`` where the policy's peer recovery sets its own, else the
+    cost model's ``state`` part."""
 
     parts: CostParts
     ranks: int
