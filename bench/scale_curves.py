@@ -66,7 +66,7 @@ class Curve:
     ylabel: str
     # How a point's own run time grows with its size, to predict the next one's: as
     # the size (its agents start, its records grow), or not at all (its rounds wait
-    # a fixed time each; a resize's settle time dominates where it can run at all).
+    # a fixed time each, and a lost round ends the point).
     run_time_grows: bool = True
 
 
@@ -86,7 +86,6 @@ CURVES = {
         "resize",
         "Grow decision -> the last replica's first step at the new size (control plane)",
         "seconds from the decision",
-        run_time_grows=False,
     ),
 }
 
@@ -300,34 +299,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{command}\nmachine: {at_start}", flush=True)
     began, date = time.monotonic(), datetime.now(UTC)
     notes: list[str] = []
-    measured: dict[str, list[Point]] = {}
-    for curve in curves:
-        measured[curve.name] = asyncio.run(
-            run_curve(curve, sizes, servers, options, args.point_budget, notes)
-        )
-    header = [
-        f"made by: {command}",
-        f"on {date:%Y-%m-%d %H:%M} UTC, {time.monotonic() - began:.0f} s in all; "
-        f"machine: {at_start} at the start, {machine().split('; ')[1]} at the end",
-        f"layout: {options.per_node} replicas to a node, one worker each; "
-        f"{options.processes} agent processes; rounds {options.rounds}, "
-        f"resize rounds {options.resize_rounds}",
-        "p50: median of the rounds; p99: nearest rank (of fewer than 100 rounds, the "
-        "maximum); x hop / x trip: the same divided by the median JetStream hop / idle "
-        "round trip measured on the same NATS just before the point",
-    ]
     args.out.mkdir(parents=True, exist_ok=True)
     wanted = sorted({*sizes, *SIZES})
-    for curve in curves:
-        every = write_curve(
-            curve, measured[curve.name], wanted, args.out, header, notes, args.merge
-        )
+    for curve in curves:  # each written once measured: a run cut short keeps those done
+        points = asyncio.run(run_curve(curve, sizes, servers, options, args.point_budget, notes))
+        header = [
+            f"made by: {command}",
+            f"on {date:%Y-%m-%d %H:%M} UTC; machine: {at_start} at the start, "
+            f"{machine().split('; ')[1]} when this curve was written, "
+            f"{time.monotonic() - began:.0f} s into the run",
+            f"layout: {options.per_node} replicas to a node, one worker each; "
+            f"{options.processes} agent processes; rounds {options.rounds}, "
+            f"resize rounds {options.resize_rounds}",
+            "p50: median of the rounds; p99: nearest rank (of fewer than 100 rounds, the "
+            "maximum); x hop / x trip: the same divided by the median JetStream hop / idle "
+            "round trip measured on the same NATS just before the point",
+        ]
+        every = write_curve(curve, points, wanted, args.out, header, notes, args.merge)
         for point in every:
             if point.extrapolated:
                 print(
                     f"{point.curve:<9} nats {point.nats_servers} {point.replicas:>6} replicas: "
                     f"p50 {point.p50 * 1000:9.1f} ms  p99 {point.p99 * 1000:9.1f} ms  "
-                    f"EXTRAPOLATED ({point.note})"
+                    f"EXTRAPOLATED ({point.note})",
+                    flush=True,
                 )
     print(f"written: {', '.join(str(args.out / f'{c.name}.csv') for c in curves)} and .png")
     print(f"{time.monotonic() - began:.0f} s in all; machine at the end: {machine()}")

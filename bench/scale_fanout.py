@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 
 from scale_agents import node_of
-from scale_fleet import Fleet, start_service, stop_all, until_consumer
+from scale_fleet import Fleet, last_error, start_service, stop_all, until_consumer
 from scale_nats import Nats
 
 from resurge.control.state.records import JobRecord, JobStore, Placement
@@ -35,6 +35,7 @@ from resurge.runtime.bus import Bus
 __all__ = ["measure_fanout"]
 
 JOB = "fan"
+ASSIGN_SECONDS = 60.0  # a fan-out not done by then is reported as failed (4,096: ~1 s)
 
 
 async def seed(bus: Bus, replicas: int, per_node: int) -> None:
@@ -64,7 +65,8 @@ async def measure_fanout(
 ) -> list[float]:
     """Seconds from each round's fault to the last replica holding its new Assign."""
     bus = await Bus.connect(nats.settings(namespace), "bench")
-    log = (folder / f"fanout-{namespace}.log").open("wb")
+    log_path = folder / f"fanout-{namespace}.log"
+    log = log_path.open("wb")
     fleet = Fleet(bus)
     restarter = None
     try:
@@ -105,7 +107,11 @@ async def measure_fanout(
             sent = time.time()
             await bus.publish(bus.subjects.fault(JOB, "process"), fault)
             new = generation + 1
-            await fleet.until(partial(everyone, new), 300, "every Assign")
+            try:
+                await fleet.until(partial(everyone, new), ASSIGN_SECONDS, "every Assign")
+            except TimeoutError as error:
+                log.flush()
+                raise TimeoutError(f"{error}; last error logged: {last_error(log_path)}") from None
             to_last.append(max(fleet.held[new].values()) - sent)
             passed = RendezvousPassed(
                 source=bus.source,

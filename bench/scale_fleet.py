@@ -26,9 +26,18 @@ from scale_nats import Nats
 from resurge.local.nats_server import free_port
 from resurge.runtime.bus import Bus
 
-__all__ = ["Fleet", "start_service", "stop_all", "until_consumer"]
+__all__ = ["Fleet", "last_error", "start_service", "stop_all", "until_consumer"]
 
 AGENTS = Path(__file__).resolve().parent / "scale_agents.py"
+READY_SECONDS, READY_SECONDS_PER_AGENT = 30.0, 0.01
+
+
+def last_error(log: Path) -> str:
+    """The last line of ``log`` (the services' and agents' output) that names an error,
+    to say why a point failed; "" if none does."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    found = [line.strip() for line in lines if "rror" in line or "exceeded" in line]
+    return found[-1][:300] if found else ""
 
 
 def start_service(
@@ -137,7 +146,8 @@ class Fleet:
                 )
             )
         count = len(self.children)
-        deadline = time.monotonic() + 600
+        # Longer than any start seen here (4,096 agents: under 40 s on a loaded machine).
+        deadline = time.monotonic() + READY_SECONDS + READY_SECONDS_PER_AGENT * replicas
         while True:  # every 5 s, whether an agent process died (its log says why)
             try:
                 await self.until(lambda: self.ready == count, 5, "the agents' inboxes")
@@ -145,7 +155,10 @@ class Fleet:
             except TimeoutError:
                 dead = [c.args for c in self.children if c.poll() is not None]
                 if dead or time.monotonic() > deadline:
-                    raise RuntimeError(f"agents not ready; exited: {dead}") from None
+                    raise RuntimeError(
+                        f"{replicas} agents not ready in {time.monotonic() - began:.0f} s; "
+                        f"processes exited: {len(dead)}"
+                    ) from None
 
     def stop(self) -> None:
         stop_all(self.children)

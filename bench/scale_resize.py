@@ -33,7 +33,7 @@ from pathlib import Path
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 from scale_agents import node_of
-from scale_fleet import Fleet, start_service, stop_all, until_consumer
+from scale_fleet import Fleet, last_error, start_service, stop_all, until_consumer
 from scale_nats import Nats
 
 from resurge.cluster import NodeInfo, open_backend
@@ -49,7 +49,7 @@ __all__ = ["Resize", "measure_resize"]
 
 JOB = "grow"
 HEARTBEAT_SECONDS = 5.0  # node records rewritten this often (they live 15 s)
-ROUND_SECONDS = 300.0  # a grow or a shrink that takes longer is reported as not done
+ROUND_SECONDS = 150.0  # a grow or a shrink that takes longer is reported as not done
 
 
 @dataclass
@@ -132,7 +132,8 @@ async def measure_resize(
     folder: Path,
 ) -> Resize:
     bus = await Bus.connect(nats.settings(namespace), "bench")
-    log = (folder / f"resize-{namespace}.log").open("wb")
+    log_path = folder / f"resize-{namespace}.log"
+    log = log_path.open("wb")
     fleet = Fleet(bus)
     services = []
     tasks: list[asyncio.Task[None]] = []
@@ -220,7 +221,9 @@ async def measure_resize(
                 await fleet.until(partial(shrunk, new), ROUND_SECONDS, f"shrink {round_ + 1}")
                 await backend.uncordon(spare)
             except TimeoutError as error:
-                out.failures.append(f"round {round_ + 1}: {error}")
+                log.flush()
+                logged = last_error(log_path)
+                out.failures.append(f"round {round_ + 1}: {error}; last error logged: {logged}")
                 break
         return out
     finally:
