@@ -248,9 +248,9 @@ def report(way: str, pauses: Pauses, baseline: Pauses) -> None:
         base = baseline.by_direction.get(direction, [])
         ratio = ""
         if pauses is not baseline:
-            ratio = f"{median / statistics.median(base):4.2f}x baseline" if base else "no baseline"
+            ratio = f"{median / statistics.median(base):5.3f}x baseline" if base else "no baseline"
         each = ", ".join(f"{v:.2f}" for v in values)
-        print(f"  {direction} {way:>18}: median {median:6.2f} s  {ratio:>14}  [{each}]",
+        print(f"  {direction} {way:>18}: median {median:6.2f} s  {ratio:>15}  [{each}]",
               flush=True)  # fmt: skip
         for part in pauses.parts.get(direction, []):
             print(f"      last step -> every agent exited {part.exited - part.last_step:5.2f} s "
