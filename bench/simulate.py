@@ -40,10 +40,13 @@ This is a benchmark, not a test: it prints, it does not assert.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from published import Figure, record
 
 from resurge.events import RecoveryLevel
 from resurge.simulation import (
@@ -69,6 +72,15 @@ WRITE_SECONDS = 30.0
 SWEEP_MINUTES = (2, 3, 4, 5, 7, 10, 15, 20, 30, 45, 60)
 PEER_MINUTES = (5, 30, 120)
 CAUSE_HEADER = "% lost: detect restart redone ckpt wait snap"
+
+
+# What this run printed that the docs quote (bench/published.py), by name.
+FIGURES: dict[str, Figure] = {}
+
+
+def slug(text: str) -> str:
+    """A figure name's part: ``in-process restart`` -> ``in_process_restart``."""
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_")
 
 
 def config(
@@ -137,6 +149,8 @@ def table(nodes: int, days: float) -> list[PolicyResult]:
             (result,) = simulate(config(nodes, days, interval, index)).results
             print(row(result, time.perf_counter() - started), flush=True)
             results.append(result)
+            name = f"ettr_{nodes}_nodes_{interval}min_{slug(result.policy)}"
+            FIGURES[name] = (round(result.ettr, 3), "")
     return results
 
 
@@ -186,6 +200,8 @@ def peer_table(nodes: int, days: float, overhead: float) -> None:
                 live, disk = result.resumes.get("live", 0), result.resumes.get("disk", 0)
                 redone = result.steps_redone
                 live_max = f"{redone['max_live']:.2f}" if "max_live" in redone else "-"
+                key = f"peer_ettr_{nodes}_nodes_{interval}min_{slug(result.policy)}_{slug(name)}"
+                FIGURES[key] = (round(result.ettr, 3), "")
                 print(f"  {result.policy:<19} {name:<18} {interval:>3} min  {result.ettr:5.3f}  "
                       f"{lost:<44}  {live:,}/{disk:,}; {redone.get('mean', 0):.2f}, "
                       f"{redone.get('max', 0):.0f}, {live_max}", flush=True)  # fmt: skip
@@ -225,6 +241,7 @@ def main() -> int:
         if args.sensitivity:
             inputs()
         print(f"\nwall time {time.perf_counter() - started:.1f} s")
+        print(f"recorded in {record('simulate', FIGURES)}")
         return 0
     if not args.peer_only:
         tables(args.quick, args.sweep_days, args.plot)
@@ -232,6 +249,7 @@ def main() -> int:
     if not args.quick:
         peer_table(16_384, 30, args.snapshot_overhead)
     print(f"\nwall time {time.perf_counter() - started:.1f} s")
+    print(f"recorded in {record('simulate', FIGURES)}")
     return 0
 
 
@@ -243,6 +261,8 @@ def published() -> None:
     for item in reproductions():
         started = time.perf_counter()
         ettr = reproduce(item)
+        FIGURES[f"reproduced_{slug(item.name)}_pct"] = (round(ettr * 100, 1), "%")
+        FIGURES[f"published_{slug(item.name)}_pct"] = (round(item.published * 100, 1), "%")
         print(f"  {item.name:<52} {item.bound}{item.published * 100:7.0f} {ettr * 100:9.1f}  "
               f"{time.perf_counter() - started:4.1f}  {'; '.join(item.assumed)}")  # fmt: skip
     days = reproductions()[-1].config.days
@@ -266,6 +286,7 @@ def published() -> None:
               f"({time.perf_counter() - started:.1f} s)")  # fmt: skip
         for r in results:
             print(f"    {r.policy:<20} ETTR {r.ettr:.3f}")
+            FIGURES[f"projected_{slug(item.fleet)}_{slug(r.policy)}"] = (round(r.ettr, 3), "")
 
 
 def inputs() -> None:
