@@ -23,7 +23,8 @@ trip between two idle processes, bench/scale_nats.py), since this machine is noi
 A size the bench does not reach in reasonable time (the point before it, times the
 size ratio, over ``--point-budget`` seconds; or one that failed) is not run, and is
 extrapolated from the two largest measured sizes (a power law,
-bench/scale_fit.py), marked so in the CSV and the plot. Written: one CSV and one PNG
+bench/scale_fit.py), marked so in the CSV and the plot; a size that failed, and those
+above it, are not (the CSV's header says why it failed). Written: one CSV and one PNG
 per curve in ``--out`` (default docs/scale), the command that made them in the CSV's
 header; ``--merge`` keeps the points there that this run does not measure again (a
 size measured on its own, say), under the lines of the run that made them. A
@@ -171,8 +172,10 @@ async def run_curve(
     options: Options,
     budget: float,
     notes: list[str],
+    failed: dict[tuple[str, int], int],
 ) -> list[Point]:
-    """Every point of one curve that the budget allows; the rest said in ``notes``."""
+    """Every point of one curve that the budget allows; the rest said in ``notes``,
+    the smallest size that failed per NATS in ``failed``."""
     points: list[Point] = []
     for count in servers:
         took: tuple[int, float] | None = None
@@ -201,6 +204,7 @@ async def run_curve(
             except (RuntimeError, TimeoutError) as error:
                 notes.append(f"{curve.name}, nats {count}: {replicas} replicas failed: {error}")
                 print(notes[-1], flush=True)
+                failed.setdefault((curve.name, count), replicas)
                 took = (replicas, -1.0)
                 continue
             seconds = time.monotonic() - began
@@ -232,6 +236,7 @@ def write_curve(
     header: list[str],
     notes: list[str],
     merge: bool,
+    failed: dict[tuple[str, int], int],
 ) -> list[Point]:
     """The curve's CSV and PNG in ``out``, extrapolated to ``wanted``; its points. With
     ``merge``, the points of the CSV there that this run did not measure again are
@@ -239,7 +244,7 @@ def write_curve(
     from scale_plot import plot
 
     kept, earlier = kept_from(out / f"{curve.name}.csv", points) if merge else ([], [])
-    every = extrapolate([*points, *kept], wanted)
+    every = extrapolate([*points, *kept], wanted, failed)
     mine = [n for n in notes if n.startswith(f"{curve.name},")]
     lines = [*header, f"curve: {curve.title}", *mine]
     if kept:
@@ -299,10 +304,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{command}\nmachine: {at_start}", flush=True)
     began, date = time.monotonic(), datetime.now(UTC)
     notes: list[str] = []
+    failed: dict[tuple[str, int], int] = {}
     args.out.mkdir(parents=True, exist_ok=True)
     wanted = sorted({*sizes, *SIZES})
     for curve in curves:  # each written once measured: a run cut short keeps those done
-        points = asyncio.run(run_curve(curve, sizes, servers, options, args.point_budget, notes))
+        points = asyncio.run(
+            run_curve(curve, sizes, servers, options, args.point_budget, notes, failed)
+        )
         header = [
             f"made by: {command}",
             f"on {date:%Y-%m-%d %H:%M} UTC; machine: {at_start} at the start, "
@@ -315,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "maximum); x hop / x trip: the same divided by the median JetStream hop / idle "
             "round trip measured on the same NATS just before the point",
         ]
-        every = write_curve(curve, points, wanted, args.out, header, notes, args.merge)
+        every = write_curve(curve, points, wanted, args.out, header, notes, args.merge, failed)
         for point in every:
             if point.extrapolated:
                 print(

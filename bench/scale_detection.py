@@ -11,10 +11,12 @@ every rank reports in it for the timeout and 2 s more, then one rank (a differen
 each round) goes silent and the bench waits for the detector's hang fault about it.
 A sample is the fault's time less the rank's last progress (the moment the timeout
 counts from) less the timeout: what detection adds past the timeout, the part that
-grows with load. Other faults (a detector so far behind that live ranks or nodes look
-silent) are counted, and so are the detector's backlog and the load's lag behind its
-schedule at the end. A silent rank not detected within a minute ends the point: the
-rounds after it would miss too.
+grows with load. Every rank reports one step a second, so the silent one falls behind
+and is the one to blame; a hang fault of the round's generation that blames another
+rank still counts as the detection, and is counted. Other faults (a detector so far
+behind that live ranks or nodes look silent) are counted, and so are the detector's
+backlog and the load's lag behind its schedule at the end. A silent rank not detected
+within a minute ends the point: the rounds after it would miss too.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Detection:
     past_timeout: list[float]
     missed: int
     stray: int
+    blamed_another: int
     backlog: int
     load_behind: float
 
@@ -61,6 +64,8 @@ class Detection:
         words = [f"timeout {HEARTBEAT_TIMEOUT:g} s"]
         if self.missed:
             words.append(f"a silent rank not detected within {HEARTBEAT_TIMEOUT + 60:g} s")
+        if self.blamed_another:
+            words.append(f"{self.blamed_another} hang faults blamed a live rank")
         if self.stray:
             words.append(f"{self.stray} other faults (live ranks or nodes taken for lost)")
         if self.backlog:
@@ -101,14 +106,17 @@ async def measure_detection(
         silenced: dict[int, int] = {}  # generation -> the rank silenced in it
         seen: defaultdict[int, asyncio.Event] = defaultdict(asyncio.Event)
         stray = 0
+        blamed_another: list[int] = []  # generations whose hang fault named a live rank
 
         async def on_fault(event: Event, _subject: str) -> None:
             nonlocal stray
             if not isinstance(event, FaultDetected) or event.generation is None:
                 return
-            if event.reason == "hang" and silenced.get(event.generation) == event.rank:
+            if event.reason == "hang" and event.generation in silenced:
                 hangs.setdefault(event.generation, event)
                 seen[event.generation].set()
+                if event.rank != silenced[event.generation]:
+                    blamed_another.append(event.generation)
             else:
                 stray += 1
 
@@ -150,7 +158,12 @@ async def measure_detection(
         status = json.loads((await bus.nc.request(STATUS, b"", timeout=30)).data)
         info = await bus.js.consumer_info(bus.subjects.stream("raw"), "detector")
         return Detection(
-            past, missed, stray, info.num_pending + info.num_ack_pending, status["behind_seconds"]
+            past,
+            missed,
+            stray,
+            len(blamed_another),
+            info.num_pending + info.num_ack_pending,
+            status["behind_seconds"],
         )
     finally:
         stop_all(children)

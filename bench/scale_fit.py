@@ -7,8 +7,9 @@ idle processes). :func:`extrapolate` fills the sizes a run could not reach from 
 measured points of the same curve and NATS: a power law ``p = a * N ** b`` through the
 two largest measured sizes (the local slope on log-log axes, so a cost that grows
 faster than linearly at the top is carried on as it grows there), marked
-``extrapolated``. :func:`csv_text` writes points under ``#`` lines that say which
-command made them and on what machine.
+``extrapolated``; never at or past a size where the measurement failed.
+:func:`csv_text` writes points under ``#`` lines that say which command made them and
+on what machine.
 
 Pure functions of their arguments: no clock, no I/O.
 """
@@ -19,7 +20,7 @@ import csv
 import io
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 __all__ = [
@@ -136,11 +137,17 @@ def power_law(low: tuple[float, float], high: tuple[float, float]) -> tuple[floa
     return y1 / x1**b, b
 
 
-def extrapolate(points: Iterable[Point], sizes: Iterable[int]) -> list[Point]:
+def extrapolate(
+    points: Iterable[Point],
+    sizes: Iterable[int],
+    failed: Mapping[tuple[str, int], int] | None = None,
+) -> list[Point]:
     """``points`` and, for each curve and NATS with two measured sizes or more, a point
     at each size of ``sizes`` it lacks, from the power law through its two largest
     measured sizes (p50 and p99 each their own), marked extrapolated and saying the
-    exponent. Sorted by curve, NATS and size."""
+    exponent; none at or above the size where that curve and NATS ``failed`` (a
+    measurement that broke there is not to be read as a trend). Sorted by curve, NATS
+    and size."""
     measured = [p for p in points if not p.extrapolated]
     out = list(measured)
     wanted = sorted(set(sizes))
@@ -157,8 +164,9 @@ def extrapolate(points: Iterable[Point], sizes: Iterable[int]) -> list[Point]:
             continue
         a50, b50 = power_law((low.replicas, low.p50), (high.replicas, high.p50))
         a99, b99 = power_law((low.replicas, low.p99), (high.replicas, high.p99))
+        ceiling = (failed or {}).get((curve, servers))
         for size in wanted:
-            if size in have:
+            if size in have or (ceiling is not None and size >= ceiling):
                 continue
             out.append(
                 replace(

@@ -42,9 +42,9 @@ STATUS = "bench.scale.status"
 
 
 def plans(subjects: Subjects, job: str, replicas: int, per_node: int) -> list[tuple[int, str, str]]:
-    """(rank or -1, subject, JSON with ``@ID@``, ``@TIME@`` and ``"@GEN@"`` to fill
-    in) for one second of load: every rank's progress, and after a node's last rank
-    the node's GPU sample and report."""
+    """(rank or -1, subject, JSON with ``@ID@``, ``@TIME@``, ``"@GEN@"`` and
+    ``"@STEP@"`` to fill in) for one second of load: every rank's progress, and after
+    a node's last rank the node's GPU sample and report."""
     out: list[tuple[int, str, str]] = []
     for rank in range(replicas):
         node = f"node-{rank // per_node}"
@@ -63,7 +63,7 @@ def plans(subjects: Subjects, job: str, replicas: int, per_node: int) -> list[tu
             "rank": rank,
             "generation": "@GEN@",
             "local_rank": 0,
-            "step": 10,
+            "step": "@STEP@",
             "metrics": {"loss": 0.5},
         }
         out.append((rank, subjects.raw(job, "progress", node), json.dumps(progress)))
@@ -94,9 +94,10 @@ def plans(subjects: Subjects, job: str, replicas: int, per_node: int) -> list[tu
     return out
 
 
-def fill(body: str, event_id: str, now: datetime, generation: bytes) -> bytes:
+def fill(body: str, event_id: str, now: datetime, generation: bytes, step: int) -> bytes:
     """A template of :func:`plans` made a message body."""
     text = body.replace("@ID@", event_id, 1).replace("@TIME@", now.isoformat(), 1)
+    text = text.replace('"@STEP@"', str(step), 1)
     return text.encode().replace(b'"@GEN@"', generation, 1)
 
 
@@ -141,7 +142,8 @@ async def publish_load(
             if rank in silent:
                 continue
             now = datetime.now(UTC)
-            await bus.nc.publish(subject, fill(body, f"{prefix}{sent:012d}", now, generation))
+            step = sent // len(second)  # one step a second: a silent rank falls behind
+            await bus.nc.publish(subject, fill(body, f"{prefix}{sent:012d}", now, generation, step))
             if rank >= 0:
                 last[rank] = now.timestamp()
             if sent % 2000 == 0:

@@ -122,12 +122,12 @@ def test_every_message_of_the_load_is_a_valid_event_of_its_kind() -> None:
     now = datetime(2026, 1, 1, tzinfo=UTC)
     kinds: dict[str, int] = {}
     for rank, subject, body in second:
-        event = decode_event(load.fill(body, f"id{len(kinds)}{rank}", now, b"7"))
+        event = decode_event(load.fill(body, f"id{len(kinds)}{rank}", now, b"7", 12))
         kinds[event.kind] = kinds.get(event.kind, 0) + 1
         assert subject == subjects.raw(event.job, event.kind, event.node)
         assert event.time == now
         if isinstance(event, Progress):
-            assert (event.rank, event.generation) == (rank, 7)
+            assert (event.rank, event.generation, event.step) == (rank, 7, 12)
             assert event.node == agents.node_of(rank, 8)
         else:
             assert isinstance(event, GpuSample | NodeReport)
@@ -156,3 +156,11 @@ def test_the_extrapolated_values_follow_the_stated_exponent() -> None:
     assert exponent == pytest.approx(0.5)
     assert guessed.p50 == pytest.approx(2.0 * math.sqrt(16384 / 1024))
     assert json.dumps(guessed.row())  # a row is plain strings
+
+
+def test_no_size_at_or_past_a_failed_measurement_is_extrapolated() -> None:
+    measured = [point(256, 1.0, 1.0), point(1024, 2.0, 2.0), point(256, 1.0, 1.0, servers=3)]
+    measured.append(point(1024, 2.0, 2.0, servers=3))
+    every = fit.extrapolate(measured, [4096, 16384], failed={("fanout", 1): 4096})
+    guessed = {(p.nats_servers, p.replicas) for p in every if p.extrapolated}
+    assert guessed == {(3, 4096), (3, 16384)}  # NATS 1 broke at 4,096: no trend drawn there
