@@ -32,7 +32,7 @@ benchmark: it prints, it does not assert.
 
     .venv/bin/python bench/scale_curves.py [--quick] [--sizes 256,1024,4096,16384]
         [--nats 1,3] [--curves fanout,detection,resize] [--rounds 5] [--resize-rounds 2]
-        [--point-budget 240] [--out docs/scale] [--merge]
+        [--point-budget 300] [--out docs/scale] [--merge]
 """
 
 from __future__ import annotations
@@ -277,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--point-budget",
         type=float,
-        default=240.0,
+        default=300.0,
         help="seconds a point may be predicted to take (the one before it, scaled by size)",
     )
     parser.add_argument("--out", type=Path, default=Path("docs/scale"))
