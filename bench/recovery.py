@@ -75,6 +75,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from published import Figure
+from published import record as record_figures
+
 from resurge.control.effects.client import inject_fault
 from resurge.events import (
     Event,
@@ -453,7 +456,23 @@ def main() -> int:
             print(f"{ours}: {ratio:.1f}x faster than torchrun on the same script (median)")
     for note in notes:
         print(note)
+    print(f"recorded in {record_figures('recovery', figures(results, baseline))}")
     return 0
+
+
+def figures(results: dict[str, list[float]], baseline: float | None) -> dict[str, Figure]:
+    """Each variant's median seconds (``a_median_s``, ...) and, beside (a), its ratio
+    to (a) (``c_x_a``); a variant with no recovery records nothing."""
+    made: dict[str, Figure] = {}
+    for name, values in results.items():
+        if not values:
+            continue
+        key = name[1]  # "(a) resurge, ..." -> "a"
+        median = statistics.median(values)
+        made[f"{key}_median_s"] = (round(median, 2), "s")
+        if baseline and key != "a":
+            made[f"{key}_x_a"] = (round(median / baseline, 1), "x")
+    return made
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ from resurge.local.story import Observed, Watch, run_job
 from resurge.runtime.bus import Bus
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from published import Figure, record
 from torchrun_processes import REPO, STEP_LINE, TRAIN, TorchrunJob
 
 WORKER = REPO / "tests" / "e2e" / "workers" / "progress_worker.py"
@@ -275,6 +276,7 @@ def main() -> int:
     print("resize pause: last step at the old size -> first step at the new one", flush=True)
     with tempfile.TemporaryDirectory(prefix="resurge-resize-") as folder:
         baseline = Pauses()
+        measured: dict[str, Pauses] = {}
         for way in only:
             print(f"measuring {way} ...", file=sys.stderr, flush=True)
             pauses = Pauses()
@@ -284,7 +286,29 @@ def main() -> int:
             else:
                 pauses = asyncio.run(measure(way, args.cycles, Path(folder)))
             report(way, pauses, baseline)
+            measured[way] = pauses
+    print(f"recorded in {record('resize_pause', figures(measured))}")
     return 0
+
+
+def figures(measured: dict[str, Pauses]) -> dict[str, Figure]:
+    """Each way's median pause per direction (``in_process_shrink_s``, ...), and its ratio
+    to the checkpoint-restart baseline's (``in_process_shrink_x_baseline``)."""
+    made: dict[str, Figure] = {}
+    base = measured.get(BASELINE)
+    for way, pauses in measured.items():
+        for direction, label in (("4->2", "shrink"), ("2->4", "grow")):
+            values = pauses.by_direction.get(direction, [])
+            if not values:
+                continue
+            name = f"{way.replace('-', '_')}_{label}"
+            median = statistics.median(values)
+            made[f"{name}_s"] = (round(median, 2), "s")
+            baseline = base.by_direction.get(direction, []) if base else []
+            if baseline and pauses is not base:
+                ratio = median / statistics.median(baseline)
+                made[f"{name}_x_baseline"] = (round(ratio, 3), "x")
+    return made
 
 
 if __name__ == "__main__":

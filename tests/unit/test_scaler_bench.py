@@ -20,6 +20,8 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def _scaler() -> ModuleType:
+    if str(BENCH) not in sys.path:  # its sibling modules, as when it runs as a script
+        sys.path.insert(0, str(BENCH))
     spec = importlib.util.spec_from_file_location("scaler_bench", BENCH / "scaler.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
