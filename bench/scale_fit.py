@@ -144,10 +144,10 @@ def extrapolate(
 ) -> list[Point]:
     """``points`` and, for each curve and NATS with two measured sizes or more, a point
     at each size of ``sizes`` it lacks, from the power law through its two largest
-    measured sizes (p50 and p99 each their own), marked extrapolated and saying the
-    exponent; none at or above the size where that curve and NATS ``failed`` (a
-    measurement that broke there is not to be read as a trend). Sorted by curve, NATS
-    and size."""
+    measured sizes (p50 and p99 each their own, p99 never below p50), marked
+    extrapolated and saying the exponent; none at or above the size where that curve
+    and NATS ``failed`` (a measurement that broke there is not to be read as a trend).
+    Sorted by curve, NATS and size."""
     measured = [p for p in points if not p.extrapolated]
     out = list(measured)
     wanted = sorted(set(sizes))
@@ -174,7 +174,7 @@ def extrapolate(
                     replicas=size,
                     samples=0,
                     p50=a50 * size**b50,
-                    p99=a99 * size**b99,
+                    p99=max(a99 * size**b99, a50 * size**b50),  # never below its p50
                     extrapolated=True,
                     note=(
                         f"power law through {low.replicas} and {high.replicas}: "

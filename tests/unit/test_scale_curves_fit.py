@@ -164,3 +164,11 @@ def test_no_size_at_or_past_a_failed_measurement_is_extrapolated() -> None:
     every = fit.extrapolate(measured, [4096, 16384], failed={("fanout", 1): 4096})
     guessed = {(p.nats_servers, p.replicas) for p in every if p.extrapolated}
     assert guessed == {(3, 4096), (3, 16384)}  # NATS 1 broke at 4,096: no trend drawn there
+
+
+def test_an_extrapolated_p99_is_never_below_its_p50() -> None:
+    # p99 flatter than p50 between the two sizes: their power laws cross further out.
+    every = fit.extrapolate([point(256, 0.1, 0.3), point(1024, 0.4, 0.6)], [16384])
+    [guessed] = [p for p in every if p.extrapolated]
+    assert guessed.p50 == pytest.approx(6.4)
+    assert guessed.p99 == guessed.p50
