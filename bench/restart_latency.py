@@ -32,11 +32,11 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from nats.aio.msg import Msg
+from idle_baselines import idle_round_trip_seconds, one_hop_seconds
 from published import record
 
 from resurge.control.state.records import JobRecord, JobStore, Placement
-from resurge.events import Assign, FaultDetected, FaultScope, JobPhase, RecoveryFinished
+from resurge.events import Assign, JobPhase, RecoveryFinished
 from resurge.jobspec import TrainingJob
 from resurge.local.job_factory import job, python_job
 from resurge.local.nats_server import NatsServer
@@ -55,73 +55,6 @@ def crash_job(name: str) -> TrainingJob:
         replicas=2,
         recovery={"jobMaxRetryCount": 2, "stopGraceSeconds": 5},
     )
-
-
-async def one_hop_seconds(url: str, samples: int = 50) -> float:
-    """Median time of one JetStream publish -> durable push consumer delivery."""
-    bus = await Bus.connect(Settings(nats_url=url, namespace="benchhop"), "bench")
-    await bus.ensure_streams()
-    arrived: asyncio.Queue[float] = asyncio.Queue()
-
-    async def on(_event: FaultDetected) -> None:
-        await arrived.put(time.perf_counter())
-
-    await bus.consume(bus.subjects.all("fault"), "hop", on, expects=(FaultDetected,))
-    hops = []
-    for i in range(samples):
-        sent = time.perf_counter()
-        await bus.publish(
-            bus.subjects.fault("j", "process"),
-            FaultDetected(
-                source=bus.source, job="j", fault_id=str(i), scope=FaultScope.PROCESS, reason="x"
-            ),
-        )
-        hops.append(await asyncio.wait_for(arrived.get(), 10) - sent)
-    await bus.close()
-    return statistics.median(hops)
-
-
-async def echo(url: str) -> int:
-    """Answer every message on ``bench.ping`` on ``bench.pong`` until killed (hidden mode)."""
-    bus = await Bus.connect(Settings(nats_url=url, namespace="benchecho"), "bench")
-
-    async def pong(msg: Msg) -> None:
-        await bus.nc.publish("bench.pong", msg.data)
-
-    await bus.nc.subscribe("bench.ping", cb=pong)
-    await bus.nc.flush()
-    print("echoing", flush=True)
-    await asyncio.Event().wait()
-    return 0
-
-
-async def idle_round_trip_seconds(url: str, samples: int = 100) -> float:
-    """Median time of a core message to another process and back, 10 ms apart (both
-    processes idle in between, as the services are before a crash)."""
-    echoer = subprocess.Popen(  # noqa: ASYNC220 (started before the timed part)
-        [sys.executable, __file__, "--echo", url], stdout=subprocess.PIPE
-    )
-    assert echoer.stdout is not None
-    await asyncio.to_thread(echoer.stdout.readline)  # "echoing"
-    bus = await Bus.connect(Settings(nats_url=url, namespace="benchecho"), "bench")
-    back: asyncio.Queue[float] = asyncio.Queue()
-
-    async def on(_msg: Msg) -> None:
-        back.put_nowait(time.perf_counter())
-
-    await bus.nc.subscribe("bench.pong", cb=on)
-    trips = []
-    try:
-        for _ in range(samples):
-            await asyncio.sleep(0.01)  # the idle gap is the point, not a synchronisation
-            sent = time.perf_counter()
-            await bus.nc.publish("bench.ping", b"x" * 512)
-            trips.append(await asyncio.wait_for(back.get(), 10) - sent)
-    finally:
-        await bus.close()
-        echoer.kill()
-        echoer.wait()
-    return statistics.median(trips)
 
 
 BACKGROUND_JOB = "background"
@@ -253,8 +186,8 @@ async def main(runs: int, background: float, nodes: int) -> int:
         load: {stage: [] for stage in STAGES} for load in loads
     }
     with tempfile.TemporaryDirectory() as tmp, NatsServer(Path(tmp) / "nats") as server:
-        hop = await one_hop_seconds(server.url)
-        trip = await idle_round_trip_seconds(server.url)
+        hop = await one_hop_seconds(Settings(nats_url=server.url, namespace="benchhop"))
+        trip = await idle_round_trip_seconds(Settings(nats_url=server.url, namespace="benchecho"))
         for run in range(runs):
             for i, load in enumerate(loads):  # interleaved: both see the same machine
                 took = await one_run(Path(tmp), server.url, f"bench{run}x{i}", nodes, load)
@@ -307,10 +240,7 @@ if __name__ == "__main__":
     )
     parser.add_argument("--nodes", type=int, help="default: 8 with --background, else 2")
     parser.add_argument("--publish", nargs=4, help=argparse.SUPPRESS)
-    parser.add_argument("--echo", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.echo:
-        sys.exit(asyncio.run(echo(args.echo)))
     if args.publish:
         url, namespace, nodes, rate = args.publish
         sys.exit(asyncio.run(publish_background(url, namespace, int(nodes), float(rate))))

@@ -50,10 +50,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from idle_baselines import idle_round_trip_seconds, one_hop_seconds
 from scale_detection import HEARTBEAT_TIMEOUT, measure_detection
 from scale_fanout import measure_fanout
 from scale_fit import Point, csv_text, extrapolate, parse_csv, point_of
-from scale_nats import Nats, idle_round_trip_seconds, nats_of, one_hop_seconds
+from scale_nats import Nats, nats_of
 from scale_resize import measure_resize
 
 SIZES = (256, 1024, 4096, 16384)
@@ -104,8 +105,8 @@ async def one_point(
 ) -> Point:
     """Measure ``curve`` at ``replicas`` on a fresh NATS of ``servers`` servers."""
     async with nats_of(servers, folder) as nats:
-        hop = await one_hop_seconds(nats)
-        trip = await idle_round_trip_seconds(nats)
+        hop = await one_hop_seconds(nats.settings("benchhop"))
+        trip = await idle_round_trip_seconds(nats.settings("benchecho"))
         return await _measured(curve, nats, servers, replicas, options, folder, hop, trip)
 
 

@@ -7,38 +7,25 @@ given, the copies each stream and bucket gets (1, or 3 on the cluster, as ``resu
 --nats-cluster 3`` gives them: ``RESURGE_STREAM_REPLICAS``), and the environment a
 service process needs. The servers are stopped on the way out.
 
-The baselines every figure is divided by, since this machine is shared and noisy:
-:func:`one_hop_seconds`, the median of a JetStream publish -> durable push consumer
-delivery in one process, and :func:`idle_round_trip_seconds`, the median of a core
-message to another process and back, sent 10 ms apart so both sides are idle in
-between (as bench/restart_latency.py measures them). Run as a script with
-``--echo URL`` this module is that other process.
+The baselines every figure is divided by are measured on it by
+:mod:`idle_baselines` (``nats.settings(...)``), as bench/restart_latency.py measures
+them.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
-import statistics
-import subprocess
-import sys
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from nats.aio.msg import Msg
-
-from resurge.events import FaultDetected, FaultScope
 from resurge.local.nats_server import NatsServer, cluster_of
 from resurge.runtime.bus import Bus, until_jetstream
 from resurge.runtime.settings import Settings
 
-__all__ = ["Nats", "idle_round_trip_seconds", "nats_of", "one_hop_seconds"]
-
-PING, PONG = "bench.scale.ping", "bench.scale.pong"
+__all__ = ["Nats", "nats_of"]
 
 
 @dataclass(frozen=True)
@@ -91,75 +78,3 @@ async def nats_of(servers: int, folder: Path) -> AsyncIterator[Nats]:
     finally:
         for server in started:
             await asyncio.to_thread(server.stop)
-
-
-async def one_hop_seconds(nats: Nats, samples: int = 50) -> float:
-    """Median time of one JetStream publish -> durable push consumer delivery."""
-    bus = await Bus.connect(nats.settings("benchhop"), "bench")
-    try:
-        await bus.ensure_streams()
-        arrived: asyncio.Queue[float] = asyncio.Queue()
-
-        async def on(_event: FaultDetected) -> None:
-            await arrived.put(time.perf_counter())
-
-        await bus.consume(bus.subjects.all("fault"), "hop", on, expects=(FaultDetected,))
-        hops = []
-        for i in range(samples):
-            sent = time.perf_counter()
-            fault = FaultDetected(
-                source=bus.source, job="j", fault_id=str(i), scope=FaultScope.PROCESS, reason="x"
-            )
-            await bus.publish(bus.subjects.fault("j", "process"), fault)
-            hops.append(await asyncio.wait_for(arrived.get(), 10) - sent)
-    finally:
-        await bus.close()
-    return statistics.median(hops)
-
-
-async def echo(url: str) -> int:
-    """Answer every message on PING on PONG until killed (the ``--echo`` mode)."""
-    bus = await Bus.connect(Settings(nats_url=url, namespace="benchecho"), "bench")
-
-    async def pong(msg: Msg) -> None:
-        await bus.nc.publish(PONG, msg.data)
-
-    await bus.nc.subscribe(PING, cb=pong)
-    await bus.nc.flush()
-    print("echoing", flush=True)
-    await asyncio.Event().wait()
-    return 0
-
-
-async def idle_round_trip_seconds(nats: Nats, samples: int = 100) -> float:
-    """Median time of a core message to another process and back, 10 ms apart."""
-    echoer = subprocess.Popen(  # noqa: ASYNC220 (started before the timed part)
-        [sys.executable, __file__, "--echo", nats.url], stdout=subprocess.PIPE
-    )
-    assert echoer.stdout is not None
-    await asyncio.to_thread(echoer.stdout.readline)  # "echoing"
-    bus = await Bus.connect(nats.settings("benchecho"), "bench")
-    back: asyncio.Queue[float] = asyncio.Queue()
-
-    async def on(_msg: Msg) -> None:
-        back.put_nowait(time.perf_counter())
-
-    await bus.nc.subscribe(PONG, cb=on)
-    trips = []
-    try:
-        for _ in range(samples):
-            await asyncio.sleep(0.01)  # the idle gap is the point, not a synchronisation
-            sent = time.perf_counter()
-            await bus.nc.publish(PING, b"x" * 512)
-            trips.append(await asyncio.wait_for(back.get(), 10) - sent)
-    finally:
-        await bus.close()
-        echoer.kill()
-        echoer.wait()
-    return statistics.median(trips)
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="the scale curves' echo process")
-    parser.add_argument("--echo", required=True)
-    sys.exit(asyncio.run(echo(parser.parse_args().echo)))
