@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from published import Figure, record
+from published import Figure, machine, record
 
 RANK = Path(__file__).with_name("checkpointless_rank.py")
 SCENARIOS = ("disk", "peer", "memory")
@@ -438,10 +438,12 @@ def figures(results: list[SizeResult]) -> dict[str, Figure]:
         off, on = statistics.median(o["times"]["off"]), statistics.median(o["times"]["on"])
         made[f"{size}_step_ms"] = (round(off * 1000, 1), "ms")
         made[f"{size}_with_snapshots_x"] = (round(on / off, 3), "x")
-        made[f"{size}_snapshot_alone_ms"] = (round(statistics.median(o["alone"]) * 1000, 1), "ms")
-        made[f"{size}_snapshot_call_ms"] = (
-            round(statistics.median(o["snapshot_calls"]) * 1000, 2), "ms",
-        )  # fmt: skip
+        call = statistics.median(o["snapshot_calls"])
+        alone = statistics.median(o["alone"])
+        made[f"{size}_snapshot_alone_ms"] = (round(alone * 1000, 1), "ms")
+        made[f"{size}_snapshot_call_ms"] = (round(call * 1000, 2), "ms")
+        made[f"{size}_snapshot_call_pct_of_step"] = (round(100 * call / off, 1), "%")
+        made[f"{size}_snapshot_alone_pct_of_step"] = (round(100 * alone / off, 1), "%")
         seconds = {
             s: statistics.median(r.to_first_new_step for r in result.recoveries[s])
             for s in SCENARIOS
@@ -460,6 +462,17 @@ def figures(results: list[SizeResult]) -> dict[str, Figure]:
         for scenario in SCENARIOS:
             redone = max(r.redone for r in result.recoveries[scenario])
             made[f"{size}_redone_{scenario}_max"] = (redone, "")
+        runs = [r for s in SCENARIOS for r in result.recoveries[s]]
+        imported = statistics.median(r.phases[0]["imported"] for r in runs)
+        made[f"{size}_kill_to_torch_imported_s"] = (round(imported, 2), "s")
+        peer, disk = result.recoveries["peer"], result.recoveries["disk"]
+        made[f"{size}_folder_mb"] = (round(peer[-1].held_bytes / MB), "MB")
+        growth = max(
+            statistics.median(r.rss_at_kill[rank] for r in peer)
+            - statistics.median(r.rss_at_kill[rank] for r in disk)
+            for rank in (0, 1)
+        )
+        made[f"{size}_peak_rss_growth_mb"] = (round(growth / MB), "MB")
     return made
 
 
@@ -505,7 +518,10 @@ def main(args: argparse.Namespace) -> int:
             report_size(results[-1], args)
     if results:
         summary(results)
-        print(f"recorded in {record('checkpointless', figures(results))}")
+    if results and not args.quick:  # a smoke test's figures are not for quoting
+        conditions = f"{machine()} after the run, {load_before:.1f} before it"
+        path = record("checkpointless", figures(results), conditions=conditions)
+        print(f"recorded in {path}")
     print(
         f"\nwhole run: {time.monotonic() - began:.0f} s on {os.cpu_count()} cores; load average "
         f"{load_before:.1f} before it, {os.getloadavg()[0]:.1f} after (other processes than "
@@ -529,7 +545,9 @@ if __name__ == "__main__":
         help="MB of protected state (parameters + Adam state) per rank, comma-separated "
         "(default 10,100; 1000 takes too long on 2 shared cores for the default run)",
     )
-    parser.add_argument("--quick", action="store_true", help="10 MB only: a smoke test")
+    parser.add_argument(
+        "--quick", action="store_true", help="10 MB only: a smoke test (records nothing)"
+    )
     parser.add_argument(
         "--batch",
         type=int,

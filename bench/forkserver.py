@@ -6,7 +6,7 @@ exited and their output is drained: once
 with :class:`PlainSpawner` (a cold interpreter and a cold ``import torch`` each) and
 once with :class:`ForkServerSpawner` preloading torch. The two alternate within each
 round, so both see the same machine load. Prints the medians, their ratios, and the
-one-off cost of starting the server.
+one-off cost of starting the server, and records them (bench/results/forkserver.json).
 
     .venv/bin/python bench/forkserver.py [--rounds 5] [--workers 4]
 """
@@ -19,6 +19,8 @@ import os
 import statistics
 import sys
 import time
+
+from published import Figure, record
 
 from resurge_node_agent.launch.forkserver import ForkServerSpawner
 from resurge_node_agent.launch.spawners import PlainSpawner, Spawner
@@ -59,12 +61,18 @@ async def main(rounds: int, workers: int) -> None:
     print(f"{workers} workers x {rounds} rounds, on {os.cpu_count()} CPUs; median seconds")
     print(f"{'':40} {'all started':>12} {'all exited':>12}")
     rows = {"plain subprocesses (cold import torch)": cold, "fork server (torch preloaded)": warm}
-    for name, times in rows.items():
+    figures: dict[str, Figure] = {}
+    for (name, times), key in zip(rows.items(), ("plain", "fork"), strict=True):
         spawned, exited = (statistics.median(t[i] for t in times) for i in (0, 1))
         print(f"{name:40} {spawned:12.3f} {exited:12.3f}")
+        figures[f"{key}_started_s"] = (round(spawned, 3), "s")
+        figures[f"{key}_exited_s"] = (round(exited, 3), "s")
     ratio = statistics.median(t[1] for t in cold) / statistics.median(t[1] for t in warm)
     print(f"all exited, plain / fork server: {ratio:.0f}x")
     print(f"fork server start, paid once: {server_start:.3f} s")
+    figures["plain_x_fork_exited"] = (round(ratio, 1), "x")
+    figures["server_start_s"] = (round(server_start, 3), "s")
+    print(f"recorded in {record('forkserver', figures)}")
 
 
 if __name__ == "__main__":
