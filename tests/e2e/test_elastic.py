@@ -319,7 +319,7 @@ async def held_grow(bus: Bus, job: str) -> JobRecord:
     try:
         async for entry in watcher:
             if entry is not None and entry.value:
-                record = JobRecord.model_validate_json(entry.value)
+                record = JobRecord.from_entry(entry.value)
                 if record.held_grow is not None:
                     return record
     finally:

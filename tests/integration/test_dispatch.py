@@ -166,7 +166,7 @@ async def until_dispatched(store: JobStore, seconds: float = 20) -> JobRecord:
             async for entry in watcher:
                 if entry is None or not entry.value:
                     continue
-                record = JobRecord.model_validate_json(entry.value)
+                record = JobRecord.from_entry(entry.value)
                 if record.pending_recovery is not None and record.pending_recovery.dispatched:
                     return record
     finally:
@@ -378,7 +378,7 @@ async def until(
             async for entry in watcher:
                 if entry is None or not entry.value:
                     continue
-                record = JobRecord.model_validate_json(entry.value)
+                record = JobRecord.from_entry(entry.value)
                 if test(record):
                     return record
     finally:

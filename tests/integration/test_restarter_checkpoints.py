@@ -1,6 +1,7 @@
 """A checkpoint becomes the resume point only once every rank of one generation (at
 that generation's world size) reported it saved: real nats-server, real job records, the
-real restarter's checkpoint handler; the cluster is :class:`FakeBackend`.
+real restarter's checkpoint handler (given one report per batch, unless a test says
+otherwise); the cluster is :class:`FakeBackend`.
 
 The defect this guards: reports counted by step alone let the old generation's ranks
 plus part of the new one's declare a step complete while the rest of the new
@@ -83,13 +84,13 @@ async def test_two_generations_halves_do_not_complete_a_step(
     # Generation 2's ranks 0 and 1 saved step 100 before they were stopped; generation
     # 3's ranks 2 and 3 saved it too, while its ranks 0 and 1 are still writing it.
     for rank in (0, 1):
-        await restarter.on_checkpoint(saved(2, rank, 100))
+        await restarter.on_checkpoints([saved(2, rank, 100)])
     for rank in (2, 3):
-        await restarter.on_checkpoint(saved(3, rank, 100))
+        await restarter.on_checkpoints([saved(3, rank, 100)])
     assert (await record_of(store)).latest_checkpoint is None
 
     for rank in (0, 1):
-        await restarter.on_checkpoint(saved(3, rank, 100))
+        await restarter.on_checkpoints([saved(3, rank, 100)])
     latest = (await record_of(store)).latest_checkpoint
     assert latest is not None and latest.step == 100
 
@@ -99,9 +100,9 @@ async def test_an_old_generation_completes_a_step_at_its_own_world_size(
 ) -> None:
     # Generation 2 ran 2 ranks (before a grow to 4); both saved step 60, their reports
     # arrive after the record moved to generation 3.
-    await restarter.on_checkpoint(saved(2, 0, 60, world_size=2))
+    await restarter.on_checkpoints([saved(2, 0, 60, world_size=2)])
     assert (await record_of(store)).latest_checkpoint is None
-    await restarter.on_checkpoint(saved(2, 1, 60, world_size=2))
+    await restarter.on_checkpoints([saved(2, 1, 60, world_size=2)])
     latest = (await record_of(store)).latest_checkpoint
     assert latest is not None and latest.step == 60
 
@@ -112,9 +113,35 @@ async def test_a_report_without_world_size_counts_only_for_the_current_generatio
     """An agent of an earlier release says no world size: the record's is the current
     generation's, and no other generation's is known."""
     for rank in range(4):
-        await restarter.on_checkpoint(saved(2, rank, 80, world_size=None))
+        await restarter.on_checkpoints([saved(2, rank, 80, world_size=None)])
     assert (await record_of(store)).latest_checkpoint is None
     for rank in range(4):
-        await restarter.on_checkpoint(saved(3, rank, 80, world_size=None))
+        await restarter.on_checkpoints([saved(3, rank, 80, world_size=None)])
     latest = (await record_of(store)).latest_checkpoint
     assert latest is not None and latest.step == 80
+
+
+async def test_a_batch_of_reports_is_one_write_of_the_record(
+    store: JobStore, restarter: Restarter
+) -> None:
+    """A batch of every rank's report completes the step in one compare-and-set: a
+    write per report rewrote the whole record once per rank (N squared at scale)."""
+    found = await store.get(JOB)
+    assert found is not None
+    await restarter.on_checkpoints([saved(3, rank, 120) for rank in range(4)])
+    after = await store.get(JOB)
+    assert after is not None
+    assert after[1] == found[1] + 1
+    latest = after[0].latest_checkpoint
+    assert latest is not None and latest.step == 120 and not after[0].checkpoint_reports
+
+
+async def test_a_batch_counts_each_job_apart(store: JobStore, restarter: Restarter) -> None:
+    other = running_job(generation=3).model_copy(update={"name": "other"})
+    assert await store.create(other)
+    elsewhere = [s.model_copy(update={"job": "other"}) for s in (saved(3, r, 40) for r in range(4))]
+    await restarter.on_checkpoints([saved(3, 0, 40), *elsewhere, saved(3, 1, 40)])
+    mine, theirs = await record_of(store), await store.get("other")
+    assert mine.latest_checkpoint is None
+    assert [e.ranks for e in mine.checkpoint_reports] == [[0, 1]]
+    assert theirs is not None and theirs[0].latest_checkpoint is not None

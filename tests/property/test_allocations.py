@@ -137,7 +137,7 @@ class MemoryStore(JobStore):
     async def all(self) -> list[JobRecord]:
         await self.kv.gate.point()  # type: ignore[attr-defined]
         names = [k for k, e in self.kv.entries.items() if e.value]  # type: ignore[attr-defined]
-        return [JobRecord.model_validate_json(self.kv.entries[k].value) for k in sorted(names)]  # type: ignore[attr-defined]
+        return [JobRecord.from_entry(self.kv.entries[k].value) for k in sorted(names)]  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -238,7 +238,7 @@ def overbooked(store: MemoryStore, cluster: Cluster) -> list[str]:
     for entry in store.kv.entries.values():  # type: ignore[attr-defined]
         if not entry.value:
             continue
-        record = JobRecord.model_validate_json(entry.value)
+        record = JobRecord.from_entry(entry.value)
         if record.phase is JobPhase.PENDING or record.phase.finished:
             continue
         nproc = record.spec.spec.nproc_per_node
@@ -299,7 +299,7 @@ async def run(data: st.DataObject) -> None:
     records, ledger = MemoryKV(gate), MemoryKV(gate)
     store = MemoryStore(records)  # type: ignore[arg-type]
     for record in jobs():
-        records._put(store.key(record.name), record.model_dump_json().encode())
+        records._put(store.key(record.name), record.to_entry())
     async with AsyncExitStack() as stack:
         scalers = []
         for i in range(2):
@@ -332,7 +332,7 @@ async def run(data: st.DataObject) -> None:
                 (record.name, p.node)
                 for e in records.entries.values()
                 if e.value
-                for record in [JobRecord.model_validate_json(e.value)]
+                for record in [JobRecord.from_entry(e.value)]
                 for p in record.placements
             ]
             if not running:

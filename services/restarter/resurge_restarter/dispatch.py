@@ -302,7 +302,7 @@ class Dispatcher:
                     seen(unescape_token(entry.key), None)
                     continue
                 with contextlib.suppress(ValueError):  # a record of a newer schema
-                    record = JobRecord.model_validate_json(entry.value)
+                    record = JobRecord.from_entry(entry.value)
                     if entry.revision is not None:
                         self.store.remember(record, entry.revision)
                     seen(record.name, record)

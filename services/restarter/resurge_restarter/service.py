@@ -146,10 +146,11 @@ class Restarter:
         await bus.bind(RESTARTER_SIGN_OF_LIFE, self.sign_of_life)
         await bus.bind(RESTARTER_RENDEZVOUS, self.on_rendezvous)
         await bus.bind(RESTARTER_EXITS, self.on_exit)
-        # Every rank's steps of every job: read in batches with one ack per batch, so a
-        # busy cluster's progress does not crowd out the fault consumer above.
+        # Every rank's steps and checkpoints of every job: read in batches with one ack
+        # per batch, so a busy cluster's progress does not crowd out the fault consumer
+        # above, and a job's checkpoint reports are counted a batch per record write.
         await bus.bind(RESTARTER_PROGRESS, self.on_progress)
-        await bus.bind(RESTARTER_CHECKPOINTS, self.on_checkpoint)
+        await bus.bind(RESTARTER_CHECKPOINTS, self.on_checkpoints)
         await bus.bind(RESTARTER_RESTORED, self.on_restored)
 
     async def resume_unfinished(self) -> None:
@@ -423,22 +424,44 @@ class Restarter:
         else:
             self.metrics.meter.phase(name, record.phase, record.submitted, datetime.now(UTC))
 
-    async def on_checkpoint(self, event: CheckpointSaved) -> None:
-        """Count a rank's saved checkpoint into the job record, with the reports of its
-        own generation and world size."""
-        if event.job is None or event.rank is None:
-            return
-        rank, generation, world = event.rank, event.generation, event.world_size
+    async def on_checkpoints(self, events: list[Event]) -> None:
+        """Count a batch of ranks' saved checkpoints into their jobs' records, each with
+        the reports of its own generation and world size: one write per job and batch
+        (a write per report rewrote a record of every placement once per rank: the
+        count of a job's N ranks cost N squared)."""
+        by_job: dict[str, list[CheckpointSaved]] = {}
+        for event in events:
+            if isinstance(event, CheckpointSaved) and event.job and event.rank is not None:
+                by_job.setdefault(event.job, []).append(event)
+        for job, reports in by_job.items():
+            await self._count_checkpoints(job, reports)
 
+    async def _count_checkpoints(self, job: str, reports: list[CheckpointSaved]) -> None:
         def count(record: JobRecord) -> bool:
-            return apply_checkpoint(
-                record, rank, event.step, event.path, generation=generation, world_size=world
-            )
+            changed = False
+            for report in reports:
+                assert report.rank is not None
+                changed |= apply_checkpoint(
+                    record,
+                    report.rank,
+                    report.step,
+                    report.path,
+                    generation=report.generation,
+                    world_size=report.world_size,
+                )
+            return changed
 
-        result = await self.store.mutate(event.job, count)
-        if result is not None and result[0].latest_checkpoint != result[1].latest_checkpoint:
+        result = await self.store.mutate(job, count)
+        if result is None:
+            return
+        before, after = result
+        latest = after.latest_checkpoint
+        if latest is not None and before.latest_checkpoint != latest:
             self.ctx.log.info(
-                "job %s: every rank saved step %d", event.job, event.step, extra={"job": event.job}
+                "job %s: every rank saved step %d",
+                job,
+                latest.step,
+                extra={"job": job},
             )
 
     async def on_restored(self, event: StateRestored) -> None:

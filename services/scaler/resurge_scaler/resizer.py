@@ -306,7 +306,7 @@ class Resizer:
                 async for entry in watcher:
                     if entry is None or not entry.value:
                         continue
-                    now = JobRecord.model_validate_json(entry.value)
+                    now = JobRecord.from_entry(entry.value)
                     if now.generation != record.generation:
                         return False
                     if now.latest_checkpoint is not None and now.latest_checkpoint.step > had:

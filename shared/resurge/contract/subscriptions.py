@@ -194,9 +194,10 @@ RESTARTER_PROGRESS = Subscription(
     reads="a new generation's first step past its resume point ends its recovery",
 )  # fmt: skip
 RESTARTER_CHECKPOINTS = Subscription(
-    "restarter", "checkpoints", "raw", _raw_kind("checkpoint_saved"), Reader.DURABLE,
-    ("checkpoint_saved",), durable="restarter-checkpoints",
-    reads="counts each generation's saved checkpoints into the job's resume point",
+    "restarter", "checkpoints", "raw", _raw_kind("checkpoint_saved"), Reader.BATCHES,
+    ("checkpoint_saved",), durable="restarter-checkpoint-batches",
+    reads="counts each generation's saved checkpoints into the job's resume point, "
+    "a batch of reports per write of the job's record",
 )  # fmt: skip
 RESTARTER_RESTORED = Subscription(
     "restarter", "restored", "raw", _raw_kind("restored"), Reader.DURABLE,

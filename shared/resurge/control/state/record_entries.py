@@ -33,18 +33,20 @@ class RecordReader:
     def read(self, job: str, value: bytes) -> JobRecord | None:
         """The record in ``value``, or None (logged, counted) when it does not validate."""
         try:
-            return JobRecord.model_validate_json(value)
+            return JobRecord.from_entry(value)
         except ValidationError as error:
-            self.skipped += 1
-            if self.on_skip is not None:
-                self.on_skip()
             first = error.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
-            self._log.warning(
-                job,
-                f"job {job}: its record does not validate here (a newer schema?), "
-                f"kept the last one read: {where}: {first['msg']}",
-                job=job,
-                reason="record_unreadable",
-            )
-            return None
+            problem = f"does not validate here (a newer schema?): {where}: {first['msg']}"
+        except ValueError as error:  # neither JSON nor a compressed record
+            problem = f"cannot be read: {error}"
+        self.skipped += 1
+        if self.on_skip is not None:
+            self.on_skip()
+        self._log.warning(
+            job,
+            f"job {job}: its record {problem}; kept the last one read",
+            job=job,
+            reason="record_unreadable",
+        )
+        return None
