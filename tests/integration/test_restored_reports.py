@@ -27,7 +27,7 @@ from resurge.cluster import NodeInfo
 from resurge.contract.subscriptions import RESTARTER_RESTORED
 from resurge.control.decisions.worker_groups import worker_groups
 from resurge.control.state.records import JobRecord, JobStore, Placement, status_view
-from resurge.events import JobPhase, LogLine, StateRestored
+from resurge.events import Event, JobPhase, LogLine, StateRestored
 from resurge.local import job_factory
 from resurge.runtime.bus import Bus
 from resurge.runtime.service import ServiceContext
@@ -105,9 +105,11 @@ async def test_restored_lines_reach_the_record_and_the_status(
 ) -> None:
     folded: asyncio.Queue[StateRestored] = asyncio.Queue()
 
-    async def on_restored(event: StateRestored) -> None:
-        await restarter.on_restored(event)
-        folded.put_nowait(event)
+    async def on_restored(events: list[Event]) -> None:
+        await restarter.on_restored(events)
+        for event in events:
+            assert isinstance(event, StateRestored)
+            folded.put_nowait(event)
 
     await bus.bind(RESTARTER_RESTORED, on_restored)
     agent = start_agent(settings, WORKER, tmp_path, nproc=3)

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from resurge.cluster import ClusterBackend, open_backend
 from resurge.contract.subscriptions import (
@@ -286,6 +287,8 @@ class Restarter:
             and self.known.progressed(event.job) >= event.generation
         ):
             return
+        if not progress and self._start_known(event.job, event.generation):
+            return
         generation = event.generation
         in_process = isinstance(event, Progress) and event.in_process
         step = event.step if isinstance(event, Progress) else None
@@ -304,6 +307,18 @@ class Restarter:
         if after.progressed_generation is not None:
             self.known.set_progressed(after.name, after.progressed_generation)
         await self._closed(before, after)
+
+    def _start_known(self, job: str, generation: int) -> bool:
+        """Whether a worker start of ``generation`` can change nothing: the remembered
+        record (which may be stale, never ahead) already has a generation that began, or
+        a newer one. Every worker of a job reports its start: at thousands of ranks, a
+        no-op change of the whole record for each would cost the square of them."""
+        known = self.store.remembered(job)
+        if known is None:
+            return False
+        record = known[0]
+        began = record.generation == generation and record.alive_since is not None
+        return began or record.generation > generation
 
     async def on_rendezvous(self, event: RendezvousPassed) -> None:
         """Every rank of a generation passed its rendezvous: for workers that report no
@@ -429,11 +444,7 @@ class Restarter:
         the reports of its own generation and world size: one write per job and batch
         (a write per report rewrote a record of every placement once per rank: the
         count of a job's N ranks cost N squared)."""
-        by_job: dict[str, list[CheckpointSaved]] = {}
-        for event in events:
-            if isinstance(event, CheckpointSaved) and event.job and event.rank is not None:
-                by_job.setdefault(event.job, []).append(event)
-        for job, reports in by_job.items():
+        for job, reports in _by_job(events, CheckpointSaved).items():
             await self._count_checkpoints(job, reports)
 
     async def _count_checkpoints(self, job: str, reports: list[CheckpointSaved]) -> None:
@@ -464,37 +475,42 @@ class Restarter:
                 extra={"job": job},
             )
 
-    async def on_restored(self, event: StateRestored) -> None:
-        """Record where a rank of the current generation took its state from."""
-        if event.job is None:
-            return
-        generation, rank = event.generation, event.rank
+    async def on_restored(self, events: list[Event]) -> None:
+        """Record where ranks of their jobs' current generations took their state from:
+        a batch of reports, one write per job (as :meth:`on_checkpoints`)."""
+        for job, reports in _by_job(events, StateRestored).items():
+            await self._fold_restored(job, reports)
 
+    async def _fold_restored(self, job: str, reports: list[StateRestored]) -> None:
         def fold(record: JobRecord) -> bool:
-            return apply_restored(
-                record,
-                generation,
-                rank,
-                event.step,
-                event.origin,
-                event.detail,
-                event.sharded,
-                event.reshardable,
-            )
+            changed = False
+            for r in reports:
+                changed |= apply_restored(
+                    record, r.generation, r.rank, r.step, r.origin, r.detail, r.sharded,
+                    r.reshardable,
+                )  # fmt: skip
+            return changed
 
-        result = await self.store.mutate(event.job, fold)
-        if result is None or event.origin != "disk" or result[0].restored == result[1].restored:
+        result = await self.store.mutate(job, fold)
+        if result is None or result[1].restored is None:
             return
-        kept = result[1].restored
-        if kept is not None and len(kept.ranks.get("disk", ())) == 1:  # said once a generation
-            self.ctx.log.warning(
-                "job %s generation %d resumed from the disk checkpoint of step %s: %s",
-                event.job,
-                kept.generation,
-                event.step,
-                event.detail,
-                extra={"job": event.job, "generation": kept.generation},
-            )
+        before, kept = result[0].restored, result[1].restored
+        disk_before = (
+            before is not None
+            and before.generation == kept.generation
+            and bool(before.ranks.get("disk"))
+        )
+        if disk_before or not kept.ranks.get("disk"):
+            return  # said once a generation
+        first = next(r for r in reports if r.origin == "disk")
+        self.ctx.log.warning(
+            "job %s generation %d resumed from the disk checkpoint of step %s: %s",
+            job,
+            kept.generation,
+            first.step,
+            first.detail,
+            extra={"job": job, "generation": kept.generation},
+        )
 
     async def take_over(self, record: JobRecord) -> None:
         """Carry out ``record``'s plan if it is undispatched, still the record's, and its
@@ -574,6 +590,18 @@ class Restarter:
             await self.finish(record)
         after = self.store.remembered(name)
         return None if after is None else next_look(after[0])
+
+
+_Report = TypeVar("_Report", CheckpointSaved, StateRestored)
+
+
+def _by_job(events: list[Event], kind: type[_Report]) -> dict[str, list[_Report]]:
+    """The events of ``kind`` that name a job and a rank, by job, in their order."""
+    found: dict[str, list[_Report]] = {}
+    for event in events:
+        if isinstance(event, kind) and event.job and event.rank is not None:
+            found.setdefault(event.job, []).append(event)
+    return found
 
 
 async def setup(ctx: ServiceContext) -> None:

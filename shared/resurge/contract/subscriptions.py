@@ -200,9 +200,10 @@ RESTARTER_CHECKPOINTS = Subscription(
     "a batch of reports per write of the job's record",
 )  # fmt: skip
 RESTARTER_RESTORED = Subscription(
-    "restarter", "restored", "raw", _raw_kind("restored"), Reader.DURABLE,
-    ("restored",), durable="restarter-restored",
-    reads="records where the current generation's ranks took their state from",
+    "restarter", "restored", "raw", _raw_kind("restored"), Reader.BATCHES,
+    ("restored",), durable="restarter-restored-batches",
+    reads="records where the current generation's ranks took their state from, a batch "
+    "of reports per write of the job's record",
 )  # fmt: skip
 
 SCALER_JOBS = Subscription(
