@@ -28,12 +28,14 @@ from resurge.simulation.costs import CostParts, Pricing
 from resurge.simulation.defaults import DEFAULT_COSTS, DEFAULT_FAILURES, DEFAULT_POLICIES
 
 __all__ = [
+    "BadNodes",
     "CheckpointConfig",
     "ClusterConfig",
     "ConfigError",
     "FailureKind",
     "PeerRecoveryConfig",
     "PolicyConfig",
+    "QuarantineConfig",
     "SimulationConfig",
     "TraceJob",
     "load_config",
@@ -49,12 +51,27 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class BadNodes(_Model):
+    """A few bad nodes: ``fraction`` of the nodes fail ``rate_multiplier`` times as often
+    as the others by every kind that counts against a node, the fleet's mean rate held
+    at the config's (:mod:`.node_health`)."""
+
+    fraction: float = Field(gt=0, lt=1, description="Share of the nodes that are bad.")
+    rate_multiplier: float = Field(
+        default=20.0, ge=1, description="A bad node's failure rate over a good node's."
+    )
+
+
 class ClusterConfig(_Model):
-    """Nodes, GPUs on each, and how many of the nodes are held empty as spares."""
+    """Nodes, GPUs on each, how many of the nodes are held empty as spares, and whether a
+    few of them are bad."""
 
     nodes: int = Field(ge=1, description="Nodes in all, spares included.")
     gpus_per_node: int = Field(default=8, ge=1)
     spares: int = Field(default=0, ge=0, description="Nodes held empty for node recoveries.")
+    bad_nodes: BadNodes | None = Field(
+        default=None, description="None: every node fails at the same rates."
+    )
 
     @model_validator(mode="after")
     def _room_for_a_job(self) -> ClusterConfig:
@@ -72,6 +89,23 @@ class FailureKind(_Model):
     detection_seconds: float = Field(default=0.0, ge=0)
     lowest_rung: RecoveryLevel = RecoveryLevel.PROCESS
     repair_hours: float = Field(default=24.0, ge=0)
+    attributed: bool | None = Field(
+        default=None,
+        description="Whether a fault of this kind counts against its node (a bad node's "
+        "multiplier, its score); unset: a node-scope kind does, a process-scope one does not.",
+    )
+    predictable_fraction: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Share of this kind's faults on a node that warning signs announce: a "
+        "policy with proactive_moves moves its job off the node first.",
+    )
+
+    @property
+    def counts_against_node(self) -> bool:
+        """Whether a fault of this kind is attributed to its node."""
+        return self.scope == "node" if self.attributed is None else self.attributed
 
 
 class CheckpointConfig(_Model):
@@ -127,12 +161,35 @@ class PeerRecoveryConfig(_Model):
         return mb * 8.0 / (gbps * 1000.0)
 
 
+class QuarantineConfig(_Model):
+    """A node's score: each fault attributed to it adds 1, the sum halving every
+    ``half_life_hours``; at ``threshold`` the node is quarantined: it leaves the pool (a
+    job there moves off at the node rung) for ``hours`` from that fault, then comes back
+    after a health check, truly fixed with ``fixed_probability``. ``dry_run``: scores are
+    kept and quarantines counted, nothing is done."""
+
+    threshold: float = Field(default=1.5, gt=0)
+    half_life_hours: float = Field(default=168.0, gt=0)
+    hours: float = Field(
+        default=72.0, ge=0, description="Out of the pool (its repair included, if longer)."
+    )
+    fixed_probability: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="A node back from quarantine fails as a good node does from then on; "
+        "else as it did before.",
+    )
+    dry_run: bool = False
+
+
 class PolicyConfig(_Model):
     """One policy to compare: a job's ``spec.recovery`` block as in its YAML (the
     restarter's ladder and limits), whether its workers come from a fork server, cost
     parts and whole-rung restart seconds that differ from the config's, checkpointless
-    recovery from live copies (one-job runs), and, for trace runs, whether jobs are
-    elastic (else each is held at its ``min``)."""
+    recovery from live copies (one-job runs), a node quarantine and proactive moves
+    off nodes whose fault is predicted (one-job runs), and, for trace runs, whether jobs
+    are elastic (else each is held at its ``min``)."""
 
     name: str = Field(min_length=1)
     recovery: RecoverySpec = Field(default_factory=RecoverySpec)
@@ -141,6 +198,12 @@ class PolicyConfig(_Model):
     restart_seconds: dict[RecoveryLevel, NonNegativeFloat] = Field(default_factory=dict)
     checkpoint: CheckpointConfig | None = None
     peer_recovery: PeerRecoveryConfig | None = None
+    quarantine: QuarantineConfig | None = None
+    proactive_moves: bool = Field(
+        default=False,
+        description="A predicted fault (failures.<kind>.predictable_fraction) costs a "
+        "checkpoint and a node move before it, not a crash.",
+    )
     elastic: bool = True
 
     @field_validator("costs")
@@ -228,11 +291,16 @@ class SimulationConfig(_Model):
                     f"policies[{i}].recovery.spares ({policy.recovery.spares}) is more than "
                     f"cluster.spares ({self.cluster.spares}), the nodes the job leaves free"
                 )
-            if self.trace is not None and policy.peer_recovery is not None:
-                raise ValueError(
-                    f"policies[{i}].peer_recovery is modelled in one-job runs only, "
-                    "not with a trace"
-                )
+            if self.trace is None:
+                continue
+            one_job = ("peer_recovery", "quarantine", "proactive_moves")
+            for name in one_job:
+                if getattr(policy, name):
+                    raise ValueError(
+                        f"policies[{i}].{name} is modelled in one-job runs only, not with a trace"
+                    )
+        if self.trace is not None and self.cluster.bad_nodes is not None:
+            raise ValueError("cluster.bad_nodes is modelled in one-job runs only, not with a trace")
         return self
 
     def restart_cost(self, policy: PolicyConfig, ranks: int | None = None) -> Pricing:

@@ -73,6 +73,11 @@ class PolicyResult:
     """Trace runs, elastic: the share of the GPU-hours the same trace at fixed sizes left
     idle that this run put to use (None without a fixed-size run to compare with)."""
     resizes: int = 0
+    nodes: dict[str, int] = field(default_factory=dict)
+    """One-job runs with bad nodes, a quarantine or proactive moves: the nodes' record
+    (``bad_nodes``, ``attributed_faults``, ``on_bad_nodes``, ``quarantines``,
+    ``quarantined_bad``, ``returned_fixed``, ``would_quarantine`` in a dry run,
+    ``predicted``, ``planned_moves``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping."""

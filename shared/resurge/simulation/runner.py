@@ -60,6 +60,7 @@ def _job_results(config: SimulationConfig) -> list[PolicyResult]:
                 job_failures=run.job_failures,
                 resumes=dict(sorted(Counter(origin for origin, _ in run.recoveries).items())),
                 steps_redone=_steps_redone(run, step),
+                nodes=dict(sorted(run.nodes.items())),
                 checkpoint_interval_minutes=checkpoint.interval_minutes,
                 checkpoint_write_seconds=checkpoint.write_seconds,
             )

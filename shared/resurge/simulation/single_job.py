@@ -37,6 +37,19 @@ share of each step, ``snapshot``; checkpoint writes; from a
 failure to its detection, ``detection``; from a decision to training again (backoff
 included), ``restart``; requeued or resubmitted until the job fits, ``waiting``. The
 cost of a run is a few operations per failure and per restart, not per node or per step.
+
+Nodes that keep failing (:mod:`.node_health`): with ``cluster.bad_nodes`` a few nodes
+fail more often by the kinds that count against a node (the fleet's mean rate held).
+With a policy's ``quarantine``, each such fault raises its node's decaying score; at the
+threshold the node leaves the pool: away for the quarantine's hours (its repair
+included), a replica there reported as a node fault so that the policy moves it off at
+the node rung (priced by the cost model as any node move), then back after a health
+check, fixed or not. With ``proactive_moves``, a fault that warning signs announce
+(``predictable_fraction`` of a kind's) on a node of the training job is preceded by a
+planned move: a checkpoint written at once (``checkpoint``: nothing since the last one
+is lost) and the replica moved to a free node at the node rung's price (``restart``),
+then the fault happens to the node the job left; without a free node, or while the job
+is not training, the fault hits the job as any other.
 """
 
 from __future__ import annotations
@@ -49,13 +62,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from resurge.cluster import NodeInfo
-from resurge.control.decisions.ladder import rung
+from resurge.control.decisions.ladder import LADDER, rung
 from resurge.control.decisions.recovery_policy import Verdict
 from resurge.events import FaultScope, RecoveryLevel
 from resurge.jobspec.recovery import RecoverySpec
-from resurge.simulation.config import FailureKind, PeerRecoveryConfig, SimulationConfig
+from resurge.simulation.config import (
+    BadNodes,
+    FailureKind,
+    PeerRecoveryConfig,
+    QuarantineConfig,
+    SimulationConfig,
+)
 from resurge.simulation.costs import Pricing, Resume
 from resurge.simulation.failures import Candidate, FailureStream
+from resurge.simulation.node_health import NodeHealth, rate_multipliers
 from resurge.simulation.peer_copies import PeerCopies
 from resurge.simulation.recovery_desk import EPOCH, FaultInput, Outcome, RecoveryDesk
 from resurge.simulation.results import Ledger
@@ -63,7 +83,7 @@ from resurge.simulation.results import Ledger
 __all__ = ["JobRun", "JobSettings", "run_job"]
 
 _RUNNING, _DETECTION, _RESTART, _WAITING = "running", "detection", "restart", "waiting"
-_DETECT, _RESTART_DONE, _FIRST_STEP, _REPAIR = range(4)
+_DETECT, _RESTART_DONE, _FIRST_STEP, _REPAIR, _MOVE_DONE = range(5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +107,10 @@ class JobSettings:
     seed: int
     peer: PeerRecoveryConfig | None = None
     """Checkpointless recovery from live copies; None: every restart reads the disk."""
+    bad_nodes: BadNodes | None = None
+    quarantine: QuarantineConfig | None = None
+    proactive: bool = False
+    """Planned moves off a node before a predicted fault."""
 
     @staticmethod
     def of(config: SimulationConfig, policy_index: int) -> JobSettings:
@@ -111,6 +135,9 @@ class JobSettings:
             step_seconds=config.step_seconds,
             seed=config.seed,
             peer=peer,
+            bad_nodes=config.cluster.bad_nodes,
+            quarantine=policy.quarantine,
+            proactive=policy.proactive_moves,
         )
 
 
@@ -138,6 +165,11 @@ class JobRun:
     recoveries: list[tuple[str, float]] = field(default_factory=list)
     """Per recovery, in order: where it resumed from and the training seconds it redid."""
     decisions: list[tuple[float, FaultInput, Outcome]] = field(default_factory=list)
+    moves: list[tuple[str, float]] = field(default_factory=list)
+    """Per planned move (proactive), as ``recoveries``."""
+    nodes: dict[str, int] = field(default_factory=dict)
+    """Nodes' record (:attr:`.NodeHealth.counts`, and ``bad_nodes``); empty without
+    bad nodes, quarantine or proactive moves."""
 
 
 def _name(index: int) -> str:
@@ -168,10 +200,19 @@ class _Simulation:
         capable = RecoveryLevel.IN_PROCESS in recovery.levels
         self.desk = RecoveryDesk("simulated", recovery, settings.gpus_per_node,
                                  in_process_capable=capable)  # fmt: skip
+        self.health: NodeHealth | None = None
+        weights = None
+        if settings.bad_nodes or settings.quarantine or settings.proactive:
+            multipliers = rate_multipliers(settings.nodes, self.replicas, settings.bad_nodes,
+                                           settings.seed)  # fmt: skip
+            self.health = NodeHealth(multipliers, settings.quarantine,
+                                     proactive=settings.proactive, seed=settings.seed)  # fmt: skip
+            weights = multipliers if settings.bad_nodes else None
         self.stream: FailureStream | _Script = FailureStream(
             settings.failures, settings.nodes, settings.gpus_per_node,
-            scale=settings.failure_rate_scale, seed=settings.seed,
+            scale=settings.failure_rate_scale, seed=settings.seed, weights=weights,
         ) if script is None else _Script(script)  # fmt: skip
+        self.write_until = 0.0  # a planned move's checkpoint write ends then
         self.out = JobRun(replicas=self.replicas, ledger=Ledger())
         self.horizon = settings.days * 86_400.0
         self.node_replica = list(range(self.replicas)) + [-1] * settings.spares
@@ -225,6 +266,8 @@ class _Simulation:
                 self._detect(time, payload)
             elif what == _RESTART_DONE:
                 self._restart_done(time, payload)
+            elif what == _MOVE_DONE:
+                self._restart_done(time, payload, planned=True)
             elif what == _FIRST_STEP:
                 if payload == self.epoch and self.mode == _RUNNING:
                     self.desk.stepped(time)
@@ -236,7 +279,12 @@ class _Simulation:
 
     def _switch(self, now: float, mode: str) -> None:
         if self.mode != _RUNNING:
-            self.out.ledger.charge(self.mode, now - self.mark)
+            start = self.mark
+            if self.write_until > start:
+                split = min(now, self.write_until)
+                self.out.ledger.charge("checkpoint", split - start)
+                start = split
+            self.out.ledger.charge(self.mode, now - start)
         self.mark = now
         self.mode = mode
 
@@ -268,6 +316,7 @@ class _Simulation:
         self.phase = 0.0
         if not stopped:
             self._kept(self.unsaved)
+            self.committed += self.unsaved
             self.unsaved = 0.0
             return
         self.desk.checkpoint(int(self.committed / s.step_seconds))
@@ -292,6 +341,8 @@ class _Simulation:
             self._trained(self.horizon, stopped=False)
         else:
             self._switch(self.horizon, self.mode)
+        if self.health is not None:
+            self.out.nodes = {"bad_nodes": len(self.health.bad), **self.health.counts}
 
     # failures
 
@@ -300,21 +351,49 @@ class _Simulation:
         node, now = c.node, c.time
         if node in self.away:
             return
+        health = self.health if kind.counts_against_node else None
+        if health is not None and not health.accepts(node):
+            return
         replica = self.node_replica[node]
-        if kind.scope == "node":
+        if kind.scope == "process" and (replica < 0 or self.mode != _RUNNING):
+            return
+        quarantine = moved = False
+        if health is not None:
+            quarantine = health.fault(now, node)
+            moved = replica >= 0 and self._announced(now, health, kind, replica, node)
+        if kind.scope == "node" or quarantine:
             self.away[node] = c.kind
             self.idle.discard(node)
-            self._at(now + kind.repair_hours * 3600.0, _REPAIR, node)
-            if replica < 0:
-                return
+            hours = kind.repair_hours if kind.scope == "node" else 0.0
+            if quarantine and self.s.quarantine is not None:
+                hours = max(hours, self.s.quarantine.hours)
+            self._at(now + hours * 3600.0, _REPAIR, node)
+        elif moved:
+            self.idle.add(node)
+        if replica >= 0 and not moved:
+            self._hit(c, kind, replica, quarantine)
+
+    def _announced(
+        self, now: float, health: NodeHealth, kind: FailureKind, replica: int, node: int
+    ) -> bool:
+        """Whether warning signs announced this fault and the job moved off ``node``."""
+        if self.mode != _RUNNING or not health.predicted(kind):
+            return False
+        health.counts["predicted"] += 1
+        return self._planned_move(now, replica, node)
+
+    def _hit(self, c: Candidate, kind: FailureKind, replica: int, quarantine: bool) -> None:
+        """The fault ``c`` stops the job (its node's replica ``replica``)."""
+        node, now = c.node, c.time
+        if kind.scope == "node":
             self.dead.add(node)
             if self.copies is not None:
                 self.copies.lose(replica)
             self.undetected[node] = self.undetected.get(node, 0) + 1
             generation = None
-        elif replica < 0 or self.mode != _RUNNING:
-            return
         else:
+            if quarantine:
+                self.dead.add(node)
             generation = self.desk.generation
         self.out.faults[c.kind] += 1
         self._halt(now)
@@ -328,14 +407,19 @@ class _Simulation:
         if d.generation is None:
             self.undetected[d.node] -= 1
         kind = self.s.failures[d.kind]
+        node_scope, lowest, rank = kind.scope == "node", kind.lowest_rung, d.rank
+        if self.health is not None and d.node in self.health.quarantined:
+            # quarantined: the job leaves the node
+            node_scope, rank = True, None
+            lowest = LADDER[max(LADDER.index(lowest), LADDER.index(RecoveryLevel.NODE))]
         fault = FaultInput(
             fault_id=f"fault-{next(self.fault_ids)}",
             reason=d.kind,
-            scope=FaultScope.NODE if kind.scope == "node" else FaultScope.PROCESS,
-            lowest_rung=kind.lowest_rung,
+            scope=FaultScope.NODE if node_scope else FaultScope.PROCESS,
+            lowest_rung=lowest,
             replica=d.replica,
             node=_name(d.node),
-            rank=d.rank,
+            rank=rank,
             generation=self.desk.generation if d.generation is None else d.generation,
         )
         here = _name(self.replica_node[d.replica])
@@ -421,7 +505,33 @@ class _Simulation:
         self.epoch += 1
         self._at(now + self.s.pricing.seconds(RecoveryLevel.JOB), _RESTART_DONE, self.epoch)
 
-    def _restart_done(self, now: float, epoch: object) -> None:
+    def _planned_move(self, now: float, replica: int, node: int) -> bool:
+        """Checkpoint now and move ``replica`` off ``node`` to a free node (not a spare the
+        policy holds); False where there is none."""
+        avoid = {*self.desk.avoid_nodes, *self.desk.spare_nodes}
+        target = next((i for i in sorted(self.idle) if _name(i) not in avoid), None)
+        if target is None:
+            return False
+        assert self.health is not None
+        self.health.counts["planned_moves"] += 1
+        self._trained(now, stopped=False)
+        self.desk.checkpoint(int(self.committed / self.s.step_seconds))
+        self.node_replica[node] = -1
+        self.replica_node[replica] = target
+        self.node_replica[target] = replica
+        self.idle.discard(target)
+        resume: Resume = "disk"
+        if self.copies is not None:
+            self.copies.lose(replica)
+            resume = "peer" if self.copies.complete() else "disk"
+        self._switch(now, _RESTART)
+        self.write_until = now + self.s.write
+        self.epoch += 1
+        done = self.write_until + self.s.pricing.seconds(RecoveryLevel.NODE, resume)
+        self._at(done, _MOVE_DONE, self.epoch)
+        return True
+
+    def _restart_done(self, now: float, epoch: object, planned: bool = False) -> None:
         if epoch != self.epoch or self.mode != _RESTART:
             return
         if self.dead:
@@ -435,10 +545,11 @@ class _Simulation:
                     self.undetected[node] = self.undetected.get(node, 0) + 1
                     self.out.faults[kind] += 1
             return
-        self.desk.started(now)
-        self._resume(now)
+        if not planned:
+            self.desk.started(now)
+        self._resume(now, planned)
 
-    def _resume(self, now: float) -> None:
+    def _resume(self, now: float, planned: bool = False) -> None:
         if self.copies is not None and self.copies.complete():
             origin = "live"
         else:
@@ -449,13 +560,15 @@ class _Simulation:
             self.unsaved = self.phase = 0.0
         if self.copies is not None:
             self.copies.start_over()
-        self.out.recoveries.append((origin, self.redoing))
+        (self.out.moves if planned else self.out.recoveries).append((origin, self.redoing))
         self.redoing = 0.0
         self._switch(now, _RUNNING)
         self.segment = now
         self._at(now + self.s.step_seconds, _FIRST_STEP, self.epoch)
 
     def _repaired(self, now: float, node: int) -> None:
+        if self.health is not None and node in self.health.quarantined:
+            self.health.returned(node)
         self.away.pop(node)
         self.desk.uncordon(_name(node))
         if self.node_replica[node] >= 0:
