@@ -1,5 +1,8 @@
 """The restarter service: faults in, new generations out, at the cheapest level that works.
 
+Every fault is also counted against its node, across jobs (:mod:`.node_ledger`): a
+node whose score reaches the threshold is quarantined, the jobs on it moved off.
+
 On a fault: decide (see :mod:`resurge.control.decisions.recovery_policy`) and write the
 decision and its plan into the job record with one compare-and-set, claimed by this
 instance; only then carry the plan out (:mod:`resurge_restarter.dispatch`):
@@ -49,6 +52,7 @@ from resurge.contract.subscriptions import (
     RESTARTER_CHECKPOINTS,
     RESTARTER_EXITS,
     RESTARTER_FAULTS,
+    RESTARTER_NODE_FAULTS,
     RESTARTER_PROGRESS,
     RESTARTER_RENDEZVOUS,
     RESTARTER_RESTORED,
@@ -73,6 +77,7 @@ from resurge.control.decisions.restore_reports import apply_restored
 from resurge.control.effects.job_finish import finish_job
 from resurge.control.effects.job_messages import announce_phase
 from resurge.control.state.allocations import Claim
+from resurge.control.state.node_health import NodeHealthStore
 from resurge.control.state.records import JobRecord, JobStore
 from resurge.events import (
     CheckpointSaved,
@@ -92,6 +97,7 @@ from resurge.runtime.service import ServiceContext
 from resurge_restarter.dispatch import Dispatcher
 from resurge_restarter.known_jobs import KnownJobs
 from resurge_restarter.metrics import RestarterMetrics
+from resurge_restarter.node_ledger import NodeLedger
 from resurge_restarter.placing import MovePlacer, covered
 from resurge_restarter.reconcile import Reconciler, next_look
 from resurge_restarter.warm_up import warm_up
@@ -144,6 +150,12 @@ class Restarter:
         await self.dispatcher.watch_records(self._record_seen)
         bus = self.bus
         await bus.bind(RESTARTER_FAULTS, self.on_fault)
+        nodes = await bus.node_health_bucket()
+        assert nodes is not None
+        self.ledger = NodeLedger(
+            self.ctx, self.backend, NodeHealthStore(nodes), self.store, self.on_fault
+        )
+        await bus.bind(RESTARTER_NODE_FAULTS, self.ledger.on_fault)
         await bus.bind(RESTARTER_SIGN_OF_LIFE, self.sign_of_life)
         await bus.bind(RESTARTER_RENDEZVOUS, self.on_rendezvous)
         await bus.bind(RESTARTER_EXITS, self.on_exit)

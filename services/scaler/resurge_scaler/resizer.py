@@ -53,7 +53,7 @@ from resurge.contract.subscriptions import SCALER_RESIZE_AGENTS, Scope
 from resurge.control.decisions.elastic_decision import GrowWait, Kind, Resize, plan
 from resurge.control.decisions.restore_reports import live_state_serves_a_resize
 from resurge.control.decisions.worker_groups import worker_group
-from resurge.control.effects.job_messages import send_checkpoint_requests
+from resurge.control.effects.checkpoint_first import checkpoint_first
 from resurge.control.effects.nodes import is_being_removed
 from resurge.control.state.allocations import (
     AllocationConflict,
@@ -297,32 +297,8 @@ class Resizer:
         """Ask for a checkpoint and wait (bounded) for every rank to have saved a newer
         one; False if the job moved to another generation meanwhile."""
         bound = record.spec.spec.elastic.checkpoint_timeout_seconds
-        had = -1 if record.latest_checkpoint is None else record.latest_checkpoint.step
-        watcher = await self.store.kv.watch(self.store.key(record.name))
-        try:
-            reason = f"{resize.kind.value} {resize.from_replicas} -> {resize.to_replicas}"
-            await send_checkpoint_requests(self.bus, record, reason)
-            async with asyncio.timeout(bound):
-                async for entry in watcher:
-                    if entry is None or not entry.value:
-                        continue
-                    now = JobRecord.from_entry(entry.value)
-                    if now.generation != record.generation:
-                        return False
-                    if now.latest_checkpoint is not None and now.latest_checkpoint.step > had:
-                        return True
-        except TimeoutError:
-            self.ctx.log.warning(
-                "%s: no new checkpoint from every rank within %g s; resizing from step %s",
-                record.name,
-                bound,
-                had if had >= 0 else "0 (none)",
-                extra={"job": record.name},
-            )
-        finally:
-            with contextlib.suppress(Exception):
-                await watcher.stop()  # type: ignore[no-untyped-call]  # nats.py: untyped
-        return True
+        reason = f"{resize.kind.value} {resize.from_replicas} -> {resize.to_replicas}"
+        return await checkpoint_first(self.bus, self.store, record, reason, bound, self.ctx.log)
 
 
 def _held(wait: GrowWait | None) -> HeldGrow | None:

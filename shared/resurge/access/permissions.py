@@ -42,7 +42,12 @@ from resurge.cluster.local.keys import (
 from resurge.contract.families import RAW_JOB_KINDS, STREAM_NAMES
 from resurge.contract.subjects import Subjects, escape_token
 from resurge.contract.subscriptions import Reader, Scope, of_role
-from resurge.runtime.bus import AGENT_POSITIONS_BUCKET, ALLOCATIONS_BUCKET, JOBS_BUCKET
+from resurge.runtime.bus import (
+    AGENT_POSITIONS_BUCKET,
+    ALLOCATIONS_BUCKET,
+    JOBS_BUCKET,
+    NODE_HEALTH_BUCKET,
+)
 from resurge.runtime.nats_auth import inbox_prefix
 
 __all__ = [
@@ -70,6 +75,7 @@ _BUCKETS = (
     DETECTOR_STATE_BUCKET,
     AGENT_POSITIONS_BUCKET,
     ALLOCATIONS_BUCKET,
+    NODE_HEALTH_BUCKET,
 )
 _API = "$JS.API"
 
@@ -294,6 +300,9 @@ def _control(ns: _Namespace, g: _Grants, role: str) -> None:
 
 def _restarter(ns: _Namespace, g: _Grants, node: str | None) -> None:
     _control(ns, g, "restarter")
+    ns.manage(g, NODE_HEALTH_BUCKET)  # the nodes' fault records, scores, quarantines
+    ns.kv_read(g, NODE_HEALTH_BUCKET)
+    ns.kv_write(g, NODE_HEALTH_BUCKET)
     _subscriptions(ns, g, "restarter", node)
 
 
@@ -311,7 +320,8 @@ def _scaler(ns: _Namespace, g: _Grants, node: str | None) -> None:
 def _viewer(ns: _Namespace, g: _Grants, node: str | None) -> None:
     g.sub(f"{ns.root}.>")
     ns.history(g)  # `resurge events` and `resurge report` read the streams back
-    for bucket in (*_BUCKETS[:5], ALLOCATIONS_BUCKET):  # `node list` counts claims too
+    # `node list` counts claims too; `node describe` shows a node's fault record.
+    for bucket in (*_BUCKETS[:5], ALLOCATIONS_BUCKET, NODE_HEALTH_BUCKET):
         ns.kv_read(g, bucket)
 
 
@@ -326,7 +336,14 @@ def _admin(ns: _Namespace, g: _Grants, node: str | None) -> None:
     ns.dead_letters(g, "cli", "supervisor")
     # Worker groups: a local cluster started again deletes the groups of the run before
     # (resurge.local.restore) before it requeues their jobs.
-    for bucket in (JOBS_BUCKET, NODES_BUCKET, CORDONS_BUCKET, WORKER_GROUPS_BUCKET):
+    # An operator's uncordon also releases a node's quarantine (its health record).
+    for bucket in (
+        JOBS_BUCKET,
+        NODES_BUCKET,
+        CORDONS_BUCKET,
+        WORKER_GROUPS_BUCKET,
+        NODE_HEALTH_BUCKET,
+    ):
         ns.kv_write(g, bucket)
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "RESTARTER_CHECKPOINTS",
     "RESTARTER_EXITS",
     "RESTARTER_FAULTS",
+    "RESTARTER_NODE_FAULTS",
     "RESTARTER_PROGRESS",
     "RESTARTER_RENDEZVOUS",
     "RESTARTER_RESTORED",
@@ -173,6 +174,12 @@ RESTARTER_FAULTS = Subscription(
     ("fault_detected",), durable="restarter",
     reads="decides the recovery and writes its plan into the job record, then carries it out",
 )  # fmt: skip
+RESTARTER_NODE_FAULTS = Subscription(
+    "restarter", "node-faults", "fault", lambda s, _: s.all("fault"), Reader.DURABLE,
+    ("fault_detected",), durable="restarter-node-ledger",
+    reads="counts every fault the attribution table puts on a node into that node's score, "
+    "across jobs; quarantines a node whose score reaches the threshold",
+)  # fmt: skip
 RESTARTER_SIGN_OF_LIFE = Subscription(
     "restarter", "sign-of-life", "raw", _raw_kind("process_started"), Reader.DURABLE,
     ("process_started",), durable="restarter-sign-of-life",
@@ -243,6 +250,7 @@ SUBSCRIPTIONS: tuple[Subscription, ...] = (
     DETECTOR_RAW,
     DETECTOR_FAULTS,
     RESTARTER_FAULTS,
+    RESTARTER_NODE_FAULTS,
     RESTARTER_SIGN_OF_LIFE,
     RESTARTER_RENDEZVOUS,
     RESTARTER_PROGRESS,

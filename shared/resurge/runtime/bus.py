@@ -87,6 +87,7 @@ from resurge.runtime.user_renewal import keep_user_fresh
 __all__ = [
     "AGENT_POSITIONS_BUCKET",
     "ALLOCATIONS_BUCKET",
+    "NODE_HEALTH_BUCKET",
     "BatchReader",
     "Bus",
     "Handler",
@@ -134,6 +135,9 @@ AGENT_POSITIONS_BUCKET = "agent_positions"
 # The allocation ledger (resurge.control.state.allocations): placements decided, not yet in a
 # job record. Made by the first placer that needs it, so other roles need no grant.
 ALLOCATIONS_BUCKET = "allocations"
+# Each node's faults across jobs, its score and quarantine (resurge.control.state.node_health):
+# made by the restarter, which keeps it; viewers read it, an operator's uncordon writes it.
+NODE_HEALTH_BUCKET = "node_health"
 _NAK_DELAY_SECONDS = 1.0
 
 # When a durable consumer's unacked message is delivered again: after 2 s, then 4, 8,
@@ -485,6 +489,16 @@ class Bus:
             if not create:
                 return None
         return await self.create_bucket(ALLOCATIONS_BUCKET, history=1)
+
+    async def node_health_bucket(self, create: bool = True) -> KeyValue | None:
+        """The node health records' bucket (``<namespace>_node_health``), created if
+        missing and ``create`` (the restarter); None if missing and not ``create``."""
+        try:
+            return await self.js.key_value(self.subjects.kv_bucket(NODE_HEALTH_BUCKET))
+        except nats.js.errors.BucketNotFoundError:
+            if not create:
+                return None
+        return await self.create_bucket(NODE_HEALTH_BUCKET, history=1)
 
     async def publish(self, subject: str, event: Envelope) -> None:
         """Store ``event`` in its stream and wait for the server's ack."""

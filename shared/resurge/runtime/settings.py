@@ -168,6 +168,21 @@ class Settings(BaseSettings):
         description="Copies of every JetStream stream and KV bucket on a NATS cluster "
         "(3 on a three-server cluster: one server may die without losing a message).",
     )
+    node_quarantine: Literal["enforce", "dry-run", "off"] = Field(
+        default="enforce",
+        description="What a node whose fault score reaches node_quarantine_score gets: "
+        "`enforce` cordons it and moves the jobs on it off at their next checkpoint; "
+        "`dry-run` only records and reports it; `off` scores nodes without quarantine.",
+    )
+    node_quarantine_score: float = Field(
+        default=2.5,
+        gt=0,
+        description="The score that quarantines a node (the attribution table's weights: "
+        "an XID that takes the GPU out adds 1, so three such within hours reach 2.5).",
+    )
+    node_score_half_life_hours: float = Field(
+        default=24.0, gt=0, description="A node's score halves every this many hours."
+    )
 
     @property
     def subjects(self) -> Subjects:

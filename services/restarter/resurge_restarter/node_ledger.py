@@ -1,0 +1,171 @@
+"""The restarter's node ledger: every fault of every job, counted against its node.
+
+Each FaultDetected (alerts too) is looked up in the attribution table
+(:mod:`resurge.control.decisions.node_attribution`); one that counts against a node is
+added to that node's health record (:mod:`resurge.control.state.node_health`,
+compare-and-set; :mod:`resurge.control.decisions.node_score` decides). The instance
+whose write quarantined the node carries the quarantine out, unless it is a dry run:
+
+1. the node is cordoned, the reason naming the score and the faults behind it;
+2. each running job with a replica on it is asked for a checkpoint, and once every rank
+   saved one (or ``elastic.checkpointTimeoutSeconds`` passed, or at once for a job that
+   never reported one), moved off the node: a ``node`` recovery for a fault of reason
+   ``node_quarantined``, decided and carried out as any other (the job avoids the node
+   from then on). A fatal fault on the node meanwhile moves the job at once, as ever.
+
+A dry run only logs what it would do. The score and the quarantine are metrics:
+``resurge_node_score{node}`` and ``resurge_node_quarantined{node}`` (1 quarantined, 0.5 a
+dry run's, 0 not), and ``resurge_node_faults_counted_total{rule}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from resurge.cluster import ClusterBackend
+from resurge.control.decisions.node_attribution import attribute
+from resurge.control.decisions.node_score import NodePolicy, apply_incident
+from resurge.control.effects.checkpoint_first import checkpoint_first
+from resurge.control.state.node_health import NodeHealth, NodeHealthStore
+from resurge.control.state.records import JobRecord, JobStore
+from resurge.events import FaultDetected, FaultScope, RecoveryLevel, Severity
+from resurge.runtime.service import ServiceContext
+
+__all__ = ["QUARANTINE_REASON", "NodeLedger"]
+
+QUARANTINE_REASON = "node_quarantined"
+
+
+class NodeLedger:
+    """Counts faults against nodes; quarantines those past the threshold.
+
+    ``move`` is how a job's move off a quarantined node is decided and carried out (the
+    restarter's fault path, given the fault this makes)."""
+
+    def __init__(
+        self,
+        ctx: ServiceContext,
+        backend: ClusterBackend,
+        nodes: NodeHealthStore,
+        jobs: JobStore,
+        move: Callable[[FaultDetected], Awaitable[None]],
+        policy: NodePolicy | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.backend = backend
+        self.nodes = nodes
+        self.jobs = jobs
+        self.move = move
+        self.policy = policy or NodePolicy.of(ctx.settings)
+        self._metrics(ctx.registry)
+
+    def _metrics(self, registry: CollectorRegistry) -> None:
+        self.score = Gauge(
+            "resurge_node_score",
+            "A node's fault score across jobs (decaying; quarantined at the threshold).",
+            ["node"],
+            registry=registry,
+        )
+        self.quarantined = Gauge(
+            "resurge_node_quarantined",
+            "1 for a quarantined node, 0.5 for one a dry run would quarantine, else 0.",
+            ["node"],
+            registry=registry,
+        )
+        self.counted = Counter(
+            "resurge_node_faults_counted_total",
+            "Faults counted against a node, by the attribution rule that counted them.",
+            ["rule"],
+            registry=registry,
+        )
+
+    async def on_fault(self, fault: FaultDetected) -> None:
+        """Count ``fault`` against its node if the table says so; quarantine the node
+        if this write took it past the threshold."""
+        counted = attribute(fault)
+        if counted is None:
+            return
+        now = datetime.now(UTC)
+        before, after = await self.nodes.mutate(
+            counted.node, lambda r: apply_incident(r, fault, counted, now, self.policy)
+        )
+        if after is before:
+            return
+        self.counted.labels(counted.rule).inc()
+        self.score.labels(after.name).set(after.score)
+        if before.quarantine is None and after.quarantine is not None:
+            await self.quarantine(after)
+
+    async def quarantine(self, node: NodeHealth) -> None:
+        """Carry out ``node``'s new quarantine (a dry run's: log it only)."""
+        held = node.quarantine
+        assert held is not None
+        jobs = [r for r in await self.jobs.all() if _runs_on(r, node.name)]
+        names = ", ".join(r.name for r in jobs) or "none"
+        if held.dry_run:
+            self.quarantined.labels(node.name).set(0.5)
+            self.ctx.log.warning(
+                "dry run: would quarantine node %s (score %.2f >= %g: %s) and move jobs off "
+                "it: %s",
+                node.name, held.score, held.threshold, held.why, names,
+            )  # fmt: skip
+            return
+        self.quarantined.labels(node.name).set(1)
+        self.ctx.log.warning(
+            "quarantining node %s (score %.2f >= %g: %s); moving jobs off it: %s",
+            node.name, held.score, held.threshold, held.why, names,
+        )  # fmt: skip
+        await self.backend.cordon(
+            node.name, f"quarantined: score {held.score:.2f} >= {held.threshold:g}: {held.why}"
+        )
+        await self.nodes.mutate(node.name, lambda r: _note_jobs(r, [j.name for j in jobs]))
+        for record in jobs:
+            self.ctx.spawn(self.move_off(record, node), name=f"move-off-{record.name}")
+
+    async def move_off(self, record: JobRecord, node: NodeHealth) -> None:
+        """Move ``record``'s job off quarantined ``node`` at its next checkpoint."""
+        held = node.quarantine
+        assert held is not None
+        if record.reports_progress and record.latest_checkpoint is not None:
+            bound = record.spec.spec.elastic.checkpoint_timeout_seconds
+            reason = f"node {node.name} quarantined"
+            if not await checkpoint_first(
+                self.ctx.bus, self.jobs, record, reason, bound, self.ctx.log
+            ):
+                return  # a fault started another generation: it decides anew
+        found = await self.jobs.get(record.name)
+        if found is None or not _runs_on(found[0], node.name):
+            return
+        current = found[0]
+        await self.move(
+            FaultDetected(
+                source=self.ctx.bus.source,
+                fault_id=f"{QUARANTINE_REASON}:{node.name}:{held.since.isoformat()}:{current.uid}",
+                scope=FaultScope.NODE,
+                reason=QUARANTINE_REASON,
+                severity=Severity.ERROR,
+                message=f"node {node.name} is quarantined (score {held.score:.2f} >= "
+                f"{held.threshold:g}: {held.why})",
+                evidence={"node": node.name, "score": held.score, "why": held.why},
+                suggested_level=RecoveryLevel.NODE,
+                job=current.name,
+                generation=current.generation,
+                node=node.name,
+                replica=next(p.replica for p in current.placements if p.node == node.name),
+            )
+        )
+
+
+def _runs_on(record: JobRecord, node: str) -> bool:
+    """Whether ``record``'s job runs (or is recovering) with a replica on ``node``."""
+    return not record.phase.finished and any(p.node == node for p in record.placements)
+
+
+def _note_jobs(record: NodeHealth, jobs: list[str]) -> bool:
+    if record.quarantine is None or record.quarantine.jobs == jobs:
+        return False
+    record.quarantine = record.quarantine.model_copy(update={"jobs": jobs})
+    return True

@@ -1,0 +1,183 @@
+"""The restarter's node ledger against a real nats-server: faults of two jobs counted
+against one node, its quarantine (cordon, jobs moved off at their next checkpoint), a
+dry run, and a job's own errors counting nothing. The cluster is :class:`FakeBackend`
+(the ledger's cluster effect is one cordon); the move is the restarter's fault path,
+here a queue the test reads (the restarter's own tests cover what it does with it)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime, timedelta
+
+from prometheus_client import CollectorRegistry
+
+from resurge.cluster import NodeInfo
+from resurge.control.decisions.node_score import NodePolicy
+from resurge.control.state.node_health import NodeHealthStore
+from resurge.control.state.records import CheckpointRef, JobRecord, JobStore, Placement
+from resurge.events import CheckpointNow, FaultDetected, FaultScope, JobPhase, Source
+from resurge.jobspec import parse_job
+from resurge.runtime.bus import Bus
+from resurge.runtime.service import ServiceContext
+from resurge.runtime.settings import Settings
+from resurge_restarter.node_ledger import QUARANTINE_REASON, NodeLedger
+from tests.integration.fake_backend import FakeBackend
+
+DETECTOR = Source(service="detector", instance="d")
+WAIT = 20.0
+
+
+def running(name: str, nodes: list[str], *, checkpoints: bool = False) -> JobRecord:
+    spec = parse_job({"metadata": {"name": name}, "spec": {"command": ["train"]}})
+    return JobRecord(
+        name=name,
+        spec=spec,
+        phase=JobPhase.RUNNING,
+        generation=2,
+        placements=[Placement(replica=r, node=n) for r, n in enumerate(nodes)],
+        reports_progress=checkpoints,
+        latest_checkpoint=CheckpointRef(step=100, path="/c/100") if checkpoints else None,
+    )
+
+
+def xid48(job: str, seconds: float, node: str = "n1") -> FaultDetected:
+    """XID 48 on ``node``, as the GPU health detector reports it to ``job``."""
+    return FaultDetected(
+        source=DETECTOR,
+        time=datetime.now(UTC) + timedelta(seconds=seconds),
+        fault_id=f"gpu:{node}:0:48:e{seconds}",
+        scope=FaultScope.NODE,
+        reason="gpu_xid",
+        evidence={"node": node, "xid": 48, "action": "reset_gpu"},
+        job=job,
+        node=node,
+        generation=2,
+    )
+
+
+class Ledger:
+    """A ledger, its stores and cluster, and the moves it asked for."""
+
+    def __init__(self, ledger: NodeLedger, backend: FakeBackend, jobs: JobStore) -> None:
+        self.ledger, self.backend, self.jobs = ledger, backend, jobs
+        self.moves: asyncio.Queue[FaultDetected] = asyncio.Queue()
+
+    def cordons(self) -> list[tuple[str, str]]:
+        return [(c.args[0], c.args[1]) for c in self.backend.calls if c.method == "cordon"]
+
+
+@contextlib.asynccontextmanager
+async def ledger_of(
+    bus: Bus, settings: Settings, records: list[JobRecord], policy: NodePolicy
+) -> AsyncIterator[Ledger]:
+    jobs = JobStore(await bus.jobs_bucket())
+    for record in records:
+        assert await jobs.create(record)
+    kv = await bus.node_health_bucket()
+    assert kv is not None
+    ctx = ServiceContext("restarter", settings, bus, CollectorRegistry(), AsyncExitStack())
+    backend = FakeBackend([NodeInfo(name=f"n{i}", slots=8) for i in range(1, 4)])
+    moves: asyncio.Queue[FaultDetected] = asyncio.Queue()
+
+    async def move(fault: FaultDetected) -> None:
+        moves.put_nowait(fault)
+
+    made = Ledger(NodeLedger(ctx, backend, NodeHealthStore(kv), jobs, move, policy), backend, jobs)
+    made.moves = moves
+    try:
+        yield made
+    finally:
+        for task in list(ctx.tasks):
+            task.cancel()
+        for task in list(ctx.tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await ctx.exit_stack.aclose()
+
+
+async def test_three_xid_48_across_two_jobs_quarantine_the_node_and_move_both(
+    bus: Bus, settings: Settings
+) -> None:
+    jobs = [running("a", ["n1", "n2"]), running("b", ["n3", "n1"])]
+    async with ledger_of(bus, settings, jobs, NodePolicy()) as made:
+        await made.ledger.on_fault(xid48("a", 0))
+        await made.ledger.on_fault(xid48("b", 0.001, "n1"))  # the same cause: one incident
+        await made.ledger.on_fault(xid48("b", 60))
+        assert made.cordons() == [] and made.moves.empty()
+        await made.ledger.on_fault(xid48("a", 120))
+
+        record = await made.ledger.nodes.get("n1")
+        assert record is not None
+        held = record[0].quarantine
+        assert held is not None and not held.dry_run and held.jobs == ["a", "b"]
+        assert record[0].counted == 3
+        [(node, reason)] = made.cordons()
+        assert node == "n1" and "quarantined" in reason and "xid_takes_gpu_out" in reason
+        moved = [await asyncio.wait_for(made.moves.get(), WAIT) for _ in range(2)]
+        assert sorted((m.job, m.node, m.reason, m.replica) for m in moved) == [
+            ("a", "n1", QUARANTINE_REASON, 0),
+            ("b", "n1", QUARANTINE_REASON, 1),
+        ]
+        assert all(m.scope is FaultScope.NODE for m in moved)
+
+
+async def test_a_job_that_checkpoints_moves_after_its_next_checkpoint(
+    bus: Bus, settings: Settings
+) -> None:
+    asked: asyncio.Queue[CheckpointNow] = asyncio.Queue()
+
+    async def on_command(event: object, _subject: str) -> None:
+        if isinstance(event, CheckpointNow):
+            asked.put_nowait(event)
+
+    await bus.subscribe(bus.subjects.cmd("c", 0), on_command)
+    async with ledger_of(
+        bus, settings, [running("c", ["n1"], checkpoints=True)], NodePolicy(threshold=1.0)
+    ) as made:
+        await made.ledger.on_fault(xid48("c", 0))
+        request = await asyncio.wait_for(asked.get(), WAIT)
+        assert request.generation == 2 and "n1 quarantined" in request.reason
+        assert made.moves.empty()  # it waits for the checkpoint
+
+        def saved(record: JobRecord) -> bool:
+            record.latest_checkpoint = CheckpointRef(step=130, path="/c/130")
+            return True
+
+        await made.jobs.mutate("c", saved)  # every rank saved step 130, as counted
+        moved = await asyncio.wait_for(made.moves.get(), WAIT)
+        assert (moved.job, moved.reason) == ("c", QUARANTINE_REASON)
+
+
+async def test_a_dry_run_reports_and_does_nothing(bus: Bus, settings: Settings) -> None:
+    async with ledger_of(
+        bus, settings, [running("d", ["n1"])], NodePolicy(mode="dry-run", threshold=1.0)
+    ) as made:
+        await made.ledger.on_fault(xid48("d", 0))
+        record = await made.ledger.nodes.get("n1")
+        assert record is not None and record[0].quarantine is not None
+        assert record[0].quarantine.dry_run
+        assert record[0].quarantine.jobs == []  # enforced, the jobs told to move are noted
+        assert made.cordons() == []
+        assert made.moves.empty()
+
+
+async def test_a_job_s_own_crash_counts_nothing_against_the_node(
+    bus: Bus, settings: Settings
+) -> None:
+    async with ledger_of(bus, settings, [running("e", ["n1"])], NodePolicy(threshold=0.1)) as made:
+        crash = FaultDetected(
+            source=DETECTOR,
+            fault_id="process_exit:e:g2:r0",
+            scope=FaultScope.PROCESS,
+            reason="process_crash",
+            evidence={"exit_code": 1, "last_output": "ZeroDivisionError: division by zero"},
+            job="e",
+            node="n1",
+            generation=2,
+        )
+        await made.ledger.on_fault(crash)
+        assert await made.ledger.nodes.get("n1") is None
+        assert made.cordons() == []
