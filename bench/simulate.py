@@ -31,10 +31,20 @@ delays, the failure rate and the checkpoint interval and write times 0.5 and 2: 
 of a full-job restart and the gap to it of the in-process ladder, with and without peer
 recovery.
 
+``--bad-nodes``: 16,384 nodes x 8 GPUs, a month, 5-minute checkpoints, resurge's whole
+ladder, over --seeds seeds: a fleet where 5% of the nodes fail 20 times as often as the
+rest by the kinds that count against a node (gpu, host), the fleet's mean rate held at
+the uniform fleet's, against the uniform fleet (the baseline, run in the same run with
+the same seeds): ETTR with no quarantine (a dry run, which counts what it would have
+quarantined), with quarantine, with quarantine and proactive moves (a fifth of gpu
+faults announced by warning signs) and with proactive moves alone, as ratios to the
+baseline; then the quarantine's settings varied on the fleet with bad nodes.
+
 This is a benchmark, not a test: it prints, it does not assert.
 
     .venv/bin/python bench/simulate.py [--quick] [--peer-only] [--snapshot-overhead 0.02]
         [--sweep-days 10] [--plot FILE] [--reproduce] [--sensitivity]
+        [--bad-nodes [--seeds 3] [--bad-nodes-days 30]]
 """
 
 from __future__ import annotations
@@ -57,6 +67,7 @@ from resurge.simulation import (
     young_daly_interval,
 )
 from resurge.simulation.costs import PARTS, breakdown
+from resurge.simulation.defaults import DEFAULT_FAILURES
 from resurge.simulation.failures import per_node_second
 from resurge.simulation.reproduce import (
     FT_HSDP_RATE_SCALE,
@@ -228,6 +239,13 @@ def main() -> int:
         "--sensitivity", action="store_true", help="only the inputs' sensitivity table"
     )
     parser.add_argument(
+        "--bad-nodes", action="store_true", help="only the bad nodes, quarantine and moves tables"
+    )
+    parser.add_argument("--seeds", type=int, default=3, help="--bad-nodes: seeds 1 to this")
+    parser.add_argument(
+        "--bad-nodes-days", type=float, default=30.0, help="--bad-nodes: simulated days"
+    )
+    parser.add_argument(
         "--snapshot-overhead",
         type=float,
         default=0.02,
@@ -235,6 +253,11 @@ def main() -> int:
     )
     args = parser.parse_args()
     started = time.perf_counter()
+    if args.bad_nodes:
+        bad_nodes(16_384, args.bad_nodes_days, range(1, args.seeds + 1))
+        print(f"\nwall time {time.perf_counter() - started:.1f} s")
+        print(f"recorded in {record('simulate', FIGURES)}")
+        return 0
     if args.reproduce or args.sensitivity:
         if args.reproduce:
             published()
@@ -313,6 +336,135 @@ def inputs() -> None:
             peer = row.gap(factor, "in-process + peer", "full-job restart")
             cells.append(f"{full:.3f} {ladder:+.3f} {peer:+.3f}")
         print(f"  {row.name:<24} {row.value:10.4g}   " + "   ".join(cells), flush=True)
+
+
+BAD_FRACTION = 0.05
+BAD_MULTIPLIER = 20.0
+PREDICTABLE_GPU = 0.2
+BAD_POLICIES: list[dict[str, Any]] = [
+    {"name": "no quarantine", "quarantine": {"dry_run": True}},
+    {"name": "quarantine", "quarantine": {}},
+    {"name": "quarantine + proactive moves", "quarantine": {}, "proactive_moves": True},
+    {"name": "proactive moves", "proactive_moves": True},
+]
+"""The policies of the bad-nodes table: resurge's whole ladder (the job spec's default
+recovery), with the quarantine's default settings (no quarantine is its dry run)."""
+
+QUARANTINE_VARIANTS: list[tuple[str, dict[str, Any]]] = [
+    ("threshold 1 (every fault)", {"threshold": 1.0}),
+    ("threshold 1.5 (default)", {}),
+    ("threshold 2.5", {"threshold": 2.5}),
+    ("threshold 2.5, half-life 24 h", {"threshold": 2.5, "half_life_hours": 24.0}),
+    ("never fixed", {"fixed_probability": 0.0}),
+    ("always fixed", {"fixed_probability": 1.0}),
+    ("out 24 h, not 72 h", {"hours": 24.0}),
+]
+"""The quarantine's settings varied, each over the defaults."""
+
+
+def fleet_config(
+    nodes: int, days: float, seed: int, bad: bool, policies: list[dict[str, Any]]
+) -> SimulationConfig:
+    """The bad-nodes table's config: ``bad``: 5% of the nodes fail 20x as often (mean
+    held); a fifth of gpu faults announced by warning signs."""
+    failures = {name: dict(kind) for name, kind in DEFAULT_FAILURES.items()}
+    failures["gpu"]["predictable_fraction"] = PREDICTABLE_GPU
+    cluster: dict[str, Any] = {"nodes": nodes, "gpus_per_node": 8, "spares": nodes // 50}
+    if bad:
+        cluster["bad_nodes"] = {"fraction": BAD_FRACTION, "rate_multiplier": BAD_MULTIPLIER}
+    return parse_config({
+        "days": days, "seed": seed, "cluster": cluster, "failures": failures,
+        "checkpoint": {"interval_minutes": 5, "write_seconds": WRITE_SECONDS},
+        "policies": policies,
+    })  # fmt: skip
+
+
+def fleet_runs(
+    nodes: int, days: float, seeds: range, bad: bool, policies: list[dict[str, Any]]
+) -> tuple[dict[str, list[PolicyResult]], float]:
+    """Each policy's results over ``seeds``; the longest wall time of one policy's run."""
+    out: dict[str, list[PolicyResult]] = {p["name"]: [] for p in policies}
+    slowest = 0.0
+    for seed in seeds:
+        started = time.perf_counter()
+        for result in simulate(fleet_config(nodes, days, seed, bad, policies)).results:
+            out[result.policy].append(result)
+        slowest = max(slowest, (time.perf_counter() - started) / len(policies))
+    return out, slowest
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+COUNTS = ("attributed_faults", "on_bad_nodes", "quarantines", "quarantined_bad",
+          "returned_fixed", "would_quarantine", "planned_moves")  # fmt: skip
+
+
+def fleet_row(
+    prefix: str, fleet: str, policy: str, results: list[PolicyResult], baseline: list[float]
+) -> str:
+    """One row of the bad-nodes table; records its figures, named from ``prefix``."""
+    tag = f"{prefix}_{slug(fleet)}_{slug(policy)}"
+    ettr = [r.ettr for r in results]
+    ratio = mean(ettr) / mean(baseline)
+    per_seed = [e / b for e, b in zip(ettr, baseline, strict=True)]
+    hit = mean([float(sum(r.faults.values())) for r in results])
+    n = {k: mean([float(r.nodes.get(k, 0)) for r in results]) for k in COUNTS}
+    share = n["on_bad_nodes"] / n["attributed_faults"]
+    held = n["would_quarantine"] or n["quarantines"]
+    would = " (would)" if n["would_quarantine"] else ""
+    FIGURES[f"{tag}_ettr"] = (round(mean(ettr), 3), "")
+    FIGURES[f"{tag}_ratio"] = (round(ratio, 3), "x")
+    if fleet != "uniform" and policy == "no quarantine":
+        FIGURES[f"{prefix}_attributed_on_bad_nodes_pct"] = (round(share * 100, 1), "%")
+        FIGURES[f"{prefix}_would_quarantine"] = (round(held), "")
+    return (
+        f"  {fleet:<8} {policy:<29} {mean(ettr):6.3f} {ratio:6.3f} "
+        f"{min(per_seed):6.3f}-{max(per_seed):.3f}  {hit:,.0f}; {share:.0%}; {held:,.0f}{would} "
+        f"({n['quarantined_bad']:,.0f}, {n['returned_fixed']:,.0f}); {n['planned_moves']:,.0f}"
+    )
+
+
+def bad_nodes(nodes: int, days: float, seeds: range) -> None:
+    """The bad-nodes table, then the quarantine's settings varied (the module)."""
+    tag = f"bad_nodes_{nodes}_nodes_{days:g}d"
+    print(
+        f"\nBad nodes: {nodes:,} nodes x 8 GPUs, {days:g} days, 5-minute checkpoints, the "
+        f"whole ladder, seeds {seeds.start}-{seeds.stop - 1}; {BAD_FRACTION:.0%} of the nodes "
+        f"fail {BAD_MULTIPLIER:g}x as often by gpu and host faults (the fleet's mean held), "
+        f"{PREDICTABLE_GPU:.0%} of gpu faults announced"
+    )
+    print(
+        f"  {'fleet':<8} {'policy':<29} {'ETTR':>6} {'ratio':>6} {'per seed':>13}  faults hit "
+        "job; attributed on bad nodes; quarantined (bad, fixed); planned moves"
+    )
+    runs: dict[str, dict[str, list[PolicyResult]]] = {}
+    for fleet, bad in (("uniform", False), ("5% bad", True)):
+        runs[fleet], slowest = fleet_runs(nodes, days, seeds, bad, BAD_POLICIES)
+        print(f"  ({fleet}: {slowest:.1f} s a run at most)", flush=True)
+    baseline = [r.ettr for r in runs["uniform"]["no quarantine"]]
+    FIGURES[f"{tag}_uniform_ettr"] = (round(mean(baseline), 3), "")
+    for fleet, by_policy in runs.items():
+        for policy, results in by_policy.items():
+            print(fleet_row(tag, fleet, policy, results, baseline), flush=True)
+    unquarantined = mean([r.ettr for r in runs["5% bad"]["no quarantine"]])
+    print(
+        "\n  Quarantine's settings (over threshold 1.5, half-life 168 h, out 72 h, fixed with "
+        "probability 0.5), 5% bad: ETTR, ratio to no quarantine on the same fleet"
+    )
+    variants = [{"name": n, "quarantine": q} for n, q in QUARANTINE_VARIANTS]
+    swept, _ = fleet_runs(nodes, days, seeds, True, variants)
+    for name, results in swept.items():
+        ettr = mean([r.ettr for r in results])
+        quarantines = mean([float(r.nodes.get("quarantines", 0)) for r in results])
+        on_bad = mean([float(r.nodes.get("quarantined_bad", 0)) for r in results])
+        print(
+            f"    {name:<30} {ettr:6.3f} {ettr / unquarantined:6.3f}  quarantined "
+            f"{quarantines:,.0f} ({on_bad:,.0f} bad)",
+            flush=True,
+        )
+        FIGURES[f"{tag}_quarantine_{slug(name)}_ratio"] = (round(ettr / unquarantined, 3), "x")
 
 
 def tables(quick: bool, sweep_days: float, plot: Path | None) -> None:
