@@ -144,6 +144,15 @@ def test_one_cause_faulting_every_job_on_the_node_is_one_incident() -> None:
     assert node.counted == 3
 
 
+def test_an_xid_and_the_ecc_rise_on_the_same_gpu_are_one_incident() -> None:
+    node = NodeHealth(name="n1")
+    on_gpu: dict[str, str | int] = {"xid": 48, "action": "reset_gpu", "gpu": 3}
+    assert count(node, fault("gpu_xid", at=0, evidence=on_gpu))
+    assert not count(node, fault("gpu_ecc", at=1, evidence={"gpu": 3}))
+    assert count(node, fault("gpu_ecc", at=1, evidence={"gpu": 2}))  # another GPU
+    assert [i.gpu for i in node.incidents] == [3, 2]
+
+
 def test_a_redelivered_fault_counts_once() -> None:
     node = NodeHealth(name="n1")
     assert count(node, xid48(0))

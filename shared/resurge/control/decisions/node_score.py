@@ -3,8 +3,9 @@
 Every fault the attribution table counts against a node
 (:mod:`resurge.control.decisions.node_attribution`) adds its weight to the node's score;
 the score halves every ``half_life_hours``, so a node that faulted long ago is trusted
-again. Faults of the same reason on the same node within :data:`INCIDENT_SECONDS` are one
-incident (one cause faults every job on the node at once). Once the score reaches
+again. Faults on the same node within :data:`INCIDENT_SECONDS` of each other are one
+incident where they have the same reason or the same GPU (one cause faults every job on
+the node at once; an XID and the ECC count it raised are one event). Once the score reaches
 ``threshold`` the node is quarantined: cordoned for new work, the jobs on it moved off
 at their next checkpoint; in ``dry-run`` mode the quarantine is only recorded and
 reported; ``off`` scores without quarantining. A quarantine ends by an operator's word
@@ -71,10 +72,13 @@ def apply_incident(
     """Count ``fault`` (attributed as ``counted``) against the node, and quarantine it if
     its score reaches the threshold. True if anything changed."""
     window = timedelta(seconds=INCIDENT_SECONDS)
+    gpu = fault.evidence.get("gpu")
+    gpu = gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None
     for incident in reversed(record.incidents):
         if incident.fault_id == fault.fault_id:
             return False
-        if incident.reason == fault.reason and abs(fault.time - incident.time) <= window:
+        same_cause = incident.reason == fault.reason or (gpu is not None and incident.gpu == gpu)
+        if same_cause and abs(fault.time - incident.time) <= window:
             return False
     score = current_score(record, now, policy) + counted.weight
     record.score, record.score_at = round(score, 6), now
@@ -88,6 +92,7 @@ def apply_incident(
             rule=counted.rule,
             weight=counted.weight,
             job=fault.job,
+            gpu=gpu,
             message=fault.message[:300],
         ),
     ][-INCIDENTS_KEPT:]

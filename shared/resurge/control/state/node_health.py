@@ -36,6 +36,7 @@ class NodeIncident(BaseModel):
     rule: str = Field(description="The attribution rule that counted it.")
     weight: float = Field(ge=0)
     job: str | None = None
+    gpu: int | None = Field(default=None, description="The GPU, for a GPU's fault.")
     message: str = ""
 
 
