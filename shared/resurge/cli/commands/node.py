@@ -1,17 +1,21 @@
-"""``resurge node``: list nodes, cordon or uncordon one; add, remove or power on one of
-the local cluster in the state folder (those three ignore ``RESURGE_NATS_URL``)."""
+"""``resurge node``: list nodes, describe one (its faults across jobs, its score, its
+quarantine), cordon or uncordon one (uncordon also ends its quarantine); add, remove or
+power on one of the local cluster in the state folder (those three ignore
+``RESURGE_NATS_URL``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from resurge.cli.arguments import label, positive
 from resurge.cli.connect import on_bus
 
 if TYPE_CHECKING:
+    from resurge.cluster import ClusterBackend
     from resurge.runtime.bus import Bus
 
 __all__ = ["add_parser", "run"]
@@ -24,9 +28,12 @@ def add_parser(commands: Any) -> None:
     """Register ``node`` and its subcommands."""
     node = commands.add_parser(
         "node",
-        help="list nodes, cordon or uncordon one; add, remove or power on one of a local cluster",
-        description="Nodes of the cluster: their slots, health, labels and cordons. A "
-        "cordoned node gets no new work; resurge cordons a node after a fatal GPU fault. "
+        help="list nodes, describe, cordon or uncordon one; add, remove or power on one of a "
+        "local cluster",
+        description="Nodes of the cluster: their slots, health, labels and cordons, and "
+        "their fault scores across jobs. A cordoned node gets no new work; resurge cordons "
+        "a node after a fatal GPU fault, and quarantines one whose score reaches "
+        "RESURGE_NODE_QUARANTINE_SCORE (docs/nodes.md). "
         "'add', 'remove' and 'up' change the nodes of the local cluster that `resurge up` "
         "runs in the state folder (they ignore RESURGE_NATS_URL); `resurge up` without "
         "--nodes keeps them.",
@@ -34,15 +41,31 @@ def add_parser(commands: Any) -> None:
     node.set_defaults(run=run)
     node_commands = node.add_subparsers(dest="node_command", required=True)
     node_list = node_commands.add_parser(
-        "list", help="every node: slots, free slots, health, cordon and why, jobs, labels"
+        "list",
+        help="every node: slots, free slots, health, cordon and why, jobs, score and "
+        "quarantine, labels",
     )
     node_list.add_argument("--json", action="store_true", help="print JSON")
+    describe = node_commands.add_parser(
+        "describe",
+        help="one node: its state, its fault score across jobs, its quarantine and the "
+        "faults counted against it",
+        description="One node: its slots, state, cordon and jobs as `resurge node list` "
+        "shows them; its score (decayed to now) against the quarantine threshold; its "
+        "quarantine (since when, why, the jobs moved off) and how the last one ended; and "
+        "the faults counted against it across every job, newest first, each with the "
+        "attribution rule that counted it (docs/nodes.md). The threshold, half-life and "
+        "mode shown are those of this command's settings (RESURGE_NODE_QUARANTINE...).",
+    )
+    describe.add_argument("name", help="node name, as `resurge node list` shows it")
+    describe.add_argument("--json", action="store_true", help="print JSON")
     for verb, what in (
         ("cordon", "give it no new work"),
         (
             "uncordon",
-            "let it take work again (the operator's word that it was repaired: on a local "
-            "cluster its simulated GPUs are healthy again)",
+            "let it take work again (the operator's word that it was repaired: its "
+            "quarantine ends and its score is cleared; on a local cluster its simulated "
+            "GPUs are healthy again)",
         ),
     ):
         change = node_commands.add_parser(verb, help=f"{verb} a node: {what}")
@@ -120,37 +143,116 @@ def run(args: argparse.Namespace) -> int:
         return await _node(bus, args, local=local)
 
     local_only = args.node_command in _LOCAL
-    if args.node_command == "list":
+    if args.node_command in ("list", "describe"):
         return on_bus(args, node)
     return on_bus(args, node, role="admin", local_only=local_only)
 
 
 async def _node(bus: Bus, args: argparse.Namespace, *, local: bool) -> int:
     from resurge.cluster import open_backend
-    from resurge.control.effects.nodes import bus_node_views, set_cordon
+    from resurge.control.effects.nodes import set_cordon
     from resurge.events import RepairNode
 
     if args.node_command in _LOCAL:
         return await _add_remove_or_power(bus, args)
     backend = await open_backend(bus, bus.settings)
     if args.node_command == "list":
-        views = await bus_node_views(bus, backend)
-        if args.json:
-            print(json.dumps(views, indent=2))
-            return 0
-        _print_nodes(views, _powered_off(args) if local else set())
-        return 0
+        return await _list(bus, backend, args, local=local)
+    if args.node_command == "describe":
+        return await _describe(bus, backend, args, local=local)
     try:
         await set_cordon(bus, backend, args.name, cordoned=args.node_command == "cordon")
     except LookupError as error:
         print(f"resurge node {args.node_command}: {error}", file=sys.stderr)
         return 1
+    released = None
     if args.node_command == "uncordon":  # the operator's word that it was repaired
         await bus.publish(
             bus.subjects.node_cmd(args.name), RepairNode(source=bus.source, node=args.name)
         )
+        released = await _release(bus, args.name)
     print(f"node {args.name} {args.node_command}ed")
+    if released is not None:
+        print(released)
     return 0
+
+
+async def _list(bus: Bus, backend: ClusterBackend, args: argparse.Namespace, local: bool) -> int:
+    """``node list``: each node's view with its score and quarantine."""
+    from resurge.cli.node_words import list_line
+    from resurge.control.decisions.node_score import NodePolicy
+    from resurge.control.effects.nodes import bus_node_views
+    from resurge.control.views.node_record import read_records, score_view
+
+    views = await bus_node_views(bus, backend)
+    records = await read_records(bus)
+    now, policy = datetime.now(UTC), NodePolicy.of(bus.settings)
+    views = [{**v, **score_view(records.get(str(v["name"])), now, policy)} for v in views]
+    if args.json:
+        print(json.dumps(views, indent=2))
+        return 0
+    if not views:
+        print("no nodes")
+    off = _powered_off(args) if local else set()
+    for view in views:
+        print(list_line(view, view["name"] in off))
+    return 0
+
+
+async def _describe(
+    bus: Bus, backend: ClusterBackend, args: argparse.Namespace, local: bool
+) -> int:
+    """``node describe NAME``: exit status 1 for a node neither the cluster nor a health
+    record knows."""
+    from resurge.cli.node_words import describe_lines
+    from resurge.control.decisions.node_score import NodePolicy
+    from resurge.control.effects.nodes import bus_node_views
+    from resurge.control.views.node_record import read_record, record_view
+
+    views = await bus_node_views(bus, backend)
+    node = next((v for v in views if v["name"] == args.name), None)
+    record = await read_record(bus, args.name)
+    if node is None and record is None:
+        known = ", ".join(str(v["name"]) for v in views) or "none"
+        print(
+            f"resurge node describe: no node {args.name!r} in the cluster and no fault "
+            f"record of one (nodes: {known})",
+            file=sys.stderr,
+        )
+        return 1
+    policy = NodePolicy.of(bus.settings)
+    view = {
+        **(node or {"name": args.name}),
+        "inCluster": node is not None,
+        **record_view(record, datetime.now(UTC), policy),
+    }
+    if args.json:
+        print(json.dumps(view, indent=2))
+        return 0
+    print("\n".join(describe_lines(view, local and args.name in _powered_off(args))))
+    return 0
+
+
+async def _release(bus: Bus, name: str) -> str | None:
+    """End node ``name``'s quarantine in its health record (the operator's word that it
+    was repaired); a line saying so, or None where it was not quarantined."""
+    from resurge.control.decisions.node_score import release
+    from resurge.control.state.node_health import NodeHealthStore
+
+    kv = await bus.node_health_bucket(create=False)
+    if kv is None:
+        return None
+    now = datetime.now(UTC)
+    before, after = await NodeHealthStore(kv).mutate(
+        name, lambda r: release(r, now, "operator", "resurge node uncordon")
+    )
+    held = before.quarantine
+    if held is None or after is before:
+        return None
+    what = "dry-run quarantine" if held.dry_run else "quarantine"
+    return (
+        f"node {name}'s {what} (since {held.since:%Y-%m-%d %H:%M:%S} UTC) released; its score is 0"
+    )
 
 
 def _powered_off(args: argparse.Namespace) -> set[str]:
@@ -159,29 +261,6 @@ def _powered_off(args: argparse.Namespace) -> set[str]:
 
     state = ClusterState.load(resolve_state_dir(args.state_dir))
     return set(state.down) if state is not None else set()
-
-
-def _print_nodes(views: list[dict[str, object]], powered_off: set[str]) -> None:
-    """``node list``'s lines: a node's slots, state (a powered-off one says so at once,
-    before its heartbeat runs out), cordon, jobs and labels."""
-    if not views:
-        print("no nodes")
-    for v in views:
-        state = "cordoned" if v["cordoned"] else "ready" if v["healthy"] else "unhealthy"
-        if not v["reporting"]:
-            state = "not reporting"
-        if v["name"] in powered_off:
-            state = f"powered off (`resurge node up {v['name']}`)"
-        why = f" ({v['cordonReason']})" if v["cordonReason"] else ""
-        jobs = v["jobs"]
-        names = ",".join(jobs) if isinstance(jobs, list) and jobs else "-"
-        labels = v["labels"]
-        tags = (
-            "  labels: " + ",".join(f"{k}={value}" for k, value in sorted(labels.items()))
-            if isinstance(labels, dict) and labels
-            else ""
-        )
-        print(f"{v['name']:<16} {v['free']}/{v['slots']} free  {state}{why}  jobs: {names}{tags}")
 
 
 async def _add_remove_or_power(bus: Bus, args: argparse.Namespace) -> int:
