@@ -19,7 +19,7 @@ from typing import Any
 
 from resurge.runtime.logs import RateLimitedLog
 
-__all__ = ["MAX_BYTES", "Entries", "pack", "replica_key", "unpack"]
+__all__ = ["MAX_BYTES", "Entries", "RanksByEntry", "pack", "replica_key", "unpack"]
 
 MAX_BYTES = 512 * 1024
 
@@ -50,6 +50,41 @@ def unpack(value: bytes) -> Any:
 def replica_key(replica: int | None) -> str:
     """The entry that holds one replica's ranks: ``r<replica>`` (``r_``: none named)."""
     return f"r{'_' if replica is None else replica}"
+
+
+class RanksByEntry:
+    """Which ranks each entry of one job's generation holds (:func:`replica_key` of the
+    rank's replica), so an entry's facts are gathered from its own ranks. A new
+    generation changes every entry as its ranks report; gathering each from a scan of
+    all the ranks made that quadratic in the ranks (at 4,096, 0.3 s a batch)."""
+
+    def __init__(self) -> None:
+        self._ranks: dict[str, dict[int, None]] = {}  # in filing order
+        self._key: dict[int, str] = {}
+
+    def file(self, rank: int, replica: int | None) -> None:
+        """``rank`` belongs to ``replica`` (again, or now to another)."""
+        key = replica_key(replica)
+        known = self._key.get(rank)
+        if known == key:
+            return
+        if known is not None:
+            self.remove(rank)
+        self._key[rank] = key
+        self._ranks.setdefault(key, {})[rank] = None
+
+    def remove(self, rank: int) -> None:
+        """``rank`` is in no entry now; a rank not filed is fine."""
+        key = self._key.pop(rank, None)
+        if key is not None:
+            ranks = self._ranks[key]
+            del ranks[rank]
+            if not ranks:
+                del self._ranks[key]
+
+    def ranks(self, key: str) -> list[int]:
+        """The ranks entry ``key`` holds, in the order they were filed."""
+        return list(self._ranks.get(key, ()))
 
 
 class Entries:

@@ -82,7 +82,7 @@ from resurge.jobspec.monitoring import (
     MonitoringSpec,
 )
 from resurge_detector.deadlines import Deadlines
-from resurge_detector.facts import Entries, pack, replica_key, unpack
+from resurge_detector.facts import Entries, RanksByEntry, pack, replica_key, unpack
 
 __all__ = ["HangDetector"]
 
@@ -111,11 +111,13 @@ class _Generation:
     waits: Deadlines[int] = field(default_factory=Deadlines)
     # Per stopped rank: quiet since it stopped or since any rank's last report, if later.
     stopped: Deadlines[int] = field(default_factory=lambda: Deadlines(at_limit=True))
+    entries: RanksByEntry = field(default_factory=RanksByEntry)  # its ranks' durable entries
 
     def start(self, number: int, rank: _Rank) -> _Rank:
         """A rank (re)started at ``rank.started``: it waits for its first report."""
         self.ended.discard(number)
         self.ranks[number] = rank
+        self.entries.file(number, rank.replica)
         self.waits.arm(number, rank.started, "startup")
         self.stopped.disarm(number)
         return rank
@@ -129,6 +131,7 @@ class _Generation:
         """A rank exited: nothing is awaited of it."""
         self.ended.add(number)
         self.ranks.pop(number, None)
+        self.entries.remove(number)
         self.waits.disarm(number)
         self.stopped.disarm(number)
 
@@ -156,11 +159,15 @@ class _Generation:
     def facts(self, job: str, number: int, key: str) -> bytes | None:
         """What a restarted detector needs to arm the waits of this generation's ranks of
         one replica again (packed); None when it has none."""
-        ranks = {
-            str(n): [r.replica, r.node, r.last_progress is not None, r.stopped_since is not None]
-            for n, r in self.ranks.items()
-            if replica_key(r.replica) == key
-        }
+        ranks: dict[str, list[Any]] = {}
+        for n in self.entries.ranks(key):
+            r = self.ranks[n]
+            ranks[str(n)] = [
+                r.replica,
+                r.node,
+                r.last_progress is not None,
+                r.stopped_since is not None,
+            ]
         if not ranks:
             return None
         return pack(job, {"uid": self.uid, "generation": number, "ranks": ranks})
@@ -262,20 +269,26 @@ class HangDetector:
         self._entries.touch_all(job)
 
     def _generation(self, job: str, number: int, ctx: DetectorContext) -> _Generation | None:
-        """The state of ``job``'s generation ``number``; None for an older generation."""
+        """The state of ``job``'s generation ``number``; None for one older than the
+        newest seen or than its record's."""
         newest = self._newest.get(job, -1)
         if number < newest:
+            return None
+        generation = self._generations.get((job, number))
+        if generation is not None:
+            return generation
+        record = ctx.job(job)
+        if record is not None and number < record.generation:
+            # Read late, after its record moved on (the tick dropped it): a detector behind
+            # must not make it again for every batch and rewrite its ranks' entries each time.
             return None
         if number > newest:
             self._newest[job] = number
             for key in [k for k in self._generations if k[0] == job and k[1] < number]:
                 del self._generations[key]
-        generation = self._generations.get((job, number))
-        if generation is None:
-            record = ctx.job(job)
-            uid = None if record is None else record.uid
-            generation = self._generations[(job, number)] = _Generation(uid)
-            self._entries.touch_all(job)  # the older generation's entries go
+        uid = None if record is None else record.uid
+        generation = self._generations[(job, number)] = _Generation(uid)
+        self._entries.touch_all(job)  # the older generation's entries go
         return generation
 
     # -- durable facts ------------------------------------------------------------------

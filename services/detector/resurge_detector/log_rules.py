@@ -92,7 +92,7 @@ from resurge_detector.bounded_regex import (
     PatternCache,
 )
 from resurge_detector.deadlines import Deadlines
-from resurge_detector.facts import Entries, pack, replica_key, unpack
+from resurge_detector.facts import Entries, RanksByEntry, pack, replica_key, unpack
 from resurge_detector.rule_costs import RuleCosts, Spent
 
 __all__ = ["EVIDENCE_LINE_CHARS", "LogRuleDetector"]
@@ -176,13 +176,16 @@ class _Job:
     uid: str | None = None  # the run's (its record's uid when the job was first seen)
     ranks: dict[int, _Rank] = field(default_factory=dict)
     fired: set[str] = field(default_factory=set)
+    entries: RanksByEntry = field(default_factory=RanksByEntry)  # its ranks' durable entries
 
     def facts(self, name: str, key: str) -> bytes | None:
         """What a restarted detector needs to arm the deadlines of this job's ranks of one
         replica again (packed); None when it has none."""
         # Per rank: [replica, node, started, stopped, rules matched, rules turned off].
-        ranks = {
-            str(number): [
+        ranks: dict[str, list[Any]] = {}
+        for number in self.entries.ranks(key):
+            rank = self.ranks[number]
+            ranks[str(number)] = [
                 rank.replica,
                 rank.node,
                 rank.started is not None,
@@ -190,9 +193,6 @@ class _Job:
                 sorted(n for n, s in rank.rules.items() if s.first_match),
                 sorted(n for n, s in rank.rules.items() if s.stopped),
             ]
-            for number, rank in self.ranks.items()
-            if replica_key(rank.replica) == key
-        }
         if not ranks:
             return None
         return pack(name, {"uid": self.uid, "generation": self.generation, "ranks": ranks})
@@ -248,6 +248,9 @@ class LogRuleDetector:
         if rank is None:
             rank = job.ranks[event.rank] = _Rank()
             self._entries.touch(event.job, replica_key(event.replica))
+            job.entries.file(event.rank, event.replica)
+        elif rank.replica != event.replica:
+            job.entries.file(event.rank, event.replica)
         rank.replica, rank.node = event.replica, event.node
         # Log lines first: they are nearly every event, and a model's failed isinstance
         # is slow.
@@ -394,6 +397,7 @@ class LogRuleDetector:
         for number, known in ranks.items():
             replica, node, was_started, was_stopped, matched, off = known
             rank = job.ranks[int(number)] = _Rank(replica, node)
+            job.entries.file(int(number), replica)
             if was_started:
                 rank.start(now)
             if was_stopped:

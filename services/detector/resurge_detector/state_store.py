@@ -19,10 +19,12 @@ from resurge.runtime.bus import Bus
 from resurge.runtime.kv_keys import bucket_keys
 from resurge_detector.runtime import DetectorRuntime, StateKey
 
-__all__ = ["STATE_BUCKET", "StateStore", "state_entry_key"]
+__all__ = ["STATE_BUCKET", "WRITES_IN_FLIGHT", "StateStore", "state_entry_key"]
 
 STATE_BUCKET = "detector_state"
 _STATE_MAX_AGE_SECONDS = 7 * 24 * 3600.0
+# Writes of one save awaited together (a round trip each, not one after another).
+WRITES_IN_FLIGHT = 128
 
 
 def state_entry_key(detector: str, job: str, key: str) -> str:
@@ -49,16 +51,33 @@ class StateStore:
         """Write what the detectors' state changed; what fails is retried next time.
 
         One save at a time (both lanes and the tick save): the changes are taken and
-        written in order, so an older value of a key is never written after a newer."""
+        written in order, so an older value of a key is never written after a newer.
+        Within a save each key is written once, so up to :data:`WRITES_IN_FLIGHT` writes
+        wait for their acknowledgements together: a save holds the batch it follows
+        (acked after it), and a job's new generation changes an entry per replica."""
         async with self._saving:
             self._unsaved.update(self.runtime.state_changes())
-            for where, value in list(self._unsaved.items()):
-                key = state_entry_key(*where)
-                if value is None:
-                    await self.kv.delete(key)
-                else:
-                    await self.kv.put(key, value)
-                del self._unsaved[where]
+            changes = list(self._unsaved.items())
+            for start in range(0, len(changes), WRITES_IN_FLIGHT):
+                part = changes[start : start + WRITES_IN_FLIGHT]
+                done = await asyncio.gather(
+                    *(self._write(*c) for c in part), return_exceptions=True
+                )
+                failed: BaseException | None = None
+                for (where, _), result in zip(part, done, strict=True):
+                    if result is None:
+                        del self._unsaved[where]
+                    elif failed is None:
+                        failed = result
+                if failed is not None:
+                    raise failed
+
+    async def _write(self, where: StateKey, value: bytes | None) -> None:
+        key = state_entry_key(*where)
+        if value is None:
+            await self.kv.delete(key)
+        else:
+            await self.kv.put(key, value)
 
     async def restore(self) -> int:
         """Hand every stored entry of the jobs this replica judges back to its detector;
