@@ -1,4 +1,4 @@
-"""`resurge node add` and `resurge node remove` on a real local cluster, as a user runs them.
+"""`resurge node add`, `remove` and `describe` on a real local cluster, as a user runs them.
 
 One cluster (one node of one GPU) serves the e2e tests here; each leaves it with only
 ``node-0``, uncordoned and idle.
@@ -85,6 +85,13 @@ def test_a_bad_label_or_an_unknown_node_is_refused_naming_it(cluster: Path) -> N
     assert unknown.returncode == 1
     assert "no node named 'node-9' in this local cluster (nodes: node-0)" in unknown.stderr
     assert set(nodes(cluster)) == {"node-0"}
+    # describe reads the node health records as the viewer role, the restarter's bucket
+    described = resurge(cluster, "node", "describe", "node-0")
+    assert described.returncode == 0, described.stderr
+    assert described.stdout.startswith("Node:         node-0\nSlots:        ")
+    assert "\nScore:        " in described.stdout
+    unknown = resurge(cluster, "node", "describe", "node-9")
+    assert unknown.returncode == 1 and "no node 'node-9' in the cluster" in unknown.stderr
 
 
 @pytest.mark.e2e

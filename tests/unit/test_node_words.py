@@ -118,10 +118,10 @@ def test_a_dry_run_says_it_would_quarantine_and_moved_nothing() -> None:
     dry = NodePolicy(mode="dry-run", threshold=1.0)
     view = described(faulted(xid48(timedelta(0), "a"), policy=dry), T0)
     assert view["quarantine"]["dryRun"] and score_words(view) == (
-        "score: 1 (would quarantine: dry run)"
+        "score: 1.00 (would quarantine: dry run)"
     )
     lines = describe_lines(view)
-    start = lines.index("Quarantine:   dry run since 2026-12-06 12:00:00 UTC, at score 1 >= 1")
+    start = lines.index("Quarantine:   dry run since 2026-12-06 12:00:00 UTC, at score 1.00 >= 1")
     assert lines[start + 1] == (
         "              not cordoned, no job moved (RESURGE_NODE_QUARANTINE=dry-run)"
     )

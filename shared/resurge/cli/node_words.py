@@ -35,7 +35,7 @@ def node_state(view: Mapping[str, Any], powered_off: bool = False) -> str:
 
 
 def score_words(view: Mapping[str, Any]) -> str:
-    """``score: 0``, ``score: 1.25``, ``score: 3 (quarantined)`` or ``score: 2.60
+    """``score: 0``, ``score: 1.25``, ``score: 3.00 (quarantined)`` or ``score: 2.60
     (would quarantine: dry run)``."""
     held = view["quarantine"]
     words = f"score: {_number(view['score'])}"
@@ -126,7 +126,7 @@ def _history_lines(view: Mapping[str, Any]) -> list[str]:
     for incident in incidents:
         job = f"  job {incident['job']}" if incident["job"] else ""
         lines.append(
-            f"  {_time(incident['time'])}  +{_number(incident['weight'])}  "
+            f"  {_time(incident['time'])}  +{incident['weight']:g}  "
             f"{incident['rule']} ({incident['reason']}){job}"
         )
         message = _first_line(incident["message"])
@@ -148,8 +148,8 @@ def _labels(labels: Mapping[str, str], between: str) -> str:
 
 
 def _number(value: float) -> str:
-    """A score: a whole number as ``2``, else two decimals: ``2.87``."""
-    return f"{value:g}" if float(value).is_integer() else f"{value:.2f}"
+    """A score: ``0``, else two decimals: ``2.87``, ``1.00``."""
+    return "0" if value == 0 else f"{value:.2f}"
 
 
 def _time(iso: str) -> str:

@@ -63,9 +63,9 @@ def add_parser(commands: Any) -> None:
         ("cordon", "give it no new work"),
         (
             "uncordon",
-            "let it take work again (the operator's word that it was repaired: its "
-            "quarantine ends and its score is cleared; on a local cluster its simulated "
-            "GPUs are healthy again)",
+            "let it take work again (the operator's word that it was repaired: a "
+            "quarantine ends, clearing its score; on a local cluster its simulated GPUs "
+            "are healthy again)",
         ),
     ):
         change = node_commands.add_parser(verb, help=f"{verb} a node: {what}")
