@@ -152,7 +152,9 @@ class NodeLedger:
                 evidence={"node": node.name, "score": held.score, "why": held.why},
                 suggested_level=RecoveryLevel.NODE,
                 job=current.name,
-                generation=current.generation,
+                # No generation: a restart of the job meanwhile (the fault that tipped the
+                # score faulted it too) must not make the move look stale.
+                generation=None,
                 node=node.name,
                 replica=next(p.replica for p in current.placements if p.node == node.name),
             )
