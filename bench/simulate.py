@@ -442,7 +442,8 @@ def bad_nodes(nodes: int, days: float, seeds: range) -> None:
     runs: dict[str, dict[str, list[PolicyResult]]] = {}
     for fleet, bad in (("uniform", False), ("5% bad", True)):
         runs[fleet], slowest = fleet_runs(nodes, days, seeds, bad, BAD_POLICIES)
-        print(f"  ({fleet}: {slowest:.1f} s a run at most)", flush=True)
+        count = runs[fleet]["no quarantine"][0].nodes["bad_nodes"]
+        print(f"  ({fleet}: {count:,} bad nodes; {slowest:.1f} s a run at most)", flush=True)
     baseline = [r.ettr for r in runs["uniform"]["no quarantine"]]
     FIGURES[f"{tag}_uniform_ettr"] = (round(mean(baseline), 3), "")
     for fleet, by_policy in runs.items():
