@@ -7,7 +7,9 @@ fail at published rates, deciding every recovery with the restarter's own policy
 :class:`SimulationConfig` (:func:`load_config` reads one from YAML) and returns a
 :class:`Summary`; :func:`write_plot` draws it. Every restart, under every policy, is
 priced by one cost model (:mod:`.costs`, the parts in :class:`CostParts`);
-:mod:`.reproduce` reproduces published fleets and :mod:`.sensitivity` varies each input.
+:mod:`.reproduce` reproduces published fleets and :mod:`.sensitivity` varies each input;
+:mod:`.node_health` gives a fleet a few bad nodes and a policy a node quarantine and
+proactive moves.
 docs/simulation.md has the model, the config fields and results.
 """
 
