@@ -122,6 +122,12 @@ async def test_three_xid_48_across_two_jobs_quarantine_the_node_and_move_both(
             ("b", "n1", QUARANTINE_REASON, 1),
         ]
         assert all(m.scope is FaultScope.NODE for m in moved)
+        registry = made.ledger.ctx.registry
+        assert registry.get_sample_value("resurge_node_quarantined", {"node": "n1"}) == 1.0
+        score = registry.get_sample_value("resurge_node_score", {"node": "n1"})
+        assert score is not None and 2.9 < score <= 3.0
+        counted = {"rule": "xid_takes_gpu_out"}
+        assert registry.get_sample_value("resurge_node_faults_counted_total", counted) == 3.0
 
 
 async def test_a_job_that_checkpoints_moves_after_its_next_checkpoint(

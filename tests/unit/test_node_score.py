@@ -138,10 +138,20 @@ def test_one_cause_faulting_every_job_on_the_node_is_one_incident() -> None:
     assert not count(
         node, fault("gpu_xid", at=0.01, job="b", fault_id="gpu:n1:0:48:e1", evidence=same)
     )
-    assert count(node, fault("node_unhealthy", at=1, job="a"))  # another reason: counted
-    assert not count(node, fault("node_unhealthy", at=1.1, job="b"))
+    assert not count(node, fault("node_unhealthy", at=1, job="a"))  # its consequence
     assert count(node, fault("node_unhealthy", at=1 + INCIDENT_SECONDS + 1, job="b"))
-    assert node.counted == 3
+    assert not count(node, fault("node_unhealthy", at=1.1 + INCIDENT_SECONDS + 1, job="a"))
+    assert node.counted == 2
+
+
+def test_one_incident_counts_at_the_highest_weight_among_its_faults() -> None:
+    node = NodeHealth(name="n1")
+    assert count(node, fault("straggler", at=0))  # 0.25
+    assert count(node, fault("gpu_fell_off_bus", at=1))  # 2.0: the same incident, raised
+    assert node.counted == 1
+    [incident] = node.incidents
+    assert (incident.rule, incident.weight) == ("gpu_fell_off_bus", 2.0)
+    assert node.score == pytest.approx(2.0, abs=0.01)
 
 
 def test_an_xid_and_the_ecc_rise_on_the_same_gpu_are_one_incident() -> None:

@@ -13,21 +13,28 @@ whose write quarantined the node carries the quarantine out, unless it is a dry 
    ``node_quarantined``, decided and carried out as any other (the job avoids the node
    from then on). A fatal fault on the node meanwhile moves the job at once, as ever.
 
-A dry run only logs what it would do. The score and the quarantine are metrics:
-``resurge_node_score{node}`` and ``resurge_node_quarantined{node}`` (1 quarantined, 0.5 a
-dry run's, 0 not), and ``resurge_node_faults_counted_total{rule}``.
+A dry run only logs what it would do. The score and the quarantine are metrics, worked
+out at scrape time from the records as a watch of the bucket last saw them (an operator's
+release included): ``resurge_node_score{node}`` (decayed to the scrape) and
+``resurge_node_quarantined{node}`` (1 quarantined, 0.5 a dry run's, 0 not); and
+``resurge_node_faults_counted_total{rule}``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from pydantic import ValidationError
 
 from resurge.cluster import ClusterBackend
+from resurge.contract.subjects import unescape_token
 from resurge.control.decisions.node_attribution import attribute
-from resurge.control.decisions.node_score import NodePolicy, apply_incident
+from resurge.control.decisions.node_score import NodePolicy, apply_incident, current_score
 from resurge.control.effects.checkpoint_first import checkpoint_first
 from resurge.control.state.node_health import NodeHealth, NodeHealthStore
 from resurge.control.state.records import JobRecord, JobStore
@@ -63,24 +70,32 @@ class NodeLedger:
         self._metrics(ctx.registry)
 
     def _metrics(self, registry: CollectorRegistry) -> None:
-        self.score = Gauge(
-            "resurge_node_score",
-            "A node's fault score across jobs (decaying; quarantined at the threshold).",
-            ["node"],
-            registry=registry,
-        )
-        self.quarantined = Gauge(
-            "resurge_node_quarantined",
-            "1 for a quarantined node, 0.5 for one a dry run would quarantine, else 0.",
-            ["node"],
-            registry=registry,
-        )
+        self.records: dict[str, NodeHealth] = {}
+        registry.register(_NodeCollector(self.records, self.policy))
         self.counted = Counter(
             "resurge_node_faults_counted_total",
             "Faults counted against a node, by the attribution rule that counted them.",
             ["rule"],
             registry=registry,
         )
+
+    async def watch(self) -> None:
+        """Keep :attr:`records` as the bucket holds them (in a background task)."""
+        watcher = await self.nodes.kv.watchall()
+        self.ctx.exit_stack.push_async_callback(watcher.stop)
+
+        async def pump() -> None:
+            async for entry in watcher:
+                if entry is None:
+                    continue
+                if not entry.value:
+                    self.records.pop(unescape_token(entry.key), None)
+                    continue
+                with contextlib.suppress(ValidationError):  # a newer release's record
+                    record = NodeHealth.model_validate_json(entry.value)
+                    self.records[record.name] = record
+
+        self.ctx.spawn(pump, name="watch_node_health")
 
     async def on_fault(self, fault: FaultDetected) -> None:
         """Count ``fault`` against its node if the table says so; quarantine the node
@@ -95,7 +110,7 @@ class NodeLedger:
         if after is before:
             return
         self.counted.labels(counted.rule).inc()
-        self.score.labels(after.name).set(after.score)
+        self.records[after.name] = after
         if before.quarantine is None and after.quarantine is not None:
             await self.quarantine(after)
 
@@ -106,14 +121,12 @@ class NodeLedger:
         jobs = [r for r in await self.jobs.all() if _runs_on(r, node.name)]
         names = ", ".join(r.name for r in jobs) or "none"
         if held.dry_run:
-            self.quarantined.labels(node.name).set(0.5)
             self.ctx.log.warning(
                 "dry run: would quarantine node %s (score %.2f >= %g: %s) and move jobs off "
                 "it: %s",
                 node.name, held.score, held.threshold, held.why, names,
             )  # fmt: skip
             return
-        self.quarantined.labels(node.name).set(1)
         self.ctx.log.warning(
             "quarantining node %s (score %.2f >= %g: %s); moving jobs off it: %s",
             node.name, held.score, held.threshold, held.why, names,
@@ -159,6 +172,34 @@ class NodeLedger:
                 replica=next(p.replica for p in current.placements if p.node == node.name),
             )
         )
+
+
+class _NodeCollector(Collector):
+    """Each node's score (decayed to the scrape) and quarantine, from ``records``."""
+
+    def __init__(self, records: dict[str, NodeHealth], policy: NodePolicy) -> None:
+        self.records = records
+        self.policy = policy
+
+    def collect(self) -> Iterator[Metric]:
+        """``resurge_node_score`` and ``resurge_node_quarantined`` of every node."""
+        now = datetime.now(UTC)
+        score = GaugeMetricFamily(
+            "resurge_node_score",
+            "A node's fault score across jobs (decaying; quarantined at the threshold).",
+            labels=["node"],
+        )
+        held = GaugeMetricFamily(
+            "resurge_node_quarantined",
+            "1 for a quarantined node, 0.5 for one a dry run would quarantine, else 0.",
+            labels=["node"],
+        )
+        for name, record in list(self.records.items()):
+            score.add_metric([name], current_score(record, now, self.policy))
+            q = record.quarantine
+            held.add_metric([name], 0.0 if q is None else 0.5 if q.dry_run else 1.0)
+        yield score
+        yield held
 
 
 def _runs_on(record: JobRecord, node: str) -> bool:

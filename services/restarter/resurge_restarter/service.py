@@ -155,6 +155,7 @@ class Restarter:
         self.ledger = NodeLedger(
             self.ctx, self.backend, NodeHealthStore(nodes), self.store, self.on_fault
         )
+        await self.ledger.watch()
         await bus.bind(RESTARTER_NODE_FAULTS, self.ledger.on_fault)
         await bus.bind(RESTARTER_SIGN_OF_LIFE, self.sign_of_life)
         await bus.bind(RESTARTER_RENDEZVOUS, self.on_rendezvous)

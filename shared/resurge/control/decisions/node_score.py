@@ -4,8 +4,9 @@ Every fault the attribution table counts against a node
 (:mod:`resurge.control.decisions.node_attribution`) adds its weight to the node's score;
 the score halves every ``half_life_hours``, so a node that faulted long ago is trusted
 again. Faults on the same node within :data:`INCIDENT_SECONDS` of each other are one
-incident where they have the same reason or the same GPU (one cause faults every job on
-the node at once; an XID and the ECC count it raised are one event). Once the score reaches
+incident, counted at the highest weight among them, unless they name different GPUs: one
+cause faults every job on the node at once, and shows more than once (an XID, the ECC
+count it raised, the node then reported unhealthy). Once the score reaches
 ``threshold`` the node is quarantined: cordoned for new work, the jobs on it moved off
 at their next checkpoint; in ``dry-run`` mode the quarantine is only recorded and
 reported; ``off`` scores without quarantining. A quarantine ends by an operator's word
@@ -74,28 +75,39 @@ def apply_incident(
     window = timedelta(seconds=INCIDENT_SECONDS)
     gpu = fault.evidence.get("gpu")
     gpu = gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None
-    for incident in reversed(record.incidents):
+    for index in range(len(record.incidents) - 1, -1, -1):
+        incident = record.incidents[index]
         if incident.fault_id == fault.fault_id:
             return False
-        same_cause = incident.reason == fault.reason or (gpu is not None and incident.gpu == gpu)
-        if same_cause and abs(fault.time - incident.time) <= window:
-            return False
-    score = current_score(record, now, policy) + counted.weight
-    record.score, record.score_at = round(score, 6), now
-    record.counted += 1
-    record.incidents = [
-        *record.incidents,
-        NodeIncident(
-            time=fault.time,
-            fault_id=fault.fault_id,
-            reason=fault.reason,
-            rule=counted.rule,
-            weight=counted.weight,
-            job=fault.job,
-            gpu=gpu,
-            message=fault.message[:300],
-        ),
-    ][-INCIDENTS_KEPT:]
+        other_gpu = gpu is not None and incident.gpu is not None and incident.gpu != gpu
+        if abs(fault.time - incident.time) <= window and not other_gpu:
+            if counted.weight <= incident.weight:
+                return False  # the same incident, counted already
+            raised = counted.weight - incident.weight
+            record.score = round(current_score(record, now, policy) + raised, 6)
+            record.score_at = now
+            record.incidents[index] = incident.model_copy(
+                update={"rule": counted.rule, "weight": counted.weight}
+            )
+            score = record.score
+            break
+    else:
+        score = current_score(record, now, policy) + counted.weight
+        record.score, record.score_at = round(score, 6), now
+        record.counted += 1
+        record.incidents = [
+            *record.incidents,
+            NodeIncident(
+                time=fault.time,
+                fault_id=fault.fault_id,
+                reason=fault.reason,
+                rule=counted.rule,
+                weight=counted.weight,
+                job=fault.job,
+                gpu=gpu,
+                message=fault.message[:300],
+            ),
+        ][-INCIDENTS_KEPT:]
     if record.quarantine is None and policy.mode != "off" and score >= policy.threshold:
         record.quarantine = Quarantine(
             since=now,
