@@ -248,6 +248,9 @@ def test_a_fleet_with_bad_nodes_fails_as_often_and_quarantine_removes_them() -> 
     assert sum(held.faults.values()) < sum(bad.faults.values())
     assert moved.nodes["planned_moves"] > 0
     assert sum(moved.faults.values()) < sum(held.faults.values())
+    for result in (uniform, bad, held, moved):
+        spent = result.productive_gpu_hours + sum(result.lost_gpu_hours.values())
+        assert spent == pytest.approx(60 * 24 * result.gpus, rel=1e-6)
 
 
 @pytest.mark.parametrize(
