@@ -145,7 +145,7 @@ async def test_a_job_that_checkpoints_moves_after_its_next_checkpoint(
     ) as made:
         await made.ledger.on_fault(xid48("c", 0))
         request = await asyncio.wait_for(asked.get(), WAIT)
-        assert request.generation == 2 and "n1 quarantined" in request.reason
+        assert request.generation == 2 and "node n1 is quarantined" in request.reason
         assert made.moves.empty()  # it waits for the checkpoint
 
         def saved(record: JobRecord) -> bool:

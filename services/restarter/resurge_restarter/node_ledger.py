@@ -7,11 +7,10 @@ compare-and-set; :mod:`resurge.control.decisions.node_score` decides). The insta
 whose write quarantined the node carries the quarantine out, unless it is a dry run:
 
 1. the node is cordoned, the reason naming the score and the faults behind it;
-2. each running job with a replica on it is asked for a checkpoint, and once every rank
-   saved one (or ``elastic.checkpointTimeoutSeconds`` passed, or at once for a job that
-   never reported one), moved off the node: a ``node`` recovery for a fault of reason
-   ``node_quarantined``, decided and carried out as any other (the job avoids the node
-   from then on). A fatal fault on the node meanwhile moves the job at once, as ever.
+2. each running job with a replica on it is moved off at its next checkpoint
+   (:mod:`.node_moves`), a ``node`` recovery for a fault of reason ``node_quarantined``
+   (the job avoids the node from then on). A fatal fault on the node meanwhile moves
+   the job at once, as ever.
 
 A dry run only logs what it would do. The score and the quarantine are metrics, worked
 out at scrape time from the records as a watch of the bucket last saw them (an operator's
@@ -35,11 +34,11 @@ from resurge.cluster import ClusterBackend
 from resurge.contract.subjects import unescape_token
 from resurge.control.decisions.node_attribution import attribute
 from resurge.control.decisions.node_score import NodePolicy, apply_incident, current_score
-from resurge.control.effects.checkpoint_first import checkpoint_first
 from resurge.control.state.node_health import NodeHealth, NodeHealthStore
 from resurge.control.state.records import JobRecord, JobStore
-from resurge.events import FaultDetected, FaultScope, RecoveryLevel, Severity
+from resurge.events import FaultDetected
 from resurge.runtime.service import ServiceContext
+from resurge_restarter.node_moves import MoveOff, NodeMover, runs_on
 
 __all__ = ["QUARANTINE_REASON", "NodeLedger"]
 
@@ -65,7 +64,7 @@ class NodeLedger:
         self.backend = backend
         self.nodes = nodes
         self.jobs = jobs
-        self.move = move
+        self.mover = NodeMover(ctx, jobs, move)
         self.policy = policy or NodePolicy.of(ctx.settings)
         self._metrics(ctx.registry)
 
@@ -118,7 +117,7 @@ class NodeLedger:
         """Carry out ``node``'s new quarantine (a dry run's: log it only)."""
         held = node.quarantine
         assert held is not None
-        jobs = [r for r in await self.jobs.all() if _runs_on(r, node.name)]
+        jobs = [r for r in await self.jobs.all() if runs_on(r, node.name)]
         names = ", ".join(r.name for r in jobs) or "none"
         if held.dry_run:
             self.ctx.log.warning(
@@ -136,42 +135,21 @@ class NodeLedger:
         )
         await self.nodes.mutate(node.name, lambda r: _note_jobs(r, [j.name for j in jobs]))
         for record in jobs:
-            self.ctx.spawn(self.move_off(record, node), name=f"move-off-{record.name}")
+            self.ctx.spawn(self._move_off(record, node), name=f"move-off-{record.name}")
 
-    async def move_off(self, record: JobRecord, node: NodeHealth) -> None:
-        """Move ``record``'s job off quarantined ``node`` at its next checkpoint."""
+    async def _move_off(self, record: JobRecord, node: NodeHealth) -> None:
         held = node.quarantine
         assert held is not None
-        if record.reports_progress and record.latest_checkpoint is not None:
-            bound = record.spec.spec.elastic.checkpoint_timeout_seconds
-            reason = f"node {node.name} quarantined"
-            if not await checkpoint_first(
-                self.ctx.bus, self.jobs, record, reason, bound, self.ctx.log
-            ):
-                return  # a fault started another generation: it decides anew
-        found = await self.jobs.get(record.name)
-        if found is None or not _runs_on(found[0], node.name):
-            return
-        current = found[0]
-        await self.move(
-            FaultDetected(
-                source=self.ctx.bus.source,
-                fault_id=f"{QUARANTINE_REASON}:{node.name}:{held.since.isoformat()}:{current.uid}",
-                scope=FaultScope.NODE,
-                reason=QUARANTINE_REASON,
-                severity=Severity.ERROR,
-                message=f"node {node.name} is quarantined (score {held.score:.2f} >= "
-                f"{held.threshold:g}: {held.why})",
-                evidence={"node": node.name, "score": held.score, "why": held.why},
-                suggested_level=RecoveryLevel.NODE,
-                job=current.name,
-                # No generation: a restart of the job meanwhile (the fault that tipped the
-                # score faulted it too) must not make the move look stale.
-                generation=None,
-                node=node.name,
-                replica=next(p.replica for p in current.placements if p.node == node.name),
-            )
+        words = (
+            f"node {node.name} is quarantined (score {held.score:.2f} >= "
+            f"{held.threshold:g}: {held.why})"
         )
+        off = MoveOff(
+            node.name, QUARANTINE_REASON, words, held.since.isoformat(),
+            {"score": held.score, "why": held.why},
+        )  # fmt: skip
+        said = await self.mover.move_off(record, off)
+        self.ctx.log.info("job %s off quarantined node %s: %s", record.name, node.name, said)
 
 
 class _NodeCollector(Collector):
@@ -200,11 +178,6 @@ class _NodeCollector(Collector):
             held.add_metric([name], 0.0 if q is None else 0.5 if q.dry_run else 1.0)
         yield score
         yield held
-
-
-def _runs_on(record: JobRecord, node: str) -> bool:
-    """Whether ``record``'s job runs (or is recovering) with a replica on ``node``."""
-    return not record.phase.finished and any(p.node == node for p in record.placements)
 
 
 def _note_jobs(record: NodeHealth, jobs: list[str]) -> bool:
