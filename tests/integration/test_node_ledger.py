@@ -12,10 +12,12 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from resurge.cluster import NodeInfo
 from resurge.control.decisions.node_score import NodePolicy
+from resurge.control.effects.node_drain import drain_node
 from resurge.control.state.node_health import NodeHealthStore
 from resurge.control.state.records import CheckpointRef, JobRecord, JobStore, Placement
 from resurge.events import CheckpointNow, FaultDetected, FaultScope, JobPhase, Source
@@ -187,3 +189,53 @@ async def test_a_job_s_own_crash_counts_nothing_against_the_node(
         await made.ledger.on_fault(crash)
         assert await made.ledger.nodes.get("n1") is None
         assert made.cordons() == []
+
+
+async def test_a_drain_checkpoints_the_jobs_on_the_node_then_moves_them_and_says_so(
+    bus: Bus, settings: Settings
+) -> None:
+    """``resurge node drain``'s path: the drain asked in the node's record, the ledger's
+    watch taking it up; one job checkpoints first (its count is made here, as the
+    restarter's would be on its ranks' reports), the other reports none."""
+    jobs = [running("f", ["n1", "n2"], checkpoints=True), running("g", ["n1"])]
+    async with ledger_of(bus, settings, jobs, NodePolicy()) as made:
+
+        async def count_the_checkpoint(event: object, _subject: str) -> None:
+            if isinstance(event, CheckpointNow):
+
+                def saved(record: JobRecord) -> bool:
+                    record.latest_checkpoint = CheckpointRef(step=150, path="/c/150")
+                    return True
+
+                await made.jobs.mutate("f", saved)
+
+        await bus.subscribe(bus.subjects.cmd("f", 0), count_the_checkpoint)
+        await made.ledger.watch()
+        drained = asyncio.create_task(drain_node(bus, made.backend, "n1", WAIT))
+        moved: dict[str, FaultDetected] = {}
+        for _ in range(2):  # the restarter's fault path moves each job (here: the queue)
+            fault = await asyncio.wait_for(made.moves.get(), WAIT)
+            assert fault.job is not None
+            moved[fault.job] = fault
+
+            def placed_elsewhere(record: JobRecord) -> bool:
+                record.placements = [p.model_copy(update={"node": "n3"}) for p in record.placements]
+                return True
+
+            await made.jobs.mutate(fault.job, placed_elsewhere)
+        done = await drained
+
+    assert sorted(moved) == ["f", "g"]
+    assert {f.reason for f in moved.values()} == {"node_drained"}
+    assert done.done is not None and done.by == "operator"
+    assert done.jobs == {
+        "f": "checkpointed step 150, then moved",
+        "g": "moved at once: its workers report no checkpoints",
+    }
+    assert made.cordons()[0][0] == "n1" and "drained" in made.cordons()[0][1]
+
+
+async def test_draining_an_unknown_node_names_the_known_ones(bus: Bus, settings: Settings) -> None:
+    async with ledger_of(bus, settings, [], NodePolicy()) as made:
+        with pytest.raises(LookupError, match=r"no node named 'n9' \(nodes: n1, n2, n3\)"):
+            await drain_node(bus, made.backend, "n9", WAIT)

@@ -38,6 +38,7 @@ from resurge.control.state.node_health import NodeHealth, NodeHealthStore
 from resurge.control.state.records import JobRecord, JobStore
 from resurge.events import FaultDetected
 from resurge.runtime.service import ServiceContext
+from resurge_restarter.node_drains import Drainer
 from resurge_restarter.node_moves import MoveOff, NodeMover, runs_on
 
 __all__ = ["QUARANTINE_REASON", "NodeLedger"]
@@ -65,6 +66,7 @@ class NodeLedger:
         self.nodes = nodes
         self.jobs = jobs
         self.mover = NodeMover(ctx, jobs, move)
+        self.drainer = Drainer(ctx, backend, nodes, jobs, self.mover)
         self.policy = policy or NodePolicy.of(ctx.settings)
         self._metrics(ctx.registry)
 
@@ -79,7 +81,8 @@ class NodeLedger:
         )
 
     async def watch(self) -> None:
-        """Keep :attr:`records` as the bucket holds them (in a background task)."""
+        """Keep :attr:`records` as the bucket holds them, and take up the drains asked
+        there (:mod:`.node_drains`), in a background task."""
         watcher = await self.nodes.kv.watchall()
         self.ctx.exit_stack.push_async_callback(watcher.stop)
 
@@ -93,6 +96,7 @@ class NodeLedger:
                 with contextlib.suppress(ValidationError):  # a newer release's record
                     record = NodeHealth.model_validate_json(entry.value)
                     self.records[record.name] = record
+                    self.drainer.seen(record)
 
         self.ctx.spawn(pump, name="watch_node_health")
 

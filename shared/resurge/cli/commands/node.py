@@ -70,6 +70,25 @@ def add_parser(commands: Any) -> None:
     ):
         change = node_commands.add_parser(verb, help=f"{verb} a node: {what}")
         change.add_argument("name", help="node name, as `resurge node list` shows it")
+    drain = node_commands.add_parser(
+        "drain",
+        help="checkpoint the jobs on a node, then move them off it, and say what was done",
+        description="Drain a node: the restarter cordons it, asks each job on it for a "
+        "checkpoint and moves the job off once every rank saved it (a job whose workers "
+        "report no checkpoints: at once; one whose checkpoint does not come within its "
+        "elastic.checkpointTimeoutSeconds: from its newest complete one). Returns once "
+        "every job is off the node, printing what was done for each; fails after "
+        "--timeout seconds, printing how far it got. The node stays cordoned: `resurge "
+        "node uncordon NAME` lets it take work again.",
+    )
+    drain.add_argument("name", help="node name, as `resurge node list` shows it")
+    drain.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="how long to wait for the jobs to be off the node (default 300)",
+    )
     power = node_commands.add_parser(
         "up",
         help="power a local cluster's node on again after `resurge inject node-down`",
@@ -160,6 +179,8 @@ async def _node(bus: Bus, args: argparse.Namespace, *, local: bool) -> int:
         return await _list(bus, backend, args, local=local)
     if args.node_command == "describe":
         return await _describe(bus, backend, args, local=local)
+    if args.node_command == "drain":
+        return await _drain(bus, backend, args)
     try:
         await set_cordon(bus, backend, args.name, cordoned=args.node_command == "cordon")
     except LookupError as error:
@@ -230,6 +251,31 @@ async def _describe(
         print(json.dumps(view, indent=2))
         return 0
     print("\n".join(describe_lines(view, local and args.name in _powered_off(args))))
+    return 0
+
+
+async def _drain(bus: Bus, backend: ClusterBackend, args: argparse.Namespace) -> int:
+    """``node drain NAME``: exit status 1 if the node is unknown or not drained in time."""
+    from resurge.control.effects.node_drain import DrainTimeout, drain_node
+
+    try:
+        done = await drain_node(bus, backend, args.name, args.timeout)
+    except LookupError as error:
+        print(f"resurge node drain: {error}", file=sys.stderr)
+        return 1
+    except DrainTimeout as late:
+        print(
+            f"resurge node drain: {args.name} not drained within {args.timeout:g} s",
+            file=sys.stderr,
+        )
+        for job, said in sorted((late.drain.jobs if late.drain else {}).items()):
+            print(f"  job {job}: {said or 'still moving'}", file=sys.stderr)
+        return 1
+    print(f"node {args.name} drained (it stays cordoned)")
+    if not done.jobs:
+        print("  no job ran on it")
+    for job, said in sorted(done.jobs.items()):
+        print(f"  job {job}: {said}")
     return 0
 
 

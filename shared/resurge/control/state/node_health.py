@@ -1,8 +1,9 @@
 """Node health records: each node's faults across jobs, its score, its quarantine.
 
 One JetStream KV entry per node (bucket :data:`resurge.runtime.bus.NODE_HEALTH_BUCKET`),
-written by the restarter (:mod:`resurge_restarter.node_ledger`) as faults come, and by
-an operator's ``resurge node uncordon`` (which releases a quarantine). Every write is a
+written by the restarter (:mod:`resurge_restarter.node_ledger`) as faults come and as
+it drains the node, and by an operator: ``resurge node uncordon`` releases a quarantine,
+``resurge node drain`` asks for a drain. Every write is a
 compare-and-set on the entry's revision, re-read and re-applied on a conflict. The score
 is stored as of ``score_at`` and decays from there (:mod:`resurge.control.decisions.node_score`).
 """
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from resurge.contract.subjects import escape_token, unescape_token
 from resurge.runtime.kv_keys import bucket_keys
 
-__all__ = ["NodeHealth", "NodeHealthStore", "NodeIncident", "Quarantine", "Release"]
+__all__ = ["Drain", "NodeHealth", "NodeHealthStore", "NodeIncident", "Quarantine", "Release"]
 
 _CAS_ATTEMPTS = 20
 INCIDENTS_KEPT = 50
@@ -65,6 +66,24 @@ class Release(BaseModel):
     why: str = ""
 
 
+class Drain(BaseModel):
+    """An operator's drain of the node (``resurge node drain``): the restarter cordons it
+    and moves each job on it off at its next checkpoint, saying what it did per job."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requested: datetime
+    by: str = Field(default="operator", description="Who asked for it.")
+    reason: str = ""
+    jobs: dict[str, str] = Field(
+        default_factory=dict,
+        description="The jobs on the node when the drain began -> what was done (empty "
+        "while it is being done).",
+    )
+    started: datetime | None = Field(default=None, description="When the restarter took it up.")
+    done: datetime | None = Field(default=None, description="When every job was off the node.")
+
+
 class NodeHealth(BaseModel):
     """One node's record across every job that ran on it."""
 
@@ -79,6 +98,7 @@ class NodeHealth(BaseModel):
     counted: int = Field(default=0, ge=0, description="Incidents counted in all.")
     quarantine: Quarantine | None = None
     last_release: Release | None = None
+    drain: Drain | None = Field(default=None, description="The newest drain, done or not.")
 
 
 class NodeHealthStore:
