@@ -172,3 +172,26 @@ def test_an_extrapolated_p99_is_never_below_its_p50() -> None:
     [guessed] = [p for p in every if p.extrapolated]
     assert guessed.p50 == pytest.approx(6.4)
     assert guessed.p99 == guessed.p50
+
+
+def test_the_curves_points_are_recorded_by_name_with_their_csv_s_provenance(
+    tmp_path: Path,
+) -> None:
+    scale_record = _load("scale_record")
+    points = [
+        fit.Point("fanout", 1, 256, 5, 0.1141, 0.2, 0.0004, 0.0008),
+        fit.Point("fanout", 1, 1024, 0, 0.9, 1.2, 0.0, 0.0, extrapolated=True, note="law"),
+    ]
+    text = fit.csv_text(points, ["made by: bench/scale_curves.py --quick", "on 2026-12-06; load 3"])
+    assert scale_record.figures_of(text) == {
+        "fanout_nats1_256_p50_ms": (114.1, "ms"),
+        "fanout_nats1_256_p99_ms": (200.0, "ms"),
+        "fanout_nats1_1024_p50_ms_extrapolated": (900.0, "ms"),
+        "fanout_nats1_1024_p99_ms_extrapolated": (1200.0, "ms"),
+    }
+    assert scale_record.header(text, "made by") == "bench/scale_curves.py --quick"
+    (tmp_path / "fanout.csv").write_text(text)
+    results = tmp_path / "results"
+    scale_record.main(["--from", str(tmp_path), "--results", str(results)])
+    recorded = json.loads((results / "scale_curves.json").read_text())["figures"]
+    assert recorded["fanout_nats1_256_p50_ms"]["command"] == "bench/scale_curves.py --quick"
