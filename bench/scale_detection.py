@@ -13,9 +13,11 @@ A sample is the fault's time less the rank's last progress (the moment the timeo
 counts from) less the timeout: what detection adds past the timeout, the part that
 grows with load. Every rank reports one step a second, so the silent one falls behind
 and is the one to blame; a hang fault of the round's generation that blames another
-rank still counts as the detection, and is counted. Other faults (a detector so far
-behind that live ranks or nodes look silent) are counted, and so are the detector's
-backlog and the load's lag behind its schedule at the end. A silent rank not detected
+rank still counts as the detection, and is counted. A hang fault before the round's
+rank goes silent (a live rank taken for hung: the generation's one hang fault is spent)
+and other faults (a detector so far behind that live ranks or nodes look silent) are
+counted, and so are the detector's backlog and the load's lag behind its schedule at
+the end. A silent rank not detected
 within a minute ends the point: the rounds after it would miss too.
 """
 
@@ -55,6 +57,7 @@ class Detection:
 
     past_timeout: list[float]
     missed: int
+    early: int
     stray: int
     blamed_another: int
     backlog: int
@@ -64,6 +67,10 @@ class Detection:
         words = [f"timeout {HEARTBEAT_TIMEOUT:g} s"]
         if self.missed:
             words.append(f"a silent rank not detected within {HEARTBEAT_TIMEOUT + 60:g} s")
+        if self.early:
+            words.append(
+                f"{self.early} hang faults before the silence (a live rank taken for hung)"
+            )
         if self.blamed_another:
             words.append(f"{self.blamed_another} hang faults blamed a live rank")
         if self.stray:
@@ -105,11 +112,11 @@ async def measure_detection(
         hangs: dict[int, FaultDetected] = {}  # generation -> its hang fault
         silenced: dict[int, int] = {}  # generation -> the rank silenced in it
         seen: defaultdict[int, asyncio.Event] = defaultdict(asyncio.Event)
-        stray = 0
+        stray = early = 0
         blamed_another: list[int] = []  # generations whose hang fault named a live rank
 
         async def on_fault(event: Event, _subject: str) -> None:
-            nonlocal stray
+            nonlocal stray, early
             if not isinstance(event, FaultDetected) or event.generation is None:
                 return
             if event.reason == "hang" and event.generation in silenced:
@@ -117,6 +124,8 @@ async def measure_detection(
                 seen[event.generation].set()
                 if event.rank != silenced[event.generation]:
                     blamed_another.append(event.generation)
+            elif event.reason == "hang":
+                early += 1
             else:
                 stray += 1
 
@@ -160,6 +169,7 @@ async def measure_detection(
         return Detection(
             past,
             missed,
+            early,
             stray,
             len(blamed_another),
             info.num_pending + info.num_ack_pending,

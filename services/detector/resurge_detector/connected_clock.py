@@ -25,6 +25,13 @@ gap longer than ``pause`` seconds is treated as an outage of the detector itself
 excluded and the grace follows it, as after a reconnect, for the backlog that queued
 meanwhile to be read before any silence counts.
 
+The clock also stands still while the service holds it (:meth:`ConnectedClock.hold`
+until :meth:`ConnectedClock.release`; holds nest): the service holds it while it
+writes its state before acking a batch, since its reading of events waits meanwhile
+(what arrives is not heard until the write ends), and at a job's new generation that
+write may take a second (one entry per replica). It runs again when the last hold is
+released, or when a grace or an outage that began meanwhile ends, whichever is later.
+
 It never runs backwards, and runs at the monotonic clock's pace otherwise; it is
 behind the wall clock it started at by the time excluded so far
 (:attr:`ConnectedClock.excluded_seconds`). Pure logic, no I/O: the service feeds it the
@@ -76,6 +83,7 @@ class ConnectedClock:
         self._stopped_at: float | None = None  # monotonic time the clock stopped
         self._until: float | None = None  # monotonic time it runs again (None: not known)
         self._down = False  # the connection is down (told, and not told back since)
+        self._holds = 0  # holds not released yet
 
     @property
     def stopped(self) -> bool:
@@ -108,6 +116,25 @@ class ConnectedClock:
             self._until = mono + self._grace
         self._down = False
 
+    def hold(self) -> None:
+        """The service stopped hearing events: the clock stands still until released."""
+        mono = self._read()
+        self._settle(mono)
+        self._holds += 1
+        if self._stopped_at is None:
+            self._stopped_at = self._until = mono
+
+    def release(self) -> None:
+        """A :meth:`hold` ends: with none left, the clock runs again (after a grace or
+        an outage that is still on)."""
+        if self._holds <= 0:
+            raise RuntimeError("the detector's clock was released more often than held")
+        mono = self._read()
+        self._holds -= 1
+        if self._holds == 0 and self._until is not None:
+            self._until = max(self._until, mono)
+        self._settle(mono)
+
     def connection_changed(self, connected: bool) -> None:
         """:meth:`reconnected` or :meth:`disconnected`: the bus's listener."""
         if connected:
@@ -137,7 +164,12 @@ class ConnectedClock:
         return mono
 
     def _settle(self, mono: float) -> None:
-        """End a stop whose grace has passed by ``mono``."""
-        if self._stopped_at is not None and self._until is not None and mono >= self._until:
+        """End a stop whose grace has passed by ``mono`` (and that no hold keeps)."""
+        if (
+            self._stopped_at is not None
+            and self._until is not None
+            and not self._holds
+            and mono >= self._until
+        ):
             self._excluded += self._until - self._stopped_at
             self._stopped_at = self._until = None

@@ -31,7 +31,8 @@ watch are loops supervised by the runner (:mod:`resurge.runtime.supervision`).
 Every time the detectors see (``now`` of each batch and tick) is read from a
 :class:`~resurge_detector.connected_clock.ConnectedClock` fed by the bus's connection
 changes: it stands still while the detector is cut off from NATS and for a grace after
-it is back, so an outage of the bus never counts as workers' silence.
+it is back, so an outage of the bus never counts as workers' silence, and while a batch
+waits for its state to be written (its lane reads nothing meanwhile).
 """
 
 from __future__ import annotations
@@ -275,7 +276,14 @@ class DetectorService:
                 await asyncio.sleep(0)
             part = events[start : start + _SLICE]
             await self.publish(self.runtime.observe_all(part, now))
-        await self.state.save()  # before the batch is acked: a failure redelivers it
+        # Before the batch is acked (a failure redelivers it). Events are not heard
+        # meanwhile, so the detectors' clock stands still: a long write (a job's new
+        # generation rewrites an entry per replica) is no silence of the workers.
+        self.clock.hold()
+        try:
+            await self.state.save()
+        finally:
+            self.clock.release()
 
 
 def make_setup(settings: DetectorSettings) -> Callable[[ServiceContext], Awaitable[None]]:
