@@ -31,6 +31,17 @@ delays, the failure rate and the checkpoint interval and write times 0.5 and 2: 
 of a full-job restart and the gap to it of the in-process ladder, with and without peer
 recovery.
 
+``--validate``: the simulator against the first-order ETTR of one job with exponential
+failures of one process kind (resurge.simulation.analytic_ettr), over the grid of
+tests/unit/test_simulation_validation.py, where the approximation holds, and beyond it
+(N r_f dt_cp = 0.3 and 1): each run's error, the largest over the grid.
+
+Every mode but ``--quick`` records what it printed in bench/results/simulate.json
+(bench/published.py): the ETTRs, each rung's price and its parts, the shares of time lost
+by cause, the wall time of each run and of the mode, and the cost model's measured inputs
+(``cost_<field>``) with the run they came from. ``--quick`` records nothing: its figures
+would replace the published ones under another command.
+
 ``--bad-nodes``: 16,384 nodes x 8 GPUs, a month, 5-minute checkpoints, resurge's whole
 ladder, over --seeds seeds: a fleet where 5% of the nodes fail 20 times as often as the
 rest by the kinds that count against a node (gpu, host), the fleet's mean rate held at
@@ -44,7 +55,7 @@ This is a benchmark, not a test: it prints, it does not assert.
 
     .venv/bin/python bench/simulate.py [--quick] [--peer-only] [--snapshot-overhead 0.02]
         [--sweep-days 10] [--plot FILE] [--reproduce] [--sensitivity]
-        [--bad-nodes [--seeds 3] [--bad-nodes-days 30]]
+        [--bad-nodes [--seeds 3] [--bad-nodes-days 30]] [--validate]
 """
 
 from __future__ import annotations
@@ -63,11 +74,12 @@ from resurge.simulation import (
     PolicyResult,
     SimulationConfig,
     Summary,
+    analytic_ettr,
     parse_config,
     young_daly_interval,
 )
 from resurge.simulation.costs import PARTS, breakdown
-from resurge.simulation.defaults import DEFAULT_FAILURES
+from resurge.simulation.defaults import DEFAULT_COSTS, DEFAULT_FAILURES
 from resurge.simulation.failures import per_node_second
 from resurge.simulation.reproduce import (
     FT_HSDP_RATE_SCALE,
@@ -87,6 +99,26 @@ CAUSE_HEADER = "% lost: detect restart redone ckpt wait snap"
 
 # What this run printed that the docs quote (bench/published.py), by name.
 FIGURES: dict[str, Figure] = {}
+
+_EARLIER = (
+    "the cost model's input (shared/resurge/simulation/defaults.py), measured on 2 cores "
+    "before the benches recorded results: "
+)
+MEASURED_INPUTS = {
+    "stop_seconds": _EARLIER + "bench/recovery.py --kills 3 --only a,d,e at load 10.6 to "
+    "14.7, (a) a process restart 0.64 s less the fork start 0.19 s",
+    "in_process_stop_seconds": _EARLIER + "bench/recovery.py --kills 3 --only a,d,e at "
+    "load 10.6 to 14.7, (e) an in-process restart",
+    "fork_start_seconds": _EARLIER + "bench/forkserver.py --rounds 5 at load 10.5, 4 "
+    "workers forked, until all exited, median",
+    "cold_start_seconds": _EARLIER + "bench/forkserver.py --rounds 5 at load 10.5, 4 "
+    "workers as new interpreters, until all exited, median",
+}
+"""The cost model's parts measured here, and the run each came from (recorded as
+``cost_<field>``; the others are published or assumed, docs/simulation.md cites them)."""
+
+LOST = ("detection", "restart", "redone", "checkpoint", "waiting", "snapshot")
+"""The causes of time lost, as a result's ``lost_gpu_hours`` names them."""
 
 
 def slug(text: str) -> str:
@@ -124,6 +156,26 @@ def mtbf_seconds(made: SimulationConfig) -> float:
     return 1.0 / ((made.cluster.nodes - made.cluster.spares) * rate)
 
 
+def lost_pct(result: PolicyResult) -> dict[str, float]:
+    """The share of the time held each cause lost, in %."""
+    held = result.productive_gpu_hours + sum(result.lost_gpu_hours.values())
+    return {cause: v / held * 100 for cause, v in result.lost_gpu_hours.items()}
+
+
+def record_lost(name: str, result: PolicyResult, causes: tuple[str, ...] = LOST) -> None:
+    """Record ``result``'s shares of time lost by ``causes`` as ``<name>_<cause>_pct``."""
+    for cause, pct in lost_pct(result).items():
+        if cause in causes:
+            FIGURES[f"{name}_{cause}_pct"] = (round(pct, 2), "%")
+
+
+def record_inputs() -> None:
+    """Record the cost model's measured inputs, each with the run it came from."""
+    for field, source in MEASURED_INPUTS.items():
+        value = getattr(DEFAULT_COSTS, field)
+        record("simulate", {f"cost_{field}": (value, "s")}, conditions=source)
+
+
 def row(result: PolicyResult, seconds: float) -> str:
     held = result.productive_gpu_hours + sum(result.lost_gpu_hours.values())
     lost = " ".join(f"{v / held * 100:5.1f}" for v in result.lost_gpu_hours.values())
@@ -143,6 +195,11 @@ def prices(made: SimulationConfig) -> None:
         cold = sum(breakdown(made.costs, level, ranks, fork_server=False).values())
         shown = " + ".join(f"{v:.2f}" for v in parts.values())
         print(f"    {level.value:<10} {sum(parts.values()):7.1f} = {shown}; cold {cold:.1f}")
+        tag = f"price_{made.cluster.nodes}_nodes"
+        FIGURES[f"{tag}_{level.value}_s"] = (round(sum(parts.values()), 2), "s")
+        FIGURES[f"{tag}_{level.value}_cold_s"] = (round(cold, 2), "s")
+        for part in ("group", "state"):  # the same at every rung
+            FIGURES[f"{tag}_{part}_s"] = (round(parts[part], 2), "s")
 
 
 def table(nodes: int, days: float) -> list[PolicyResult]:
@@ -154,14 +211,19 @@ def table(nodes: int, days: float) -> list[PolicyResult]:
     print(f"  {'policy':<20} {'ckpt':>8}  {'ETTR':>6}  {header:<45}  {'wall':>8}  "
           "restarts by rung")  # fmt: skip
     results = []
+    walls = []
     for interval in (5, 30):
         for index in range(len(made.policies)):
             started = time.perf_counter()
             (result,) = simulate(config(nodes, days, interval, index)).results
-            print(row(result, time.perf_counter() - started), flush=True)
+            walls.append(time.perf_counter() - started)
+            print(row(result, walls[-1]), flush=True)
             results.append(result)
             name = f"ettr_{nodes}_nodes_{interval}min_{slug(result.policy)}"
             FIGURES[name] = (round(result.ettr, 3), "")
+            record_lost(f"lost_{nodes}_nodes_{interval}min_{slug(result.policy)}", result)
+    FIGURES[f"wall_{nodes}_nodes_{days:g}d_run_min_s"] = (round(min(walls), 2), "s")
+    FIGURES[f"wall_{nodes}_nodes_{days:g}d_run_max_s"] = (round(max(walls), 2), "s")
     return results
 
 
@@ -213,6 +275,9 @@ def peer_table(nodes: int, days: float, overhead: float) -> None:
                 live_max = f"{redone['max_live']:.2f}" if "max_live" in redone else "-"
                 key = f"peer_ettr_{nodes}_nodes_{interval}min_{slug(result.policy)}_{slug(name)}"
                 FIGURES[key] = (round(result.ettr, 3), "")
+                if "sharded" not in name and "shard." not in name:
+                    lost_key = key.replace("peer_ettr_", "peer_lost_", 1)
+                    record_lost(lost_key, result, ("restart", "redone", "snapshot"))
                 print(f"  {result.policy:<19} {name:<18} {interval:>3} min  {result.ettr:5.3f}  "
                       f"{lost:<44}  {live:,}/{disk:,}; {redone.get('mean', 0):.2f}, "
                       f"{redone.get('max', 0):.0f}, {live_max}", flush=True)  # fmt: skip
@@ -246,6 +311,9 @@ def main() -> int:
         "--bad-nodes-days", type=float, default=30.0, help="--bad-nodes: simulated days"
     )
     parser.add_argument(
+        "--validate", action="store_true", help="only the simulator against the approximation"
+    )
+    parser.add_argument(
         "--snapshot-overhead",
         type=float,
         default=0.02,
@@ -255,23 +323,35 @@ def main() -> int:
     started = time.perf_counter()
     if args.bad_nodes:
         bad_nodes(16_384, args.bad_nodes_days, range(1, args.seeds + 1))
-        print(f"\nwall time {time.perf_counter() - started:.1f} s")
-        print(f"recorded in {record('simulate', FIGURES)}")
-        return 0
-    if args.reproduce or args.sensitivity:
-        if args.reproduce:
-            published()
-        if args.sensitivity:
-            inputs()
-        print(f"\nwall time {time.perf_counter() - started:.1f} s")
-        print(f"recorded in {record('simulate', FIGURES)}")
-        return 0
+        return finish(started, "")
+    if args.reproduce or args.sensitivity or args.validate:
+        modes = {"reproduce": published, "sensitivity": inputs, "validate": validate}
+        for name, mode in modes.items():
+            if getattr(args, name):
+                began = time.perf_counter()
+                mode()
+                FIGURES[f"wall_{name}_s"] = (round(time.perf_counter() - began, 1), "s")
+        return finish(started, "")
     if not args.peer_only:
         tables(args.quick, args.sweep_days, args.plot)
     peer_table(1_024, 30, args.snapshot_overhead)
     if not args.quick:
         peer_table(16_384, 30, args.snapshot_overhead)
-    print(f"\nwall time {time.perf_counter() - started:.1f} s")
+    name = "quick" if args.quick else "peer_only" if args.peer_only else "default"
+    return finish(started, name, recorded=not args.quick)
+
+
+def finish(started: float, mode: str, *, recorded: bool = True) -> int:
+    """Print the wall time; record it (as ``wall_<mode>_s`` where ``mode`` is given),
+    this run's figures and the cost model's measured inputs, unless not ``recorded``."""
+    wall = time.perf_counter() - started
+    print(f"\nwall time {wall:.1f} s")
+    if not recorded:
+        print("--quick: nothing recorded")
+        return 0
+    if mode:
+        FIGURES[f"wall_{mode}_s"] = (round(wall, 1), "s")
+    record_inputs()
     print(f"recorded in {record('simulate', FIGURES)}")
     return 0
 
@@ -294,6 +374,9 @@ def published() -> None:
     for scale in (1.0, 1.4, 1.5, 1.55):
         pair = [simulate(ft_hsdp_config(days, stall, scale)).results[0].ettr for stall in (10, 3)]
         print(f"    x{scale:<5g} {pair[0] * 100:5.1f} and {pair[1] * 100:5.1f}", flush=True)
+        for stall, ettr in zip((10, 3), pair, strict=True):
+            FIGURES[f"ft_hsdp_rate_x{slug(f'{scale:g}')}_{stall}min_stalls_pct"] = (
+                round(ettr * 100, 1), "%")  # fmt: skip
     print("\nresurge's policies at the same scales, every restart priced by the cost model:")
     for item in reproductions():
         made = projection(item)
@@ -308,8 +391,11 @@ def published() -> None:
               f"checkpoint every {made.checkpoint.interval_minutes:g} min "
               f"({time.perf_counter() - started:.1f} s)")  # fmt: skip
         for r in results:
-            print(f"    {r.policy:<20} ETTR {r.ettr:.3f}")
+            lost = ", ".join(f"{cause} {pct:.1f}" for cause, pct in lost_pct(r).items())
+            print(f"    {r.policy:<20} ETTR {r.ettr:.3f}; % lost: {lost}")
             FIGURES[f"projected_{slug(item.fleet)}_{slug(r.policy)}"] = (round(r.ettr, 3), "")
+            record_lost(f"projected_{slug(item.fleet)}_{slug(r.policy)}", r,
+                        ("restart", "redone", "checkpoint"))  # fmt: skip
 
 
 def inputs() -> None:
@@ -336,6 +422,57 @@ def inputs() -> None:
             peer = row.gap(factor, "in-process + peer", "full-job restart")
             cells.append(f"{full:.3f} {ladder:+.3f} {peer:+.3f}")
         print(f"  {row.name:<24} {row.value:10.4g}   " + "   ".join(cells), flush=True)
+
+
+VALIDATION_GRID = [
+    (nodes, load, interval, write)
+    for nodes in (8, 64)
+    for load in (0.02, 0.1)
+    for interval, write in ((10.0, 10.0), (60.0, 120.0))
+]
+"""N nodes, N r_f dt_cp, dt_cp (minutes), w_cp (seconds): tests/unit/
+test_simulation_validation.py's grid, where the approximation holds."""
+
+
+def one_job(nodes: int, load: float, interval: float, write: float, seed: int) -> SimulationConfig:
+    """The validation test's job: one process kind whose failures cost ``load`` = N r_f
+    dt_cp, detection 30 s and a 60 s restart (u0 = 90 s), about 400 failures a run."""
+    rate = load / (nodes * interval * 60.0)  # per node per second
+    return parse_config({
+        "seed": seed, "days": 400 / (nodes * rate) / 86_400.0,
+        "cluster": {"nodes": nodes, "gpus_per_node": 8},
+        "failures": {"crash": {"per_1000_node_days": rate * 86_400.0 * 1_000.0,
+                               "scope": "process", "detection_seconds": 30.0,
+                               "lowest_rung": "process"}},
+        "checkpoint": {"interval_minutes": interval, "write_seconds": write},
+        "step_seconds": 1.0, "restart_seconds": {"process": 60.0},
+        "policies": [{"name": "process", "recovery": {"levels": ["process"]}}],
+    })  # fmt: skip
+
+
+def validate() -> None:
+    """Each run's simulated ETTR against the approximation, in the grid and beyond it."""
+    print("\nValidation: one job, exponential failures of one process kind, u0 = 90 s, about "
+          "400 failures a run; error = |simulated - approximation| / approximation")  # fmt: skip
+    print(f"  {'N':>3} {'N r_f dt_cp':>11} {'dt_cp':>7} {'w_cp':>6}  {'simulated':>9} "
+          f"{'approx.':>8} {'error':>7}")  # fmt: skip
+    errors = []
+    beyond = [(8, 0.3, 10.0, 10.0), (8, 1.0, 10.0, 10.0)]
+    for nodes, load, interval, write in [*VALIDATION_GRID, *beyond]:
+        made = one_job(nodes, load, interval, write, seed=1 if load > 0.1 else nodes)
+        simulated, expected = simulate(made).results[0].ettr, analytic_ettr(made)
+        error = abs(simulated - expected) / expected * 100
+        print(f"  {nodes:>3} {load:>11g} {interval:>4g} min {write:>4g} s  {simulated:9.3f} "
+              f"{expected:8.3f} {error:6.2f}%", flush=True)  # fmt: skip
+        if (nodes, load, interval, write) in beyond:
+            tag = f"validation_load_{slug(f'{load:g}')}"
+            FIGURES[f"{tag}_error_pct"] = (round(error, 2), "%")
+            FIGURES[f"{tag}_simulated"] = (round(simulated, 3), "")
+            FIGURES[f"{tag}_approximation"] = (round(expected, 3), "")
+        else:
+            errors.append(error)
+    print(f"  largest error over the grid: {max(errors):.2f}%")
+    FIGURES["validation_grid_max_error_pct"] = (round(max(errors), 2), "%")
 
 
 BAD_FRACTION = 0.05
