@@ -5,7 +5,9 @@ by the command that made it and the machine's load; this records every point of 
 files with that command and those conditions (bench/published.py), so docs/scale.md quotes
 them as links the figures test checks:
 ``[114 ms](../bench/results/scale_curves.json#fanout_nats1_256_p50_ms)``. An extrapolated
-point's names end in ``_extrapolated``: a quote of one says so in its link.
+point's names end in ``_extrapolated``: a quote of one says so in its link. A resize
+point's stage medians (its note: "medians from the decision (s): warm-up 0.01, last
+checkpoint sent 0.22, ...") are recorded too, as ``resize_nats1_256_stage_<stage>_s``.
 
     .venv/bin/python bench/scale_record.py [--from docs/scale]
 """
@@ -13,6 +15,7 @@ point's names end in ``_extrapolated``: a quote of one says so in its link.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -30,7 +33,22 @@ def figures_of(text: str) -> dict[str, Figure]:
         name = f"{point.curve}_nats{point.nats_servers}_{point.replicas}"
         figures[f"{name}_p50_ms{tail}"] = (round(point.p50 * 1000, 1), "ms")
         figures[f"{name}_p99_ms{tail}"] = (round(point.p99 * 1000, 1), "ms")
+        for stage, seconds in stages(point.note).items():
+            figures[f"{name}_stage_{stage}_s"] = (seconds, "s")
     return figures
+
+
+def stages(note: str) -> dict[str, float]:
+    """The stage medians of a resize point's note, by a name made of the stage's words."""
+    if "medians from the decision (s):" not in note:
+        return {}
+    listed = note.split("medians from the decision (s):", 1)[1].split(";", 1)[0]
+    found = {}
+    for part in listed.split(","):
+        words = re.fullmatch(r"\s*(.+?)\s+(\d+(?:\.\d+)?)\s*", part)
+        if words is not None:
+            found[re.sub(r"\W+", "_", words.group(1).lower()).strip("_")] = float(words.group(2))
+    return found
 
 
 def header(text: str, key: str) -> str:

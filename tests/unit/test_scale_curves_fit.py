@@ -190,6 +190,15 @@ def test_the_curves_points_are_recorded_by_name_with_their_csv_s_provenance(
         "fanout_nats1_1024_p99_ms_extrapolated": (1200.0, "ms"),
     }
     assert scale_record.header(text, "made by") == "bench/scale_curves.py --quick"
+    note = (
+        "medians from the decision (s): warm-up 0.01, last checkpoint sent 0.22, "
+        "ScaleDecided 0.25; round 1: waiting"
+    )
+    assert scale_record.stages(note) == {
+        "warm_up": 0.01,
+        "last_checkpoint_sent": 0.22,
+        "scaledecided": 0.25,
+    }
     (tmp_path / "fanout.csv").write_text(text)
     results = tmp_path / "results"
     scale_record.main(["--from", str(tmp_path), "--results", str(results)])
