@@ -230,7 +230,7 @@ async def test_a_drain_checkpoints_the_jobs_on_the_node_then_moves_them_and_says
     assert done.done is not None and done.by == "operator"
     assert done.jobs == {
         "f": "checkpointed step 150, then moved",
-        "g": "moved at once: its workers report no checkpoints",
+        "g": "moved at once: its workers do not run resurge.worker (no checkpoint to ask for)",
     }
     assert made.cordons()[0][0] == "n1" and "drained" in made.cordons()[0][1]
 

@@ -2,7 +2,8 @@
 
 :meth:`NodeMover.move_off` asks the job for a checkpoint and waits (at most the job's
 ``elastic.checkpointTimeoutSeconds``) until every rank saved one newer than it had; a job
-whose workers never reported a checkpoint is moved at once. Then the move is decided
+whose workers do not run ``resurge.worker`` (they report no progress: nothing to ask a
+checkpoint of) is moved at once. Then the move is decided
 and carried out as any recovery is: a ``node``-scoped fault of the given reason goes to
 the restarter's fault path (``move``), which moves the job's replicas on the node to
 other nodes (or, where none fits, back to Pending) and has the job avoid the node. The
@@ -55,10 +56,10 @@ class NodeMover:
 
     async def move_off(self, record: JobRecord, off: MoveOff) -> str:
         """Move ``record``'s job off ``off.node`` at its next checkpoint; what it did."""
-        said = "moved at once: its workers report no checkpoints"
+        said = "moved at once: its workers do not run resurge.worker (no checkpoint to ask for)"
         for _ in range(_ATTEMPTS):
-            if record.reports_progress and record.latest_checkpoint is not None:
-                had = record.latest_checkpoint.step
+            if record.reports_progress:  # it runs resurge.worker: it can checkpoint on request
+                had = -1 if record.latest_checkpoint is None else record.latest_checkpoint.step
                 bound = record.spec.spec.elastic.checkpoint_timeout_seconds
                 if not await checkpoint_first(
                     self.ctx.bus, self.jobs, record, off.words, bound, self.ctx.log
@@ -73,7 +74,7 @@ class NodeMover:
                 said = (
                     f"checkpointed step {newest.step}, then moved"
                     if newest is not None and newest.step > had
-                    else f"no new checkpoint within {bound:g} s: moved from step {had}"
+                    else f"no new checkpoint within {bound:g} s: moved from step {max(had, 0)}"
                 )
             found = await self.jobs.get(record.name)
             if found is None or not runs_on(found[0], off.node):

@@ -75,7 +75,7 @@ def add_parser(commands: Any) -> None:
         help="checkpoint the jobs on a node, then move them off it, and say what was done",
         description="Drain a node: the restarter cordons it, asks each job on it for a "
         "checkpoint and moves the job off once every rank saved it (a job whose workers "
-        "report no checkpoints: at once; one whose checkpoint does not come within its "
+        "do not run resurge.worker: at once; one whose checkpoint does not come within its "
         "elastic.checkpointTimeoutSeconds: from its newest complete one). Returns once "
         "every job is off the node, printing what was done for each; fails after "
         "--timeout seconds, printing how far it got. The node stays cordoned: `resurge "
