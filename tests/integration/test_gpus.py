@@ -56,6 +56,9 @@ class FakePynvml:
         self.init_fails = init_fails
         self.handles = [object() for _ in range(count)]
         self.ecc = [0] * count
+        self.corrected = [0] * count
+        self.throttle = [0] * count
+        self.no_corrected: set[int] = set()
         self.lost: set[int] = set()
         self.no_power: set[int] = set()
         self.no_remapped_rows: set[int] = set()
@@ -103,8 +106,14 @@ class FakePynvml:
         return 250_500  # milliwatts
 
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter: int) -> int:
-        assert (error_type, counter) == (1, 0)  # uncorrected, volatile
-        return self.ecc[self._index(handle)]
+        assert error_type in (0, 1) and counter == 0  # corrected or uncorrected, volatile
+        index = self._index(handle)
+        if error_type == 0 and index in self.no_corrected:
+            raise FakeNvmlError(self.NOT_SUPPORTED)
+        return (self.corrected if error_type == 0 else self.ecc)[index]
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any) -> int:
+        return self.throttle[self._index(handle)]
 
     def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]:
         if self._index(handle) in self.no_remapped_rows:
@@ -132,6 +141,12 @@ class FakePynvml:
 
     def raise_xid(self, gpu: int, xid: int) -> None:
         self.events.put(SimpleNamespace(device=self.handles[gpu], eventType=0x8, eventData=xid))
+
+
+class OlderPynvml(FakePynvml):
+    """A pynvml without the throttle reasons call."""
+
+    nvmlDeviceGetCurrentClocksThrottleReasons = None  # type: ignore[assignment]
 
 
 class Reports:
@@ -169,6 +184,31 @@ def test_nvml_readings_are_assembled_from_each_query() -> None:
     assert second.retired_pages == 1  # no row remapping: retired pages instead
     gpus.close()
     assert fake.shutdowns == 1
+
+
+def test_nvml_reads_corrected_ecc_and_the_throttle_reasons_by_name() -> None:
+    fake = FakePynvml(2)
+    fake.corrected[0] = 17
+    fake.throttle[0] = 0x20 | 0x40 | 0x4  # sw thermal, hw thermal, sw power cap
+    fake.no_corrected.add(1)
+    gpus = NvmlGpus(fake)
+    first, second = gpus.readings()
+    assert first.ecc_corrected == 17
+    assert first.throttle_reasons == ["sw_power_cap", "sw_thermal", "hw_thermal"]
+    assert second.ecc_corrected is None  # not supported: no value, no error
+    assert second.throttle_reasons == []  # NVML says: not throttled
+    fake.corrected[0] = 40
+    fake.throttle[0] = 0x80
+    first = gpus.readings()[0]
+    assert first.ecc_corrected == 40 and first.throttle_reasons == ["hw_power_brake"]
+    gpus.close()
+
+
+def test_nvml_without_the_throttle_reasons_call_reads_none() -> None:
+    gpus = NvmlGpus(OlderPynvml(1))
+    reading = gpus.readings()[0]
+    assert reading.throttle_reasons is None and reading.ecc_corrected == 0
+    gpus.close()
 
 
 def test_nvml_xid_event_becomes_an_error_and_a_fatal_one_an_unhealthy_gpu() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from resurge.contract.vocabulary import RecoveryLevel
 from resurge.events.envelope import Envelope
@@ -173,11 +173,25 @@ class InjectFault(RunCommand):
 
 
 class InjectGpuError(Envelope):
-    """Make a simulated GPU report an error (``resurge inject xid``), on ``cmd._.<node>``."""
+    """Make a simulated GPU report an error (``resurge inject xid``), or show a warning
+    sign in its readings from now on (``resurge inject gpu-warning``), on ``cmd._.<node>``.
+    Exactly one of ``xid`` and ``warning``."""
 
     kind: Literal["inject_gpu_error"] = "inject_gpu_error"
     gpu: int = Field(ge=0, description="GPU index on the node.")
-    xid: int = Field(ge=0, description="The XID code to raise.", examples=[79])
+    xid: int | None = Field(default=None, ge=0, description="The XID code to raise.", examples=[79])
+    warning: Literal["corrected-ecc", "retired-pages", "thermal"] | None = Field(
+        default=None,
+        description="The warning sign its readings show from now on: the corrected ECC "
+        "count rising every sample, retired pages growing every sample, or thermal "
+        "throttling on.",
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> InjectGpuError:
+        if (self.xid is None) == (self.warning is None):
+            raise ValueError("give exactly one of xid and warning")
+        return self
 
 
 class RepairNode(Envelope):

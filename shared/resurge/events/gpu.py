@@ -29,6 +29,15 @@ class GpuReading(BaseModel):
     retired_pages: int | None = Field(
         default=None, ge=0, description="Retired (or pending remapped) memory pages/rows."
     )
+    ecc_corrected: int | None = Field(
+        default=None, ge=0, description="Volatile corrected (single-bit) ECC errors."
+    )
+    throttle_reasons: list[str] | None = Field(
+        default=None,
+        description="Why the clocks are held down now (NVML's throttle reasons: hw_thermal, "
+        "sw_thermal, hw_power_brake, sw_power_cap, hw_slowdown, ...); empty: not throttled.",
+        examples=[["sw_thermal"]],
+    )
     healthy: bool = Field(default=True, description="False once the GPU needs a reset or more.")
 
 

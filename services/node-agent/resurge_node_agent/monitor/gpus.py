@@ -9,12 +9,17 @@ until the monitor restarts, or, simulated, until :meth:`SimulatedGpus.repair` (t
 operator's ``resurge node uncordon``).
 
 - :class:`NvmlGpus` reads real GPUs through NVML (``pynvml``): utilisation, memory,
-  temperature, power, volatile uncorrected ECC errors (a rise is an ``ecc`` error),
-  remapped rows or retired pages, XID events from an NVML event set waited on in a
+  temperature, power, volatile uncorrected ECC errors (a rise is an ``ecc`` error) and
+  corrected ones, remapped rows or retired pages, the clocks' current throttle reasons
+  (by name, :data:`THROTTLE_REASONS`), XID events from an NVML event set waited on in a
   thread, and a GPU that answers a query with ``NVML_ERROR_GPU_IS_LOST`` (an error
-  ``fell_off_bus``). Where NVML cannot start it logs that once and reports no GPUs.
+  ``fell_off_bus``). A reading NVML does not support (or a function this pynvml lacks)
+  is null. Where NVML cannot start it logs that once and reports no GPUs.
 - :class:`SimulatedGpus` makes up plausible readings for a local virtual node;
-  :meth:`SimulatedGpus.inject_xid` raises an XID through the same callback.
+  :meth:`SimulatedGpus.inject_xid` raises an XID through the same callback, and
+  :meth:`SimulatedGpus.inject_warning` makes a GPU's readings show a warning sign from
+  then on (the corrected ECC count rising every sample, retired pages growing every
+  sample, or thermal throttling), until :meth:`SimulatedGpus.repair`.
 
 :func:`select_gpus` picks one for a monitor started with ``--gpus M``; :func:`monitoring`
 says which it is, as the node's report carries it.
@@ -37,11 +42,13 @@ from resurge.runtime.logs import RateLimitedLog
 
 __all__ = [
     "SIMULATE_GPUS",
+    "THROTTLE_REASONS",
     "ErrorSink",
     "GpuErrorReport",
     "GpuSource",
     "NvmlGpus",
     "SimulatedGpus",
+    "WarningSign",
     "monitoring",
     "select_gpus",
 ]
@@ -57,11 +64,32 @@ _NVML_ERROR_NOT_SUPPORTED = 3
 _NVML_ERROR_TIMEOUT = 10
 _NVML_ERROR_GPU_IS_LOST = 15
 _NVML_TEMPERATURE_GPU = 0
+_NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
 _NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 _NVML_VOLATILE_ECC = 0
 _NVML_EVENT_TYPE_XID_CRITICAL_ERROR = 0x8
 _NVML_RETIREMENT_CAUSES = (0, 1)  # multiple single-bit ECC errors, double-bit ECC error
 _EVENT_WAIT_MS = 1000
+
+# nvmlClocksThrottleReason* bits (nvml.h) by the names readings carry.
+THROTTLE_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+    0x100: "display_clock_setting",
+}
+# Newer pynvml names the call "clocks event reasons"; older ones "throttle reasons".
+_THROTTLE_CALLS = (
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+)
+
+WarningSign = Literal["corrected-ecc", "retired-pages", "thermal"]
 
 
 @dataclass(frozen=True)
@@ -283,7 +311,15 @@ class NvmlGpus:
             _NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
             _NVML_VOLATILE_ECC,
         )
+        corrected = self._query(
+            index,
+            nvml.nvmlDeviceGetTotalEccErrors,
+            handle,
+            _NVML_MEMORY_ERROR_TYPE_CORRECTED,
+            _NVML_VOLATILE_ECC,
+        )
         retired = self._retired(index, handle)
+        throttle = self._throttle_reasons(index, handle)
         if ecc is not None:
             self._check_ecc(index, uuid, int(ecc))
         return GpuReading(
@@ -296,8 +332,25 @@ class NvmlGpus:
             power_watts=None if power_mw is None else power_mw / 1000.0,
             ecc_uncorrected=None if ecc is None else int(ecc),
             retired_pages=retired,
+            ecc_corrected=None if corrected is None else int(corrected),
+            throttle_reasons=throttle,
             healthy=not self._health.is_unhealthy(index),
         )
+
+    def _throttle_reasons(self, index: int, handle: Any) -> list[str] | None:
+        """The clocks' current throttle reasons by name; None where NVML cannot say."""
+        call = next((c for c in map(self._nvml_call, _THROTTLE_CALLS) if c is not None), None)
+        if call is None:
+            return None
+        mask = self._query(index, call, handle)
+        if mask is None:
+            return None
+        bits = int(mask)
+        return [name for bit, name in THROTTLE_REASONS.items() if bits & bit]
+
+    def _nvml_call(self, name: str) -> Callable[..., Any] | None:
+        found: Callable[..., Any] | None = getattr(self._nvml, name, None)
+        return found
 
     def _retired(self, index: int, handle: Any) -> int | None:
         """Remapped rows (Ampere and newer), else retired pages (older GPUs)."""
@@ -410,6 +463,10 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+# What an injected corrected-ecc sign adds to the simulated GPU's count every sample.
+_CORRECTED_PER_SAMPLE = 60
+
+
 class SimulatedGpus:
     """Made-up GPUs for a local virtual node: plausible readings, injected XIDs."""
 
@@ -426,6 +483,8 @@ class SimulatedGpus:
         self._lock = threading.Lock()
         self._ecc = [0] * count
         self._retired = [0] * count
+        self._corrected = [0] * count
+        self._signs: list[set[WarningSign]] = [set() for _ in range(count)]
         self._uuids = [f"sim-{self._random.getrandbits(64):016x}-{i}" for i in range(count)]
 
     @property
@@ -454,18 +513,37 @@ class SimulatedGpus:
     def _reading(self, index: int) -> GpuReading:
         healthy = not self._health.is_unhealthy(index)
         busy = self._random.uniform(60.0, 99.0) if healthy else 0.0
+        signs = self._signs[index]
+        if "corrected-ecc" in signs:
+            self._corrected[index] += _CORRECTED_PER_SAMPLE
+        if "retired-pages" in signs:
+            self._retired[index] += 1
+        hot = "thermal" in signs
         return GpuReading(
             index=index,
             uuid=self._uuids[index],
             utilization_percent=round(busy, 1),
             memory_used_bytes=int(self._MEMORY_TOTAL * busy / 100 * 0.8),
             memory_total_bytes=self._MEMORY_TOTAL,
-            temperature_c=round(35.0 + busy * 0.4 + self._random.uniform(-2.0, 2.0), 1),
+            temperature_c=round(
+                (88.0 if hot else 35.0 + busy * 0.4) + self._random.uniform(-2.0, 2.0), 1
+            ),
             power_watts=round(70.0 + busy * 5.5 + self._random.uniform(-10.0, 10.0), 1),
             ecc_uncorrected=self._ecc[index],
             retired_pages=self._retired[index],
+            ecc_corrected=self._corrected[index],
+            throttle_reasons=["sw_thermal", "hw_thermal"] if hot else [],
             healthy=healthy,
         )
+
+    def inject_warning(self, gpu: int, sign: WarningSign) -> None:
+        """Make GPU ``gpu``'s readings show ``sign`` from the next sample on: its
+        corrected ECC count rising by a fixed amount every sample, one more retired page
+        every sample, or its clocks thermally throttled (and the GPU hot)."""
+        if not 0 <= gpu < self._count:
+            raise IndexError(f"no GPU {gpu}: this node has {self._count} (0..{self._count - 1})")
+        with self._lock:
+            self._signs[gpu].add(sign)
 
     def inject_xid(self, gpu: int, xid: int) -> GpuErrorReport:
         """Raise XID ``xid`` on GPU ``gpu``, as NVML would report it; returns the report."""
@@ -483,8 +561,11 @@ class SimulatedGpus:
         return report
 
     def repair(self) -> list[int]:
-        """The node was repaired: every GPU is healthy again, its error counters kept (as
-        a real GPU's are). The GPUs that were unhealthy."""
+        """The node was repaired: every GPU is healthy again and shows no warning sign,
+        its error counters kept (as a real GPU's are). The GPUs that were unhealthy."""
+        with self._lock:
+            for signs in self._signs:
+                signs.clear()
         return self._health.clear()
 
     def close(self) -> None:

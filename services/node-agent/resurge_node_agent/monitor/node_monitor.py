@@ -21,9 +21,10 @@
   calls for ``reset_gpu`` or ``replace_node`` (built-in XID table), or that fell off the
   bus, stays unhealthy until the monitor restarts.
 - Commands to the node arrive on ``cmd._.<node>`` (durable consumer
-  ``monitor-<node>``, new messages only): InjectGpuError raises an XID on a simulated GPU;
-  RepairNode (``resurge node uncordon``: the operator's word that the node was repaired)
-  makes every simulated GPU healthy again and reports the node at once. Both are
+  ``monitor-<node>``, new messages only): InjectGpuError raises an XID on a simulated
+  GPU, or makes its readings show a warning sign; RepairNode (``resurge node
+  uncordon``: the operator's word that the node was repaired) makes every simulated GPU
+  healthy again, without warning signs, and reports the node at once. Both are
   ignored, with a log line, on NVML GPUs.
 - Where the backend leaves it to the monitors (local; on Kubernetes the kubelet runs
   the groups' pods), watches the cluster backend for the worker groups placed on this
@@ -264,7 +265,7 @@ class NodeMonitor:
         if not isinstance(gpus, SimulatedGpus):
             self.ctx.log.warning(
                 "ignoring %s: this node's GPUs are real (NVML)",
-                "a repair" if isinstance(event, RepairNode) else f"injected XID {event.xid}",
+                "a repair" if isinstance(event, RepairNode) else _injected(event),
                 extra={"event_id": event.id},
             )
             return
@@ -278,14 +279,14 @@ class NodeMonitor:
             await self._report()  # the cluster sees the capacity now, not at the next beat
             return
         try:
-            gpus.inject_xid(event.gpu, event.xid)
+            if event.warning is not None:
+                gpus.inject_warning(event.gpu, event.warning)
+            elif event.xid is not None:
+                gpus.inject_xid(event.gpu, event.xid)
         except IndexError as error:
             raise PermanentError(f"node {self.config.node}: {error}") from None
         self.ctx.log.info(
-            "injected XID %d into simulated GPU %d",
-            event.xid,
-            event.gpu,
-            extra={"event_id": event.id},
+            "%s into simulated GPU %d", _injected(event), event.gpu, extra={"event_id": event.id}
         )
 
     async def _follow_worker_groups(self) -> None:
@@ -431,3 +432,10 @@ async def _terminate(process: asyncio.subprocess.Process, grace: float) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         await process.wait()
+
+
+def _injected(event: InjectGpuError) -> str:
+    """What ``event`` injects, in words."""
+    if event.warning is not None:
+        return f"injected warning sign {event.warning}"
+    return f"injected XID {event.xid}"

@@ -18,11 +18,13 @@ __all__ = ["add_parser", "run"]
 _NEEDS = {
     "worker": ("job", "rank"),
     "xid": ("node", "gpu", "code"),
+    "gpu-warning": ("node", "gpu", "sign"),
     "node-down": ("node",),
 }
 _TAKES = {
     "worker": {"job", "rank", "line"},
     "xid": {"node", "gpu", "code"},
+    "gpu-warning": {"node", "gpu", "sign"},
     "node-down": {"node"},
 }
 
@@ -36,24 +38,34 @@ def add_parser(commands: Any) -> None:
         "(SIGKILL), 'hang' (SIGSTOP), 'log' (a fake output line; the command says so when "
         "none of the job's log rules watch it) or 'exception' (raised in "
         "its training function; workers under resurge.worker.restartable only). Or 'xid': "
-        "an NVIDIA XID on a simulated GPU (--node N --gpu G --code C). Or 'node-down' "
+        "an NVIDIA XID on a simulated GPU (--node N --gpu G --code C). Or 'gpu-warning': "
+        "a warning sign in a simulated GPU's readings from now on (--node N --gpu G --sign "
+        "corrected-ecc|retired-pages|thermal: its corrected ECC count rising, its retired "
+        "pages growing, thermal throttling), until `resurge node uncordon`. Or 'node-down' "
         "(--node N): a power loss of a local cluster's node: its monitor, agents and "
         "workers are killed at once and stay down until `resurge node up N`.",
     )
     inject.add_argument(
         "fault",
-        choices=["crash", "hang", "log", "exception", "xid", "node-down"],
+        choices=["crash", "hang", "log", "exception", "xid", "gpu-warning", "node-down"],
         help="SIGKILL or SIGSTOP a worker, a fake log line, an exception in its training "
-        "function, an XID on a simulated GPU, or a local node's power loss",
+        "function, an XID or a warning sign on a simulated GPU, or a local node's power loss",
     )
     inject.add_argument("--job", help="crash|hang|log|exception: job name")
     inject.add_argument(
         "--rank", type=count, help="crash|hang|log|exception: global rank of the worker"
     )
     inject.add_argument("--line", default="", help="log: the line the worker 'prints'")
-    inject.add_argument("--node", help="xid: node whose GPU raises it; node-down: the node")
-    inject.add_argument("--gpu", type=count, help="xid: GPU index on the node")
+    inject.add_argument(
+        "--node", help="xid|gpu-warning: node whose GPU shows it; node-down: the node"
+    )
+    inject.add_argument("--gpu", type=count, help="xid|gpu-warning: GPU index on the node")
     inject.add_argument("--code", type=count, help="xid: the XID code, e.g. 79")
+    inject.add_argument(
+        "--sign",
+        choices=["corrected-ecc", "retired-pages", "thermal"],
+        help="gpu-warning: the warning sign the GPU's readings show",
+    )
     inject.set_defaults(run=run, inject_parser=inject)
 
 
@@ -69,11 +81,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> None:
     """Fail, naming the options, where the fault lacks some or got others."""
-    kind = args.fault if args.fault in ("xid", "node-down") else "worker"
+    kind = args.fault if args.fault in ("xid", "gpu-warning", "node-down") else "worker"
     missing = [f"--{name}" for name in _NEEDS[kind] if getattr(args, name) is None]
     stray = [
         f"--{name}"
-        for name in ("job", "rank", "line", "node", "gpu", "code")
+        for name in ("job", "rank", "line", "node", "gpu", "code", "sign")
         if name not in _TAKES[kind] and getattr(args, name) not in (None, "")
     ]
     parser: argparse.ArgumentParser = args.inject_parser
@@ -88,7 +100,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 async def _inject(bus: Bus, args: argparse.Namespace) -> int:
-    from resurge.control.effects.client import inject_fault, inject_xid
+    from resurge.control.effects.client import inject_fault, inject_gpu_warning, inject_xid
     from resurge.local.membership import MembershipError, power_off
     from resurge.local.state import resolve_state_dir
 
@@ -104,6 +116,10 @@ async def _inject(bus: Bus, args: argparse.Namespace) -> int:
         elif args.fault == "xid":
             what = await inject_xid(bus, args.node, args.gpu, args.code)
             done = f"injected XID {args.code} into GPU {args.gpu} of node {args.node} ({what})"
+        elif args.fault == "gpu-warning":
+            what = await inject_gpu_warning(bus, args.node, args.gpu, args.sign)
+            done = f"injected warning sign {args.sign} into GPU {args.gpu} of node {args.node} "
+            done += f"({what})"
         else:
             where = await inject_fault(bus, args.job, args.rank, args.fault, args.line)
             done = f"injected {args.fault} into rank {args.rank} of {args.job} ({where})"

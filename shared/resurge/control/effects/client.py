@@ -26,6 +26,7 @@ __all__ = [
     "connected",
     "delete_job",
     "inject_fault",
+    "inject_gpu_warning",
     "inject_xid",
     "job_status",
     "submit_job",
@@ -171,6 +172,32 @@ async def inject_xid(bus: Bus, node: str, gpu: int, xid: int) -> str:
     event = InjectGpuError(source=bus.source, node=node, gpu=gpu, xid=xid)
     await bus.publish(bus.subjects.node_cmd(node), event)
     return f"{lookup(xid).description}; built-in action {action_for(xid).value}"
+
+
+async def inject_gpu_warning(bus: Bus, node: str, gpu: int, sign: str) -> str:
+    """Send InjectGpuError with a warning ``sign`` (``corrected-ecc``, ``retired-pages``
+    or ``thermal``) to ``node``'s monitor; says what its readings will show.
+
+    A node the cluster backend does not list, or a GPU index beyond the node's slots,
+    is refused with :class:`LookupError`.
+    """
+    if sign not in _WARNING_WORDS:
+        raise LookupError(f"no warning sign {sign!r} (signs: {', '.join(_WARNING_WORDS)})")
+    info = await _node_record(await open_backend(bus, bus.settings), node)
+    if not 0 <= gpu < info.slots:
+        raise LookupError(f"node {node!r} has {info.slots} GPUs; there is no GPU {gpu}")
+    event = InjectGpuError.model_validate(
+        {"source": bus.source, "node": node, "gpu": gpu, "warning": sign}
+    )
+    await bus.publish(bus.subjects.node_cmd(node), event)
+    return _WARNING_WORDS[sign]
+
+
+_WARNING_WORDS = {
+    "corrected-ecc": "its corrected ECC count rises every sample",
+    "retired-pages": "it retires one more memory page every sample",
+    "thermal": "its clocks are thermally throttled from now on",
+}
 
 
 async def _node_record(backend: ClusterBackend, node: str) -> NodeInfo:
