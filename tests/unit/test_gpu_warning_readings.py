@@ -26,9 +26,8 @@ def test_injected_corrected_ecc_rises_every_sample_on_that_gpu_only() -> None:
     gpus.inject_warning(1, "corrected-ecc")
     counts = [[r.ecc_corrected for r in gpus.readings()] for _ in range(3)]
     assert [c[0] for c in counts] == [0, 0, 0]
-    rising = [c[1] for c in counts]
-    assert rising[0] is not None and rising[0] > 0
-    assert rising == sorted(set(rising)) and len(set(rising)) == 3  # strictly rising
+    rising = [c[1] or 0 for c in counts]
+    assert 0 < rising[0] < rising[1] < rising[2]
 
 
 def test_injected_retired_pages_grow_and_thermal_throttles() -> None:
