@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from prometheus_client import CollectorRegistry
 
-from resurge.cluster import NodeInfo
+from resurge.cluster import NodeInfo, Taint
 from resurge.control.decisions.node_score import NodePolicy
 from resurge.control.effects.node_drain import drain_node
 from resurge.control.state.node_health import NodeHealthStore
@@ -25,6 +25,7 @@ from resurge.jobspec import parse_job
 from resurge.runtime.bus import Bus
 from resurge.runtime.service import ServiceContext
 from resurge.runtime.settings import Settings
+from resurge_restarter.node_evictions import EvictionWatch
 from resurge_restarter.node_ledger import QUARANTINE_REASON, NodeLedger
 from tests.integration.fake_backend import FakeBackend
 
@@ -239,3 +240,28 @@ async def test_draining_an_unknown_node_names_the_known_ones(bus: Bus, settings:
     async with ledger_of(bus, settings, [], NodePolicy()) as made:
         with pytest.raises(LookupError, match=r"no node named 'n9' \(nodes: n1, n2, n3\)"):
             await drain_node(bus, made.backend, "n9", WAIT)
+
+
+async def test_a_node_tainted_noexecute_under_a_job_is_drained_first(
+    bus: Bus, settings: Settings
+) -> None:
+    """Another controller's NoExecute taint: the restarter asks the node's drain itself
+    (by ``kubernetes``), and the drain moves the job off as an operator's would."""
+    async with ledger_of(bus, settings, [running("h", ["n2"])], NodePolicy()) as made:
+        await made.ledger.watch()
+        watch = EvictionWatch(made.ledger.ctx, made.backend, made.ledger.nodes, made.jobs)
+        watch.start()
+        tainted = made.backend.nodes["n2"].model_copy(
+            update={"taints": [Taint(key="node.kubernetes.io/unreachable", effect="NoExecute")]}
+        )
+        await made.backend.report_node(tainted)
+        moved = await asyncio.wait_for(made.moves.get(), WAIT)
+        assert (moved.job, moved.node, moved.reason) == ("h", "n2", "node_drained")
+        record = await made.ledger.nodes.get("n2")
+        assert record is not None and record[0].drain is not None
+        assert record[0].drain.by == "kubernetes"
+        assert record[0].drain.reason == "NoExecute taint node.kubernetes.io/unreachable"
+        await watch.seen("n2", record[0].drain.reason)  # the same sign again: no new drain
+        again = await made.ledger.nodes.get("n2")
+        assert again is not None and again[0].drain is not None
+        assert again[0].drain.requested == record[0].drain.requested

@@ -97,6 +97,7 @@ from resurge.runtime.service import ServiceContext
 from resurge_restarter.dispatch import Dispatcher
 from resurge_restarter.known_jobs import KnownJobs
 from resurge_restarter.metrics import RestarterMetrics
+from resurge_restarter.node_evictions import EvictionWatch
 from resurge_restarter.node_ledger import NodeLedger
 from resurge_restarter.placing import MovePlacer, covered
 from resurge_restarter.reconcile import Reconciler, next_look
@@ -156,6 +157,7 @@ class Restarter:
             self.ctx, self.backend, NodeHealthStore(nodes), self.store, self.on_fault
         )
         await self.ledger.watch()
+        EvictionWatch(self.ctx, self.backend, NodeHealthStore(nodes), self.store).start()
         await bus.bind(RESTARTER_NODE_FAULTS, self.ledger.on_fault)
         await bus.bind(RESTARTER_SIGN_OF_LIFE, self.sign_of_life)
         await bus.bind(RESTARTER_RENDEZVOUS, self.on_rendezvous)

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 from resurge.cluster import ClusterBackend
 from resurge.contract.subjects import escape_token
-from resurge.control.state.node_health import Drain, NodeHealth, NodeHealthStore
+from resurge.control.state.node_health import Drain, NodeHealth, NodeHealthStore, ask_drain
 from resurge.runtime.bus import Bus
 
 __all__ = ["DrainTimeout", "drain_node"]
@@ -43,7 +43,9 @@ async def drain_node(bus: Bus, backend: ClusterBackend, node: str, within: float
     watcher = await kv.watch(escape_token(node))
     try:
         now = datetime.now(UTC)
-        _, after = await store.mutate(node, lambda r: _ask(r, now))
+        _, after = await store.mutate(
+            node, lambda r: ask_drain(r, now, "operator", "resurge node drain")
+        )
         asked = after.drain
         assert asked is not None
         latest: Drain | None = asked
@@ -64,11 +66,3 @@ async def drain_node(bus: Bus, backend: ClusterBackend, node: str, within: float
     finally:
         with contextlib.suppress(Exception):
             await watcher.stop()  # type: ignore[no-untyped-call]  # nats.py: untyped
-
-
-def _ask(record: NodeHealth, now: datetime) -> bool:
-    """A new drain, unless one is still being done (then that one is waited for)."""
-    if record.drain is not None and record.drain.done is None:
-        return False
-    record.drain = Drain(requested=now, by="operator", reason="resurge node drain")
-    return True

@@ -20,7 +20,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from resurge.contract.subjects import escape_token, unescape_token
 from resurge.runtime.kv_keys import bucket_keys
 
-__all__ = ["Drain", "NodeHealth", "NodeHealthStore", "NodeIncident", "Quarantine", "Release"]
+__all__ = [
+    "Drain",
+    "NodeHealth",
+    "NodeHealthStore",
+    "NodeIncident",
+    "Quarantine",
+    "Release",
+    "ask_drain",
+]
 
 _CAS_ATTEMPTS = 20
 INCIDENTS_KEPT = 50
@@ -99,6 +107,14 @@ class NodeHealth(BaseModel):
     quarantine: Quarantine | None = None
     last_release: Release | None = None
     drain: Drain | None = Field(default=None, description="The newest drain, done or not.")
+
+
+def ask_drain(record: NodeHealth, now: datetime, by: str, reason: str) -> bool:
+    """Ask for a drain of the node, unless one is still being done. True if asked."""
+    if record.drain is not None and record.drain.done is None:
+        return False
+    record.drain = Drain(requested=now, by=by, reason=reason)
+    return True
 
 
 class NodeHealthStore:
