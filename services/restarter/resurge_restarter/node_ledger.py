@@ -12,7 +12,17 @@ whose write quarantined the node carries the quarantine out, unless it is a dry 
    (the job avoids the node from then on). A fatal fault on the node meanwhile moves
    the job at once, as ever.
 
-A dry run only logs what it would do. The score and the quarantine are metrics, worked
+A dry run only logs what it would do.
+
+A counted warning sign (reason ``gpu_warning``, :mod:`resurge_detector.gpu_warnings`)
+whose sign predicts a failure (``corrected_ecc_rising``, ``retired_pages_growing``,
+``xid_precursor``) moves each job on the node off it at its next checkpoint, as a
+``node`` recovery for ``node_warning``, when ``RESURGE_NODE_PROACTIVE_MOVES`` is on
+(the default) and the same incident did not quarantine the node (which moves them
+already): once per node and warning (the fault's GPU, sign and ``since``), however many
+jobs' faults report it. The job resumes from the checkpoint it has just taken (a job
+under ``resurge.worker``'s checkpointless protection from its peers' memory); a job
+that reports no checkpoints is moved at once. The score and the quarantine are metrics, worked
 out at scrape time from the records as a watch of the bucket last saw them (an operator's
 release included): ``resurge_node_score{node}`` (decayed to the scrape) and
 ``resurge_node_quarantined{node}`` (1 quarantined, 0.5 a dry run's, 0 not); and
@@ -41,9 +51,11 @@ from resurge.runtime.service import ServiceContext
 from resurge_restarter.node_drains import Drainer
 from resurge_restarter.node_moves import MoveOff, NodeMover, runs_on
 
-__all__ = ["QUARANTINE_REASON", "NodeLedger"]
+__all__ = ["QUARANTINE_REASON", "WARNING_REASON", "NodeLedger"]
 
 QUARANTINE_REASON = "node_quarantined"
+WARNING_REASON = "node_warning"
+_PREDICTIVE_SIGNS = frozenset({"corrected_ecc_rising", "retired_pages_growing", "xid_precursor"})
 
 
 class NodeLedger:
@@ -68,6 +80,8 @@ class NodeLedger:
         self.mover = NodeMover(ctx, jobs, move)
         self.drainer = Drainer(ctx, backend, nodes, jobs, self.mover)
         self.policy = policy or NodePolicy.of(ctx.settings)
+        self.proactive = ctx.settings.node_proactive_moves
+        self._warned: set[tuple[str, str]] = set()  # (node, warning) moved for already
         self._metrics(ctx.registry)
 
     def _metrics(self, registry: CollectorRegistry) -> None:
@@ -116,6 +130,43 @@ class NodeLedger:
         self.records[after.name] = after
         if before.quarantine is None and after.quarantine is not None:
             await self.quarantine(after)
+        elif fault.reason == "gpu_warning" and after.quarantine is None:
+            await self.warned(after, fault)
+
+    async def warned(self, node: NodeHealth, fault: FaultDetected) -> None:
+        """Move the jobs off ``node`` for the warning sign ``fault`` reports, if it
+        predicts a failure and proactive moves are on; once per node and warning."""
+        sign = str(fault.evidence.get("sign"))
+        if sign not in _PREDICTIVE_SIGNS:
+            return
+        warning = f"{fault.evidence.get('gpu')}:{sign}:{fault.evidence.get('since')}"
+        if (node.name, warning) in self._warned:
+            return
+        self._warned.add((node.name, warning))
+        jobs = [r for r in await self.jobs.all() if runs_on(r, node.name)]
+        names = ", ".join(r.name for r in jobs) or "none"
+        if not self.proactive:
+            self.ctx.log.warning(
+                "node %s warns (%s); proactive moves are off (RESURGE_NODE_PROACTIVE_MOVES): "
+                "jobs stay on it: %s",
+                node.name, fault.message, names,
+            )  # fmt: skip
+            return
+        self.ctx.log.warning(
+            "node %s warns (%s): moving jobs off it at their next checkpoint: %s",
+            node.name, fault.message, names,
+        )  # fmt: skip
+        words = f"node {node.name} warns of a failure: {fault.message}"
+        evidence: dict[str, str | int | float | bool | None] = {
+            "sign": sign, "gpu": fault.evidence.get("gpu"), "warning": fault.fault_id,
+        }  # fmt: skip
+        off = MoveOff(node.name, WARNING_REASON, words, warning, evidence)
+        for record in jobs:
+            self.ctx.spawn(self._move_warned(record, off), name=f"warned-off-{record.name}")
+
+    async def _move_warned(self, record: JobRecord, off: MoveOff) -> None:
+        said = await self.mover.move_off(record, off)
+        self.ctx.log.info("job %s off warning node %s: %s", record.name, off.node, said)
 
     async def quarantine(self, node: NodeHealth) -> None:
         """Carry out ``node``'s new quarantine (a dry run's: log it only)."""

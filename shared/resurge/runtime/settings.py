@@ -183,6 +183,12 @@ class Settings(BaseSettings):
     node_score_half_life_hours: float = Field(
         default=24.0, gt=0, description="A node's score halves every this many hours."
     )
+    node_proactive_moves: bool = Field(
+        default=True,
+        description="Move the jobs off a node, each at its next checkpoint, when one of its "
+        "GPUs shows a warning sign that predicts a failure (rising corrected ECC, growing "
+        "retired pages, an XID known to precede failures).",
+    )
 
     @property
     def subjects(self) -> Subjects:
