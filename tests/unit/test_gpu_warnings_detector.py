@@ -170,3 +170,20 @@ def test_the_defaults_and_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("RESURGE_GPU_WARNING_XIDS", "92")
     d = GpuWarningDetector()
     assert d.settings.gpu_warning_ecc_rise == 7 and d.xids == {92}
+
+
+def test_docs_nodes_lists_each_threshold_with_its_default() -> None:
+    from pathlib import Path
+
+    from resurge.runtime.settings import Settings
+
+    text = (Path(__file__).parents[2] / "docs" / "nodes.md").read_text()
+    fields = {**GpuWarningSettings.model_fields}
+    for name, info in fields.items():
+        if not name.startswith("gpu_warning_"):
+            continue
+        default = info.default
+        shown = default if isinstance(default, str) else f"{default:g}"
+        assert f"| `RESURGE_{name.upper()}` | `{shown}` |" in text, name
+    assert Settings.model_fields["node_proactive_moves"].default is True
+    assert "| `RESURGE_NODE_PROACTIVE_MOVES` | `true` |" in text
