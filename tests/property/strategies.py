@@ -14,6 +14,7 @@ from resurge.events import (
     Envelope,
     GpuReading,
     GpuSample,
+    InjectGpuError,
     JobSubmitted,
     Source,
     encode_event,
@@ -80,6 +81,15 @@ def event_of(model: type[Envelope]) -> st.SearchStrategy[Envelope]:
             source=sources,
             job=st.text(min_size=1, max_size=30),
             spec=st.just(EXAMPLE_JOB),
+        )
+    if model is InjectGpuError:  # exactly one of xid and warning (its validator)
+        return st.one_of(
+            st.builds(InjectGpuError, source=sources, xid=st.integers(0, 2**31 - 1)),
+            st.builds(
+                InjectGpuError,
+                source=sources,
+                warning=st.sampled_from(["corrected-ecc", "retired-pages", "thermal"]),
+            ),
         )
     return st.builds(model, source=sources).filter(lambda event: _finite(event.model_dump()))
 

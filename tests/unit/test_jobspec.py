@@ -422,3 +422,13 @@ def test_hyperpod_restart_policy_block_is_accepted_inside_recovery() -> None:
                 "spec": {"command": ["x"], "recovery": {"restartPolicy": {"cleanPodPolicy": 1}}},
             }
         )
+
+
+@pytest.mark.parametrize("name", ["dict", "list", "int", "str"])
+def test_an_unknown_field_named_like_a_yaml_type_is_still_named(name: str) -> None:
+    # pydantic's union members' type names (dict, list, ...) are dropped from a path;
+    # an unknown field of that name is not such a tag (found by the property tests).
+    with pytest.raises(JobSpecError, match=rf"unknown field spec\.{name}\b"):
+        parse_job({"metadata": {"name": "a"}, "spec": {"command": ["x"], name: 1}})
+    with pytest.raises(JobSpecError, match=rf"unknown field {name} "):
+        parse_job({"metadata": {"name": "a"}, "spec": {"command": ["x"]}, name: 1})

@@ -37,9 +37,12 @@ def describe(error: ValidationError, model: type[BaseModel]) -> str:
 
 
 def _sentence(item: ErrorDetails, model: type[BaseModel]) -> str:
-    loc = [part for part in item["loc"] if not _is_union_tag(part)]
-    where = ".".join(str(part) for part in loc) or "the document"
     kind = item["type"]
+    raw = list(item["loc"])
+    # An unknown field's own name is the last part, whatever it is ("dict" included).
+    last = raw[-1:] if kind == "extra_forbidden" else []
+    loc = [part for part in raw[: len(raw) - len(last)] if not _is_union_tag(part)] + last
+    where = ".".join(str(part) for part in loc) or "the document"
     if kind == "extra_forbidden" and loc:
         known = _known_names(model, loc[:-1])
         close = difflib.get_close_matches(str(loc[-1]), known, n=2, cutoff=0.6)
