@@ -155,10 +155,17 @@ class Queueing:
         parts = self.workloads.setdefault(job, {})
         if BASE not in parts:
             parts[BASE] = await self._ensure_workload(training_job, pod, BASE)
+        # What is allowed and the admission whose flavors the pod takes are read at one
+        # moment: the watch may replace a Workload while this awaits (even by an older
+        # event than the one just read), and a pod made from a not-yet-admitted copy
+        # would get none of the flavor's node labels.
         allowed = self.allowed(training_job)
         admitted = rank < allowed
+        low = replica_bounds(training_job)[0]
+        workload = parts[BASE] if rank < low else parts.get(ELASTIC, parts[BASE])
+        admission = admission_of(workload)
         await self._tell(training_job, job, allowed > 0)
-        if not admitted:
+        if not admitted or not admission.admitted:
             log.info(
                 "no pod for %s replica %d: Kueue has not admitted it",
                 job,
@@ -166,9 +173,7 @@ class Queueing:
                 extra={"job": job},
             )
             return None
-        low = replica_bounds(training_job)[0]
-        workload = parts[BASE] if rank < low else parts.get(ELASTIC, parts[BASE])
-        labels = flavor_node_labels(await self._flavors(admission_of(workload)))
+        labels = flavor_node_labels(await self._flavors(admission))
         return with_node_labels(training_job, labels)
 
     async def _tell(self, training_job: dict[str, Any], job: str, admitted: bool) -> None:
