@@ -17,31 +17,18 @@ from prometheus_client import CollectorRegistry
 from resurge.cluster import NodeInfo
 from resurge.control.decisions.node_score import NodePolicy
 from resurge.control.state.node_health import NodeHealthStore
-from resurge.control.state.records import CheckpointRef, JobRecord, JobStore, Placement
-from resurge.events import CheckpointNow, FaultDetected, FaultScope, JobPhase, Source
-from resurge.jobspec import parse_job
+from resurge.control.state.records import CheckpointRef, JobRecord, JobStore
+from resurge.events import CheckpointNow, FaultDetected, FaultScope, Source
 from resurge.runtime.bus import Bus
 from resurge.runtime.service import ServiceContext
 from resurge.runtime.settings import Settings
 from resurge_restarter.node_ledger import WARNING_REASON, NodeLedger
 from tests.integration.fake_backend import FakeBackend
+from tests.integration.test_node_ledger import running
 
 DETECTOR = Source(service="detector", instance="d")
 WAIT = 20.0
 SINCE = datetime(2026, 1, 1, tzinfo=UTC).isoformat()
-
-
-def running(name: str, nodes: list[str], *, checkpoints: bool = False) -> JobRecord:
-    spec = parse_job({"metadata": {"name": name}, "spec": {"command": ["train"]}})
-    return JobRecord(
-        name=name,
-        spec=spec,
-        phase=JobPhase.RUNNING,
-        generation=2,
-        placements=[Placement(replica=r, node=n) for r, n in enumerate(nodes)],
-        reports_progress=checkpoints,
-        latest_checkpoint=CheckpointRef(step=100, path="/c/100") if checkpoints else None,
-    )
 
 
 def warning(job: str, sign: str, node: str = "n1") -> FaultDetected:

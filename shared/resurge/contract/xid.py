@@ -9,15 +9,13 @@ the GPU, and so the node, out of the job; ``restart_process`` leaves the GPU in 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from importlib.resources import files
-from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+
+from resurge.contract.data_tables import read_table
 
 __all__ = [
     "TABLE_VERSION",
@@ -28,7 +26,7 @@ __all__ = [
     "table_version",
 ]
 
-_TABLE_FILE = "data/xid_actions.yaml"
+_TABLE_FILE = "xid_actions.yaml"
 
 
 class XidAction(StrEnum):
@@ -71,10 +69,8 @@ class XidEntry:
     known: bool
 
 
-@functools.cache
 def _table() -> _Table:
-    document: Any = yaml.safe_load(files("resurge").joinpath(_TABLE_FILE).read_text())
-    return _Table.model_validate(document)
+    return read_table(_TABLE_FILE, _Table)
 
 
 def table_version() -> int:

@@ -10,20 +10,17 @@ with no node). A rule matches the fault's ``reason`` and every evidence key it l
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
-from importlib.resources import files
-from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator
 
+from resurge.contract.data_tables import read_table
 from resurge.events import FaultDetected
 
 __all__ = ["Attribution", "Rule", "attribute", "fault_node", "rules", "table_version"]
 
-_TABLE_FILE = "data/node_attribution.yaml"
+_TABLE_FILE = "node_attribution.yaml"
 
 
 class _Matches(BaseModel):
@@ -87,10 +84,8 @@ class Attribution:
     needs: str
 
 
-@functools.cache
 def _table() -> _Table:
-    document: Any = yaml.safe_load(files("resurge").joinpath(_TABLE_FILE).read_text())
-    return _Table.model_validate(document)
+    return read_table(_TABLE_FILE, _Table)
 
 
 def table_version() -> int:
