@@ -176,9 +176,10 @@ RESTARTER_FAULTS = Subscription(
 )  # fmt: skip
 RESTARTER_NODE_FAULTS = Subscription(
     "restarter", "node-faults", "fault", lambda s, _: s.all("fault"), Reader.DURABLE,
-    ("fault_detected",), durable="restarter-node-ledger",
+    ("fault_detected",), durable="restarter-node-ledger", dead_letters=False,
     reads="counts every fault the attribution table puts on a node into that node's score, "
-    "across jobs; quarantines a node whose score reaches the threshold",
+    "across jobs; quarantines a node whose score reaches the threshold (a bad message is "
+    "dead-lettered by the restarter's fault consumer)",
 )  # fmt: skip
 RESTARTER_SIGN_OF_LIFE = Subscription(
     "restarter", "sign-of-life", "raw", _raw_kind("process_started"), Reader.DURABLE,

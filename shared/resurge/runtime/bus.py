@@ -171,6 +171,7 @@ class _Consumer:
     expects: tuple[type[Envelope], ...]
     handler: Handler
     kind_token: int | None = None
+    dead_letters: bool = True
 
 
 class _StillHandling:
@@ -526,6 +527,7 @@ class Bus:
         kind_token: int | None = None,
         inactive_seconds: float | None = None,
         stream: str | None = None,
+        dead_letters: bool = True,
     ) -> None:
         """Bind durable consumer ``durable`` on ``subject`` and feed ``handler``.
 
@@ -539,14 +541,17 @@ class Bus:
         ``stream``: the name of the stream it reads (None: the one storing ``subject``,
         :func:`stream_of_subject`). ``redeliver_after``: the waits before each delivery
         again of an unacked message (the last repeats), up to ``max_deliver`` deliveries;
-        an existing consumer with other waits is updated to these.
+        an existing consumer with other waits is updated to these. ``dead_letters``
+        False ends bad messages without dead-lettering them, for a consumer whose messages
+        another consumer of the service also reads and dead-letters (each bad message is
+        dead-lettered and counted once).
         """
         if len(redeliver_after) >= max_deliver or min(redeliver_after) <= HANDLER_ALIVE_SECONDS:
             raise ValueError(
                 f"{durable}: redeliver_after {redeliver_after} needs fewer waits than "
                 f"max_deliver ({max_deliver}), each over {HANDLER_ALIVE_SECONDS} s"
             )
-        consumer = _Consumer(subject, durable, expects, handler, kind_token)
+        consumer = _Consumer(subject, durable, expects, handler, kind_token, dead_letters)
         config = ConsumerConfig(
             name=durable,  # named, the filter is in the create request's subject (below)
             ack_wait=redeliver_after[0],
@@ -730,7 +735,7 @@ class Bus:
                 expects = tuple(EVENT_KINDS[k] for k in entry.kinds)
                 await self.consume(
                     subject, name, handler, expects=expects, start=entry.start,
-                    stream=entry.stream, **options,
+                    stream=entry.stream, dead_letters=entry.dead_letters, **options,
                 )  # fmt: skip
             elif entry.reader is Reader.BATCHES:
                 if entry.start == "last_per_subject":
@@ -748,11 +753,17 @@ class Bus:
         return made
 
     async def _deliver(self, consumer: _Consumer, msg: Msg) -> None:
-        event = await self._check(msg, consumer.kind_token)
+        if consumer.dead_letters:
+            event = await self._check(msg, consumer.kind_token)
+        else:
+            event, _ = _decode_checked(msg, consumer.kind_token)
         if event is None:
             await msg.term()
             return
         if consumer.expects and not isinstance(event, consumer.expects):
+            if not consumer.dead_letters:
+                await msg.term()
+                return
             wanted = ", ".join(sorted(m.model_fields["kind"].default for m in consumer.expects))
             await self._reject(
                 msg,
