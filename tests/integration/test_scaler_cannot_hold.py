@@ -6,6 +6,7 @@ hold it come. Real nats-server, the real scaler service, the real ``resurge`` CL
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -62,13 +63,36 @@ def scaler(settings: Settings, tmp_path: Path) -> Iterator[subprocess.Popen[byte
         ) from None
 
 
-async def add_node(bus: Bus, backend: ClusterBackend, name: str, slots: int) -> None:
-    """Report a node as its monitor does, and say its capacity changed."""
-    await backend.report_node(NodeInfo(name=name, slots=slots))
-    event = CapacityChanged(
-        source=bus.source, node=name, slots_total=slots, slots_free=slots, healthy=True
-    )
-    await bus.publish(bus.subjects.capacity(name), event)
+class Monitors:
+    """The nodes' monitors: each added node reported, and again every second, as a
+    monitor's heartbeat does (a node reported once goes silent after the backend's
+    NODE_TIMEOUT_SECONDS: on loaded cores this test outlived it, and the scaler's status
+    called every node 'not reporting')."""
+
+    def __init__(self, bus: Bus, backend: ClusterBackend) -> None:
+        self.bus, self.backend = bus, backend
+        self.nodes: dict[str, int] = {}
+        self.task = asyncio.get_running_loop().create_task(self._beat())
+
+    async def add(self, name: str, slots: int) -> None:
+        """Report a node as its monitor does, and say its capacity changed."""
+        self.nodes[name] = slots
+        await self.backend.report_node(NodeInfo(name=name, slots=slots))
+        event = CapacityChanged(
+            source=self.bus.source, node=name, slots_total=slots, slots_free=slots, healthy=True
+        )
+        await self.bus.publish(self.bus.subjects.capacity(name), event)
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)  # a heartbeat's period, not a wait for anything
+            for name, slots in list(self.nodes.items()):
+                await self.backend.report_node(NodeInfo(name=name, slots=slots))
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
 
 
 async def status_when(
@@ -106,8 +130,18 @@ async def test_a_job_no_node_can_hold_is_accepted_with_a_warning_and_says_why_it
 ) -> None:
     log = tmp_path / "scaler.log"
     backend = await open_backend(bus, settings)
-    await add_node(bus, backend, "n0", 1)
-    await add_node(bus, backend, "n1", 1)
+    monitors = Monitors(bus, backend)
+    try:
+        await held_pending_then_running(bus, settings, backend, monitors, log)
+    finally:
+        await monitors.stop()
+
+
+async def held_pending_then_running(
+    bus: Bus, settings: Settings, backend: ClusterBackend, monitors: Monitors, log: Path
+) -> None:
+    await monitors.add("n0", 1)
+    await monitors.add("n1", 1)
 
     submitted = await asyncio.to_thread(
         subprocess.run,
@@ -133,7 +167,7 @@ async def test_a_job_no_node_can_hold_is_accepted_with_a_warning_and_says_why_it
         "`resurge node add --gpus 2`"
     )
 
-    await add_node(bus, backend, "n2", 2)
+    await monitors.add("n2", 2)
     fewer = await status_when(bus, backend, log, lambda s: "hold at most 1" in str(s["message"]))
     assert fewer["phase"] == "Pending"
     assert fewer["message"] == (
@@ -142,7 +176,7 @@ async def test_a_job_no_node_can_hold_is_accepted_with_a_warning_and_says_why_it
         "`resurge node add --gpus 2`"
     )
 
-    await add_node(bus, backend, "n3", 2)
+    await monitors.add("n3", 2)
     running = await status_when(bus, backend, log, lambda s: s["phase"] == JobPhase.RUNNING.value)
     found = await JobStore(await bus.jobs_bucket()).get(JOB)
     assert found is not None

@@ -113,7 +113,11 @@ def test_sigquit_prints_every_threads_stack_and_the_service_runs_on(settings: Se
         for line in proc.stderr:
             tasks.append(line)
             seen = "".join(tasks)
-            if ("in _serve" in seen and "in _supervise" in seen) or len(tasks) > 400:
+            supervised_at = [i for i, t in enumerate(tasks) if t.rstrip().endswith("in _supervise")]
+            # read on to the line under the first supervisor's frame (checked below): the
+            # dump can arrive in pieces, and stopping right at that frame left it unread
+            whole = bool(supervised_at) and len(tasks) > supervised_at[0] + 1
+            if ("in _serve" in seen and whole) or len(tasks) > 400:
                 break
         assert any(line.endswith("asyncio tasks:\n") for line in tasks), tasks
         # each task's whole await chain, not only its outermost frame: a supervised loop
