@@ -23,6 +23,7 @@ from resurge.runtime.bus import Bus
 from resurge.runtime.service import ServiceContext
 from resurge.runtime.settings import Settings
 from resurge_restarter.node_ledger import WARNING_REASON, NodeLedger
+from resurge_restarter.node_moves import HOLD_MARGIN_SECONDS
 from tests.integration.fake_backend import FakeBackend
 from tests.integration.test_node_ledger import running
 
@@ -114,6 +115,9 @@ async def test_a_predicted_failure_checkpoints_then_moves_each_job_once(
         assert (moved["a"].replica, moved["b"].replica) == (0, 1)
         assert moved["a"].evidence["sign"] == "corrected_ecc_rising"
         assert len(asked) == 1 and "warns of a failure" in asked[0].reason
+        # Its workers hold after saving until the move's stop: the bound and a margin.
+        bound = records[0].spec.spec.elastic.checkpoint_timeout_seconds
+        assert asked[0].hold_seconds == bound + HOLD_MARGIN_SECONDS
         record = await ledger.nodes.get("n1")
         assert record is not None and record[0].quarantine is None
         assert record[0].counted == 1 and record[0].incidents[0].rule == "ecc_warning_sign"

@@ -205,6 +205,7 @@ def test_library_imports_nothing_outside_the_standard_library() -> None:
         "resurge",
         "resurge.worker",
         "resurge.worker.environment",
+        "resurge.worker.hold",
         "resurge.worker.link",
         "resurge.worker.outbox",
         "resurge.worker.wire",

@@ -1,7 +1,10 @@
 """Moving a job off a node at its next checkpoint: for a quarantine, a drain, a warning.
 
 :meth:`NodeMover.move_off` asks the job for a checkpoint and waits (at most the job's
-``elastic.checkpointTimeoutSeconds``) until every rank saved one newer than it had; a job
+``elastic.checkpointTimeoutSeconds``) until every rank saved one newer than it had. The
+request asks the workers to hold after saving (``hold_seconds``: that bound plus
+:data:`HOLD_MARGIN_SECONDS`, for the move's stop to reach them), so the job resumes at
+the step after its checkpoint and trains none twice, from the disk as from memory; a job
 whose workers do not run ``resurge.worker`` (they report no progress: nothing to ask a
 checkpoint of) is moved at once. Then the move is decided
 and carried out as any recovery is: a ``node``-scoped fault of the given reason goes to
@@ -21,9 +24,12 @@ from resurge.control.state.records import JobRecord, JobStore
 from resurge.events import FaultDetected, FaultScope, RecoveryLevel, Severity
 from resurge.runtime.service import ServiceContext
 
-__all__ = ["MoveOff", "NodeMover", "runs_on"]
+__all__ = ["HOLD_MARGIN_SECONDS", "MoveOff", "NodeMover", "runs_on"]
 
 _ATTEMPTS = 3  # a fault's own restart may win the record meanwhile: ask again
+# How long held workers wait past the checkpoint bound for the move's stop: the
+# restarter's decision and the agents' stop, on a loaded control plane.
+HOLD_MARGIN_SECONDS = 15.0
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,13 @@ class NodeMover:
                 had = -1 if record.latest_checkpoint is None else record.latest_checkpoint.step
                 bound = record.spec.spec.elastic.checkpoint_timeout_seconds
                 if not await checkpoint_first(
-                    self.ctx.bus, self.jobs, record, off.words, bound, self.ctx.log
+                    self.ctx.bus,
+                    self.jobs,
+                    record,
+                    off.words,
+                    bound,
+                    self.ctx.log,
+                    hold_seconds=bound + HOLD_MARGIN_SECONDS,
                 ):
                     found = await self.jobs.get(record.name)
                     if found is None or not runs_on(found[0], off.node):

@@ -151,12 +151,23 @@ class CheckpointNow(RunCommand):
 
     The agent passes it on to every worker connected through ``resurge.worker``
     (``WorkerRun.checkpoint_requested()``); each reports the checkpoint it saves as
-    CheckpointSaved. Plain scripts are left alone. An agent ignores a request for a
-    generation other than the one it runs."""
+    CheckpointSaved, then holds for ``hold_seconds`` when that is set. Plain scripts are
+    left alone. An agent ignores a request for a generation other than the one it runs."""
 
     kind: Literal["checkpoint_now"] = "checkpoint_now"
     generation: int = Field(ge=0, description="The generation whose workers should save.")
     reason: str = Field(default="", description="Why, in words.", examples=["resize 2 -> 4"])
+    hold_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=86400,
+        description="After a worker reported the checkpoint that answers this request, it "
+        "holds (trains no further step) until it is stopped, restarted in-process, or "
+        "this many seconds after the request reached it (then it trains on). 0: no hold, "
+        "it trains on at once. Asked before a move that stops the generation, so no step "
+        "is trained after the checkpoint the job resumes from.",
+        examples=[45.0],
+    )
 
 
 class InjectFault(RunCommand):

@@ -41,6 +41,15 @@ each request (Python runs the handler in the main thread), so the script's handl
 unchanged; while the signal has no handler (its default action, or ignored) it is not
 raised, and a line on stderr says so.
 
+Holding for a move: a request made before the generation is stopped (its node's jobs
+moved off it) asks the worker to hold after saving. Its ``checkpoint_saved`` for the
+first checkpoint after the request then blocks, with no collective in flight, until the
+stop ends the process, an in-process restart comes (raised in the training function as
+usual), or the request's ``hold_seconds`` pass (the move never came: it returns and
+training goes on); a line on stderr says when it holds and when it trains on. So the job
+resumes at the step after the one it saved and trains no step twice. See
+:mod:`resurge.worker.hold`.
+
 Reports never block training: they are queued for a background thread, and a missing
 or dead agent only turns them into no-ops. Arguments are checked the same way with or
 without an agent (ValueError), so a script that runs by hand runs under resurge.
@@ -75,11 +84,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 
 from resurge.worker.environment import read_environment
+from resurge.worker.hold import Hold
 from resurge.worker.link import AgentLink
 from resurge.worker.wire import (
     AgentMessage,
     CheckpointRequest,
     ProtocolError,
+    RestartCommand,
     StopPending,
     checkpoint_line,
     hello_line,
@@ -123,6 +134,7 @@ class WorkerRun:
         self._stop = threading.Event()
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_asked = False
+        self._hold = Hold()
         self._on_message = on_message
         self._pid = os.getpid()
         self._closed = False
@@ -160,6 +172,7 @@ class WorkerRun:
         self._stop.clear()
         with self._checkpoint_lock:  # a request was for the generation just left
             self._checkpoint_asked = False
+        self._hold.release()
         if self._link is not None:
             self._link.set_hello(self._hello())
 
@@ -219,14 +232,36 @@ class WorkerRun:
         if self._active() and self._link is not None:
             self._link.send(line, droppable=True)
 
+    @property
+    def holding(self) -> bool:
+        """True while :meth:`checkpoint_saved` holds for a move (see the module's doc)."""
+        return self._hold.holding
+
     def checkpoint_saved(self, step: int, path: str | os.PathLike[str]) -> None:
-        """Report that this rank's part of the checkpoint of ``step`` is at ``path``."""
+        """Report that this rank's part of the checkpoint of ``step`` is at ``path``.
+
+        Answering a request that asked for a hold, it then holds: it returns once the
+        hold ends without a stop or a restart (see the module's doc)."""
         line = checkpoint_line(step, path)
         self._saved_at = time.monotonic()
         with self._checkpoint_lock:
             self._checkpoint_asked = False
         if self._active() and self._link is not None:
             self._link.send(line, droppable=False)
+            self._hold_after(step)
+
+    def _hold_after(self, step: int) -> None:
+        def say(words: str) -> None:
+            print(f"resurge.worker: rank {self.rank}: {words}", file=sys.stderr, flush=True)
+
+        held = self._hold.wait(
+            lambda seconds: say(
+                f"holding after the checkpoint of step {step} ({self.checkpoint_reason}) "
+                f"until this generation is stopped or restarted, at most {seconds:.1f} s"
+            )
+        )
+        if held is not None and not held[1]:
+            say(f"no stop or restart within {held[0]:.1f} s: training on after step {step}")
 
     def protect(
         self,
@@ -252,6 +287,7 @@ class WorkerRun:
         if self._closed:
             return
         self._closed = True
+        self._hold.release()
         atexit.unregister(self.close)
         if self._link is not None and os.getpid() == self._pid:
             self._link.close(timeout)
@@ -273,9 +309,14 @@ class WorkerRun:
             self.stop_reason = message.reason
             self._stop.set()
         if isinstance(message, CheckpointRequest) and message.generation == self.generation:
+            self._hold.ask(message.hold_seconds)  # before the flag the training thread reads
             self._checkpoint_requested(message.reason)
         if self._on_message is not None:
             self._on_message(message)
+        if isinstance(message, RestartCommand) and message.generation > self.generation:
+            # After the hook: under `restartable` the restart's exception is pending in
+            # the training thread by now, and lands as the hold lets it go.
+            self._hold.release()
 
     def _checkpoint_requested(self, reason: str) -> None:
         with self._checkpoint_lock:

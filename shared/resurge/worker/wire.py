@@ -23,13 +23,17 @@ Agent to worker::
      "unset": ["RESURGE_RESUME_STEP"]}
     {"type": "raise", "generation": 2}
     {"type": "checkpoint_now", "generation": 2, "reason": "resize 2 -> 4"}
+    {"type": "checkpoint_now", "generation": 2, "reason": "node warning", "hold_seconds": 45}
 
 ``local_rank``, ``rank``, ``generation`` and ``step`` are integers >= 0, ``pid`` > 0,
 metric values finite numbers, ``path`` a non-empty string. ``stop_pending`` names the
 generation about to be stopped: a worker of that generation or an older one acts on
 it, a newer worker ignores it. ``checkpoint_now`` asks the worker of exactly that generation
 to save a checkpoint soon (at its next step) and report it with ``checkpoint``; a worker
-of another generation ignores it.
+of another generation ignores it. Its ``hold_seconds`` (a finite number >= 0; absent: 0,
+no hold) asks the worker to hold after reporting that checkpoint, until it is stopped, a
+``restart`` comes, or that many seconds after the request arrived (see
+:mod:`resurge.worker.hold`).
 
 In-process restarts (:mod:`resurge.worker.restart`): ``in_process`` (default false, so
 older workers need not send it) says the worker runs under ``restartable`` and acts on
@@ -219,6 +223,7 @@ class CheckpointRequest:
 
     generation: int
     reason: str
+    hold_seconds: float = 0.0
 
 
 WorkerMessage = Hello | ProgressReport | CheckpointReport | FaultReport | Rejoining | RestoreReport
@@ -374,16 +379,24 @@ def raise_line(generation: int) -> bytes:
     return _encode({"type": "raise", "generation": _count(generation, "generation")})
 
 
-def checkpoint_now_line(generation: int, reason: str) -> bytes:
+def checkpoint_now_line(generation: int, reason: str, hold_seconds: float = 0.0) -> bytes:
     """The checkpoint_now line for the workers of ``generation``; ``reason`` is cut to
-    1,000 characters."""
-    return _encode(
-        {
-            "type": "checkpoint_now",
-            "generation": _count(generation, "generation"),
-            "reason": str(reason)[:1000],
-        }
-    )
+    1,000 characters; ``hold_seconds`` (>= 0, finite) is sent only when above 0."""
+    message: dict[str, Any] = {
+        "type": "checkpoint_now",
+        "generation": _count(generation, "generation"),
+        "reason": str(reason)[:1000],
+    }
+    if (
+        isinstance(hold_seconds, bool)
+        or not isinstance(hold_seconds, numbers.Real)
+        or not math.isfinite(hold_seconds)
+        or hold_seconds < 0
+    ):
+        raise ValueError(f"hold_seconds must be a finite number >= 0, not {hold_seconds!r}")
+    if hold_seconds > 0:
+        message["hold_seconds"] = float(hold_seconds)
+    return _encode(message)
 
 
 # -- parsing lines (strict JSON types; errors carry a reason for counting) --
@@ -425,6 +438,18 @@ def _text(message: dict[str, Any], name: str, *, empty: bool) -> str:
     if not isinstance(value, str) or (not empty and not value):
         raise ProtocolError("bad_field", f"{name} must be a {'' if empty else 'non-empty '}string")
     return value
+
+
+def _seconds(message: dict[str, Any], name: str) -> float:
+    value = message.get(name, 0.0)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise ProtocolError("bad_field", f"{name} must be a finite number >= 0")
+    return float(value)
 
 
 def _bool(message: dict[str, Any], name: str) -> bool:
@@ -511,5 +536,6 @@ def parse_agent_message(line: bytes) -> AgentMessage:
         return CheckpointRequest(
             generation=_int(message, "generation"),
             reason=_text(message, "reason", empty=True) if "reason" in message else "",
+            hold_seconds=_seconds(message, "hold_seconds"),
         )
     raise ProtocolError("unknown_type", f"type {str(kind)[:50]!r}")

@@ -61,8 +61,9 @@ workers of ``command`` with ``env`` in ``working_dir``, on ``node``.
   final Stop issued before it started while it has had no Assign: that Stop ended an
   earlier run of a job by the same name.
 - CheckpointNow(g): for the generation it runs, the agent passes the request on
-  (``checkpoint_now``) to every worker connected through ``resurge.worker``; they save
-  and report a checkpoint, published as CheckpointSaved like any other. Workers not
+  (``checkpoint_now``, with its ``hold_seconds``) to every worker connected through
+  ``resurge.worker``; they save and report a checkpoint, published as CheckpointSaved
+  like any other, and hold after it when asked to. Workers not
   connected (plain torchrun scripts) are left alone, and the log says which were asked
   and which were not. A request for another generation, or one sent before the agent
   started, is ignored.
@@ -268,13 +269,16 @@ class LaunchAgent:
                 self.generation,
             )
             return
-        asked = self.channel.request_checkpoint(request.generation, request.reason)
+        asked = self.channel.request_checkpoint(
+            request.generation, request.reason, request.hold_seconds
+        )
         others = sorted(set(workers.running_pids()) - set(asked))
         self.ctx.log.info(
-            "asked local ranks %s of generation %d for a checkpoint (%s)%s",
+            "asked local ranks %s of generation %d for a checkpoint (%s)%s%s",
             asked or "none",
             request.generation,
             request.reason or "no reason given",
+            f", then to hold up to {request.hold_seconds:g} s" if request.hold_seconds else "",
             f"; not connected through resurge.worker, left alone: {others}" if others else "",
         )
 

@@ -40,8 +40,9 @@ it until more than :data:`MAX_WRITE_BACKLOG_BYTES` wait (``write_backlog``).
 generation g or older, and remembers it: a worker of such a generation that says
 hello later (started late, or reconnected) gets it then.
 
-``request_checkpoint(g, reason)`` sends ``checkpoint_now`` to every connected worker
-of generation g (exactly) and returns their local ranks; a request is not remembered
+``request_checkpoint(g, reason, hold_seconds)`` sends ``checkpoint_now`` to every
+connected worker of generation g (exactly) and returns their local ranks; a request is
+not remembered
 for workers that connect later.
 """
 
@@ -309,10 +310,13 @@ class WorkerChannel:
                 sent += self._write(connection, line)
         return sent
 
-    def request_checkpoint(self, generation: int, reason: str) -> list[int]:
-        """Ask the connected workers of ``generation`` for a checkpoint now; the local
-        ranks it was sent to (queued, not waited for), in order."""
-        line = checkpoint_now_line(generation, reason)
+    def request_checkpoint(
+        self, generation: int, reason: str, hold_seconds: float = 0.0
+    ) -> list[int]:
+        """Ask the connected workers of ``generation`` for a checkpoint now (and to hold
+        after it for at most ``hold_seconds``, when above 0); the local ranks it was sent
+        to (queued, not waited for), in order."""
+        line = checkpoint_now_line(generation, reason, hold_seconds)
         asked: set[int] = set()
         for connection in self._connections.values():
             hello = connection.hello

@@ -6,6 +6,12 @@ watches the job's record until the restarter has counted a checkpoint newer than
 one it had (every rank saved it), at most ``bound`` seconds. Workers that do not use
 ``resurge.worker`` never answer: the wait then runs out, and the caller goes on from the
 newest complete checkpoint, as it would have without asking.
+
+``hold_seconds`` (callers that stop the generation next: a move off a node) asks the
+workers to hold after saving, until that stop (or an in-process restart) comes, at most
+that long after the request reached them: so the generation trains no step past the
+checkpoint it will resume from. It should outlast ``bound`` and the time the caller's
+stop takes to arrive.
 """
 
 from __future__ import annotations
@@ -22,16 +28,24 @@ __all__ = ["checkpoint_first"]
 
 
 async def checkpoint_first(
-    bus: Bus, store: JobStore, record: JobRecord, reason: str, bound: float, log: logging.Logger
+    bus: Bus,
+    store: JobStore,
+    record: JobRecord,
+    reason: str,
+    bound: float,
+    log: logging.Logger,
+    *,
+    hold_seconds: float = 0.0,
 ) -> bool:
-    """Ask ``record``'s job for a checkpoint (``reason`` in words) and wait at most
-    ``bound`` seconds for every rank to have saved one newer than the record's; False
-    if the job moved to another generation meanwhile (a fault won), else True (a newer
-    checkpoint, or the wait ran out: logged)."""
+    """Ask ``record``'s job for a checkpoint (``reason`` in words; the workers to hold
+    after it for at most ``hold_seconds``) and wait at most ``bound`` seconds for every
+    rank to have saved one newer than the record's; False if the job moved to another
+    generation meanwhile (a fault won), else True (a newer checkpoint, or the wait ran
+    out: logged)."""
     had = -1 if record.latest_checkpoint is None else record.latest_checkpoint.step
     watcher = await store.kv.watch(store.key(record.name))
     try:
-        await send_checkpoint_requests(bus, record, reason)
+        await send_checkpoint_requests(bus, record, reason, hold_seconds)
         async with asyncio.timeout(bound):
             async for entry in watcher:
                 if entry is None or not entry.value:

@@ -125,10 +125,13 @@ def stop_messages(
     return stops
 
 
-async def send_checkpoint_requests(bus: Bus, record: JobRecord, reason: str) -> None:
+async def send_checkpoint_requests(
+    bus: Bus, record: JobRecord, reason: str, hold_seconds: float = 0.0
+) -> None:
     """CheckpointNow(record.generation) to every replica of ``record``: its workers that
-    use ``resurge.worker`` save a checkpoint and report it (CheckpointSaved). The ids
-    derive from job, replica, generation and ``reason``, so sending the same request
+    use ``resurge.worker`` save a checkpoint and report it (CheckpointSaved), then hold
+    for at most ``hold_seconds`` (0: not at all) until they are stopped or restarted. The
+    ids derive from job, replica, generation and ``reason``, so sending the same request
     twice (within JetStream's de-duplication window) is de-duplicated; waiting for the
     reports is the caller's."""
     for placement in record.placements:
@@ -146,6 +149,7 @@ async def send_checkpoint_requests(bus: Bus, record: JobRecord, reason: str) -> 
             replica=placement.replica,
             generation=record.generation,
             reason=reason,
+            hold_seconds=hold_seconds,
         )
         await bus.publish(bus.subjects.cmd(record.name, placement.replica), request)
 
