@@ -25,7 +25,8 @@ lacks this; the fixture supplies it" where it is done):
   once, right after the owner's DELETED event, instead of eventually);
 - registered resources, so discovery (with the official client's trailing slashes),
   ``CoreV1Api``, ``CoordinationV1Api``, ``CustomObjectsApi`` and the dynamic client work:
-  v1 nodes, pods, services, events, configmaps; coordination.k8s.io/v1 leases; and custom
+  v1 nodes, pods, services, events, configmaps, secrets; coordination.k8s.io/v1 leases;
+  policy/v1 poddisruptionbudgets; and custom
   resources from their CRDs (``register_crd``: the fixture registers the TrainingJob CRD
   the product generates, ``resurge.jobspec.crd.training_job_crd()``);
 - custom resources decoded and checked by their CRD's structural schema (admission.py):
@@ -35,6 +36,10 @@ lacks this; the fixture supplies it" where it is done):
   updates only), with validation ratcheting; 422 Invalid worded as the apiserver words it;
   /status checks status and the main resource the rest; ``metadata.generation`` grows
   with changes outside metadata and status;
+- the ``pods/eviction`` subresource (``POST`` a policy/v1 Eviction): the pod deleted, or
+  429 TooManyRequests where its PodDisruptionBudget allows no disruption, as the
+  apiserver decides (disruption.py, which also checks a budget's spec and says what it
+  simplifies: no disruption controller writes a budget's status);
 - names checked by kind (DNS-1123 subdomain; a Service's an RFC 1035 label), ``generateName``
   too, labels, annotations and finalizers (none added while deleting); unknown
   ``metadata`` fields pruned for every kind; of a pod's spec: ``hostname`` and
@@ -84,6 +89,7 @@ import kmock
 from kmock._internal.rendering import Response as KResponse
 
 from tests.kubernetes import admission
+from tests.kubernetes.disruption import budget_errors, eviction_refusal
 from tests.kubernetes.patches import PatchError, json_patch, merge_patch, strategic_merge_patch
 from tests.kubernetes.selectors import SelectorError, field_selector, label_selector
 
@@ -167,7 +173,7 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
         namespaced=True,
         singular="pod",
         shortnames=("po",),
-        subresources=("status",),
+        subresources=("status", "eviction"),
         delete_returns_object=True,
         status_on_create={"phase": "Pending"},
     ),
@@ -196,6 +202,16 @@ BUILTIN_KINDS: tuple[Kind, ...] = (
     ),
     Kind("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True, singular="lease"),
     Kind("", "v1", "secrets", "Secret", namespaced=True, singular="secret"),
+    Kind(
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        namespaced=True,
+        singular="poddisruptionbudget",
+        shortnames=("pdb",),
+        subresources=("status",),
+    ),
 )
 
 
@@ -264,6 +280,13 @@ def _set_path(obj: dict[str, Any], path: str, value: Any) -> None:
             obj[part] = {}
         obj = obj[part]
     obj[parts[-1]] = value
+
+
+# The kind (and its group and version) a subresource of another kind than its own takes.
+_SUBRESOURCE_KINDS = {
+    "scale": {"kind": "Scale", "group": "autoscaling", "version": "v1"},
+    "eviction": {"kind": "Eviction", "group": "policy", "version": "v1"},
+}
 
 
 def _without_meta_and_status(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -566,8 +589,11 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     @staticmethod
     def _spec_errors(kind: Kind, obj: Mapping[str, Any]) -> list[admission.FieldError]:
-        """What the apiserver's pod validation checks of a pod's spec here (the rest is
-        not checked): admission.pod_spec_errors."""
+        """What the apiserver's validation checks of a pod's spec here (the rest is not
+        checked): admission.pod_spec_errors; of a PodDisruptionBudget's:
+        disruption.budget_errors."""
+        if kind.key == ("policy", "v1", "poddisruptionbudgets"):
+            return budget_errors(obj.get("spec") or {})
         if kind.key != ("", "v1", "pods"):
             return []
         return admission.pod_spec_errors(obj.get("spec") or {})
@@ -914,15 +940,14 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 }
             )
             for sub in kind.subresources:
-                scale = {"group": "autoscaling", "version": "v1"} if sub == "scale" else {}
+                of = _SUBRESOURCE_KINDS.get(sub, {"kind": kind.kind})
                 resources.append(
                     {
                         "name": f"{kind.plural}/{sub}",
                         "singularName": "",
                         "namespaced": kind.namespaced,
-                        "kind": "Scale" if sub == "scale" else kind.kind,
-                        "verbs": ["get", "patch", "update"],
-                        **scale,
+                        "verbs": ["create"] if sub == "eviction" else ["get", "patch", "update"],
+                        **of,
                     }
                 )
         return {
@@ -998,6 +1023,14 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         name, sub = request.name, request.subresource
         if sub is not None and (sub not in kind.subresources or name is None):
             raise error(404, "NotFound", "the server could not find the requested resource")
+        if sub == "eviction":
+            if method != "POST":
+                raise error(
+                    405,
+                    "MethodNotAllowed",
+                    "the server does not allow this method on the requested resource",
+                )
+            return self._evict(request, kind)
         if method == "GET" and str(params.get("watch", "")).lower() in ("true", "1"):
             return KResponse(status=200, payload=self._serve_watch_stream(request, kind))
         if method == "GET" and name is None:
@@ -1041,6 +1074,56 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 return KResponse(status=200, payload=obj)
             return KResponse(status=200, payload=self._success(kind, obj))
         raise error(405, "MethodNotAllowed", f"the server does not allow this method: {method}")
+
+    def _evict(self, request: kmock.Request, kind: Kind) -> kmock.Payload:
+        """``POST .../pods/NAME/eviction``: delete the pod unless a PodDisruptionBudget
+        refuses it (disruption.py).
+
+        The emulator lacks this (and PodDisruptionBudgets); the fixture supplies it.
+        """
+        name, namespace = request.name or "", request.namespace
+        body = self._body(request)
+        # As the apiserver decodes it: a body without apiVersion and kind is taken as the
+        # endpoint's kind (the official client sends none).
+        if not isinstance(body, dict) or body.get("kind", "Eviction") != "Eviction":
+            raise error(400, "BadRequest", "the body is not an Eviction")
+        if (body.get("metadata") or {}).get("name") != name:
+            raise error(400, "BadRequest", "name in URL does not match name in Eviction object")
+        pod = self.get_object(kind, name, namespace)
+        budgets = self.current(self.kind("poddisruptionbudgets"), namespace)
+        refusal = eviction_refusal(pod, budgets, self.current(kind), self._controller_scale)
+        if refusal is not None:
+            code, reason, message, causes = refusal
+            raise (
+                error(code, reason, message, causes=causes)
+                if causes
+                else error(code, reason, message)
+            )
+        self.delete_object(kind, name, namespace, body.get("deleteOptions") or {})
+        return KResponse(
+            status=201,
+            payload={
+                "apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Success",
+                "code": 201,
+            },
+        )  # fmt: skip
+
+    def _controller_scale(self, owner: Mapping[str, Any], namespace: str) -> int | None:
+        """The ``spec.replicas`` of a pod's controller through its scale subresource; None
+        where its kind has none (or it is not there), as the disruption controller finds."""
+        group, _, version = str(owner.get("apiVersion") or "").rpartition("/")
+        kind = next(
+            (
+                k for k in self._kinds.values()
+                if (k.group, k.version, k.kind) == (group, version, owner.get("kind"))
+            ),
+            None,
+        )  # fmt: skip
+        if kind is None or "scale" not in kind.subresources:
+            return None
+        found = self._stored(kind, namespace, str(owner.get("name")))
+        replicas = None if found is None else _get_path(found, kind.spec_replicas_path)
+        return replicas if isinstance(replicas, int) else None
 
     @staticmethod
     def _body(request: kmock.Request) -> Any:

@@ -470,6 +470,7 @@ def test_each_role_grants_what_its_service_needs_and_no_more(scratch: Path) -> N
         "workloads",  # a queued job's Kueue Workload
         "workloads/status",
         "secrets",  # each pod's own NATS user, NATS in operator mode
+        "poddisruptionbudgets",  # each job's, which holds other evictors off
     }
     scaler = roles["resurge-scaler"] | in_jobs_namespaces
     # The scaler reads nodes, never writes them; only it makes pods and Services.

@@ -215,7 +215,10 @@ def test_a_worker_groups_pod_is_pinned_labelled_owned_and_runs_the_agent() -> No
         {"name": "data", "emptyDir": {}},
         {"name": "resurge-shm", "emptyDir": {"medium": "Memory"}},  # the node's memory
     ]
-    assert spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    assert spec["tolerations"] == [
+        {"key": "gpu", "operator": "Exists"},  # the template's first: it wins for its taints
+        {"operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60},  # 30 s + 30
+    ]
     [container] = spec["containers"]
     assert container["name"] == "trainer" and container["image"] == "registry/train:1"
     assert container["command"] == ["resurge-node-agent", "launch"]

@@ -37,9 +37,9 @@ from tests.unit.test_deploy import BUILDS, NAMESPACE, REPO, Doc, build, of_kind
 
 CLUSTER = REPO / "shared" / "resurge" / "cluster"
 BACKEND = "KubernetesBackend"
-API_CLASSES = ("CoreV1Api", "CoordinationV1Api", "CustomObjectsApi")
+API_CLASSES = ("CoreV1Api", "CoordinationV1Api", "PolicyV1Api", "CustomObjectsApi")
 # The API group of each client API class's resources (the custom objects': the CRD's).
-API_GROUPS = {"CoreV1Api": "", "CoordinationV1Api": "coordination.k8s.io"}
+API_GROUPS = {"CoreV1Api": "", "CoordinationV1Api": "coordination.k8s.io", "PolicyV1Api": "policy"}
 # Each service: its code under services/ and its ServiceAccount.
 SERVICES = {
     "detector": ("detector", "resurge-detector"),

@@ -9,9 +9,11 @@ the sign as the reason, as ``resurge node drain`` asks one: the restarter's drai
 the record (``resurge node describe``). One drain per sign: it is asked again only after
 the sign went away and came back.
 
-Whether the checkpoint comes before the pods go depends on the evictor: Karpenter and
-``kubectl drain`` wait for a pod's termination grace period; a ``NoExecute`` taint
-evicts a pod at once unless its template tolerates the taint for a while.
+On Kubernetes the checkpoint comes before the pods go
+(:mod:`resurge.cluster.kubernetes.disruption`): each job's PodDisruptionBudget refuses
+the evictions of ``kubectl drain``, Karpenter and cluster upgrades until the drain has
+moved the job by deleting its pods, and its pods tolerate a ``NoExecute`` taint for
+the job's checkpoint deadline and a margin.
 """
 
 from __future__ import annotations

@@ -114,6 +114,14 @@ class Settings(BaseSettings):
         "template's resources; none for a CPU-only job); a job naming another than this "
         "gets no pods (PodsRefused), as its slots would be counted in another resource.",
     )
+    kube_disruption_budgets: bool = Field(
+        default=True,
+        description="Kubernetes: give each TrainingJob a PodDisruptionBudget that allows no "
+        "eviction of its worker pods, so kubectl drain, Karpenter and cluster upgrades "
+        "(the Eviction API) wait while resurge checkpoints the job and moves it off the "
+        "node (docs/nodes.md, Drains others start). Off: none is made; one made before "
+        "goes with its TrainingJob.",
+    )
     kube_agent_secret: str | None = Field(
         default=None,
         description="Kubernetes: the Secret (in kube_namespace) whose 'user' and 'password' "

@@ -85,7 +85,8 @@ def conflict(error: Exception) -> bool:
 
 
 class KubeApi:
-    """The core, coordination (Leases) and custom-object APIs of one client.
+    """The core, coordination (Leases), policy (PodDisruptionBudgets) and custom-object
+    APIs of one client.
     ``namespace`` is the install's own (its Leases; a TrainingJob there keeps its name
     on the bus); ``namespaces`` those whose TrainingJobs it serves, None: every one."""
 
@@ -96,6 +97,7 @@ class KubeApi:
         self.core = k8s.CoreV1Api(api)
         self.coordination = k8s.CoordinationV1Api(api)
         self.custom = k8s.CustomObjectsApi(api)
+        self.policy = k8s.PolicyV1Api(api)
         self.namespace = namespace
         self.namespaces = namespaces
 

@@ -14,6 +14,10 @@ each over a watch that resumes and relists (:mod:`.watch`):
   gone or going (its pods were garbage-collected with it, and the scaler is about to
   delete the records). Each job with a record has its headless Service. A pod the
   scheduler cannot place is a ``PodUnschedulable`` Warning Event on its TrainingJob.
+  With ``RESURGE_KUBE_DISRUPTION_BUDGETS`` (the default), each job also has a
+  PodDisruptionBudget (:mod:`.disruption`) that allows no eviction of its pods: made
+  with its first pod, its ``minAvailable`` raised to the job's count of worker groups
+  before a pod is made beyond it, deleted with the Service.
 - **Nodes**: a change of a Node's readiness, schedulability or slots is published as
   ``CapacityChanged``, as the node monitors publish theirs, so a node turning NotReady
   is acted on without waiting for its monitor to fall silent.
@@ -30,16 +34,19 @@ from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
 
-from resurge.cluster.kubernetes.api import KubeApi, conflict
+from resurge.cluster.kubernetes.api import MERGE_PATCH, KubeApi, conflict
+from resurge.cluster.kubernetes.disruption import budget_name, disruption_budget
 from resurge.cluster.kubernetes.identity import local_name
 from resurge.cluster.kubernetes.informer import informer
 from resurge.cluster.kubernetes.jobs import TrainingJobs, name_of, namespace_of
 from resurge.cluster.kubernetes.objects import (
+    DEMAND_LABEL,
     JOB_LABEL,
     group_of_pod,
     job_service,
     node_info,
     node_ready,
+    owner_reference,
     pod_manifest,
     pod_name,
 )
@@ -128,6 +135,7 @@ class Controller:
         self.pods: dict[PodKey, tuple[Key, WorkerGroupSpec, dict[str, Any]]] = {}
         self.deleting: set[PodKey] = set()
         self.services: set[str] = set()
+        self.budgets: dict[str, int] = {}  # each job's budget's minAvailable, as written
         self.jobs = TrainingJobs(kube, bus, records)
         self.served = Served(kube)
         self.gated: set[str] = set()  # jobs with a pod Kueue has not admitted yet
@@ -316,8 +324,11 @@ class Controller:
         if wanted is not None and not keep and self._pod_key(wanted) not in self.pods:
             await self._create_pod(wanted)
         job = key[0]
-        if not any(k[0] == job for k in self.desired) and job in self.services:
-            await self._delete_service(job)
+        if not any(k[0] == job for k in self.desired):
+            if job in self.services:
+                await self._delete_service(job)
+            if job in self.budgets:
+                await self._delete_budget(job)
 
     def _pod_key(self, spec: WorkerGroupSpec) -> PodKey:
         """Where the pod of ``spec`` is: its TrainingJob's namespace, and its name."""
@@ -409,6 +420,7 @@ class Controller:
                 namespace_of(training_job),
             )
             self.services.add(spec.job)
+        await self._keep_budget(spec.job, training_job)
         if self.issuer is not None:
             user = self.issuer.issue(spec, *pod)
             await self._put_secret(secret_manifest(*pod, user, training_job), pod[0])
@@ -425,6 +437,66 @@ class Controller:
             extra={"job": spec.job},
         )
         return True
+
+    async def _keep_budget(self, job: str, training_job: dict[str, Any]) -> None:
+        """Make ``job``'s PodDisruptionBudget (:mod:`.disruption`), or raise its
+        ``minAvailable`` to the job's count of worker groups, before a pod of it is made.
+        A budget the API refuses, or one of its name that is not this TrainingJob's, is a
+        Warning Event and no more: the job runs without one."""
+        if not self.settings.kube_disruption_budgets:
+            return
+        groups = sum(1 for k in self.desired if k[0] == job)
+        if self.budgets.get(job, 0) >= groups:
+            return  # a higher count than the groups only refuses more
+        name = local_name(job)
+        selector = {
+            "matchLabels": {JOB_LABEL: name},
+            "matchExpressions": [{"key": DEMAND_LABEL, "operator": "DoesNotExist"}],
+        }
+        owner = owner_reference(training_job)
+        budget = disruption_budget(training_job, selector, groups, owner)
+        namespace = namespace_of(training_job)
+        what = f"PodDisruptionBudget {namespace}/{budget_name(training_job)}"
+        try:
+            if not await self._create(
+                "PodDisruptionBudget",
+                self.kube.policy.create_namespaced_pod_disruption_budget,
+                budget,
+                namespace,
+            ):
+                await self._raise_budget(what, budget, owner["uid"], namespace)
+        except (Refused, BackendError) as error:
+            message = f"{what} not made: {error}; the job runs without one"
+            log.warning("%s: %s", job, message, extra={"job": job})
+            await self._event(training_job, "DisruptionBudgetRefused", message)
+            return
+        self.budgets[job] = groups
+
+    async def _raise_budget(
+        self, what: str, budget: dict[str, Any], owner: str, namespace: str
+    ) -> None:
+        """Patch the ``minAvailable`` of the budget there already (made before this
+        controller started, or before a grow) to ``budget``'s, if it is the job's."""
+        name = budget["metadata"]["name"]
+        found = await self.kube.read(
+            f"read {what}",
+            self.kube.policy.read_namespaced_pod_disruption_budget,
+            name,
+            namespace,
+        )
+        if found is None:
+            raise BackendError(f"{what} was deleted meanwhile")  # made again with a pod
+        owners = (found.get("metadata") or {}).get("ownerReferences") or []
+        if not any(ref.get("uid") == owner for ref in owners):
+            raise BackendError(f"{what} is there already and is not this TrainingJob's")
+        await self.kube.read(
+            f"patch {what}",
+            self.kube.policy.patch_namespaced_pod_disruption_budget,
+            name,
+            namespace,
+            {"spec": {"minAvailable": budget["spec"]["minAvailable"]}},
+            _content_type=MERGE_PATCH,
+        )
 
     async def _put_secret(self, secret: dict[str, Any], namespace: str) -> None:
         """Create ``secret``, or replace the one of that name (a pod made again)."""
@@ -525,6 +597,16 @@ class Controller:
                 secret,
                 namespace,
             )
+
+    async def _delete_budget(self, job: str) -> None:
+        self.budgets.pop(job, None)
+        namespace, local = self.kube.locate(job)
+        await self.kube.delete(
+            f"delete PodDisruptionBudget {namespace}/{local}",
+            self.kube.policy.delete_namespaced_pod_disruption_budget,
+            local,
+            namespace,
+        )
 
     async def _delete_service(self, job: str) -> None:
         self.services.discard(job)

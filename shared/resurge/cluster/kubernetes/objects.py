@@ -23,7 +23,9 @@
   ``resurge.dev/job`` (the TrainingJob's name in its namespace, as is the pod's name)
   and ``resurge.dev/replica``;
   owned by the TrainingJob when there is one, which also gives the image, the pod
-  template, the Kueue queue and the PriorityClass.
+  template, the Kueue queue and the PriorityClass. It tolerates every ``NoExecute``
+  taint for its job's checkpoint deadline and a margin, after the template's own
+  tolerations (:mod:`.disruption`).
 - A job has a headless Service selecting its pods (publishing not-ready ones), named
   :func:`~resurge.cluster.names.service_name` of the job.
 - Networking: the backend gives a job on the pod network (:func:`host_network` false:
@@ -47,6 +49,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from resurge.cluster.kubernetes.disruption import no_execute_toleration
 from resurge.cluster.kubernetes.identity import local_name
 from resurge.cluster.kubernetes.times import parse_time
 from resurge.cluster.names import group_digest, service_name, worker_hostname
@@ -401,6 +404,9 @@ def pod_manifest(
         }
     )
     _network(pod_spec, spec)
+    # Last: a template's own toleration of a taint is the one the taint manager reads.
+    tolerations = [t for t in pod_spec.get("tolerations") or [] if isinstance(t, dict)]
+    pod_spec["tolerations"] = [*tolerations, no_execute_toleration(job_spec)]
     if job_spec.get("priorityClassName"):
         pod_spec["priorityClassName"] = job_spec["priorityClassName"]
     metadata: dict[str, Any] = {
