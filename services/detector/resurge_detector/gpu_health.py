@@ -7,7 +7,8 @@ decided by the error:
   resurge's XID table (:mod:`resurge.contract.xid`). ``ignore``: nothing. ``restart_process``: a
   process-scope fault, suggested level ``process``. ``reset_gpu`` or ``replace_node``: a
   node-scope fatal fault, suggested level ``node`` (the job leaves the node).
-- ``fell_off_bus``: a node-scope fatal fault, suggested level ``node``.
+- ``fell_off_bus``, ``reset_failed`` (a GPU reset the restarter asked for did not bring
+  the GPU back): a node-scope fatal fault, suggested level ``node``.
 - ``ecc`` (the uncorrected ECC count rose): an alert-only fault; the XID the driver
   raises with it (48, 94, 95 ...) decides what happens.
 
@@ -75,6 +76,10 @@ class GpuHealthDetector:
         elif event.error == "fell_off_bus":
             action = XidAction.REPLACE_NODE
             reason, what, outcome = "gpu_fell_off_bus", "fell off the bus", action.value
+        elif event.error == "reset_failed":
+            action = XidAction.REPLACE_NODE
+            what = f"its reset failed ({event.message})" if event.message else "its reset failed"
+            reason, outcome = "gpu_reset_failed", action.value
         else:
             action, alert_only = None, True
             reason, what, outcome = "gpu_ecc", event.message or event.error, "alert only"

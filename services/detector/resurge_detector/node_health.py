@@ -4,7 +4,8 @@ Monitor agents publish a NodeReport on every heartbeat. This detector publishes 
 CapacityChanged when a node first reports, when its slots or health change, when it
 stops reporting for longer than ``silence_seconds`` (lost: no healthy slots), and when
 it comes back. A node that turns unhealthy or is lost is also a node-scoped fault for
-every running job with a replica on it.
+every running job with a replica on it, except a node whose unhealthy GPUs all await a
+reset (``resettable_gpus``): the GPU errors' own faults decide for those jobs.
 
 A node's silence is judged from its last report, and a restarted detector has seen none:
 a node that died just before the restart would never be lost. So at its first tick the
@@ -36,6 +37,12 @@ class _Node:
     lost: bool = False
     incident: int = 0
     reported: bool = True  # False: awaited since the detector started, never heard
+
+
+def _awaiting_reset(report: NodeReport) -> bool:
+    """Whether every GPU that made the node unhealthy awaits a reset: the GPU errors'
+    own faults decide for each job (a reset and a restart in place, or a move)."""
+    return bool(report.unhealthy_gpus) and set(report.unhealthy_gpus) <= set(report.resettable_gpus)
 
 
 class NodeHealthDetector:
@@ -74,8 +81,9 @@ class NodeHealthDetector:
         out: list[Envelope] = [self._capacity(event.node, node, ctx)]
         if was_healthy and not event.healthy:
             node.incident += 1
-            why = f"node {event.node} reports unhealthy GPUs {event.unhealthy_gpus}"
-            out += self._faults(event.node, node, ctx, "node_unhealthy", why)
+            if not _awaiting_reset(event):
+                why = f"node {event.node} reports unhealthy GPUs {event.unhealthy_gpus}"
+                out += self._faults(event.node, node, ctx, "node_unhealthy", why)
         return out
 
     def tick(self, ctx: DetectorContext) -> list[Envelope]:

@@ -13,11 +13,13 @@
    new one; recreated (for a resize: added) replicas' worker groups written; the worker
    groups of stopped placements the record no longer places deleted (a requeue's, a
    resize's removed replicas, those of a plan this one replaced);
-4. the backoff wait (in a background task, so the fault consumer is never held), after
-   which the record is read again: a plan replaced meanwhile sends nothing more;
+4. the backoff wait and the plan's GPU resets (in a background task, so the fault
+   consumer is never held: :mod:`.gpu_resets`; a reset that failed leaves the plan to
+   the fault its failure raises), after which the record is read again: a plan replaced
+   meanwhile sends nothing more;
 5. Assign(g+1) to every replica (ids derived from job, replica and generation); where
-   nothing happens between step 2 and this one (no cordon, move, recreated worker group
-   or backoff) and the plan starts exactly the replicas it stops, each replica's Stop is
+   nothing happens between step 2 and this one (no cordon, move, recreated worker group,
+   GPU reset or backoff) and the plan starts exactly the replicas it stops, each replica's Stop is
    folded into its Assign (``Assign.stop``): one command per replica, sent with step 1;
 6. the plan marked dispatched (compare-and-set).
 
@@ -51,6 +53,7 @@ from resurge.control.state.records import JobRecord, JobStore, PendingRecovery, 
 from resurge.events import Envelope, JobPhase, RecoveryLevel, RecoveryStarted, StopFirst
 from resurge.runtime.bus import Bus
 from resurge.runtime.service import ServiceContext
+from resurge_restarter.gpu_resets import reset_plan_gpus
 
 __all__ = ["Dispatcher"]
 
@@ -182,7 +185,8 @@ class Dispatcher:
         # Assign that stops its old workers first (where the plan stops exactly the
         # replicas it starts), in the same window as step 1, and the plan is marked
         # dispatched once all are stored.
-        at_once = delay <= 0 and not _changes_cluster(record)
+        resets = any(r.node in {p.node for p in record.placements} for r in plan.reset_gpus)
+        at_once = delay <= 0 and not _changes_cluster(record) and not resets
         folded = _stop_first(record) if at_once else None
         if folded is None:  # else the Assigns carry it
             messages += _own_stops(bus, record)
@@ -192,7 +196,9 @@ class Dispatcher:
         await publish_all(bus, messages)
         await self._change_cluster(record)
         delay = (plan.start_at - datetime.now(UTC)).total_seconds()
-        if delay <= 0:
+        if resets:
+            self.ctx.spawn(self._after(delay, record, reset=True))
+        elif delay <= 0:
             await self._start_generation(record)
         else:
             self.ctx.log.info(
@@ -225,15 +231,27 @@ class Dispatcher:
             if (p.replica, p.node) not in moved:
                 await self.backend.delete_worker_group(record.name, p.replica, p.node)
 
-    async def _after(self, delay: float, record: JobRecord) -> None:
-        """Steps 5 and 6 once the backoff ran out, for the plan the record holds then:
-        one replaced meanwhile (a fault decided anew, and the new plan took over what
-        this one still owed) sends nothing. A failure leaves the plan undispatched; it
-        is taken over once its claim lapses (the restarter's reconciler)."""
+    async def _after(self, delay: float, record: JobRecord, reset: bool = False) -> None:
+        """Steps 5 and 6 once the backoff ran out (and, with ``reset``, the plan's GPUs
+        were reset), for the plan the record holds then: one replaced meanwhile (a fault
+        decided anew, and the new plan took over what this one still owed) sends
+        nothing. A failure leaves the plan undispatched; it is taken over once its claim
+        lapses (the restarter's reconciler)."""
         plan = record.pending_recovery
         assert plan is not None
-        await asyncio.sleep(delay)
+        await asyncio.sleep(max(0.0, delay))
         try:
+            if reset and not await reset_plan_gpus(
+                self.ctx.bus, record, self.ctx.settings.gpu_reset_timeout_seconds, self.ctx.log
+            ):
+                self.ctx.log.warning(
+                    "job %s: a GPU reset failed; generation %d waits for the fault that "
+                    "moves it off the node",
+                    record.name,
+                    plan.to_generation,
+                    extra={"job": record.name},
+                )
+                return
             found = await self.store.get(record.name)
             now = None if found is None else found[0]
             if now is None or not _still_planned(now, plan, record.uid, self.me):

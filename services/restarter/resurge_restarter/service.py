@@ -258,6 +258,7 @@ class Restarter:
                 claimant=self.me,
                 lease_seconds=self.lease_seconds,
                 reached=self.known.reached(record.name, record.generation),
+                gpu_resets=self.ctx.settings.gpu_reset,
             )
 
         # A fault that may move a replica decides on the one cluster snapshot and claims

@@ -51,7 +51,7 @@ RAW_JOB_KINDS = (
     "restored",
     "worker_fault",
 )
-RAW_NODE_KINDS = ("gpu_sample", "gpu_error", "node_report")
+RAW_NODE_KINDS = ("gpu_sample", "gpu_error", "node_report", "gpu_reset")
 FAULT_GRADE_KINDS = frozenset({"process_exited", "worker_fault", "agent_state", "gpu_error"})
 RAW_TELEMETRY_KINDS = tuple(k for k in RAW_JOB_KINDS + RAW_NODE_KINDS if k not in FAULT_GRADE_KINDS)
 
@@ -72,7 +72,15 @@ FAMILIES: tuple[StreamFamily, ...] = (
     StreamFamily("capacity", ("capacity_changed",)),
     StreamFamily(
         "cmd",
-        ("assign", "stop", "checkpoint_now", "inject_fault", "inject_gpu_error", "repair_node"),
+        (
+            "assign",
+            "stop",
+            "checkpoint_now",
+            "inject_fault",
+            "inject_gpu_error",
+            "repair_node",
+            "reset_gpu",
+        ),
     ),
     StreamFamily(
         "action", ("recovery_started", "recovery_finished", "scale_decided", "phase_changed")

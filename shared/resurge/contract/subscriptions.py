@@ -32,7 +32,7 @@ from enum import StrEnum
 from typing import Literal
 
 from resurge.contract.families import FAULT_GRADE_KINDS, RAW_TELEMETRY_KINDS, family, stream_of
-from resurge.contract.subjects import Subjects, escape_token
+from resurge.contract.subjects import NODE_LEVEL_JOB, Subjects, escape_token
 
 __all__ = [
     "AGENT_SERVICES",
@@ -43,6 +43,7 @@ __all__ = [
     "RESTARTER_CHECKPOINTS",
     "RESTARTER_EXITS",
     "RESTARTER_FAULTS",
+    "RESTARTER_GPU_RESETS",
     "RESTARTER_NODE_FAULTS",
     "RESTARTER_PROGRESS",
     "RESTARTER_RENDEZVOUS",
@@ -213,6 +214,12 @@ RESTARTER_RESTORED = Subscription(
     reads="records where the current generation's ranks took their state from, a batch "
     "of reports per write of the job's record",
 )  # fmt: skip
+RESTARTER_GPU_RESETS = Subscription(
+    "restarter", "gpu-resets", "raw", lambda s, at: s.raw(NODE_LEVEL_JOB, "gpu_reset", at.node),
+    Reader.WATCH, ("gpu_reset",),
+    reads="between stopping a job's workers and starting them again: waits for the GPU "
+    "resets it asked a node's monitor for",
+)  # fmt: skip
 
 SCALER_JOBS = Subscription(
     "scaler", "jobs", "job", lambda s, _: s.all("job"), Reader.DURABLE,
@@ -243,8 +250,8 @@ LAUNCH_COMMANDS = Subscription(
 )  # fmt: skip
 MONITOR_COMMANDS = Subscription(
     "node-monitor", "commands", "cmd", lambda s, at: s.node_cmd(at.node), Reader.DURABLE,
-    ("inject_gpu_error", "repair_node"), durable="monitor-{node}", start="new",
-    reads="a node monitor's commands: raise a simulated XID, repair its node",
+    ("inject_gpu_error", "repair_node", "reset_gpu"), durable="monitor-{node}", start="new",
+    reads="a node monitor's commands: raise a simulated XID, repair its node, reset GPUs",
 )  # fmt: skip
 
 SUBSCRIPTIONS: tuple[Subscription, ...] = (
@@ -258,6 +265,7 @@ SUBSCRIPTIONS: tuple[Subscription, ...] = (
     RESTARTER_CHECKPOINTS,
     RESTARTER_RESTORED,
     RESTARTER_EXITS,
+    RESTARTER_GPU_RESETS,
     SCALER_JOBS,
     SCALER_ACTIONS,
     SCALER_CAPACITY,

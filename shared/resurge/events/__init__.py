@@ -28,7 +28,7 @@ from resurge.events.commands import (
 from resurge.events.dead_letters import DeadLetter, DeadLetterReason
 from resurge.events.envelope import SCHEMA_VERSION, Envelope, Source
 from resurge.events.faults import FaultDetected, Severity
-from resurge.events.gpu import GpuError, GpuReading, GpuSample, NodeReport
+from resurge.events.gpu import GpuError, GpuReading, GpuReset, GpuSample, NodeReport, ResetGpu
 from resurge.events.jobs import JobDeleted, JobSubmitted, ReplicaFinished
 from resurge.events.progress import (
     RESTORE_SOURCES,
@@ -67,6 +67,7 @@ __all__ = [
     "FaultScope",
     "GpuError",
     "GpuReading",
+    "GpuReset",
     "GpuSample",
     "InjectFault",
     "InjectGpuError",
@@ -87,6 +88,7 @@ __all__ = [
     "RepairNode",
     "ReplicaFinished",
     "ReplicaSlot",
+    "ResetGpu",
     "RestoreSource",
     "ScaleDecided",
     "Severity",
@@ -121,6 +123,8 @@ _MODELS: tuple[type[Envelope], ...] = (
     InjectFault,
     InjectGpuError,
     RepairNode,
+    ResetGpu,
+    GpuReset,
     RecoveryStarted,
     RecoveryFinished,
     ScaleDecided,
@@ -153,6 +157,8 @@ Event = Annotated[
     | InjectFault
     | InjectGpuError
     | RepairNode
+    | ResetGpu
+    | GpuReset
     | RecoveryStarted
     | RecoveryFinished
     | ScaleDecided

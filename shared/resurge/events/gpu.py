@@ -1,4 +1,6 @@
-"""Node-level telemetry from monitor agents, on ``raw._.<kind>.<node>``."""
+"""Node-level telemetry from monitor agents, on ``raw._.<kind>.<node>``, and the one
+command about a node's GPUs the control plane sends its monitor (ResetGpu, on
+``cmd._.<node>``)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from resurge.events.envelope import Envelope
 
-__all__ = ["GpuError", "GpuReading", "GpuSample", "NodeReport"]
+__all__ = ["GpuError", "GpuReading", "GpuReset", "GpuSample", "NodeReport", "ResetGpu"]
 
 
 class GpuReading(BaseModel):
@@ -50,12 +52,17 @@ class GpuSample(Envelope):
 
 
 class GpuError(Envelope):
-    """Something went wrong on one GPU: an XID event, or the GPU fell off the bus."""
+    """Something went wrong on one GPU: an XID event, the GPU fell off the bus, its
+    uncorrected ECC count rose, or a reset of it failed."""
 
     kind: Literal["gpu_error"] = "gpu_error"
     gpu: int = Field(ge=0, description="GPU index on the node.")
     uuid: str = Field(default="", description="GPU UUID.")
-    error: Literal["xid", "fell_off_bus", "ecc"] = Field(description="What kind of error.")
+    error: Literal["xid", "fell_off_bus", "ecc", "reset_failed"] = Field(
+        description="What kind of error: an XID, a GPU that fell off the bus, a rise in "
+        "uncorrected ECC errors, or a reset the restarter asked for that did not bring the "
+        "GPU back (the node must be rebooted or replaced)."
+    )
     xid: int | None = Field(default=None, ge=0, description="The XID code, for `xid`.")
     message: str = Field(default="", description="Details, in words.")
 
@@ -68,4 +75,38 @@ class NodeReport(Envelope):
     slots_free: int = Field(ge=0, description="Of those, how many no worker group uses.")
     healthy: bool = Field(description="False when the node should get no work.")
     unhealthy_gpus: list[int] = Field(default_factory=list, description="GPUs that failed.")
+    resettable_gpus: list[int] = Field(
+        default_factory=list,
+        description="Of those, the ones a GPU reset may bring back (their XID asks for "
+        "`reset_gpu`), where the cluster resets GPUs (`RESURGE_GPU_RESET`): the jobs on "
+        "them restart in place after the reset instead of leaving the node.",
+    )
     labels: dict[str, str] = Field(default_factory=dict, description="Node labels.")
+
+
+class ResetGpu(Envelope):
+    """Reset GPUs of a node (``nvidia-smi --gpu-reset``) once no process uses them, on
+    ``cmd._.<node>``: the restarter's answer to an XID whose action is ``reset_gpu``,
+    between stopping the job's workers and starting them again. The monitor answers
+    each GPU with a GpuReset whose ``request`` is this command's id. ``job`` and
+    ``generation`` name the recovery that asks (the generation it starts)."""
+
+    kind: Literal["reset_gpu"] = "reset_gpu"
+    gpus: list[int] = Field(min_length=1, description="Which GPUs (indices on the node).")
+    reason: str = Field(default="", description="Why, in words.", examples=["XID 48"])
+
+
+class GpuReset(Envelope):
+    """How a reset asked by ResetGpu went, one per GPU, on ``raw._.gpu_reset.<node>``.
+    A failed one is also reported as a GpuError ``reset_failed``."""
+
+    kind: Literal["gpu_reset"] = "gpu_reset"
+    request: str = Field(description="The id of the ResetGpu that asked for it.")
+    gpu: int = Field(ge=0, description="GPU index on the node.")
+    uuid: str = Field(default="", description="GPU UUID.")
+    ok: bool = Field(description="Whether the GPU is healthy and in use again.")
+    reset: bool = Field(
+        default=True, description="False where the GPU needed none (already reset)."
+    )
+    seconds: float = Field(ge=0, description="From the command to the answer.")
+    message: str = Field(default="", description="What was done, in words.")

@@ -198,6 +198,27 @@ class Settings(BaseSettings):
         "retired pages, an XID known to precede failures).",
     )
 
+    gpu_reset: bool = Field(
+        default=True,
+        description="Answer an XID whose action is `reset_gpu` (48, 62, 64, 74, ...) by "
+        "resetting the GPU and restarting the job's processes where they ran, before "
+        "moving the job off the node: the move comes only if the reset fails, the fault "
+        "comes back, or the node is quarantined. Off: every such XID moves the job.",
+    )
+    gpu_reset_command: str = Field(
+        default="nvidia-smi --gpu-reset -i {index}",
+        min_length=1,
+        description="How a node monitor resets one GPU (NVML GPUs; `{index}` and `{uuid}` "
+        "are filled in). It runs once no process uses the GPU; exit 0 means reset.",
+    )
+    gpu_reset_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="How long a reset may take: the monitor's wait for the GPU's processes "
+        "to exit and its reset command, each; the restarter waits for the answer as long "
+        "and then starts the job anyway (a GPU still broken faults it again).",
+    )
+
     @property
     def subjects(self) -> Subjects:
         """The subject names of this namespace."""

@@ -5,8 +5,9 @@ A :class:`GpuSource` gives one :class:`~resurge.events.GpuReading` per GPU on de
 it happens, to the callback given to :meth:`~GpuSource.start` (from any thread). A GPU
 whose error takes it out of use (an XID whose built-in action is ``reset_gpu`` or
 ``replace_node``, or a GPU that fell off the bus) stays in :meth:`~GpuSource.unhealthy`
-until the monitor restarts, or, simulated, until :meth:`SimulatedGpus.repair` (the
-operator's ``resurge node uncordon``).
+until it is reset (:meth:`GpuSource.reset`, the restarter's ResetGpu), until the
+monitor restarts, or, simulated, until :meth:`SimulatedGpus.repair` (the operator's
+``resurge node uncordon``).
 
 - :class:`NvmlGpus` reads real GPUs through NVML (``pynvml``): utilisation, memory,
   temperature, power, volatile uncorrected ECC errors (a rise is an ``ecc`` error) and
@@ -14,12 +15,16 @@ operator's ``resurge node uncordon``).
   (by name, :data:`THROTTLE_REASONS`), XID events from an NVML event set waited on in a
   thread, and a GPU that answers a query with ``NVML_ERROR_GPU_IS_LOST`` (an error
   ``fell_off_bus``). A reading NVML does not support (or a function this pynvml lacks)
-  is null. Where NVML cannot start it logs that once and reports no GPUs.
+  is null. Where NVML cannot start it logs that once and reports no GPUs. A reset waits
+  until no compute process uses the GPU, runs the reset command (``nvidia-smi
+  --gpu-reset -i {index}`` by default) and reads the GPU again.
 - :class:`SimulatedGpus` makes up plausible readings for a local virtual node;
   :meth:`SimulatedGpus.inject_xid` raises an XID through the same callback, and
   :meth:`SimulatedGpus.inject_warning` makes a GPU's readings show a warning sign from
   then on (the corrected ECC count rising every sample, retired pages growing every
-  sample, or thermal throttling), until :meth:`SimulatedGpus.repair`.
+  sample, or thermal throttling), until :meth:`SimulatedGpus.repair`. A simulated reset
+  makes the GPU healthy at once, unless :meth:`SimulatedGpus.break_resets` said it
+  fails.
 
 :func:`select_gpus` picks one for a monitor started with ``--gpus M``; :func:`monitoring`
 says which it is, as the node's report carries it.
@@ -31,12 +36,15 @@ import importlib
 import logging
 import os
 import random
+import shlex
+import subprocess
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from resurge.contract.xid import lookup
+from resurge.contract.xid import XidAction, lookup
 from resurge.events import GpuReading
 from resurge.runtime.logs import RateLimitedLog
 
@@ -47,6 +55,7 @@ __all__ = [
     "GpuErrorReport",
     "GpuSource",
     "NvmlGpus",
+    "ResetOutcome",
     "SimulatedGpus",
     "WarningSign",
     "monitoring",
@@ -98,12 +107,23 @@ class GpuErrorReport:
 
     gpu: int
     uuid: str
-    error: Literal["xid", "fell_off_bus", "ecc"]
+    error: Literal["xid", "fell_off_bus", "ecc", "reset_failed"]
     message: str
     xid: int | None = None
 
 
 ErrorSink = Callable[[GpuErrorReport], None]
+
+
+@dataclass(frozen=True)
+class ResetOutcome:
+    """How a reset of one GPU went: ``ok`` the GPU is healthy and usable again,
+    ``reset`` whether it was reset (False: it needed none, or it could not be), and in
+    words what was done or what went wrong."""
+
+    ok: bool
+    reset: bool
+    message: str
 
 
 class GpuSource(Protocol):
@@ -115,6 +135,10 @@ class GpuSource(Protocol):
     def count(self) -> int:
         """How many GPUs the node has."""
 
+    @property
+    def uuids(self) -> list[str]:
+        """Each GPU's UUID, in index order."""
+
     def start(self, on_error: ErrorSink) -> None:
         """Begin reporting errors to ``on_error`` (called from any thread)."""
 
@@ -124,15 +148,30 @@ class GpuSource(Protocol):
     def unhealthy(self) -> list[int]:
         """Indices of the GPUs taken out of use, ascending."""
 
+    def resettable(self) -> list[int]:
+        """Of those, the ones a reset may bring back (their XID asks for ``reset_gpu``)."""
+
+    def reset(self, gpu: int, command: str, timeout: float) -> ResetOutcome:
+        """Reset GPU ``gpu`` if it is out of use (blocks: call it in a thread):
+        ``command`` resets a real GPU, each wait bounded by ``timeout`` seconds."""
+
     def close(self) -> None:
         """Stop reporting and release the GPUs' library."""
 
 
 def _takes_gpu_out(report: GpuErrorReport) -> bool:
-    if report.error == "fell_off_bus":
+    if report.error in ("fell_off_bus", "reset_failed"):
         return True
     return (
         report.error == "xid" and report.xid is not None and lookup(report.xid).action.takes_gpu_out
+    )
+
+
+def _asks_for_reset(report: GpuErrorReport) -> bool:
+    return (
+        report.error == "xid"
+        and report.xid is not None
+        and lookup(report.xid).action is XidAction.RESET_GPU
     )
 
 
@@ -147,6 +186,7 @@ class _Health:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._unhealthy: set[int] = set()
+        self._resettable: set[int] = set()  # of the unhealthy, those a reset may bring back
         self._sink: ErrorSink | None = None
 
     def start(self, on_error: ErrorSink) -> None:
@@ -156,20 +196,36 @@ class _Health:
         with self._lock:
             return sorted(self._unhealthy)
 
+    def resettable(self) -> list[int]:
+        with self._lock:
+            return sorted(self._resettable)
+
     def is_unhealthy(self, gpu: int) -> bool:
         with self._lock:
             return gpu in self._unhealthy
+
+    def heal(self, gpu: int) -> None:
+        """GPU ``gpu`` healthy again (it was reset)."""
+        with self._lock:
+            self._unhealthy.discard(gpu)
+            self._resettable.discard(gpu)
 
     def clear(self) -> list[int]:
         """Every GPU healthy again; the ones that were not."""
         with self._lock:
             was, self._unhealthy = sorted(self._unhealthy), set()
+            self._resettable = set()
         return was
 
     def report(self, report: GpuErrorReport) -> None:
         if _takes_gpu_out(report):
             with self._lock:
+                fresh = report.gpu not in self._unhealthy
                 self._unhealthy.add(report.gpu)
+                if _asks_for_reset(report) and (fresh or report.gpu in self._resettable):
+                    self._resettable.add(report.gpu)
+                else:  # out for good: off the bus, a failed reset, a replace_node XID
+                    self._resettable.discard(report.gpu)
         sink = self._sink
         if sink is None:
             log.warning("GPU %d error before monitoring started: %s", report.gpu, report.message)
@@ -230,6 +286,10 @@ class NvmlGpus:
         """Indices of the GPUs taken out of use, ascending."""
         return self._health.unhealthy()
 
+    def resettable(self) -> list[int]:
+        """Of those, the ones a reset may bring back."""
+        return self._health.resettable()
+
     def start(self, on_error: ErrorSink) -> None:
         """Begin reporting errors to ``on_error``, XID events from a thread of their own."""
         self._health.start(on_error)
@@ -259,6 +319,70 @@ class NvmlGpus:
     def readings(self) -> list[GpuReading]:
         """One NVML reading per GPU, in index order."""
         return [self._reading(index) for index in range(len(self._handles))]
+
+    def reset(self, gpu: int, command: str, timeout: float) -> ResetOutcome:
+        """Reset GPU ``gpu`` once no compute process uses it (waiting at most ``timeout``
+        seconds), by ``command`` (``{index}`` and ``{uuid}`` filled in, at most
+        ``timeout`` seconds), then read it again; a GPU not out of use needs none."""
+        if not 0 <= gpu < len(self._handles):
+            return ResetOutcome(False, False, f"no GPU {gpu} on this node")
+        if not self._health.is_unhealthy(gpu):
+            return ResetOutcome(True, False, f"GPU {gpu} is in use: no reset needed")
+        busy = self._wait_idle(gpu, timeout)
+        if busy:
+            return ResetOutcome(
+                False, False, f"GPU {gpu}: {busy} process(es) still use it after {timeout:g} s"
+            )
+        uuid = self._uuids[gpu]
+        argv = shlex.split(command.format(index=gpu, uuid=uuid))
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return ResetOutcome(False, False, f"GPU {gpu}: {argv[0]} failed: {error}")
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            return ResetOutcome(
+                False, False, f"GPU {gpu}: {argv[0]} exited {done.returncode}: {said[0]}"
+            )
+        try:  # the reset GPU answers again, under the same UUID
+            handle = self._nvml.nvmlDeviceGetHandleByIndex(gpu)
+            again = _text(self._nvml.nvmlDeviceGetUUID(handle))
+        except Exception as error:
+            return ResetOutcome(False, True, f"GPU {gpu} does not answer after its reset: {error}")
+        if again != uuid:
+            return ResetOutcome(False, True, f"GPU {gpu} came back as {again}, not {uuid}")
+        with self._lock:
+            self._handles[gpu] = handle
+            self._lost.discard(gpu)
+            self._ecc_seen.pop(gpu, None)  # the volatile counters start again at a reset
+        self._watch_xids(gpu, handle)
+        self._health.heal(gpu)
+        return ResetOutcome(True, True, f"GPU {gpu} reset ({' '.join(argv)})")
+
+    def _wait_idle(self, gpu: int, timeout: float) -> int:
+        """Wait until no compute process uses GPU ``gpu``, at most ``timeout`` seconds;
+        how many still do (0 also where NVML cannot list them)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                processes = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handles[gpu])
+            except Exception as error:
+                log.info("GPU %d: its processes cannot be listed (%s); resetting", gpu, error)
+                return 0
+            if not processes or time.monotonic() >= deadline:
+                return len(processes)
+            time.sleep(0.5)
+
+    def _watch_xids(self, gpu: int, handle: Any) -> None:
+        """Register a reset GPU's XID events again (its old registration may be gone)."""
+        if self._event_set is None:
+            return
+        try:
+            self._nvml.nvmlDeviceRegisterEvents(
+                handle, _NVML_EVENT_TYPE_XID_CRITICAL_ERROR, self._event_set
+            )
+        except Exception as error:
+            log.warning("GPU %d: XID events cannot be watched after its reset (%s)", gpu, error)
 
     def close(self) -> None:
         """Stop watching XID events and shut NVML down."""
@@ -485,6 +609,7 @@ class SimulatedGpus:
         self._retired = [0] * count
         self._corrected = [0] * count
         self._signs: list[set[WarningSign]] = [set() for _ in range(count)]
+        self._broken_resets: set[int] = set()
         self._uuids = [f"sim-{self._random.getrandbits(64):016x}-{i}" for i in range(count)]
 
     @property
@@ -504,6 +629,10 @@ class SimulatedGpus:
     def unhealthy(self) -> list[int]:
         """Indices of the GPUs taken out of use, ascending."""
         return self._health.unhealthy()
+
+    def resettable(self) -> list[int]:
+        """Of those, the ones a reset may bring back."""
+        return self._health.resettable()
 
     def readings(self) -> list[GpuReading]:
         """One plausible reading per GPU, in index order."""
@@ -560,12 +689,35 @@ class SimulatedGpus:
         self._health.report(report)
         return report
 
+    def break_resets(self, gpu: int) -> None:
+        """Make every reset of GPU ``gpu`` fail from now on (until :meth:`repair`)."""
+        with self._lock:
+            self._broken_resets.add(gpu)
+
+    def reset(self, gpu: int, command: str, timeout: float) -> ResetOutcome:
+        """A simulated reset: GPU ``gpu`` is healthy again at once (its warning signs and
+        counters kept: a reset does not mend the memory), unless its resets were broken;
+        ``command`` and ``timeout`` are not used. A GPU not out of use needs none."""
+        if not 0 <= gpu < self._count:
+            return ResetOutcome(False, False, f"no GPU {gpu} on this node")
+        if not self._health.is_unhealthy(gpu):
+            return ResetOutcome(True, False, f"GPU {gpu} is in use: no reset needed")
+        with self._lock:
+            broken = gpu in self._broken_resets
+        if broken:
+            return ResetOutcome(
+                False, False, f"simulated GPU {gpu} did not come back from its reset"
+            )
+        self._health.heal(gpu)
+        return ResetOutcome(True, True, f"simulated GPU {gpu} reset")
+
     def repair(self) -> list[int]:
         """The node was repaired: every GPU is healthy again and shows no warning sign,
         its error counters kept (as a real GPU's are). The GPUs that were unhealthy."""
         with self._lock:
             for signs in self._signs:
                 signs.clear()
+            self._broken_resets.clear()
         return self._health.clear()
 
     def close(self) -> None:

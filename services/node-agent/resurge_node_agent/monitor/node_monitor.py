@@ -25,7 +25,10 @@
   GPU, or makes its readings show a warning sign; RepairNode (``resurge node
   uncordon``: the operator's word that the node was repaired) makes every simulated GPU
   healthy again, without warning signs, and reports the node at once. Both are
-  ignored, with a log line, on NVML GPUs.
+  ignored, with a log line, on NVML GPUs. ResetGpu (the restarter's, between stopping a
+  job's workers and starting them again) resets the GPUs it names, real or simulated,
+  answers each with a GpuReset on ``raw._.gpu_reset.<node>`` and reports the node at
+  once (:mod:`~resurge_node_agent.monitor.gpu_reset`).
 - Where the backend leaves it to the monitors (local; on Kubernetes the kubelet runs
   the groups' pods), watches the cluster backend for the worker groups placed on this
   node, and reconciles them as a kubelet reconciles pods: a new group starts a
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -67,11 +71,13 @@ from resurge.events import (
     InjectGpuError,
     NodeReport,
     RepairNode,
+    ResetGpu,
 )
 from resurge.runtime.bus import PermanentError
 from resurge.runtime.outbox import Outbox
 from resurge.runtime.service import ServiceContext
 from resurge_node_agent.launch.group_spec import spec_environment
+from resurge_node_agent.monitor.gpu_reset import reset_gpus
 from resurge_node_agent.monitor.gpus import (
     GpuErrorReport,
     GpuSource,
@@ -150,6 +156,13 @@ class NodeMonitor:
         """Indexes of the GPUs that are unhealthy now."""
         return [] if self.gpus is None else self.gpus.unhealthy()
 
+    @property
+    def resettable_gpus(self) -> list[int]:
+        """Of those, the ones a reset may bring back, where the cluster resets GPUs."""
+        if self.gpus is None or not self.ctx.settings.gpu_reset:
+            return []
+        return self.gpus.resettable()
+
     async def start(self) -> None:
         """Open the backend and the GPUs, report the node, then reconcile and beat."""
         bus = self.ctx.bus
@@ -220,6 +233,7 @@ class NodeMonitor:
             slots_free=free,
             healthy=healthy,
             unhealthy_gpus=unhealthy,
+            resettable_gpus=self.resettable_gpus,
             labels=self.config.labels,
         )
         self.outbox.put(bus.subjects.raw(NODE_LEVEL_JOB, "node_report", node), report)
@@ -260,8 +274,12 @@ class NodeMonitor:
                 except Exception:
                     self.ctx.log.exception("could not report node %s", node)
 
-    async def _on_command(self, event: InjectGpuError | RepairNode) -> None:
+    async def _on_command(self, event: InjectGpuError | RepairNode | ResetGpu) -> None:
         gpus = self.gpus
+        if isinstance(event, ResetGpu):
+            if gpus is not None:
+                await self._reset(event, gpus)
+            return
         if not isinstance(gpus, SimulatedGpus):
             self.ctx.log.warning(
                 "ignoring %s: this node's GPUs are real (NVML)",
@@ -288,6 +306,31 @@ class NodeMonitor:
         self.ctx.log.info(
             "%s into simulated GPU %d", _injected(event), event.gpu, extra={"event_id": event.id}
         )
+
+    async def _reset(self, command: ResetGpu, gpus: GpuSource) -> None:
+        """Reset the GPUs ``command`` names, answer each, and report the node at once."""
+        bus, node, settings = self.ctx.bus, self.config.node, self.ctx.settings
+        answers = await reset_gpus(
+            command,
+            gpus,
+            source=bus.source,
+            node=node,
+            reset_command=settings.gpu_reset_command,
+            bound=settings.gpu_reset_timeout_seconds,
+        )
+        for one in answers:
+            if one.failure is not None:
+                self._gpu_errors.put_nowait(one.failure)
+            self.ctx.log.log(
+                logging.INFO if one.answer.ok else logging.WARNING,
+                "GPU reset for job %s (%s): %s",
+                command.job,
+                command.reason or "asked",
+                one.answer.message,
+                extra={"node": node, "event_id": command.id},
+            )
+            self.outbox.put(bus.subjects.raw(NODE_LEVEL_JOB, "gpu_reset", node), one.answer)
+        await self._report()  # the cluster sees the GPUs healthy now, not at the next beat
 
     async def _follow_worker_groups(self) -> None:
         backend = self.backend

@@ -18,7 +18,12 @@ The ladder (DESIGN section 4), cheapest first: ``in_process``, ``process``, ``po
    except a lost node the current generation still runs on: it breaks that one too.
 2. The fault's scope sets the floor (process -> in_process, node -> node, job -> job),
    raised to the detector's ``suggested_level``; ``in_process`` needs workers that run
-   under ``resurge.worker.restartable`` (else ``process``).
+   under ``resurge.worker.restartable`` (else ``process``). An XID whose action is
+   ``reset_gpu`` starts at ``process`` instead, with the GPU reset between the Stop and
+   the Assign (``PendingRecovery.reset_gpus``), where the caller says the cluster resets
+   GPUs (``gpu_resets``), its node is not cordoned, and it is a new incident: not a
+   repeat offender, not the same fault at the same place again within the window, not
+   a generation that did not train. Otherwise it takes the node floor (the job leaves).
 3. A fault escalates only when the last restart did not fix it, a fact about the
    generation it started, not about time: it climbs one rung above the restart before
    it when it is a fault of the generation that restart started and that generation did
@@ -73,12 +78,14 @@ from datetime import datetime, timedelta
 from enum import Enum
 
 from resurge.cluster import NodeInfo
+from resurge.contract.xid import XidAction
 from resurge.control.decisions.checkpoint_count import apply_checkpoint
 from resurge.control.decisions.job_end import begin_ending
 from resurge.control.decisions.ladder import LADDER, SCOPE_FLOOR, one_above, rung
 from resurge.control.decisions.lifecycle import move_to
 from resurge.control.decisions.planner import master_port_for
 from resurge.control.state.records import (
+    GpuOnNode,
     JobRecord,
     LastFault,
     LastRecovery,
@@ -263,10 +270,15 @@ def _stall_words(
     return f"{span} ended before the rendezvous"
 
 
-def _floor(record: JobRecord, fault: FaultDetected, offender: bool) -> RecoveryLevel:
+def _floor(
+    record: JobRecord, fault: FaultDetected, offender: bool, reset: bool = False
+) -> RecoveryLevel:
     """The lowest rung ``fault`` may take (rule 2): its scope's, raised to the detector's
     suggestion, to ``node`` for a repeat offender, past ``in_process`` for a job whose
-    workers cannot restart in their processes."""
+    workers cannot restart in their processes; ``process`` for a GPU ``reset`` (the
+    processes leave the GPU, the job stays on its node)."""
+    if reset:
+        return RecoveryLevel.PROCESS
     floor = SCOPE_FLOOR[fault.scope]
     if fault.suggested_level is not None and _rank(fault.suggested_level) > _rank(floor):
         floor = fault.suggested_level
@@ -308,13 +320,19 @@ def _escalated(
     return floor, why, attempt
 
 
-def _choose_level(record: JobRecord, fault: FaultDetected, incident: _Incident) -> _Choice:
+def _choose_level(
+    record: JobRecord, fault: FaultDetected, incident: _Incident, reset: bool = False
+) -> _Choice:
     """Rules 2-4: the floor, raised by escalation, then the first listed rung at or above
     it whose restarts in the window are not spent (or ``job`` once
-    ``numRestartBeforeFullJobRestart`` is reached)."""
+    ``numRestartBeforeFullJobRestart`` is reached); ``reset``: the floor of a GPU reset."""
     recovery = record.spec.spec.recovery
     window = incident.window
-    floor, why, attempt = _escalated(fault, incident, _floor(record, fault, incident.offender))
+    floor, why, attempt = _escalated(
+        fault, incident, _floor(record, fault, incident.offender, reset)
+    )
+    if reset:
+        why = "its XID asks for a GPU reset: the GPU is reset, the job restarts where it was"
     node_rung = _node_rung(fault, incident.offender)
     usable = [lv for lv in recovery.levels if node_rung or not rung(lv).node_faults_only]
     usable = usable or list(recovery.levels)
@@ -422,13 +440,15 @@ def apply_fault(
     claimant: str = "",
     lease_seconds: float = 5.0,
     reached: int | None = None,
+    gpu_resets: bool = False,
 ) -> Decision:
     """Decide what ``fault`` calls for and edit ``record`` to match (the module's
     ladder): on a restart, the next generation and its plan in ``pending_recovery``,
     claimed by ``claimant`` until ``lease_seconds`` past its backoff; on a failure, the
     job's last steps in ``ending`` (:mod:`resurge.control.decisions.job_end`), claimed the same
     way. ``reached``: the furthest step the record's current generation completed, if
-    the caller knows it.
+    the caller knows it. ``gpu_resets``: the cluster's monitors reset GPUs
+    (``RESURGE_GPU_RESET``), so an XID that asks for a reset may restart in place.
 
     A plan the record held that was not carried out yet (waiting out its backoff, or a
     resize no restarter took yet) is replaced, and what it still owed passes to what
@@ -443,6 +463,7 @@ def apply_fault(
         claimant=claimant,
         lease_seconds=lease_seconds,
         reached=reached,
+        gpu_resets=gpu_resets,
     )
     if decision.verdict is Verdict.FAIL:
         begin_ending(
@@ -462,17 +483,23 @@ def apply_fault(
 def supersede(old: PendingRecovery | None, new: PendingRecovery) -> PendingRecovery:
     """``new``, with what ``old`` (the plan it replaces) still owed if ``old`` was not
     carried out: Stops to its ``stop_placements`` too (whose worker groups are deleted
-    where the record no longer places them), its cordons, moves and recreations."""
+    where the record no longer places them), its cordons, moves and recreations, and
+    its GPU resets on nodes ``new`` does not leave."""
     if old is None or old.dispatched:
         return new
     have = {(p.replica, p.node) for p in new.stop_placements}
     owed = [p for p in old.stop_placements if (p.replica, p.node) not in have]
+    left = {*new.cordon, *(m.from_node for m in new.moves)}  # no GPU reset owed there
     return new.model_copy(
         update={
             "stop_placements": [*new.stop_placements, *owed],
             "cordon": [*new.cordon, *(n for n in old.cordon if n not in new.cordon)],
             "moves": [*old.moves, *new.moves],
             "recreate": sorted({*old.recreate, *new.recreate}),
+            "reset_gpus": [
+                *new.reset_gpus,
+                *(g for g in old.reset_gpus if g not in new.reset_gpus and g.node not in left),
+            ],
         }
     )
 
@@ -511,6 +538,25 @@ def _ignored(record: JobRecord, fault: FaultDetected) -> str | None:
     return None
 
 
+def _gpu_to_reset(
+    fault: FaultDetected, incident: _Incident, cluster: ClusterView | None, gpu_resets: bool
+) -> GpuOnNode | None:
+    """The GPU to reset for ``fault`` instead of leaving its node (rule 2), or None."""
+    gpu, node = fault.evidence.get("gpu"), incident.node
+    if not gpu_resets or fault.reason != "gpu_xid" or node is None:
+        return None
+    if fault.evidence.get("action") != XidAction.RESET_GPU.value or not isinstance(gpu, int):
+        return None
+    if incident.offender or incident.unfixed or gpu < 0:
+        return None
+    signature = fault_signature(fault)
+    if any(e.signature == signature for e in incident.window):
+        return None  # the reset before did not fix it
+    if cluster is not None and any(n.name == node and n.cordoned for n in cluster.nodes):
+        return None  # cordoned (quarantined, drained): the job leaves it anyway
+    return GpuOnNode(node=node, gpu=gpu)
+
+
 def _still_on_a_lost_node(record: JobRecord, fault: FaultDetected) -> bool:
     """Whether ``fault`` says a node is lost that the record's generation still runs on:
     it breaks that generation too, whichever generation saw it first (two nodes lost
@@ -539,11 +585,13 @@ def _incident(
     return _Incident(window, unfixed, stall, node, offender)
 
 
-def _choose(record: JobRecord, fault: FaultDetected, incident: _Incident) -> _Choice:
+def _choose(
+    record: JobRecord, fault: FaultDetected, incident: _Incident, reset: bool = False
+) -> _Choice:
     """The rung for ``fault`` (rules 2-4), or none and why (rule 5: a cap is spent)."""
     spent = _limit_spent(record, None)
     if spent is None:
-        choice = _choose_level(record, fault, incident)
+        choice = _choose_level(record, fault, incident, reset)
         if choice.level is None:
             return choice
         spent = _limit_spent(record, choice.level)
@@ -633,6 +681,7 @@ def _decide(
     claimant: str,
     lease_seconds: float,
     reached: int | None,
+    gpu_resets: bool,
 ) -> Decision:
     """The ladder in order: ignore, pick a level, edit the record."""
     ignored = _ignored(record, fault)
@@ -643,7 +692,8 @@ def _decide(
         fault_id=fault.fault_id, reason=fault.reason, scope=fault.scope.value, time=fault.time
     )
     incident = _incident(record, fault, now, reached)
-    choice = _choose(record, fault, incident)
+    reset = _gpu_to_reset(fault, incident, cluster, gpu_resets)
+    choice = _choose(record, fault, incident, reset is not None)
     if choice.level is None:
         return _fail(record, fault, choice.why)
     level = choice.level
@@ -691,6 +741,7 @@ def _decide(
         cordon=effects.cordon,
         hung_ranks=[fault.rank] if fault.reason in HANG_REASONS and fault.rank is not None else [],
         requeue=effects.requeue,
+        reset_gpus=[reset] if reset is not None and rung(level).leaves_node == "never" else [],
         start_at=start_at,
         claimed_by=claimant,
         claimed_until=max(now, start_at) + timedelta(seconds=lease_seconds),

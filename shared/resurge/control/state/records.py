@@ -41,6 +41,7 @@ __all__ = [
     "FIELD_GROUPS",
     "CheckpointRef",
     "CheckpointReports",
+    "GpuOnNode",
     "HeldGrow",
     "JobEnding",
     "JobRecord",
@@ -125,6 +126,15 @@ class Move(BaseModel):
     to_node: str
 
 
+class GpuOnNode(BaseModel):
+    """One GPU of one node (a GPU a recovery resets)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node: str
+    gpu: int = Field(ge=0)
+
+
 class PendingRecovery(BaseModel):
     """A recovery decided but not yet seen to work (the new generation has not trained:
     no step past its resume point, or for workers that report none, no rendezvous).
@@ -158,6 +168,11 @@ class PendingRecovery(BaseModel):
     )
     requeue: bool = Field(
         default=False, description="No node to move to: release everything, wait as Pending."
+    )
+    reset_gpus: list[GpuOnNode] = Field(
+        default_factory=list,
+        description="GPUs reset between the Stop and the Assign (an XID that asks for a "
+        "reset): the replicas on their nodes restart where they were.",
     )
     start_at: datetime = Field(description="Backoff: the new generation starts no earlier.")
     resize: str = Field(
