@@ -195,7 +195,7 @@ async def test_a_node_failing_across_two_jobs_is_quarantined_and_both_move_off(
     # The third quarantined the node: each job moved off it once, by the quarantine (or
     # by the XID itself where the cordon came before the job's own decision).
     moves = [r for r in restarts if r[3] is RecoveryLevel.NODE]
-    assert sorted(r[0] for r in moves) == ["qa", "qb"]
+    assert sorted(str(r[0]) for r in moves) == ["qa", "qb"]
     assert {r[2] for r in moves} <= {"node_quarantined", "gpu_xid"}
     asked = [e for e in result.events(ResetGpu) if e.node == bad]
     assert len(asked) >= 4 and {tuple(e.gpus) for e in asked} == {(0,)}

@@ -1,6 +1,7 @@
-"""GPU resets: NvmlGpus against a FAKE pynvml (no GPU exists here) with a real reset
-command (a Python process standing in for ``nvidia-smi --gpu-reset``), simulated GPUs,
-and a real monitor process that answers the restarter's ResetGpu on a real nats-server."""
+"""GPU resets and node health checks: NvmlGpus against a FAKE pynvml (no GPU exists here)
+with a real reset command (a Python process standing in for ``nvidia-smi --gpu-reset``
+and for a health check command), simulated GPUs, and a real monitor process that
+answers the restarter's ResetGpu on a real nats-server."""
 
 from __future__ import annotations
 
@@ -11,10 +12,21 @@ from typing import Any
 
 from resurge.contract.subjects import NODE_LEVEL_JOB
 from resurge.contract.subscriptions import RESTARTER_GPU_RESETS, Scope
-from resurge.events import Event, GpuError, GpuReset, InjectGpuError, NodeReport, ResetGpu, Source
+from resurge.events import (
+    CheckNode,
+    Event,
+    GpuError,
+    GpuReset,
+    InjectGpuError,
+    NodeChecked,
+    NodeReport,
+    ResetGpu,
+    Source,
+)
 from resurge.runtime.bus import Bus
 from resurge.runtime.settings import Settings
 from resurge_node_agent.monitor.gpus import NvmlGpus, SimulatedGpus
+from resurge_node_agent.monitor.health_check import check_node
 from tests.collect import Events
 from tests.integration.test_gpus import FakePynvml, Reports, node_events, reports_of
 from tests.monitor_process import running_monitor
@@ -145,3 +157,38 @@ async def test_a_monitor_resets_the_gpu_it_is_asked_to_and_reports_the_node_heal
 def test_answers_go_on_the_nodes_raw_subject_the_restarter_watches(settings: Settings) -> None:
     subject = RESTARTER_GPU_RESETS.subject(settings.subjects, Scope(node="n1"))
     assert subject == settings.subjects.raw(NODE_LEVEL_JOB, "gpu_reset", "n1")
+
+
+# The health check of a quarantined node (the monitor's side)
+
+
+async def checked(gpus: SimulatedGpus, check_command: str = "") -> NodeChecked:
+    ask = CheckNode(source=CLI, node="n1", reason="quarantined")
+    answer = await check_node(
+        ask, gpus, source=CLI, node="n1", reset_command="unused", reset_bound=1,
+        check_command=check_command, check_bound=30,
+    )  # fmt: skip
+    assert answer.request == ask.id and answer.node == "n1"
+    return answer
+
+
+async def test_a_check_resets_what_awaits_a_reset_and_runs_the_check_command() -> None:
+    gpus = SimulatedGpus(2, seed="n1")
+    gpus.inject_xid(1, 48)
+    answer = await checked(gpus, command(0))
+    assert answer.passed and answer.reset_gpus == [1] and gpus.unhealthy() == []
+    assert "simulated GPU 1 reset; all 2 GPUs answer and are in use" in answer.message
+    assert "passed" in answer.message
+
+
+async def test_a_check_fails_for_a_gpu_out_for_good_or_a_failing_command() -> None:
+    gpus = SimulatedGpus(2, seed="n1")
+    gpus.inject_xid(0, 79)
+    out = await checked(gpus, command(0))
+    assert not out.passed and "GPU(s) 0 still out of use" in out.message
+    assert "passed" not in out.message  # the command does not run on a broken node
+    gpus.repair()
+    failing = await checked(gpus, command(2))
+    assert not failing.passed and "exited 2: reset" in failing.message
+    missing = await checked(gpus, "/nonexistent/dcgmi diag -r 2")
+    assert not missing.passed and "could not run" in missing.message

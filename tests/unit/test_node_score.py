@@ -14,6 +14,7 @@ from resurge.control.decisions.node_score import (
     apply_incident,
     current_score,
     release,
+    release_after_check,
 )
 from resurge.control.state.node_health import NodeHealth
 from resurge.events import FaultDetected, FaultScope, Source
@@ -63,6 +64,7 @@ def count(record: NodeHealth, f: FaultDetected, policy: NodePolicy | None = None
         ("gpu_xid", {"xid": 79, "action": "replace_node"}, "xid_takes_gpu_out"),
         ("gpu_xid", {"xid": 94, "action": "restart_process"}, "xid_contained_memory_error"),
         ("gpu_fell_off_bus", {}, "gpu_fell_off_bus"),
+        ("gpu_reset_failed", {}, "gpu_reset_failed"),
         ("gpu_ecc", {}, "uncorrected_ecc_rose"),
         ("node_unhealthy", {}, "node_unhealthy"),
         ("straggler", {}, "straggler"),
@@ -205,3 +207,31 @@ def test_an_operator_s_release_ends_the_quarantine_and_clears_the_score() -> Non
     assert not release(node, T0 + timedelta(minutes=6), "operator")
     count(node, xid48(600))
     assert node.quarantine is None  # one new fault is not three
+
+
+def test_a_passed_health_check_releases_with_half_the_threshold_left() -> None:
+    node = NodeHealth(name="n1")
+    for at in (0, 60, 120):
+        count(node, xid48(at))
+    held = node.quarantine
+    assert held is not None
+    later = T0 + timedelta(minutes=30)
+    assert not release_after_check(
+        node, later, held.since - timedelta(seconds=1), "old", NodePolicy()
+    )
+    assert release_after_check(node, later, later, "GPU 0 reset; all 8 GPUs answer", NodePolicy())
+    assert node.quarantine is None and node.score == pytest.approx(1.25)
+    assert node.last_release is not None and node.last_release.by == "health_check"
+    assert node.last_release.why == "GPU 0 reset; all 8 GPUs answer"
+    assert count(node, xid48(1900)) and node.quarantine is None  # 2.25: one more is needed
+    assert count(node, xid48(1960)) and node.quarantine is not None
+
+
+def test_a_dry_run_s_quarantine_is_never_released_by_a_check() -> None:
+    node = NodeHealth(name="n1")
+    dry = NodePolicy(mode="dry-run")
+    for at in (0, 60, 120):
+        count(node, xid48(at), dry)
+    assert node.quarantine is not None
+    now = T0 + timedelta(hours=1)
+    assert not release_after_check(node, now, now, "passed", dry)

@@ -97,6 +97,12 @@ NOT_MEASURED: dict[str, dict[str, str]] = {
         "(up to 60 s": "a constant: the agent's wait for its name",
     },
     "docs/metrics.md": {"5 times in 300 s": "the restart limit's constants"},
+    "docs/nodes.md": {
+        "checkpoint deadline plus 30 s": "a constant: the worker pods' NoExecute toleration "
+        "margin (resurge.cluster.kubernetes.disruption)",
+        "checkpoint bound plus 15 s": "a constant: the hold's margin "
+        "(resurge_restarter.node_moves.HOLD_MARGIN_SECONDS)",
+    },
     "docs/recovery.md": {
         "(about 2 s, or a log rule's timeout)": "STOPPED_RANK_SECONDS",
         "under a 3 s log rule": "the recovery bench's setting",

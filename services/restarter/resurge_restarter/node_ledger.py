@@ -12,7 +12,8 @@ whose write quarantined the node carries the quarantine out, unless it is a dry 
    (the job avoids the node from then on). A fatal fault on the node meanwhile moves
    the job at once, as ever.
 
-A dry run only logs what it would do.
+A dry run only logs what it would do. A quarantined node is asked for health checks
+once no job runs on it, and released when it passes one (:mod:`.node_checks`).
 
 A counted warning sign (reason ``gpu_warning``, :mod:`resurge_detector.gpu_warnings`)
 whose sign predicts a failure (``corrected_ecc_rising``, ``retired_pages_growing``,
@@ -48,6 +49,7 @@ from resurge.control.state.node_health import NodeHealth, NodeHealthStore
 from resurge.control.state.records import JobRecord, JobStore
 from resurge.events import FaultDetected
 from resurge.runtime.service import ServiceContext
+from resurge_restarter.node_checks import NodeChecks
 from resurge_restarter.node_drains import Drainer
 from resurge_restarter.node_moves import MoveOff, NodeMover, runs_on
 
@@ -80,12 +82,13 @@ class NodeLedger:
         self.mover = NodeMover(ctx, jobs, move)
         self.drainer = Drainer(ctx, backend, nodes, jobs, self.mover)
         self.policy = policy or NodePolicy.of(ctx.settings)
+        self.records: dict[str, NodeHealth] = {}
+        self.checks = NodeChecks(ctx, backend, nodes, jobs, self.records, self.policy)
         self.proactive = ctx.settings.node_proactive_moves
         self._warned: set[tuple[str, str]] = set()  # (node, warning) moved for already
         self._metrics(ctx.registry)
 
     def _metrics(self, registry: CollectorRegistry) -> None:
-        self.records: dict[str, NodeHealth] = {}
         registry.register(_NodeCollector(self.records, self.policy))
         self.counted = Counter(
             "resurge_node_faults_counted_total",
@@ -111,6 +114,7 @@ class NodeLedger:
                     record = NodeHealth.model_validate_json(entry.value)
                     self.records[record.name] = record
                     self.drainer.seen(record)
+                    self.checks.seen(record)
 
         self.ctx.spawn(pump, name="watch_node_health")
 

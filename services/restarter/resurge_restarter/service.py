@@ -52,6 +52,7 @@ from resurge.contract.subscriptions import (
     RESTARTER_CHECKPOINTS,
     RESTARTER_EXITS,
     RESTARTER_FAULTS,
+    RESTARTER_NODE_CHECKS,
     RESTARTER_NODE_FAULTS,
     RESTARTER_PROGRESS,
     RESTARTER_RENDEZVOUS,
@@ -159,6 +160,7 @@ class Restarter:
         await self.ledger.watch()
         EvictionWatch(self.ctx, self.backend, NodeHealthStore(nodes), self.store).start()
         await bus.bind(RESTARTER_NODE_FAULTS, self.ledger.on_fault)
+        await bus.bind(RESTARTER_NODE_CHECKS, self.ledger.checks.on_checked)
         await bus.bind(RESTARTER_SIGN_OF_LIFE, self.sign_of_life)
         await bus.bind(RESTARTER_RENDEZVOUS, self.on_rendezvous)
         await bus.bind(RESTARTER_EXITS, self.on_exit)

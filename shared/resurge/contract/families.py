@@ -51,7 +51,7 @@ RAW_JOB_KINDS = (
     "restored",
     "worker_fault",
 )
-RAW_NODE_KINDS = ("gpu_sample", "gpu_error", "node_report", "gpu_reset")
+RAW_NODE_KINDS = ("gpu_sample", "gpu_error", "node_report", "gpu_reset", "node_checked")
 FAULT_GRADE_KINDS = frozenset({"process_exited", "worker_fault", "agent_state", "gpu_error"})
 RAW_TELEMETRY_KINDS = tuple(k for k in RAW_JOB_KINDS + RAW_NODE_KINDS if k not in FAULT_GRADE_KINDS)
 
@@ -80,6 +80,7 @@ FAMILIES: tuple[StreamFamily, ...] = (
             "inject_gpu_error",
             "repair_node",
             "reset_gpu",
+            "check_node",
         ),
     ),
     StreamFamily(

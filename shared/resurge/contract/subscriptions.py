@@ -44,6 +44,7 @@ __all__ = [
     "RESTARTER_EXITS",
     "RESTARTER_FAULTS",
     "RESTARTER_GPU_RESETS",
+    "RESTARTER_NODE_CHECKS",
     "RESTARTER_NODE_FAULTS",
     "RESTARTER_PROGRESS",
     "RESTARTER_RENDEZVOUS",
@@ -220,6 +221,11 @@ RESTARTER_GPU_RESETS = Subscription(
     reads="between stopping a job's workers and starting them again: waits for the GPU "
     "resets it asked a node's monitor for",
 )  # fmt: skip
+RESTARTER_NODE_CHECKS = Subscription(
+    "restarter", "node-checks", "raw", _raw_kind("node_checked"), Reader.DURABLE,
+    ("node_checked",), durable="restarter-node-checks",
+    reads="releases a quarantined node that passed the health check it was asked for",
+)  # fmt: skip
 
 SCALER_JOBS = Subscription(
     "scaler", "jobs", "job", lambda s, _: s.all("job"), Reader.DURABLE,
@@ -250,8 +256,10 @@ LAUNCH_COMMANDS = Subscription(
 )  # fmt: skip
 MONITOR_COMMANDS = Subscription(
     "node-monitor", "commands", "cmd", lambda s, at: s.node_cmd(at.node), Reader.DURABLE,
-    ("inject_gpu_error", "repair_node", "reset_gpu"), durable="monitor-{node}", start="new",
-    reads="a node monitor's commands: raise a simulated XID, repair its node, reset GPUs",
+    ("inject_gpu_error", "repair_node", "reset_gpu", "check_node"), durable="monitor-{node}",
+    start="new",
+    reads="a node monitor's commands: raise a simulated XID, repair its node, reset GPUs, "
+    "check its health",
 )  # fmt: skip
 
 SUBSCRIPTIONS: tuple[Subscription, ...] = (
@@ -266,6 +274,7 @@ SUBSCRIPTIONS: tuple[Subscription, ...] = (
     RESTARTER_RESTORED,
     RESTARTER_EXITS,
     RESTARTER_GPU_RESETS,
+    RESTARTER_NODE_CHECKS,
     SCALER_JOBS,
     SCALER_ACTIONS,
     SCALER_CAPACITY,

@@ -28,7 +28,16 @@ from resurge.events.commands import (
 from resurge.events.dead_letters import DeadLetter, DeadLetterReason
 from resurge.events.envelope import SCHEMA_VERSION, Envelope, Source
 from resurge.events.faults import FaultDetected, Severity
-from resurge.events.gpu import GpuError, GpuReading, GpuReset, GpuSample, NodeReport, ResetGpu
+from resurge.events.gpu import (
+    CheckNode,
+    GpuError,
+    GpuReading,
+    GpuReset,
+    GpuSample,
+    NodeChecked,
+    NodeReport,
+    ResetGpu,
+)
 from resurge.events.jobs import JobDeleted, JobSubmitted, ReplicaFinished
 from resurge.events.progress import (
     RESTORE_SOURCES,
@@ -56,6 +65,7 @@ __all__ = [
     "AgentStateChanged",
     "Assign",
     "CapacityChanged",
+    "CheckNode",
     "CheckpointNow",
     "CheckpointSaved",
     "DeadLetter",
@@ -75,6 +85,7 @@ __all__ = [
     "JobPhase",
     "JobSubmitted",
     "LogLine",
+    "NodeChecked",
     "NodeReport",
     "PhaseChanged",
     "ProcessExited",
@@ -125,6 +136,8 @@ _MODELS: tuple[type[Envelope], ...] = (
     RepairNode,
     ResetGpu,
     GpuReset,
+    CheckNode,
+    NodeChecked,
     RecoveryStarted,
     RecoveryFinished,
     ScaleDecided,
@@ -159,6 +172,8 @@ Event = Annotated[
     | RepairNode
     | ResetGpu
     | GpuReset
+    | CheckNode
+    | NodeChecked
     | RecoveryStarted
     | RecoveryFinished
     | ScaleDecided

@@ -1,6 +1,6 @@
 """Node-level telemetry from monitor agents, on ``raw._.<kind>.<node>``, and the one
-command about a node's GPUs the control plane sends its monitor (ResetGpu, on
-``cmd._.<node>``)."""
+commands about a node's GPUs the control plane sends its monitor (ResetGpu, CheckNode,
+on ``cmd._.<node>``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from resurge.events.envelope import Envelope
 
-__all__ = ["GpuError", "GpuReading", "GpuReset", "GpuSample", "NodeReport", "ResetGpu"]
+__all__ = [
+    "CheckNode",
+    "GpuError",
+    "GpuReading",
+    "GpuReset",
+    "GpuSample",
+    "NodeChecked",
+    "NodeReport",
+    "ResetGpu",
+]
 
 
 class GpuReading(BaseModel):
@@ -110,3 +119,27 @@ class GpuReset(Envelope):
     )
     seconds: float = Field(ge=0, description="From the command to the answer.")
     message: str = Field(default="", description="What was done, in words.")
+
+
+class CheckNode(Envelope):
+    """Check a quarantined node's health, on ``cmd._.<node>``: its monitor resets each GPU
+    that awaits a reset, checks that every GPU answers and none is out of use, and runs
+    ``RESURGE_NODE_HEALTH_CHECK_COMMAND`` where one is set (``dcgmi diag -r 2``, say).
+    The answer is a NodeChecked whose ``request`` is this command's id."""
+
+    kind: Literal["check_node"] = "check_node"
+    reason: str = Field(default="", description="Why, in words.")
+
+
+class NodeChecked(Envelope):
+    """How a node's health check (CheckNode) went, on ``raw._.node_checked.<node>``: a
+    quarantined node that passes one is released (``resurge node describe`` says so)."""
+
+    kind: Literal["node_checked"] = "node_checked"
+    request: str = Field(description="The id of the CheckNode that asked for it.")
+    passed: bool = Field(description="Whether the node is fit for work again.")
+    reset_gpus: list[int] = Field(
+        default_factory=list, description="The GPUs reset by the check, healthy again."
+    )
+    seconds: float = Field(ge=0, description="From the command to the answer.")
+    message: str = Field(default="", description="What was checked and found, in words.")

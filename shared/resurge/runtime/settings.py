@@ -198,6 +198,23 @@ class Settings(BaseSettings):
         "retired pages, an XID known to precede failures).",
     )
 
+    node_health_check_after_seconds: float = Field(
+        default=1800.0,
+        ge=0,
+        description="A quarantined node's monitor is asked to check its health this long "
+        "after the quarantine began, once no job runs on it, and again this long after "
+        "each check it failed; a node that passes is released. 0: no checks (only "
+        "`resurge node uncordon` releases).",
+    )
+    node_health_check_command: str = Field(
+        default="",
+        description="What a node monitor runs as its health check, after resetting the "
+        "GPUs that await a reset and checking that every GPU answers (`dcgmi diag -r 2`, "
+        "say); exit 0 passes. Empty: the built-in checks only.",
+    )
+    node_health_check_timeout_seconds: float = Field(
+        default=600.0, gt=0, description="How long the health check command may run."
+    )
     gpu_reset: bool = Field(
         default=True,
         description="Answer an XID whose action is `reset_gpu` (48, 62, 64, 74, ...) by "

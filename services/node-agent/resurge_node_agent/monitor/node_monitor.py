@@ -19,7 +19,8 @@
 - Every GPU error (XID event, GPU fallen off the bus, rise in uncorrected ECC errors) is
   published as a GpuError on ``raw._.gpu_error.<node>`` as it happens. A GPU whose XID
   calls for ``reset_gpu`` or ``replace_node`` (built-in XID table), or that fell off the
-  bus, stays unhealthy until the monitor restarts.
+  bus, stays unhealthy until it is reset (ResetGpu, CheckNode) or the monitor restarts;
+  one whose XID calls for ``reset_gpu`` is reported in ``resettable_gpus`` meanwhile.
 - Commands to the node arrive on ``cmd._.<node>`` (durable consumer
   ``monitor-<node>``, new messages only): InjectGpuError raises an XID on a simulated
   GPU, or makes its readings show a warning sign; RepairNode (``resurge node
@@ -28,7 +29,9 @@
   ignored, with a log line, on NVML GPUs. ResetGpu (the restarter's, between stopping a
   job's workers and starting them again) resets the GPUs it names, real or simulated,
   answers each with a GpuReset on ``raw._.gpu_reset.<node>`` and reports the node at
-  once (:mod:`~resurge_node_agent.monitor.gpu_reset`).
+  once (:mod:`~resurge_node_agent.monitor.gpu_reset`). CheckNode (the restarter's, for a
+  quarantined node) checks the node's health and answers with a NodeChecked on
+  ``raw._.node_checked.<node>`` (:mod:`~resurge_node_agent.monitor.health_check`).
 - Where the backend leaves it to the monitors (local; on Kubernetes the kubelet runs
   the groups' pods), watches the cluster backend for the worker groups placed on this
   node, and reconciles them as a kubelet reconciles pods: a new group starts a
@@ -66,6 +69,7 @@ from resurge.contract.subscriptions import MONITOR_COMMANDS, Scope
 from resurge.events import (
     AgentState,
     AgentStateChanged,
+    CheckNode,
     GpuError,
     GpuSample,
     InjectGpuError,
@@ -85,6 +89,7 @@ from resurge_node_agent.monitor.gpus import (
     monitoring,
     select_gpus,
 )
+from resurge_node_agent.monitor.health_check import check_node
 from resurge_node_agent.monitor.job_credentials import launch_credentials
 
 __all__ = ["MonitorConfig", "NodeMonitor"]
@@ -274,11 +279,15 @@ class NodeMonitor:
                 except Exception:
                     self.ctx.log.exception("could not report node %s", node)
 
-    async def _on_command(self, event: InjectGpuError | RepairNode | ResetGpu) -> None:
+    async def _on_command(self, event: InjectGpuError | RepairNode | ResetGpu | CheckNode) -> None:
         gpus = self.gpus
         if isinstance(event, ResetGpu):
             if gpus is not None:
                 await self._reset(event, gpus)
+            return
+        if isinstance(event, CheckNode):
+            if gpus is not None:
+                await self._check(event, gpus)
             return
         if not isinstance(gpus, SimulatedGpus):
             self.ctx.log.warning(
@@ -331,6 +340,29 @@ class NodeMonitor:
             )
             self.outbox.put(bus.subjects.raw(NODE_LEVEL_JOB, "gpu_reset", node), one.answer)
         await self._report()  # the cluster sees the GPUs healthy now, not at the next beat
+
+    async def _check(self, command: CheckNode, gpus: GpuSource) -> None:
+        """Check the node's health, answer, and report the node at once."""
+        bus, node, settings = self.ctx.bus, self.config.node, self.ctx.settings
+        answer = await check_node(
+            command,
+            gpus,
+            source=bus.source,
+            node=node,
+            reset_command=settings.gpu_reset_command,
+            reset_bound=settings.gpu_reset_timeout_seconds,
+            check_command=settings.node_health_check_command,
+            check_bound=settings.node_health_check_timeout_seconds,
+        )
+        self.ctx.log.log(
+            logging.INFO if answer.passed else logging.WARNING,
+            "health check %s: %s",
+            "passed" if answer.passed else "failed",
+            answer.message,
+            extra={"node": node, "event_id": command.id},
+        )
+        self.outbox.put(bus.subjects.raw(NODE_LEVEL_JOB, "node_checked", node), answer)
+        await self._report()
 
     async def _follow_worker_groups(self) -> None:
         backend = self.backend

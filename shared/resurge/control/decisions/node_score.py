@@ -10,7 +10,9 @@ count it raised, the node then reported unhealthy). Once the score reaches
 ``threshold`` the node is quarantined: cordoned for new work, the jobs on it moved off
 at their next checkpoint; in ``dry-run`` mode the quarantine is only recorded and
 reported; ``off`` scores without quarantining. A quarantine ends by an operator's word
-(``resurge node uncordon``), which also clears the score (the node was repaired).
+(``resurge node uncordon``), which also clears the score (the node was repaired), or by
+a health check the node passed (:func:`release_after_check`), which lowers the score to
+half the threshold: a node that keeps failing is quarantined again sooner.
 """
 
 from __future__ import annotations
@@ -30,7 +32,14 @@ from resurge.control.state.node_health import (
 from resurge.events import FaultDetected
 from resurge.runtime.settings import Settings
 
-__all__ = ["INCIDENT_SECONDS", "NodePolicy", "apply_incident", "current_score", "release"]
+__all__ = [
+    "INCIDENT_SECONDS",
+    "NodePolicy",
+    "apply_incident",
+    "current_score",
+    "release",
+    "release_after_check",
+]
 
 INCIDENT_SECONDS = 5.0
 
@@ -144,4 +153,20 @@ def release(record: NodeHealth, now: datetime, by: str, why: str = "") -> bool:
     record.quarantine = None
     record.score, record.score_at = 0.0, now
     record.last_release = Release(time=now, by=by, why=why)
+    return True
+
+
+def release_after_check(
+    record: NodeHealth, now: datetime, checked: datetime, why: str, policy: NodePolicy
+) -> bool:
+    """End the node's quarantine after a health check it passed at ``checked`` (``why``:
+    what the check found), its score lowered to half the threshold (kept if lower).
+    True if released: a quarantine, not a dry run's, that began before the check."""
+    held = record.quarantine
+    if held is None or held.dry_run or checked < held.since:
+        return False
+    record.quarantine = None
+    record.score = min(current_score(record, now, policy), policy.threshold / 2)
+    record.score_at = now
+    record.last_release = Release(time=now, by="health_check", why=why[:300])
     return True
