@@ -41,7 +41,7 @@ from datetime import UTC, datetime
 from resurge.cluster import ClusterBackend
 from resurge.contract.subjects import unescape_token
 from resurge.control.decisions.planner import command_id
-from resurge.control.decisions.recovery_policy import mark_dispatched, same_plan
+from resurge.control.decisions.recovery_policy import claim, mark_dispatched, same_plan
 from resurge.control.decisions.worker_groups import worker_group
 from resurge.control.effects.job_messages import (
     assignment_messages,
@@ -241,9 +241,10 @@ class Dispatcher:
         assert plan is not None
         await asyncio.sleep(max(0.0, delay))
         try:
-            if reset and not await reset_plan_gpus(
-                self.ctx.bus, record, self.ctx.settings.gpu_reset_timeout_seconds, self.ctx.log
-            ):
+            bound = self.ctx.settings.gpu_reset_timeout_seconds
+            if reset and not await self._hold_claim(record, plan, bound):
+                return  # replaced meanwhile, or taken over
+            if reset and not await reset_plan_gpus(self.ctx.bus, record, bound, self.ctx.log):
                 self.ctx.log.warning(
                     "job %s: a GPU reset failed; generation %d waits for the fault that "
                     "moves it off the node",
@@ -270,6 +271,16 @@ class Dispatcher:
                 record.name,
                 extra={"job": record.name},
             )
+
+    async def _hold_claim(self, record: JobRecord, plan: PendingRecovery, bound: float) -> bool:
+        """Claim ``plan`` for the GPU resets' wait (``bound`` seconds) and the lease
+        after it, so no instance takes it over meanwhile; False if it is not ours now."""
+        lease = self.lease_seconds + bound
+        now = datetime.now(UTC)
+        result = await self.store.mutate(
+            record.name, lambda r: claim(r, self.me, now, lease, expected=plan)
+        )
+        return result is not None and result[0] is not result[1]
 
     async def _start_generation(
         self,

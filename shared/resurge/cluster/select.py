@@ -6,6 +6,8 @@ Services, the CLI and the local cluster call it and then speak only
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 from typing import TYPE_CHECKING
 
 from resurge.cluster.local.backend import LocalBackend
@@ -17,6 +19,8 @@ if TYPE_CHECKING:
     from resurge.cluster.kubernetes.pod_credentials import PodUsers
 
 __all__ = ["open_backend"]
+
+_KUBERNETES_BACKEND = "resurge.cluster.kubernetes.backend"
 
 
 async def open_backend(
@@ -31,6 +35,9 @@ async def open_backend(
     """
     if settings.cluster == "local":
         return await LocalBackend.open(bus)
-    from resurge.cluster.kubernetes.backend import KubernetesBackend  # the client loads slowly
-
-    return await KubernetesBackend.open(bus, settings, pod_users)
+    # The official client takes seconds to import on a loaded machine: imported in a
+    # thread, so the event loop goes on answering the NATS server's pings meanwhile (a
+    # loop held that long has its connection closed as stale).
+    module = await asyncio.to_thread(importlib.import_module, _KUBERNETES_BACKEND)
+    backend: ClusterBackend = await module.KubernetesBackend.open(bus, settings, pod_users)
+    return backend

@@ -466,26 +466,34 @@ class Bus:
     async def _create_missing(self) -> None:
         for one in STREAMS:
             try:
-                await self.js.stream_info(self.subjects.stream(one.name))
+                name = self.subjects.stream(one.name)
+                await until_jetstream(partial(self.js.stream_info, name))
             except nats.js.errors.NotFoundError:
                 await self.ensure_streams()
                 return
         for bucket in (JOBS_BUCKET, AGENT_POSITIONS_BUCKET):
             try:
-                await self.js.key_value(self.subjects.kv_bucket(bucket))
+                await self.key_value(bucket)
             except nats.js.errors.BucketNotFoundError:
                 await self.ensure_streams()
                 return
 
+    async def key_value(self, bucket: str) -> KeyValue:
+        """Bind KV bucket ``bucket`` (its name in the namespace), asked again while
+        JetStream does not answer (:func:`until_jetstream`); BucketNotFoundError where
+        it does not exist."""
+        name = self.subjects.kv_bucket(bucket)
+        return await until_jetstream(lambda: self.js.key_value(name))
+
     async def jobs_bucket(self) -> KeyValue:
         """The KV bucket of job records (``<namespace>_jobs``)."""
-        return await self.js.key_value(self.subjects.kv_bucket(JOBS_BUCKET))
+        return await self.key_value(JOBS_BUCKET)
 
     async def allocations_bucket(self, create: bool = True) -> KeyValue | None:
         """The allocation ledger's bucket (``<namespace>_allocations``), created if
         missing and ``create`` (placers); None if missing and not ``create`` (viewers)."""
         try:
-            return await self.js.key_value(self.subjects.kv_bucket(ALLOCATIONS_BUCKET))
+            return await self.key_value(ALLOCATIONS_BUCKET)
         except nats.js.errors.BucketNotFoundError:
             if not create:
                 return None
@@ -495,7 +503,7 @@ class Bus:
         """The node health records' bucket (``<namespace>_node_health``), created if
         missing and ``create`` (the restarter); None if missing and not ``create``."""
         try:
-            return await self.js.key_value(self.subjects.kv_bucket(NODE_HEALTH_BUCKET))
+            return await self.key_value(NODE_HEALTH_BUCKET)
         except nats.js.errors.BucketNotFoundError:
             if not create:
                 return None

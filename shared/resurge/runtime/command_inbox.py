@@ -187,9 +187,7 @@ class CommandInbox:
             self._connected.set()
         self.bus.on_connection_change(self._connection_changed)
         if self.key is not None:
-            self._positions = await self.bus.js.key_value(
-                self.bus.subjects.kv_bucket(AGENT_POSITIONS_BUCKET)
-            )
+            self._positions = await self.bus.key_value(AGENT_POSITIONS_BUCKET)
         await self._find_start()
         self._queue_catch_up()
         self._tasks = [

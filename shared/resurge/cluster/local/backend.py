@@ -72,7 +72,7 @@ async def _bucket(bus: Bus, name: str) -> KeyValue:
     """Bind bucket ``name``, creating it only where it is missing (a node agent's or a
     viewer's NATS user may read a bucket but not create one)."""
     try:
-        return await bus.js.key_value(bus.subjects.kv_bucket(name))
+        return await bus.key_value(name)
     except nats.js.errors.BucketNotFoundError:
         return await bus.create_bucket(name, history=1)
 
