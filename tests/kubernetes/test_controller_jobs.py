@@ -175,9 +175,13 @@ async def test_an_invalid_edit_of_a_running_job_is_refused_and_the_job_runs_on(
     status = status_of(kube_api_thread, "llama")
     assert status["phase"] == "Running", status
     assert condition(kube_api_thread, "llama", "Failed") is None
-    events = [
-        e for e in kube_api_thread.objects("events", "default") if e["reason"] == "InvalidEdit"
-    ]
+
+    def refusals() -> list[dict[str, Any]]:
+        return [e for e in kube_api_thread.objects("events", "default")
+                if e["reason"] == "InvalidEdit"]  # fmt: skip
+
+    # The controller records the status, then the Event: awaited, not assumed.
+    events = await until("the InvalidEdit Event", refusals)
     assert len(events) == 1 and "the edit is not applied" in events[0]["message"], events
     await settled(kube_api_thread, jobs, "marker")
     assert len(submissions(jobs, "llama")) == 1, "the refused edit reached the scaler"

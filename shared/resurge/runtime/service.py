@@ -34,7 +34,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
@@ -151,6 +151,10 @@ async def _serve(
         logging.getLogger(f"resurge.{name}").warning(
             "the connection broke while stopping", exc_info=True
         )
+    # A task the client library leaves behind would hold asyncio.run's exit for ever if
+    # it lost its cancel (a subscription's task whose callback was cancelled inside
+    # Python 3.11's wait_for goes back to waiting for messages): cancelled until done.
+    await _cancel_all({t for t in asyncio.all_tasks() if t is not asyncio.current_task()})
     return 0
 
 
@@ -187,7 +191,7 @@ def _await_chain(awaitable: object) -> list[str]:
     return lines
 
 
-async def _cancel_all(tasks: set[asyncio.Task[None]]) -> None:
+async def _cancel_all(tasks: set[asyncio.Task[Any]]) -> None:
     """Cancel ``tasks`` and wait for them, cancelling again any that swallowed the
     cancel (on Python 3.11 ``asyncio.wait_for``, inside nats.py's requests, can lose a
     cancel that arrives with the reply)."""
