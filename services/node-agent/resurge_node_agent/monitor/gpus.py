@@ -36,8 +36,6 @@ import importlib
 import logging
 import os
 import random
-import shlex
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -47,6 +45,7 @@ from typing import Any, Literal, Protocol
 from resurge.contract.xid import XidAction, lookup
 from resurge.events import GpuReading
 from resurge.runtime.logs import RateLimitedLog
+from resurge_node_agent.monitor.node_commands import run_command
 
 __all__ = [
     "SIMULATE_GPUS",
@@ -334,16 +333,10 @@ class NvmlGpus:
                 False, False, f"GPU {gpu}: {busy} process(es) still use it after {timeout:g} s"
             )
         uuid = self._uuids[gpu]
-        argv = shlex.split(command.format(index=gpu, uuid=uuid))
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        except (OSError, subprocess.TimeoutExpired) as error:
-            return ResetOutcome(False, False, f"GPU {gpu}: {argv[0]} failed: {error}")
-        if done.returncode != 0:
-            said = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-            return ResetOutcome(
-                False, False, f"GPU {gpu}: {argv[0]} exited {done.returncode}: {said[0]}"
-            )
+        line = command.format(index=gpu, uuid=uuid)
+        failed = run_command(line, timeout)
+        if failed is not None:
+            return ResetOutcome(False, False, f"GPU {gpu}: {failed}")
         try:  # the reset GPU answers again, under the same UUID
             handle = self._nvml.nvmlDeviceGetHandleByIndex(gpu)
             again = _text(self._nvml.nvmlDeviceGetUUID(handle))
@@ -357,7 +350,7 @@ class NvmlGpus:
             self._ecc_seen.pop(gpu, None)  # the volatile counters start again at a reset
         self._watch_xids(gpu, handle)
         self._health.heal(gpu)
-        return ResetOutcome(True, True, f"GPU {gpu} reset ({' '.join(argv)})")
+        return ResetOutcome(True, True, f"GPU {gpu} reset ({line})")
 
     def _wait_idle(self, gpu: int, timeout: float) -> int:
         """Wait until no compute process uses GPU ``gpu``, at most ``timeout`` seconds;

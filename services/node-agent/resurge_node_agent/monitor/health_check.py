@@ -16,27 +16,13 @@ The answer is a NodeChecked whose ``request`` is the command's id, saying what w
 from __future__ import annotations
 
 import asyncio
-import shlex
-import subprocess
 import time
 
 from resurge.events import CheckNode, NodeChecked, Source
 from resurge_node_agent.monitor.gpus import GpuSource
+from resurge_node_agent.monitor.node_commands import run_command
 
 __all__ = ["check_node"]
-
-
-def _run(command: str, bound: float) -> str | None:
-    """Run the check ``command``: None if it passed, else why not."""
-    argv = shlex.split(command)
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=bound)
-    except (OSError, subprocess.TimeoutExpired, ValueError) as error:
-        return f"{command!r} could not run: {error}"
-    if done.returncode == 0:
-        return None
-    said = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-    return f"{command!r} exited {done.returncode}: {said[0]}"
 
 
 async def check_node(
@@ -72,7 +58,7 @@ async def check_node(
     if not problems:
         found.append(f"all {gpus.count} GPUs answer and are in use")
         if check_command:
-            failed = await asyncio.to_thread(_run, check_command, check_bound)
+            failed = await asyncio.to_thread(run_command, check_command, check_bound)
             if failed is not None:
                 problems.append(failed)
             else:
